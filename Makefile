@@ -1,0 +1,37 @@
+# thaw's build and test entry points. `make demo` and `make test` are the two
+# commands of the README: each runs every set-up step it needs (ci/setup.sh,
+# idempotent and cached) first.
+SHELL := /bin/bash
+PY := .venv/bin/python
+export PYTHONDONTWRITEBYTECODE := 1
+
+.PHONY: setup build demo test test-unit test-functional test-integration carry clean
+
+setup:
+	@bash ci/setup.sh
+
+build:
+	@bash ci/build-go.sh
+
+demo: setup
+	@.venv/bin/thaw demo
+
+# All tiers; integration tests need root and run against the real stack.
+test: setup
+	@bash ci/test.sh
+
+test-unit: setup
+	@$(PY) -m pytest tests/unit -q
+
+test-functional: setup
+	@$(PY) -m pytest tests/functional -q
+
+test-integration: setup
+	@$(PY) -m pytest tests/integration -q
+
+# What the H200 machine needs that it lacks (see bench/gpu/README.md).
+carry: setup
+	@bash ci/carry.sh
+
+clean:
+	rm -rf build .venv .carry

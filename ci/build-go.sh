@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Builds the pinned gVisor stack (runsc, containerd-shim-runsc-v1) and
+# containerd + ctr from the Go module proxy into one build directory
+# (THAW_BUILD_DIR, default ./build). The directory is reused while its inputs
+# (go/go.mod, go/go.sum, Go sources, this script, the Go version) are
+# unchanged: .stamp holds the hash of those inputs.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+out=${THAW_BUILD_DIR:-"$here/build"}
+mkdir -p "$out"
+
+inputs=$( (cd "$here" && cat go/go.mod go/go.sum ci/build-go.sh && find go -name '*.go' -type f | sort | xargs -r cat; go version) | sha256sum | cut -c1-16)
+up_to_date=1
+[[ -f "$out/.stamp" && "$(cat "$out/.stamp")" == "$inputs" ]] || up_to_date=0
+for b in runsc containerd-shim-runsc-v1 containerd ctr; do
+  [[ -x "$out/$b" ]] || up_to_date=0
+done
+if (( up_to_date )); then
+  echo "build: $out is up to date ($inputs)"
+  exit 0
+fi
+
+cd "$here/go"
+export CGO_ENABLED=0 GOFLAGS=-buildvcs=false
+gvisor_version=$(go list -m -f '{{.Version}}' gvisor.dev/gvisor)
+containerd_version=$(go list -m -f '{{.Version}}' github.com/containerd/containerd/v2)
+# The label runsc restores against: restore refuses a different version
+# string, and unstamped builds all say VERSION_MISSING (docs/gvisor-facts.md).
+# Twin: control/config.py RUNSC_VERSION_LABEL.
+label="thaw-gvisor-${gvisor_version##*-}"
+
+# Upstream binaries are built with `go install pkg@version`, i.e. against
+# their own go.mod: gVisor's and containerd's dependency graphs conflict in one
+# module (containerd 2.4 needs opencontainers/runtime-spec 1.3, whose
+# LinuxPids.Limit became a pointer that runsc/cgroup at the pin does not
+# accept), and each project is tested upstream against its own graph anyway.
+# go/go.mod stays the single record of the pinned versions.
+gobin=$(mktemp -d "$out/.gobin.XXXXXX")
+trap 'rm -rf "$gobin"' EXIT
+install() { # install OUTPUT PACKAGE@VERSION [extra go install args]
+  local name=$1 pkg=$2; shift 2
+  echo "build: $name <- $pkg"
+  GOBIN=$gobin go install -trimpath "$@" "$pkg"
+  local built
+  built=$(ls -t "$gobin" | head -1)
+  mv -f "$gobin/$built" "$out/$name"
+}
+install runsc "gvisor.dev/gvisor/runsc@$gvisor_version" \
+  -ldflags "-s -w -X gvisor.dev/gvisor/runsc/version.version=$label"
+install containerd-shim-runsc-v1 "gvisor.dev/gvisor/shim@$gvisor_version" -ldflags "-s -w"
+install containerd "github.com/containerd/containerd/v2/cmd/containerd@$containerd_version" \
+  -tags "no_btrfs no_devmapper no_zfs" -ldflags "-s -w"
+install ctr "github.com/containerd/containerd/v2/cmd/ctr@$containerd_version" -ldflags "-s -w"
+echo "$inputs" > "$out/.stamp"
+echo "build: done -> $out ($("$out/runsc" --version | head -1))"

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Every set-up step thaw needs on a fresh machine, idempotent and cached:
+#   1. Debian packages (only when a tool is missing)
+#   2. the Python virtualenv in .venv with thaw installed editable (+ test extras)
+#   3. the Go builds (ci/build-go.sh: runsc, shim, containerd, ctr)
+#   4. the CUDA checkpoint helper (C, libcuda loaded at run time)
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+cd "$here"
+build=${THAW_BUILD_DIR:-"$here/build"}
+
+[[ $(id -u) -eq 0 ]] || { echo "setup: thaw needs root (runsc create/restore refuse --rootless)" >&2; exit 1; }
+[[ $(uname -m) == x86_64 ]] || { echo "setup: thaw supports x86_64 only, this is $(uname -m)" >&2; exit 1; }
+
+need_apt=()
+command -v gcc >/dev/null || need_apt+=(gcc libc6-dev)
+command -v go >/dev/null || need_apt+=(golang-go)
+python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
+command -v xz >/dev/null || need_apt+=(xz-utils)
+if ((${#need_apt[@]})); then
+  echo "setup: apt-get install ${need_apt[*]}"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
+fi
+
+venv_stamp=$(cat pyproject.toml ci/setup.sh | sha256sum | cut -c1-16)
+if [[ ! -x .venv/bin/python || "$(cat .venv/.stamp 2>/dev/null)" != "$venv_stamp" ]]; then
+  echo "setup: python virtualenv .venv"
+  python3 -m venv .venv
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -e '.[test]'
+  echo "$venv_stamp" > .venv/.stamp
+else
+  echo "setup: .venv is up to date"
+fi
+
+bash ci/build-go.sh
+
+helper_src=nvproxy/cuda_checkpoint/thaw-cuda-checkpoint.c
+if [[ ! -x "$build/thaw-cuda-checkpoint" || "$helper_src" -nt "$build/thaw-cuda-checkpoint" ]]; then
+  echo "setup: build thaw-cuda-checkpoint"
+  gcc -O2 -Wall -Wextra -Werror -o "$build/thaw-cuda-checkpoint.tmp" "$helper_src" -ldl
+  mv -f "$build/thaw-cuda-checkpoint.tmp" "$build/thaw-cuda-checkpoint"
+fi
+echo "setup: ready"

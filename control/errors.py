@@ -1,0 +1,182 @@
+"""thaw's exception tree.
+
+One root (`ThawError`) and a handful of subclasses. Each subclass maps to one
+gRPC status code in `GRPC_STATUS` (used by server and client alike, so a
+server converts an exception once and a client rebuilds the same class), and
+to one CLI exit code in `EXIT_CODE`. Exceptions carry fields and build their
+message from them, so logs and `--json` output can show the fields.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+
+
+class ThawError(Exception):
+    """Root of every error thaw raises on purpose."""
+
+    def __init__(self, message: str, **fields: object) -> None:
+        super().__init__(message)
+        self.message = message
+        self.fields = fields
+
+    def to_dict(self) -> dict:
+        return {"error": type(self).__name__, "message": self.message, **{
+            k: v for k, v in self.fields.items() if isinstance(v, (str, int, float, bool, list, type(None)))}}
+
+
+class UserError(ThawError):
+    """The request is wrong: bad argument, bad spec, bad image. Fix the input."""
+
+
+class ConfigError(UserError):
+    """A configuration key has a bad value. `key` names it."""
+
+    def __init__(self, key: str, problem: str) -> None:
+        super().__init__(f"config {key}: {problem}", key=key)
+        self.key = key
+
+
+class SpecError(UserError):
+    """An OCI runtime spec is invalid. `field` is a dotted path into config.json."""
+
+    def __init__(self, field: str, problem: str, path: str | None = None) -> None:
+        where = f"{path}: " if path else ""
+        super().__init__(f"{where}spec field {field}: {problem}", field=field, path=path)
+        self.field = field
+
+
+class NotFound(UserError):
+    """A named thing (container, image, key) does not exist."""
+
+    def __init__(self, what: str, name: str, hint: str = "") -> None:
+        msg = f"{what} {name!r} not found" + (f": {hint}" if hint else "")
+        super().__init__(msg, what=what, name=name)
+        self.what = what
+        self.name = name
+
+
+class AlreadyExists(UserError):
+    """A named thing that must be new already exists."""
+
+    def __init__(self, what: str, name: str, hint: str = "") -> None:
+        msg = f"{what} {name!r} already exists" + (f": {hint}" if hint else "")
+        super().__init__(msg, what=what, name=name)
+        self.what = what
+        self.name = name
+
+
+class ImageError(UserError):
+    """A checkpoint image is missing, truncated or otherwise unusable."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        super().__init__(f"checkpoint image {path}: {problem}", path=path)
+        self.path = path
+
+
+class PreconditionError(ThawError):
+    """The node cannot do this: not root, runsc missing, no GPU, ..."""
+
+
+class InvalidTransition(ThawError):
+    """A sandbox was asked to move between states its lifecycle does not allow."""
+
+    def __init__(self, sandbox: str, current: str, wanted: str) -> None:
+        super().__init__(f"sandbox {sandbox!r} is {current}; cannot go to {wanted}",
+                         sandbox=sandbox, current=current, wanted=wanted)
+
+
+class Timeout(ThawError):
+    """An operation did not finish within its deadline."""
+
+    def __init__(self, what: str, seconds: float) -> None:
+        super().__init__(f"{what} did not finish within {seconds:g} s", what=what, seconds=seconds)
+
+
+@dataclass
+class _CommandFacts:
+    argv: list[str]
+    returncode: int | None
+    stderr_tail: str
+    duration_s: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+
+class RunscError(ThawError):
+    """runsc exited non-zero (or timed out). Carries runsc's own message.
+
+    `runsc_message` is the last error runsc logged (its `--log` JSON line or
+    the tail of stderr), which is what the shim would show a user too.
+    """
+
+    def __init__(self, argv: list[str], returncode: int | None, stderr: str,
+                 runsc_message: str = "", duration_s: float = 0.0) -> None:
+        tail = stderr.strip()[-2000:]
+        msg = runsc_message or (tail.splitlines()[-1] if tail else "no output")
+        rc = "timed out" if returncode is None else f"exit {returncode}"
+        super().__init__(f"runsc {_subcommand(argv)} failed ({rc}): {msg}\n  command: {shlex.join(argv)}",
+                         argv=argv, returncode=returncode, runsc_message=msg)
+        self.facts = _CommandFacts(argv, returncode, tail, duration_s)
+        self.argv = argv
+        self.returncode = returncode
+        self.runsc_message = msg
+        self.stderr_tail = tail
+
+
+def _subcommand(argv: list[str]) -> str:
+    """The runsc subcommand in argv: the first word after the global flags."""
+    skip_next = False
+    for word in argv[1:]:
+        if skip_next:
+            skip_next = False
+            continue
+        if word.startswith("-"):
+            # Global flags given as "--flag value" take the next word.
+            skip_next = "=" not in word and word.lstrip("-") in _VALUE_FLAGS
+            continue
+        return word
+    return "?"
+
+
+# runsc global flags that take a separate value word (runsc/config/flags.go).
+_VALUE_FLAGS = frozenset({
+    "root", "log", "log-format", "debug-log", "debug-log-format", "panic-log", "coverage-report",
+    "platform", "network", "file-access", "overlay2", "log-fd", "debug-log-fd", "panic-log-fd",
+    "profile-block", "profile-cpu", "profile-heap", "profile-mutex", "trace", "nvproxy-driver-version",
+    "nvproxy-allowed-driver-capabilities", "sidecar-usage-policy", "sidecar-release-enforcement-policy",
+    "gso", "host-uds", "host-fifo", "watchdog-action", "panic-signal", "metric-server", "cgroupfs",
+    "net-disconnect-ok", "reproduce-nftables", "pcap-log", "strace-syscalls", "strace-log-size",
+    "tpuproxy", "restore-spec-validation", "systrap-init-scheme",
+})
+
+# The CLI's exit codes by class, most specific first. 1 is "any other thaw error".
+EXIT_CODE: list[tuple[type[ThawError], int]] = [
+    (ConfigError, 78),        # EX_CONFIG
+    (PreconditionError, 69),  # EX_UNAVAILABLE
+    (NotFound, 2),
+    (AlreadyExists, 2),
+    (UserError, 2),
+    (Timeout, 75),            # EX_TEMPFAIL
+    (ThawError, 1),
+]
+
+# gRPC status names by class (grpc.StatusCode member names), most specific
+# first; the thawd server and client both use this one table.
+GRPC_STATUS: list[tuple[type[ThawError], str]] = [
+    (ConfigError, "FAILED_PRECONDITION"),
+    (NotFound, "NOT_FOUND"),
+    (AlreadyExists, "ALREADY_EXISTS"),
+    (InvalidTransition, "FAILED_PRECONDITION"),
+    (UserError, "INVALID_ARGUMENT"),
+    (PreconditionError, "FAILED_PRECONDITION"),
+    (Timeout, "DEADLINE_EXCEEDED"),
+    (ThawError, "INTERNAL"),
+]
+
+
+def exit_code(err: ThawError) -> int:
+    for cls, code in EXIT_CODE:
+        if isinstance(err, cls):
+            return code
+    return 1

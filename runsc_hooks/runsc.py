@@ -1,0 +1,289 @@
+"""A typed client for the real runsc binary.
+
+Option dataclasses render their own argv; every call goes through one choke
+point (`Runsc._run`) that applies a timeout, logs argv / exit / duration and
+raises `RunscError` carrying runsc's own message and the command line.
+Shaped after gVisor's shim client (pkg/shim/v1/runsccmd/runsc.go).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import signal as _signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from control.errors import NotFound, PreconditionError, RunscError
+
+log = logging.getLogger(__name__)
+
+# Files runsc checkpoint writes into --image-path when uncompressed
+# (runsc/cmd/checkpoint.go; docs/gvisor-facts.md). Compressed images hold
+# checkpoint.img only.
+IMAGE_FILES = ("checkpoint.img", "pages_meta.img", "pages.img")
+
+# runsc prints this when a container ID is not in --root
+# (runsc/container/container.go Load: "container with id %q not found" /
+# "file does not exist").
+_NOT_FOUND_MARKERS = ("loading container: file does not exist", "container with id")
+
+
+@dataclass(frozen=True)
+class GlobalOptions:
+    """runsc's global flags, given before the subcommand on every call.
+
+    Restore needs the same global flags as the run that was saved
+    (docs/gvisor-facts.md), so one instance is used for a sandbox's lifetime.
+    """
+    root: Path
+    platform: str = "systrap"
+    network: str = "sandbox"
+    log_path: Path | None = None          # --log (runsc's own log; errors as JSON lines)
+    debug_log: Path | None = None         # --debug-log (a directory ending in / or a file)
+    debug: bool = False
+    nvproxy: bool = False
+    extra: tuple[str, ...] = ()
+
+    def argv(self) -> list[str]:
+        a = [f"--root={self.root}", f"--platform={self.platform}", f"--network={self.network}"]
+        if self.log_path:
+            a += [f"--log={self.log_path}", "--log-format=json"]
+        if self.debug_log:
+            a.append(f"--debug-log={self.debug_log}")
+        if self.debug:
+            a.append("--debug")
+        if self.nvproxy:
+            a.append("--nvproxy=true")
+        a.extend(self.extra)
+        return a
+
+
+@dataclass(frozen=True)
+class CreateOptions:
+    bundle: Path
+    pid_file: Path | None = None
+    console_socket: Path | None = None
+    user_log: Path | None = None
+
+    def argv(self) -> list[str]:
+        a = [f"--bundle={self.bundle}"]
+        if self.pid_file:
+            a.append(f"--pid-file={self.pid_file}")
+        if self.console_socket:
+            a.append(f"--console-socket={self.console_socket}")
+        if self.user_log:
+            a.append(f"--user-log={self.user_log}")
+        return a
+
+
+@dataclass(frozen=True)
+class CheckpointOptions:
+    image_path: Path
+    leave_running: bool = False
+    compression: str = "none"             # none | flate-best-speed
+    exclude_committed_zero_pages: bool = False
+    direct: bool = False
+    cuda_checkpoint_path: str | None = None  # a path inside the container
+    cuda_checkpoint_sequential: bool = False
+
+    def argv(self) -> list[str]:
+        a = [f"--image-path={self.image_path}", f"--compression={self.compression}"]
+        if self.leave_running:
+            a.append("--leave-running")
+        if self.exclude_committed_zero_pages:
+            a.append("--exclude-committed-zero-pages")
+        if self.direct:
+            a.append("--direct")
+        if self.cuda_checkpoint_path:
+            a.append(f"--cuda-checkpoint-path={self.cuda_checkpoint_path}")
+        if self.cuda_checkpoint_sequential:
+            a.append("--cuda-checkpoint-sequential")
+        return a
+
+
+@dataclass(frozen=True)
+class RestoreOptions:
+    image_path: Path
+    create: CreateOptions | None = None   # restore alone also creates the container
+    detach: bool = True
+    background: bool = False
+    direct: bool = False
+
+    def argv(self) -> list[str]:
+        a = [f"--image-path={self.image_path}"]
+        if self.create:
+            a += self.create.argv()
+        if self.detach:
+            a.append("--detach")
+        if self.background:
+            a.append("--background")
+        if self.direct:
+            a.append("--direct")
+        return a
+
+
+@dataclass(frozen=True)
+class ContainerState:
+    """`runsc state` output (an OCI state plus runsc's extras)."""
+    id: str
+    status: str           # creating | created | running | stopped | paused
+    pid: int
+    bundle: str
+    raw: dict = field(repr=False, default_factory=dict)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "ContainerState":
+        return cls(id=d.get("id", ""), status=d.get("status", "unknown"), pid=int(d.get("pid") or 0),
+                   bundle=d.get("bundle", ""), raw=d)
+
+
+class Runsc:
+    """One runsc binary with one set of global flags."""
+
+    def __init__(self, binary: Path, options: GlobalOptions, timeout_s: float = 120.0) -> None:
+        self.binary = Path(binary)
+        self.options = options
+        self.timeout_s = timeout_s
+
+    # -- the choke point ---------------------------------------------------
+
+    def argv(self, *args: str) -> list[str]:
+        return [str(self.binary), *self.options.argv(), *args]
+
+    def _run(self, args: Sequence[str], timeout_s: float | None = None,
+             check_id: str | None = None) -> subprocess.CompletedProcess:
+        """Run one runsc command; raise RunscError (or NotFound) on failure.
+
+        `check_id`: the container the command names, so "not found" becomes
+        NotFound(container, id) instead of a generic runsc failure.
+        """
+        if not self.binary.is_file():
+            raise PreconditionError(f"runsc not found at {self.binary}: run `make build` "
+                                    "or set THAW_RUNSC_PATH", path=str(self.binary))
+        argv = self.argv(*args)
+        deadline = self.timeout_s if timeout_s is None else timeout_s
+        t0 = time.monotonic()
+        # Output goes to anonymous files, not pipes: `create`, `run` and
+        # `restore` fork the sandbox, which inherits stdout/stderr and would
+        # hold a pipe open long after runsc itself has exited.
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            try:
+                rc = subprocess.run(argv, stdout=out, stderr=err, timeout=deadline,
+                                    stdin=subprocess.DEVNULL).returncode
+            except subprocess.TimeoutExpired:
+                dt = time.monotonic() - t0
+                log.warning("runsc timed out after %.1fs: %s", dt, shlex.join(argv))
+                raise RunscError(argv, None, _read(err), f"no answer within {deadline:g} s", dt) from None
+            proc = subprocess.CompletedProcess(argv, rc, _read(out), _read(err))
+        dt = time.monotonic() - t0
+        log.debug("runsc exit=%d %.3fs: %s", proc.returncode, dt, shlex.join(argv))
+        if proc.returncode != 0:
+            message = self._error_message(proc.stderr)
+            if check_id is not None and _is_not_found(message, check_id):
+                raise NotFound("container", check_id, f"runsc --root={self.options.root} has no such sandbox")
+            raise RunscError(argv, proc.returncode, proc.stderr, message, dt)
+        return proc
+
+    def _error_message(self, stderr: str) -> str:
+        """runsc's own error: the last JSON error line in --log, else stderr's last line.
+
+        runsc (runsc/cmd/util.Errorf) writes the message to stderr and, when
+        --log is set, appends {"msg","level":"error","time"} to the log.
+        """
+        if self.options.log_path and self.options.log_path.is_file():
+            try:
+                with open(self.options.log_path, "rb") as f:
+                    f.seek(max(0, f.seek(0, os.SEEK_END) - 65536))
+                    lines = f.read().decode(errors="replace").splitlines()
+                for line in reversed(lines):
+                    try:
+                        rec = json.loads(line)
+                    except ValueError:
+                        continue
+                    if rec.get("level") == "error" and rec.get("msg"):
+                        return str(rec["msg"]).strip()
+            except OSError:
+                pass
+        lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+        # runsc's log lines to stderr start with a level letter and a timestamp
+        # ("W1129 11:30:00.000 ..."); the error itself is a plain line.
+        plain = [ln for ln in lines if not (len(ln) > 5 and ln[0] in "IWDE" and ln[1:5].isdigit())]
+        return (plain or lines or [""])[-1]
+
+    # -- subcommands ---------------------------------------------------------
+
+    def version(self) -> str:
+        out = self._run(["--version"]).stdout
+        first = out.splitlines()[0] if out else ""
+        return first.removeprefix("runsc version ").strip()
+
+    def create(self, cid: str, opts: CreateOptions, timeout_s: float | None = None) -> None:
+        self._run(["create", *opts.argv(), cid], timeout_s)
+
+    def start(self, cid: str, timeout_s: float | None = None) -> None:
+        self._run(["start", cid], timeout_s, check_id=cid)
+
+    def state(self, cid: str) -> ContainerState:
+        out = self._run(["state", cid], check_id=cid).stdout
+        try:
+            return ContainerState.from_json(json.loads(out))
+        except ValueError:
+            raise RunscError(self.argv("state", cid), 0, out, "runsc state printed no JSON") from None
+
+    def kill(self, cid: str, sig: int = _signal.SIGTERM, all_processes: bool = False) -> None:
+        args = ["kill"] + (["--all"] if all_processes else []) + [cid, str(int(sig))]
+        self._run(args, check_id=cid)
+
+    def delete(self, cid: str, force: bool = False) -> None:
+        self._run(["delete"] + (["--force"] if force else []) + [cid], check_id=cid)
+
+    def wait(self, cid: str, timeout_s: float | None = None, restore: bool = False) -> int:
+        """Wait for the container (or, with restore=True, for restore to finish); exit status."""
+        args = ["wait"] + (["--restore"] if restore else []) + [cid]
+        out = self._run(args, timeout_s, check_id=cid).stdout
+        try:
+            return int(json.loads(out).get("exitStatus", 0)) if out.strip() else 0
+        except ValueError:
+            return 0
+
+    def checkpoint(self, cid: str, opts: CheckpointOptions, timeout_s: float | None = None) -> None:
+        self._run(["checkpoint", *opts.argv(), cid], timeout_s, check_id=cid)
+
+    def restore(self, cid: str, opts: RestoreOptions, timeout_s: float | None = None) -> None:
+        self._run(["restore", *opts.argv(), cid], timeout_s)
+
+    def list(self) -> list[ContainerState]:
+        out = self._run(["list", "--format=json"]).stdout
+        try:
+            data = json.loads(out) if out.strip() else []
+        except ValueError:
+            raise RunscError(self.argv("list", "--format=json"), 0, out, "runsc list printed no JSON") from None
+        return [ContainerState.from_json(d) for d in (data or [])]
+
+    def cpu_features(self) -> list[str]:
+        out = self._run(["cpu-features"]).stdout
+        return sorted(w for w in out.replace(",", " ").split() if w)
+
+    def exists(self, cid: str) -> bool:
+        try:
+            self.state(cid)
+            return True
+        except NotFound:
+            return False
+
+
+def _read(f) -> str:
+    f.seek(0)
+    return f.read().decode(errors="replace")
+
+
+def _is_not_found(message: str, cid: str) -> bool:
+    m = message.lower()
+    return any(s in m for s in _NOT_FOUND_MARKERS)

@@ -1,0 +1,237 @@
+"""OCI bundles: load, validate and write runtime specs; build specs for thaw's
+rootfs layouts.
+
+Validation happens at the edge: a bad spec raises SpecError naming the dotted
+field (e.g. `process.args`), never a KeyError deep inside thaw. Only the parts
+runsc and thaw depend on are checked; unknown fields pass through untouched.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from control.errors import SpecError
+
+OCI_VERSION = "1.0.2"
+_NAMESPACES = {"pid", "network", "mount", "ipc", "uts", "user", "cgroup", "time"}
+
+# Capabilities a default container keeps (runc's / containerd's default set).
+DEFAULT_CAPS = [
+    "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW",
+    "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
+]
+
+
+def validate(spec: Any, path: str | None = None) -> dict:
+    """Check the fields runsc and thaw rely on; return the spec."""
+    def need(cond: bool, fld: str, problem: str) -> None:
+        if not cond:
+            raise SpecError(fld, problem, path)
+
+    need(isinstance(spec, dict), "(root)", "expected a JSON object")
+    need(isinstance(spec.get("ociVersion"), str) and spec["ociVersion"] != "", "ociVersion",
+         "missing or not a string")
+    proc = spec.get("process")
+    need(isinstance(proc, dict), "process", "missing or not an object")
+    args = proc.get("args")
+    need(isinstance(args, list) and len(args) > 0 and all(isinstance(a, str) for a in args),
+         "process.args", "must be a non-empty list of strings")
+    need(args[0] != "", "process.args[0]", "must not be empty")
+    cwd = proc.get("cwd", "/")
+    need(isinstance(cwd, str) and cwd.startswith("/"), "process.cwd", "must be an absolute path")
+    env = proc.get("env", [])
+    need(isinstance(env, list) and all(isinstance(e, str) and "=" in e for e in env), "process.env",
+         "must be a list of KEY=VALUE strings")
+    user = proc.get("user", {})
+    need(isinstance(user, dict), "process.user", "must be an object")
+    for k in ("uid", "gid"):
+        if k in user:
+            need(isinstance(user[k], int) and user[k] >= 0, f"process.user.{k}", "must be a non-negative integer")
+    root = spec.get("root")
+    need(isinstance(root, dict) and isinstance(root.get("path"), str) and root["path"] != "", "root.path",
+         "missing or empty")
+    mounts = spec.get("mounts", [])
+    need(isinstance(mounts, list), "mounts", "must be a list")
+    for i, m in enumerate(mounts):
+        need(isinstance(m, dict), f"mounts[{i}]", "must be an object")
+        dest = m.get("destination")
+        need(isinstance(dest, str) and dest.startswith("/"), f"mounts[{i}].destination", "must be an absolute path")
+        need(".." not in Path(dest).parts, f"mounts[{i}].destination", "must not contain '..'")
+        opts = m.get("options", [])
+        need(isinstance(opts, list) and all(isinstance(o, str) for o in opts), f"mounts[{i}].options",
+             "must be a list of strings")
+    linux = spec.get("linux", {})
+    need(isinstance(linux, dict), "linux", "must be an object")
+    for i, ns in enumerate(linux.get("namespaces", []) or []):
+        need(isinstance(ns, dict) and ns.get("type") in _NAMESPACES, f"linux.namespaces[{i}].type",
+             f"must be one of {sorted(_NAMESPACES)}")
+        if "path" in ns:
+            need(isinstance(ns["path"], str) and ns["path"].startswith("/"), f"linux.namespaces[{i}].path",
+                 "must be an absolute path")
+    for i, d in enumerate(linux.get("devices", []) or []):
+        need(isinstance(d, dict) and isinstance(d.get("path"), str) and d["path"].startswith("/dev/"),
+             f"linux.devices[{i}].path", "must be a path under /dev/")
+        need(d.get("type") in ("c", "b", "u", "p"), f"linux.devices[{i}].type", "must be c, b, u or p")
+    ann = spec.get("annotations", {})
+    need(isinstance(ann, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in ann.items()),
+         "annotations", "must map strings to strings")
+    return spec
+
+
+@dataclass
+class Bundle:
+    """An OCI bundle directory: config.json plus (usually) a rootfs."""
+    path: Path
+
+    @property
+    def config_path(self) -> Path:
+        return self.path / "config.json"
+
+    def load(self) -> dict:
+        try:
+            text = self.config_path.read_text()
+        except FileNotFoundError:
+            raise SpecError("(file)", "config.json does not exist", str(self.config_path)) from None
+        try:
+            spec = json.loads(text)
+        except ValueError as e:
+            raise SpecError("(file)", f"not valid JSON: {e}", str(self.config_path)) from None
+        return validate(spec, str(self.config_path))
+
+    def write(self, spec: dict) -> None:
+        """Validate, then atomically replace config.json."""
+        validate(spec, str(self.config_path))
+        self.path.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(self.config_path, spec)
+
+    def rootfs(self, spec: dict) -> Path:
+        p = Path(spec["root"]["path"])
+        return p if p.is_absolute() else self.path / p
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON to a temp file beside `path`, fsync, rename over `path`."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.partial-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2, sort_keys=True)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+# Host directories the "host" rootfs layout binds read-only: enough for the
+# node's own interpreters and libraries to run inside the sandbox.
+HOST_SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/opt")
+
+
+def bind_mount(source: str, destination: str | None = None, readonly: bool = True) -> dict:
+    return {"destination": destination or source, "type": "bind", "source": source,
+            "options": ["rbind", "ro" if readonly else "rw"]}
+
+
+def host_layout(extra_paths: list[str] | tuple[str, ...] = ()) -> list[dict]:
+    """Read-only bind mounts of the host's system directories plus `extra_paths`.
+
+    Used with an empty rootfs directory. Sharing the host's "/" itself as the
+    rootfs does not work: the gofer serves the root from a bind of "/" taken
+    before it mounts the spec's bind mounts, so a bind mount below it shows the
+    empty mount point (seen at the pin; docs/gvisor-notes.md), and runsc would
+    create mount points in the host's real root.
+    """
+    mounts = [bind_mount(d) for d in HOST_SYSTEM_DIRS if os.path.isdir(d) and not os.path.islink(d)]
+    # Sandbox-side duplicates of usr-merged links (/lib -> usr/lib, ...) are
+    # made by prepare_host_rootfs; a bind of a link would follow it.
+    covered = [m["destination"] for m in mounts]
+    for p in extra_paths:
+        p = os.path.realpath(p)
+        if not any(p == c or p.startswith(c.rstrip("/") + "/") for c in covered):
+            mounts.append(bind_mount(p))
+            covered.append(p)
+    return mounts
+
+
+def prepare_host_rootfs(rootfs: Path) -> Path:
+    """Create an empty rootfs directory for the host layout.
+
+    Top-level host directories that are symlinks (usr-merged /lib, /lib64,
+    /bin, /sbin) become the same symlinks here, so the ELF interpreter and
+    #! paths resolve inside the sandbox.
+    """
+    rootfs.mkdir(parents=True, exist_ok=True)
+    for d in HOST_SYSTEM_DIRS:
+        if os.path.islink(d):
+            link = rootfs / d.lstrip("/")
+            target = os.readlink(d)
+            if not link.is_symlink():
+                link.symlink_to(target)
+            elif os.readlink(link) != target:
+                raise SpecError("root.path", f"{link} points to {os.readlink(link)}, host {d} to {target}")
+    return rootfs
+
+
+def command_spec(args: list[str], *, rootfs: str, readonly_root: bool = True,
+                 env: dict[str, str] | None = None, cwd: str = "/", hostname: str = "thaw",
+                 netns: str | None = None, annotations: dict[str, str] | None = None,
+                 extra_mounts: list[dict] | None = None) -> dict:
+    """A spec that runs `args` as root in a sandbox whose root is `rootfs`.
+
+    With the "host" layout the caller passes an empty directory as `rootfs`
+    and `host_layout()` in `extra_mounts`. /tmp and /dev/shm are private tmpfs.
+    """
+    base_env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root"}
+    base_env.update(env or {})
+    namespaces: list[dict] = [{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}]
+    if netns:
+        namespaces.append({"type": "network", "path": netns})
+    spec = {
+        "ociVersion": OCI_VERSION,
+        "process": {
+            "terminal": False,
+            "user": {"uid": 0, "gid": 0},
+            "args": list(args),
+            "env": [f"{k}={v}" for k, v in base_env.items()],
+            "cwd": cwd,
+            "capabilities": {k: list(DEFAULT_CAPS) for k in ("bounding", "effective", "permitted")},
+            "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 65536, "soft": 65536}],
+            "noNewPrivileges": True,
+        },
+        "root": {"path": rootfs, "readonly": readonly_root},
+        "hostname": hostname,
+        "mounts": [
+            {"destination": "/proc", "type": "proc", "source": "proc"},
+            {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
+            {"destination": "/dev/pts", "type": "devpts", "source": "devpts", "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"]},
+            {"destination": "/dev/shm", "type": "tmpfs", "source": "shm", "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]},
+            {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]},
+            {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=1777"]},
+            *(extra_mounts or []),
+        ],
+        "annotations": dict(annotations or {}),
+        "linux": {"namespaces": namespaces},
+    }
+    return validate(spec)
+
+
+def with_netns(spec: dict, netns_path: str | None) -> dict:
+    """A copy of spec whose network namespace is `netns_path` (None: none given)."""
+    out = copy.deepcopy(spec)
+    nss = [ns for ns in out.setdefault("linux", {}).get("namespaces", []) if ns.get("type") != "network"]
+    if netns_path:
+        nss.append({"type": "network", "path": netns_path})
+    out["linux"]["namespaces"] = nss
+    return out
