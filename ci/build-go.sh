@@ -1,22 +1,33 @@
 #!/usr/bin/env bash
 # Builds the pinned gVisor stack (runsc, containerd-shim-runsc-v1) and
 # containerd + ctr from the Go module proxy into one build directory
-# (THAW_BUILD_DIR, default ./build). The directory is reused while its inputs
-# (go/go.mod, go/go.sum, Go sources, this script, the Go version) are
-# unchanged: .stamp holds the hash of those inputs.
+# (THAW_BUILD_DIR, default ./build), then thaw's own Go commands (go/cmd/*).
+# The upstream binaries are rebuilt only when their inputs (go/go.mod,
+# go/go.sum, this script, the Go version) change: .stamp holds the hash of
+# those inputs. thaw's own commands are rebuilt every time; Go's build cache
+# makes an unchanged rebuild take about a second.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 out=${THAW_BUILD_DIR:-"$here/build"}
 mkdir -p "$out"
 
-inputs=$( (cd "$here" && cat go/go.mod go/go.sum ci/build-go.sh && find go -name '*.go' -type f | sort | xargs -r cat; go version) | sha256sum | cut -c1-16)
+inputs=$( (cd "$here" && cat go/go.mod go/go.sum ci/build-go.sh; go version) | sha256sum | cut -c1-16)
+
+build_own() {
+  # thaw's own Go commands, static (CGO_ENABLED=0) so they travel to any node.
+  if compgen -G "$here/go/cmd/*/main.go" >/dev/null; then
+    (cd "$here/go" && CGO_ENABLED=0 GOFLAGS=-buildvcs=false go build -trimpath -ldflags "-s -w" -o "$out/" ./cmd/...)
+    echo "build: thaw Go commands -> $out ($(cd "$here/go" && ls cmd | tr '\n' ' '))"
+  fi
+}
 up_to_date=1
 [[ -f "$out/.stamp" && "$(cat "$out/.stamp")" == "$inputs" ]] || up_to_date=0
 for b in runsc containerd-shim-runsc-v1 containerd ctr; do
   [[ -x "$out/$b" ]] || up_to_date=0
 done
 if (( up_to_date )); then
-  echo "build: $out is up to date ($inputs)"
+  echo "build: upstream binaries in $out are up to date ($inputs)"
+  build_own
   exit 0
 fi
 
@@ -52,4 +63,5 @@ install containerd "github.com/containerd/containerd/v2/cmd/containerd@$containe
   -tags "no_btrfs no_devmapper no_zfs" -ldflags "-s -w"
 install ctr "github.com/containerd/containerd/v2/cmd/ctr@$containerd_version" -ldflags "-s -w"
 echo "$inputs" > "$out/.stamp"
+build_own
 echo "build: done -> $out ($("$out/runsc" --version | head -1))"
