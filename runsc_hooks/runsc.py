@@ -279,6 +279,32 @@ class Runsc:
             return False
 
 
+# runsc pins an empty "null" network namespace for gofers by bind-mounting it
+# at <root>/null-netns (runsc/container/null_netns.go); concurrent creations
+# may stack several mounts there. A runsc root directory cannot be removed
+# until they are unmounted (runsc's own `do` does the same:
+# specutils.UnmountNullNetNS). Twin of that function.
+NULL_NETNS = "null-netns"
+_MNT_DETACH = 2
+
+
+def release_root(root: Path) -> None:
+    """Unmount every null-netns bind mount under runsc root `root`."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    path = str(Path(root) / NULL_NETNS).encode()
+    for _ in range(64):
+        if libc.umount2(path, _MNT_DETACH) != 0:
+            break
+
+
+def remove_root(root: Path) -> None:
+    """Remove a runsc root directory (its sandboxes must be deleted already)."""
+    import shutil
+    release_root(root)
+    shutil.rmtree(root, ignore_errors=True)
+
+
 def _read(f) -> str:
     f.seek(0)
     return f.read().decode(errors="replace")

@@ -158,11 +158,28 @@ def host_layout(extra_paths: list[str] | tuple[str, ...] = ()) -> list[dict]:
     # made by prepare_host_rootfs; a bind of a link would follow it.
     covered = [m["destination"] for m in mounts]
     for p in extra_paths:
-        p = os.path.realpath(p)
-        if not any(p == c or p.startswith(c.rstrip("/") + "/") for c in covered):
-            mounts.append(bind_mount(p))
-            covered.append(p)
+        # A path reached through symlinks needs every hop visible: bind the
+        # directory of each link on the chain and the final target.
+        for q in _symlink_chain(p):
+            if not any(q == c or q.startswith(c.rstrip("/") + "/") for c in covered):
+                mounts.append(bind_mount(q))
+                covered.append(q)
     return mounts
+
+
+def _symlink_chain(path: str) -> list[str]:
+    """Directories holding each symlink hop of `path`, then its real path."""
+    out: list[str] = []
+    p = os.path.abspath(path)
+    for _ in range(40):  # ELOOP bound, like the kernel's
+        parent = os.path.realpath(os.path.dirname(p))
+        p = os.path.join(parent, os.path.basename(p))
+        if not os.path.islink(p):
+            break
+        out.append(parent)
+        p = os.path.join(parent, os.readlink(p))
+    out.append(os.path.realpath(p))
+    return out
 
 
 def prepare_host_rootfs(rootfs: Path) -> Path:

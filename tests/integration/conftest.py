@@ -1,0 +1,106 @@
+"""Integration fixtures: real runsc, real netns (pyroute2), per-test state."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from control import config as configmod
+from runsc_hooks import network as netmod
+from runsc_hooks.runsc import remove_root
+
+from tests.conftest import BUILD, REPO, require
+
+THAW = REPO / ".venv" / "bin" / "thaw"
+# Integration tests take addresses from their own range so they never collide
+# with a demo or a thawd running on the same machine.
+TEST_SUBNET = "10.214.0.0/20"
+
+
+def thaw_env(base: Path) -> dict[str, str]:
+    """Environment for a `thaw` subprocess confined to `base`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("THAW_")}
+    env.update({
+        "THAW_NODE_STATE_DIR": str(base / "state"),
+        "THAW_NODE_LOG_DIR": str(base / "log"),
+        "THAW_RUNSC_ROOT": str(base / "runsc-root"),
+        "THAW_RUNSC_PATH": str(BUILD / "runsc"),
+        "THAW_NETWORK_SUBNET": TEST_SUBNET,
+        "THAW_CACHE_DIR": str(base / "cache"),
+    })
+    return env
+
+
+def settings_for(base: Path) -> configmod.Settings:
+    return configmod.load(environ=thaw_env(base), config_file=_empty_config(base))
+
+
+def _empty_config(base: Path) -> Path:
+    base.mkdir(parents=True, exist_ok=True)
+    p = base / "empty-config.toml"
+    p.write_text("")
+    return p
+
+
+def leftovers(settings: configmod.Settings, ids: list[str]) -> dict:
+    """Whatever thaw or runsc left behind for sandboxes `ids`: must be {} after delete/failure."""
+    from runsc_hooks.runsc import GlobalOptions, Runsc
+    r = Runsc(settings.runsc_path, GlobalOptions(root=settings.runsc_root))
+    live = {c.id for c in r.list()} if settings.runsc_root.exists() else set()
+    net = netmod.leftovers()
+    out: dict[str, list[str]] = {}
+    for sid in ids:
+        found = []
+        if sid in live:
+            found.append("runsc container")
+        if netmod.netns_name(sid) in net["netns"]:
+            found.append("netns")
+        if netmod.host_if_name(sid) in net["interfaces"]:
+            found.append("host veth")
+        if (settings.state_dir / "bundles" / sid).exists():
+            found.append("bundle")
+        if (settings.state_dir / "sandboxes" / f"{sid}.json").exists():
+            found.append("record")
+        if found:
+            out[sid] = found
+    return out
+
+
+def purge(settings: configmod.Settings, prefix: str) -> None:
+    from runsc_hooks.runsc import GlobalOptions, Runsc
+    if settings.runsc_root.exists():
+        r = Runsc(settings.runsc_path, GlobalOptions(root=settings.runsc_root))
+        for c in r.list():
+            if c.id.startswith(prefix):
+                subprocess.run([str(settings.runsc_path), f"--root={settings.runsc_root}", "delete", "--force", c.id],
+                               capture_output=True)
+    for ns in netmod.leftovers()["netns"]:
+        if ns.startswith(netmod.NETNS_PREFIX + prefix):
+            netmod.unplumb(ns[len(netmod.NETNS_PREFIX):])
+
+
+@pytest.fixture(scope="session")
+def stack(runsc_bin) -> Path:
+    """Preconditions shared by all integration tests."""
+    require(THAW.is_file(), f"thaw installed in {THAW}")
+    require(Path("/var/run/netns").exists() or os.access("/var/run", os.W_OK), "/var/run writable for netns")
+    return runsc_bin
+
+
+@pytest.fixture
+def base(tmp_path_factory, name, stack):
+    """A per-test state tree; runsc containers and netns named after the test are purged before and after."""
+    b = Path(f"/tmp/thaw-it/{name}")
+    s = settings_for(b)
+    purge(s, name)
+    remove_root(s.runsc_root)
+    shutil.rmtree(b, ignore_errors=True)
+    b.mkdir(parents=True)
+    yield b
+    purge(s, name)
+    remove_root(s.runsc_root)
+    shutil.rmtree(b, ignore_errors=True)
+    assert not b.exists(), f"{b} could not be removed"

@@ -1,0 +1,56 @@
+from pathlib import Path
+
+from control.errors import RunscError, _subcommand
+from runsc_hooks.runsc import (CheckpointOptions, CreateOptions, GlobalOptions, RestoreOptions, Runsc)
+
+
+def test_global_options_render_in_order():
+    g = GlobalOptions(root=Path("/r"), platform="systrap", network="none", nvproxy=True, extra=("--debug",))
+    assert g.argv() == ["--root=/r", "--platform=systrap", "--network=none", "--nvproxy=true", "--debug"]
+    g = GlobalOptions(root=Path("/r"), log_path=Path("/l.json"))
+    assert "--log=/l.json" in g.argv() and "--log-format=json" in g.argv()
+
+
+def test_create_checkpoint_restore_argv():
+    c = CreateOptions(bundle=Path("/b"), pid_file=Path("/b/pid"), console_socket=Path("/s"))
+    assert c.argv() == ["--bundle=/b", "--pid-file=/b/pid", "--console-socket=/s"]
+    k = CheckpointOptions(image_path=Path("/i"), leave_running=True, cuda_checkpoint_path="/thaw/bin/cc")
+    assert k.argv() == ["--image-path=/i", "--compression=none", "--leave-running",
+                        "--cuda-checkpoint-path=/thaw/bin/cc"]
+    r = RestoreOptions(image_path=Path("/i"), create=CreateOptions(bundle=Path("/b")), background=True)
+    assert r.argv() == ["--image-path=/i", "--bundle=/b", "--detach", "--background"]
+    assert RestoreOptions(image_path=Path("/i"), detach=False).argv() == ["--image-path=/i"]
+
+
+def test_full_argv_puts_global_flags_before_subcommand():
+    r = Runsc(Path("/bin/runsc"), GlobalOptions(root=Path("/r")))
+    argv = r.argv("state", "c1")
+    assert argv[0] == "/bin/runsc" and argv[-2:] == ["state", "c1"]
+    assert argv.index("--root=/r") < argv.index("state")
+
+
+def test_subcommand_skips_global_flags_with_separate_values():
+    assert _subcommand(["runsc", "--root", "/r", "--debug", "checkpoint", "--image-path=/i", "c"]) == "checkpoint"
+    assert _subcommand(["runsc", "--root=/r", "restore", "c"]) == "restore"
+    assert _subcommand(["runsc"]) == "?"
+
+
+def test_runsc_error_carries_message_and_command():
+    e = RunscError(["runsc", "--root=/r", "start", "c1"], 128, "W1129 11:00:00.0 noise\nboom: it broke\n",
+                   "boom: it broke")
+    assert "runsc start failed (exit 128): boom: it broke" in str(e)
+    assert "command: runsc --root=/r start c1" in str(e)
+    assert e.returncode == 128 and e.argv[-1] == "c1"
+    t = RunscError(["runsc", "wait", "c"], None, "", "no answer within 5 s")
+    assert "timed out" in str(t)
+
+
+def test_error_message_prefers_json_log_then_plain_stderr(tmp_path):
+    log = tmp_path / "log.json"
+    log.write_text('{"msg":"old","level":"error","time":"x"}\nnot json\n'
+                   '{"msg":"the real one","level":"error","time":"y"}\n{"msg":"info","level":"info"}\n')
+    r = Runsc(Path("/x"), GlobalOptions(root=Path("/r"), log_path=log))
+    assert r._error_message("whatever") == "the real one"
+    r = Runsc(Path("/x"), GlobalOptions(root=Path("/r")))
+    assert r._error_message("I1129 12:00:00.1 log line\nplain error\nW1129 12:00:00.2 warn\n") == "plain error"
+    assert r._error_message("") == ""
