@@ -112,6 +112,15 @@ class Settings:
     # [cache]
     cache_dir: Path
     cache_budget_bytes: int
+    # [thawd]
+    thawd_socket: Path          # gRPC Unix socket; twin: go/internal/standin DefaultSocket
+    thawd_metrics_addr: str     # host:port of the Prometheus endpoint; empty = off
+    thawd_prepare_timeout_s: float  # how long create waits for a fetch before answering cold
+    thawd_health_timeout_s: float   # deadline of the post-restore health check
+    thawd_ready_timeout_s: float    # how long a cold start may take to get ready for auto-checkpoint
+    thawd_quarantine_after: int     # consecutive failed restores that quarantine an image
+    thawd_auto_checkpoint: bool     # checkpoint opted-in workloads after their first cold start
+    thawd_leave_running: bool       # keep serving after the automatic checkpoint (else recycle)
     # [checkpoint]
     checkpoint_compression: str  # runsc --compression
     restore_background: bool     # runsc restore --background
@@ -138,6 +147,14 @@ _KEYS: dict[str, tuple[str, Callable[[Any], Any], Callable[[], Any]]] = {
     "store.prefix": ("store_prefix", _parse_str, lambda: ""),
     "cache.dir": ("cache_dir", _parse_path, lambda: Path("/var/lib/thaw/cache")),
     "cache.budget_bytes": ("cache_budget_bytes", _parse_int, lambda: 100 << 30),
+    "thawd.socket": ("thawd_socket", _parse_path, lambda: Path("/run/thaw/thawd.sock")),
+    "thawd.metrics_addr": ("thawd_metrics_addr", _parse_str, lambda: "127.0.0.1:9464"),
+    "thawd.prepare_timeout_s": ("thawd_prepare_timeout_s", _parse_float, lambda: 4.0),
+    "thawd.health_timeout_s": ("thawd_health_timeout_s", _parse_float, lambda: 30.0),
+    "thawd.ready_timeout_s": ("thawd_ready_timeout_s", _parse_float, lambda: 600.0),
+    "thawd.quarantine_after": ("thawd_quarantine_after", _parse_int, lambda: 3),
+    "thawd.auto_checkpoint": ("thawd_auto_checkpoint", _parse_bool, lambda: True),
+    "thawd.leave_running": ("thawd_leave_running", _parse_bool, lambda: True),
     "checkpoint.compression": ("checkpoint_compression", _one_of("none", "flate-best-speed"), lambda: "none"),
     "checkpoint.restore_background": ("restore_background", _parse_bool, lambda: False),
 }

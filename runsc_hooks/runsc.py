@@ -50,8 +50,11 @@ class GlobalOptions:
     debug: bool = False
     nvproxy: bool = False
     extra: tuple[str, ...] = ()
+    verbatim: bool = False                # extra holds the complete global flags (e.g. the shim's)
 
     def argv(self) -> list[str]:
+        if self.verbatim:
+            return list(self.extra)
         a = [f"--root={self.root}", f"--platform={self.platform}", f"--network={self.network}"]
         if self.log_path:
             a += [f"--log={self.log_path}", "--log-format=json"]

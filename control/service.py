@@ -1,0 +1,337 @@
+"""thawd's logic: decide restore vs cold, check health, record outcomes,
+checkpoint automatically, quarantine images that keep failing.
+
+`Thawd` holds the logic and is testable without gRPC; `ThawdServicer`
+(control/daemon.py) adapts it to the generated gRPC service and converts
+errors once. Every request field is validated here, at the edge.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shutil
+import subprocess
+import threading
+import time
+import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from control import workload as workloadmod
+from control.config import Settings
+from control.errors import NotFound, ThawError, UserError
+from control.metrics import Metrics
+from runsc_hooks import spec as specmod
+from runsc_hooks.runsc import CheckpointOptions, GlobalOptions, Runsc
+
+log = logging.getLogger("thawd")
+
+_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,255}$")
+
+
+@dataclass(frozen=True)
+class RuntimeRef:
+    """How the shim runs runsc for one container (validated request fields)."""
+    container_id: str
+    bundle: Path
+    runsc_root: Path
+    global_flags: tuple[str, ...]
+
+    @classmethod
+    def validate(cls, container_id: str, bundle: str, runsc_root: str, global_flags: list[str]) -> "RuntimeRef":
+        if not _ID_RE.match(container_id or ""):
+            raise UserError(f"runtime.container_id {container_id!r} is not a valid container id", field="container_id")
+        for fld, val in (("runtime.bundle", bundle), ("runtime.runsc_root", runsc_root)):
+            if not val or not val.startswith("/") or "\0" in val or ".." in Path(val).parts:
+                raise UserError(f"{fld} {val!r} must be an absolute path", field=fld)
+        flags = tuple(global_flags)
+        if any(not f or "\0" in f for f in flags) or len(flags) > 128:
+            raise UserError("runtime.global_flags must be at most 128 non-empty strings", field="global_flags")
+        return cls(container_id, Path(bundle), Path(runsc_root), flags)
+
+    def runsc(self, binary: Path, timeout_s: float) -> Runsc:
+        # The shim's own flags, verbatim: restore and checkpoint need the
+        # same global flags as the run (docs/gvisor-facts.md).
+        flags = self.global_flags
+        if not any(f.lstrip("-").split("=")[0] == "root" for f in flags):
+            flags = (f"--root={self.runsc_root}", *flags)
+        return Runsc(binary, GlobalOptions(root=self.runsc_root, extra=flags, verbatim=True), timeout_s)
+
+
+@dataclass
+class Decision:
+    restore: bool
+    reason: str
+    key: str = ""
+    image_path: str = ""
+    lease_id: str = ""
+    background: bool = False
+
+
+class Thawd:
+    def __init__(self, settings: Settings, images, metrics: Metrics | None = None) -> None:
+        """`images` is the image source (control/images.py adapter: pull/publish/evict/entries)."""
+        self.s = settings
+        self.images = images
+        self.metrics = metrics or Metrics()
+        self.state_dir = settings.state_dir / "thawd"
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._leases: dict[tuple[str, str], object] = {}        # (root, id) -> lease
+        self._fetches: dict[str, Future] = {}                    # key -> background pull
+        self._checkpointing: set[str] = set()
+        self._failures: dict[str, int] = {}
+        self._quarantine = self._load_quarantine()
+        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="thawd")
+
+    # -- quarantine ------------------------------------------------------------
+
+    def _quarantine_path(self) -> Path:
+        return self.state_dir / "quarantine.json"
+
+    def _load_quarantine(self) -> dict[str, str]:
+        try:
+            data = json.loads(self._quarantine_path().read_text())
+            return {str(k): str(v) for k, v in data.items()}
+        except FileNotFoundError:
+            return {}
+        except (ValueError, AttributeError) as e:
+            log.warning("quarantine list %s unreadable (%s); starting empty", self._quarantine_path(), e)
+            return {}
+
+    def quarantined(self) -> dict[str, str]:
+        with self._lock:
+            return dict(self._quarantine)
+
+    def _quarantine_key(self, key: str, reason: str) -> None:
+        with self._lock:
+            self._quarantine[key] = reason
+            specmod.write_json_atomic(self._quarantine_path(), self._quarantine)
+        self.metrics.inc("thaw_quarantined_total")
+        log.warning("quarantined %s: %s", key, reason)
+
+    def unquarantine(self, key: str) -> bool:
+        with self._lock:
+            found = self._quarantine.pop(key, None) is not None
+            specmod.write_json_atomic(self._quarantine_path(), self._quarantine)
+            self._failures.pop(key, None)
+        return found
+
+    # -- create ------------------------------------------------------------------
+
+    def prepare_restore(self, rt: RuntimeRef) -> Decision:
+        t0 = time.monotonic()
+        d = self._decide(rt)
+        self.metrics.observe("thaw_prepare_seconds", time.monotonic() - t0)
+        if d.restore:
+            self.metrics.inc("thaw_restore_decisions_total")
+        else:
+            self.metrics.inc("thaw_cold_decisions_total", reason=d.reason.split(":")[0])
+        log.info("prepare %s key=%s -> %s %s", rt.container_id, d.key, "restore" if d.restore else "cold", d.reason)
+        return d
+
+    def _decide(self, rt: RuntimeRef) -> Decision:
+        spec = specmod.Bundle(rt.bundle).load()
+        wl = workloadmod.from_spec(spec)
+        if wl is None:
+            return Decision(False, "not-opted-in")
+        why = self.quarantined().get(wl.key)
+        if why is not None:
+            return Decision(False, f"quarantined: {why}", wl.key)
+        fut = self._fetch(wl.key)
+        try:
+            lease = fut.result(timeout=self.s.thawd_prepare_timeout_s)
+        except TimeoutError:
+            return Decision(False, "fetch-in-progress: the image is still being fetched", wl.key)
+        except NotFound:
+            return Decision(False, "no-image", wl.key)
+        except ThawError as e:
+            reason = "tuple-mismatch" if type(e).__name__ == "TupleMismatch" else "fetch-failed"
+            return Decision(False, f"{reason}: {e}", wl.key)
+        lease_id = uuid.uuid4().hex
+        with self._lock:
+            old = self._leases.pop((str(rt.runsc_root), rt.container_id), None)
+            self._leases[(str(rt.runsc_root), rt.container_id)] = lease
+        if old is not None:
+            old.release()
+        self.metrics.inc("thaw_cache_hits_total" if getattr(lease, "hit", True) else "thaw_cache_misses_total")
+        return Decision(True, "image-ready", wl.key, str(lease.path), lease_id, self.s.restore_background)
+
+    def _fetch(self, key: str) -> Future:
+        """One pull per key however many ask; the pull goes on past a caller's deadline."""
+        with self._lock:
+            fut = self._fetches.get(key)
+            if fut is None or fut.done():
+                fut = self._pool.submit(self.images.pull, key)
+                self._fetches[key] = fut
+                fut.add_done_callback(lambda f, k=key: self._fetch_done(k, f))
+            return fut
+
+    def _fetch_done(self, key: str, fut: Future) -> None:
+        with self._lock:
+            if self._fetches.get(key) is fut:
+                del self._fetches[key]
+        # A lease nobody took (the caller timed out) must not pin the entry.
+        if not fut.cancelled() and fut.exception() is None:
+            lease = fut.result()
+            with self._lock:
+                taken = any(v is lease for v in self._leases.values())
+            if not taken:
+                threading.Timer(1.0, self._release_if_untaken, args=(lease,)).start()
+
+    def _release_if_untaken(self, lease) -> None:
+        with self._lock:
+            if any(v is lease for v in self._leases.values()):
+                return
+        lease.release()
+
+    # -- start -----------------------------------------------------------------
+
+    def check_health(self, rt: RuntimeRef, key: str) -> tuple[bool, str, float]:
+        t0 = time.monotonic()
+        spec = specmod.Bundle(rt.bundle).load()
+        wl = workloadmod.from_spec(spec)
+        probe = wl.health if wl else workloadmod.Probe("delay", "0")
+        ok, detail = self._probe(rt, probe, deadline_s=self.s.thawd_health_timeout_s)
+        dt = time.monotonic() - t0
+        self.metrics.observe("thaw_health_seconds", dt)
+        return ok, detail, dt
+
+    def _probe(self, rt: RuntimeRef, probe: workloadmod.Probe, deadline_s: float) -> tuple[bool, str]:
+        r = rt.runsc(self.s.runsc_path, 30)
+        end = time.monotonic() + deadline_s
+        if probe.kind == "delay":
+            time.sleep(min(float(probe.arg), deadline_s))
+        attempts, last = 0, ""
+        while True:
+            attempts += 1
+            try:
+                st = r.state(rt.container_id)
+                if st.status != "running":
+                    return False, f"container is {st.status}"
+                if probe.kind == "delay":
+                    return True, f"running after {probe.arg}s"
+                cmd = probe.arg if probe.kind == "exec" else f"test -e {probe.arg}"
+                p = subprocess.run([*r.argv("exec", rt.container_id, "/bin/sh", "-c", cmd)], capture_output=True,
+                                   text=True, timeout=max(1.0, end - time.monotonic()), stdin=subprocess.DEVNULL)
+                if p.returncode == 0:
+                    return True, f"{probe.kind} probe passed after {attempts} attempt(s)"
+                last = f"exit {p.returncode}: {(p.stderr or p.stdout).strip()[-200:]}"
+            except (ThawError, subprocess.TimeoutExpired) as e:
+                last = str(e)
+            if time.monotonic() >= end:
+                return False, f"{probe.kind} probe failed after {attempts} attempt(s): {last}"
+            time.sleep(min(0.2 * attempts, 1.0))
+
+    def report_outcome(self, rt: RuntimeRef, key: str, outcome: str, seconds: float, reason: str) -> None:
+        log.info("outcome %s key=%s %s %.3fs %s", rt.container_id, key, outcome, seconds, reason)
+        if outcome == "RESTORED":
+            self.metrics.inc("thaw_restores_total")
+            self.metrics.observe("thaw_restore_seconds", seconds)
+            with self._lock:
+                self._failures.pop(key, None)
+        elif outcome == "RESTORE_FAILED":
+            self.metrics.inc("thaw_fallbacks_total", reason=reason.split(":")[0])
+            with self._lock:
+                n = self._failures[key] = self._failures.get(key, 0) + 1
+            self._release(rt)
+            if key and n >= self.s.thawd_quarantine_after:
+                self._quarantine_key(key, f"{n} restores in a row failed; last: {reason}")
+        elif outcome == "COLD_STARTED":
+            self.metrics.inc("thaw_cold_starts_total")
+            self._maybe_auto_checkpoint(rt, key)
+
+    def _maybe_auto_checkpoint(self, rt: RuntimeRef, key: str) -> None:
+        if not self.s.thawd_auto_checkpoint or not key or key in self.quarantined():
+            return
+        if self.images.has(key):
+            return
+        with self._lock:
+            if key in self._checkpointing:
+                return
+            self._checkpointing.add(key)
+        self._pool.submit(self._auto_checkpoint, rt, key)
+
+    def _auto_checkpoint(self, rt: RuntimeRef, key: str) -> None:
+        try:
+            wl = workloadmod.from_spec(specmod.Bundle(rt.bundle).load())
+            ok, detail = self._probe(rt, wl.ready, deadline_s=self.s.thawd_ready_timeout_s)
+            if not ok:
+                log.warning("auto-checkpoint of %s skipped: never ready (%s)", rt.container_id, detail)
+                self.metrics.inc("thaw_auto_checkpoints_total", result="not-ready")
+                return
+            res = self.checkpoint(rt, leave_running=self.s.thawd_leave_running)
+            log.info("auto-checkpoint of %s published %s (%d bytes, %.2fs)", rt.container_id, key,
+                     res["image_bytes"], res["seconds"])
+            self.metrics.inc("thaw_auto_checkpoints_total", result="ok")
+        except Exception as e:  # noqa: BLE001 - a failed auto-checkpoint must not hurt the container
+            log.warning("auto-checkpoint of %s failed: %s", rt.container_id, e)
+            self.metrics.inc("thaw_auto_checkpoints_total", result="error")
+        finally:
+            with self._lock:
+                self._checkpointing.discard(key)
+
+    # -- delete / explicit -------------------------------------------------------
+
+    def release(self, container_id: str, runsc_root: str) -> bool:
+        return self._release_key((runsc_root, container_id))
+
+    def _release(self, rt: RuntimeRef) -> bool:
+        return self._release_key((str(rt.runsc_root), rt.container_id))
+
+    def _release_key(self, k: tuple[str, str]) -> bool:
+        with self._lock:
+            lease = self._leases.pop(k, None)
+        if lease is None:
+            return False
+        lease.release()
+        return True
+
+    def checkpoint(self, rt: RuntimeRef, leave_running: bool = True) -> dict:
+        spec = specmod.Bundle(rt.bundle).load()
+        wl = workloadmod.from_spec(spec)
+        if wl is None:
+            raise UserError(f"container {rt.container_id} did not opt in (annotation {workloadmod.ANNOTATION_WORKLOAD})")
+        staging = self.s.state_dir / "thawd" / "staging"
+        staging.mkdir(parents=True, exist_ok=True)
+        out = staging / f"{rt.container_id}-{uuid.uuid4().hex[:8]}"
+        r = rt.runsc(self.s.runsc_path, self.s.runsc_timeout_s)
+        t0 = time.monotonic()
+        try:
+            r.checkpoint(rt.container_id, CheckpointOptions(image_path=out, leave_running=leave_running,
+                                                            compression=self.s.checkpoint_compression))
+            seconds = time.monotonic() - t0
+            size = sum(p.stat().st_size for p in out.iterdir())
+            published = self.images.publish(out, wl.key)
+        finally:
+            shutil.rmtree(out, ignore_errors=True)
+        self.metrics.inc("thaw_checkpoints_total")
+        self.metrics.observe("thaw_checkpoint_seconds", seconds)
+        return {"workload_key": wl.key, "image_path": "", "image_bytes": size, "seconds": seconds,
+                "published": published}
+
+    def stats(self) -> dict:
+        entries = self.images.entries()
+        q = self.quarantined()
+        for e in entries:
+            if e["key"] in q:
+                e["state"], e["reason"] = "quarantined", q[e["key"]]
+        return {"counters": self.metrics.counters(), "entries": entries}
+
+    def evict(self, key: str) -> bool:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,200}", key or ""):
+            raise UserError(f"workload_key {key!r} is not a valid key", field="workload_key")
+        removed = self.images.evict(key)
+        self.unquarantine(key)
+        return removed
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            leases = list(self._leases.values())
+            self._leases.clear()
+        for lease in leases:
+            lease.release()

@@ -1,0 +1,129 @@
+// Package standin is the runsc stand-in the containerd shim executes as its
+// runsc: create, start and delete of opted-in containers go through thawd;
+// every other call is exec'd straight into the real runsc with the same argv.
+package standin
+
+import "strings"
+
+// subcommands of runsc at the pin (runsc/cmd/*.go Name()). The first word
+// of argv that is one of these, outside a flag's value, is the subcommand.
+var subcommands = map[string]bool{
+	"checkpoint": true, "cpu-features": true, "create": true, "debug": true, "delete": true, "do": true,
+	"events": true, "exec": true, "features": true, "fscheckpoint": true, "gofer": true, "install": true,
+	"uninstall": true, "kill": true, "list": true, "export-metrics": true, "metric-metadata": true,
+	"metric-server": true, "mitigate": true, "pause": true, "platforms": true, "port-forward": true, "ps": true,
+	"read": true, "read-control": true, "restore": true, "resume": true, "run": true, "sandboxexec": true,
+	"spec": true, "start": true, "state": true, "statefile": true, "symbolize": true, "syscalls": true,
+	"tar": true, "update": true, "usage": true, "wait": true, "write-control": true, "nvproxy": true,
+	"trace": true, "boot": true, "help": true, "flags": true, "commands": true,
+}
+
+// boolFlags are runsc's boolean global flags (runsc/config/flags.go at the
+// pin, deprecated ones included): given as "--flag" they take no value word.
+var boolFlags = map[string]bool{
+	"debug": true, "systemd-cgroup": true, "log-packets": true, "debug-to-user-log": true,
+	"alsologtostderr": true, "allow-flag-override": true, "strace": true, "strace-event": true,
+	"profile": true, "rootless": true, "cpu-num-from-quota": true, "oci-seccomp": true,
+	"enable-core-tags": true, "systrap-disable-syscall-patching": true, "systrap-disable-fast-path": true,
+	"allow-suid": true, "kvm-use-cpu-nums": true, "allow-rootfs-tar-annotation": true, "app-huge-pages": true,
+	"overlay": true, "gvisor-marker-file": true, "ignore-cgroups": true, "iouring": true, "directfs": true,
+	"TESTONLY-nftables": true, "net-raw": true, "allow-packet-socket-write": true,
+	"allow-live-tcp-migration": true, "gso": true, "software-gso": true, "gvisor-gro": true,
+	"tx-checksum-offload": true, "rx-checksum-offload": true, "EXPERIMENTAL-xdp-need-wakeup": true,
+	"reproduce-nat": true, "reproduce-nftables": true, "net-disconnect-ok": true,
+	"pause-external-networking": true, "allow-connected-on-save": true, "nvproxy": true,
+	"nvproxy-docker": true, "nvproxy-allow-unsupported-driver": true, "rdmaproxy": true, "tpuproxy": true,
+	"TESTONLY-unsafe-nonroot": true, "TESTONLY-afs-syscall-panic": true, "TESTONLY-autosave-resume": true,
+	"fsgofer-host-uds": true, "vfs2": true, "fuse": true, "lisafs": true, "cgroupfs": true,
+	"ignore-cgroups-creation": true, "host-uds-create": true, "watchdog": true,
+}
+
+// Argv is runsc's command line split into its parts.
+type Argv struct {
+	Global  []string // global flags before the subcommand, verbatim
+	Command string   // the subcommand; "" when there is none (e.g. --version)
+	Args    []string // everything after the subcommand, verbatim
+}
+
+// Parse splits argv[1:] tolerantly: "--flag=v" and "--flag v", "-flag" and
+// "--flag", unknown flags too (a value-taking flag is assumed unless the flag
+// is a known boolean or the next word is a subcommand).
+func Parse(args []string) Argv {
+	var a Argv
+	for i := 0; i < len(args); i++ {
+		w := args[i]
+		if !strings.HasPrefix(w, "-") {
+			a.Command = w
+			a.Args = args[i+1:]
+			return a
+		}
+		a.Global = append(a.Global, w)
+		if w == "--" {
+			continue
+		}
+		name := strings.TrimLeft(w, "-")
+		if strings.Contains(name, "=") || boolFlags[name] {
+			continue
+		}
+		if i+1 < len(args) && !subcommands[args[i+1]] && !strings.HasPrefix(args[i+1], "-") {
+			a.Global = append(a.Global, args[i+1])
+			i++
+		}
+	}
+	return a
+}
+
+// GlobalValue returns the value of global flag name ("root", "log", ...).
+func (a Argv) GlobalValue(name string) string {
+	for i, w := range a.Global {
+		n := strings.TrimLeft(w, "-")
+		if v, ok := strings.CutPrefix(n, name+"="); ok {
+			return v
+		}
+		if n == name && i+1 < len(a.Global) && !strings.HasPrefix(a.Global[i+1], "-") {
+			return a.Global[i+1]
+		}
+	}
+	return ""
+}
+
+// Flag returns the value of a subcommand flag (e.g. "bundle") and the
+// positional arguments (the container id is the last one).
+func (a Argv) Flag(name string) string {
+	for i, w := range a.Args {
+		n := strings.TrimLeft(w, "-")
+		if !strings.HasPrefix(w, "-") {
+			continue
+		}
+		if v, ok := strings.CutPrefix(n, name+"="); ok {
+			return v
+		}
+		if n == name && i+1 < len(a.Args) {
+			return a.Args[i+1]
+		}
+	}
+	return ""
+}
+
+// ContainerID is the last positional word of the subcommand's arguments.
+func (a Argv) ContainerID() string {
+	if len(a.Args) == 0 {
+		return ""
+	}
+	last := a.Args[len(a.Args)-1]
+	if strings.HasPrefix(last, "-") {
+		return ""
+	}
+	return last
+}
+
+// Has reports whether a boolean subcommand flag (e.g. "force") is set.
+func (a Argv) Has(name string) bool {
+	for _, w := range a.Args {
+		n := strings.TrimLeft(w, "-")
+		if n == name || n == name+"=true" {
+			return true
+		}
+	}
+	return false
+}

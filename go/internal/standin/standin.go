@@ -1,0 +1,368 @@
+package standin
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	pb "thaw.dev/thaw/go/gen/thawpb"
+)
+
+// Annotations the stand-in reads from config.json (twins: control/workload.py).
+const (
+	AnnotationWorkload = "thaw.dev/workload" // opt-in: present = thaw may restore this container
+	origConfigName     = "config.json.thaw-orig"
+)
+
+// Config is the stand-in's environment. The shim runs it with containerd's
+// environment, so defaults must be right for a provisioned node.
+type Config struct {
+	RealRunsc      string        // THAW_REAL_RUNSC; default: "runsc" beside this binary
+	Socket         string        // THAW_SOCKET; twin: control/config.py thawd.socket
+	StateDir       string        // THAW_STANDIN_STATE: create -> start markers
+	LogPath        string        // THAW_STANDIN_LOG: one JSON line per decision
+	PrepareTimeout time.Duration // THAW_PREPARE_TIMEOUT_MS: create's deadline for thawd
+	HealthTimeout  time.Duration // THAW_HEALTH_TIMEOUT_MS: start's deadline for the health check
+}
+
+// DefaultSocket is thawd's socket. Twin: control/config.py "thawd.socket".
+const DefaultSocket = "/run/thaw/thawd.sock"
+
+// LoadConfig reads the environment.
+func LoadConfig() Config {
+	c := Config{
+		Socket:         envOr("THAW_SOCKET", DefaultSocket),
+		StateDir:       envOr("THAW_STANDIN_STATE", "/run/thaw/standin"),
+		LogPath:        envOr("THAW_STANDIN_LOG", "/var/log/thaw/standin.log"),
+		PrepareTimeout: envMillis("THAW_PREPARE_TIMEOUT_MS", 5000),
+		HealthTimeout:  envMillis("THAW_HEALTH_TIMEOUT_MS", 30000),
+	}
+	c.RealRunsc = os.Getenv("THAW_REAL_RUNSC")
+	if c.RealRunsc == "" {
+		if exe, err := os.Executable(); err == nil {
+			c.RealRunsc = filepath.Join(filepath.Dir(exe), "runsc")
+		}
+	}
+	return c
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+func envMillis(k string, def int) time.Duration {
+	if v, err := strconv.Atoi(os.Getenv(k)); err == nil && v > 0 {
+		return time.Duration(v) * time.Millisecond
+	}
+	return time.Duration(def) * time.Millisecond
+}
+
+// marker carries create's decision to start and delete of the same container.
+type marker struct {
+	ID         string  `json:"id"`
+	Root       string  `json:"root"`
+	Bundle     string  `json:"bundle"`
+	Key        string  `json:"workload_key"`
+	Decision   string  `json:"decision"` // restore | cold
+	Reason     string  `json:"reason,omitempty"`
+	Image      string  `json:"image_path,omitempty"`
+	Lease      string  `json:"lease_id,omitempty"`
+	Background bool    `json:"background,omitempty"`
+	PidFile    string  `json:"pid_file,omitempty"`
+	Created    float64 `json:"created"`
+}
+
+// Standin handles one invocation.
+type Standin struct {
+	cfg  Config
+	argv []string // full argv, argv[0] is this binary
+	a    Argv
+	log  *decisionLog
+}
+
+// Main runs the stand-in and returns the exit code (exec'ing never returns).
+func Main(argv []string) int {
+	s := &Standin{cfg: LoadConfig(), argv: argv, a: Parse(argv[1:])}
+	s.log = openDecisionLog(s.cfg.LogPath)
+	defer s.log.Close()
+	switch s.a.Command {
+	case "create":
+		return s.create()
+	case "start":
+		return s.start()
+	case "delete":
+		return s.delete()
+	}
+	return s.execRunsc(argv[1:])
+}
+
+// execRunsc replaces this process with the real runsc (no extra process).
+func (s *Standin) execRunsc(args []string) int {
+	err := syscall.Exec(s.cfg.RealRunsc, append([]string{s.cfg.RealRunsc}, args...), os.Environ())
+	return s.fail(fmt.Sprintf("thaw stand-in: exec %s: %v", s.cfg.RealRunsc, err))
+}
+
+// runRunsc runs the real runsc as a child with this process's stdio.
+func (s *Standin) runRunsc(args ...string) error {
+	cmd := exec.Command(s.cfg.RealRunsc, append(append([]string{}, s.a.Global...), args...)...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	return cmd.Run()
+}
+
+// fail follows runsc's contract with the shim (runsc/cmd/util.Errorf): one
+// JSON line {"msg","level":"error","time"} appended to the --log file, the
+// message on stderr, a non-zero exit.
+func (s *Standin) fail(msg string) int {
+	if p := s.a.GlobalValue("log"); p != "" {
+		if f, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644); err == nil {
+			b, _ := json.Marshal(map[string]any{"msg": msg, "level": "error", "time": time.Now()})
+			f.Write(append(b, '\n'))
+			f.Close()
+		}
+	}
+	fmt.Fprintln(os.Stderr, msg)
+	return 128
+}
+
+func (s *Standin) runtime() *pb.Runtime {
+	bundle := s.a.Flag("bundle")
+	if bundle == "" && s.a.Command == "create" {
+		bundle, _ = os.Getwd() // runsc's default bundle is the working directory
+	}
+	return &pb.Runtime{ContainerId: s.a.ContainerID(), Bundle: bundle, RunscRoot: s.a.GlobalValue("root"),
+		GlobalFlags: s.a.Global}
+}
+
+func (s *Standin) markerPath(id string) string {
+	h := sha256.Sum256([]byte(s.a.GlobalValue("root")))
+	return filepath.Join(s.cfg.StateDir, hex.EncodeToString(h[:6])+"-"+id+".json")
+}
+
+func (s *Standin) saveMarker(m *marker) error {
+	if err := os.MkdirAll(s.cfg.StateDir, 0o700); err != nil {
+		return err
+	}
+	b, _ := json.Marshal(m)
+	tmp := s.markerPath(m.ID) + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, s.markerPath(m.ID))
+}
+
+func (s *Standin) loadMarker(id string) *marker {
+	b, err := os.ReadFile(s.markerPath(id))
+	if err != nil {
+		return nil
+	}
+	var m marker
+	if json.Unmarshal(b, &m) != nil {
+		return nil
+	}
+	return &m
+}
+
+func (s *Standin) dial() (pb.ThawdClient, func(), error) {
+	if _, err := os.Stat(s.cfg.Socket); err != nil {
+		return nil, func() {}, fmt.Errorf("thawd socket %s: %w", s.cfg.Socket, err)
+	}
+	conn, err := grpc.NewClient("unix://"+s.cfg.Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, func() {}, err
+	}
+	return pb.NewThawdClient(conn), func() { conn.Close() }, nil
+}
+
+// optedIn reads the bundle's annotations: only opted-in containers involve thawd.
+func optedIn(bundle string) bool {
+	b, err := os.ReadFile(filepath.Join(bundle, "config.json"))
+	if err != nil {
+		return false
+	}
+	var spec struct {
+		Annotations map[string]string `json:"annotations"`
+	}
+	if json.Unmarshal(b, &spec) != nil {
+		return false
+	}
+	_, ok := spec.Annotations[AnnotationWorkload]
+	return ok
+}
+
+func (s *Standin) create() int {
+	t0 := time.Now()
+	rt := s.runtime()
+	if rt.ContainerId == "" || !optedIn(rt.Bundle) {
+		return s.execRunsc(s.argv[1:])
+	}
+	m := &marker{ID: rt.ContainerId, Root: rt.RunscRoot, Bundle: rt.Bundle, Decision: "cold",
+		PidFile: s.a.Flag("pid-file"), Created: float64(t0.UnixNano()) / 1e9}
+	resp, err := s.prepare(rt)
+	switch {
+	case err != nil:
+		m.Reason = "thawd-unavailable: " + err.Error()
+	case resp.Decision == pb.PrepareRestoreResponse_RESTORE:
+		m.Decision, m.Key, m.Image, m.Lease, m.Background = "restore", resp.WorkloadKey, resp.ImagePath, resp.LeaseId, resp.Background
+	default:
+		m.Key, m.Reason = resp.WorkloadKey, resp.Reason
+	}
+	if err := s.saveMarker(m); err != nil {
+		s.log.Write("create", m, "marker-failed", err.Error(), t0)
+		return s.execRunsc(s.argv[1:])
+	}
+	s.log.Write("create", m, m.Decision, m.Reason, t0)
+	if m.Decision != "restore" {
+		return s.execRunsc(s.argv[1:])
+	}
+	// Restore: create the sandbox now from the spec thawd prepared; start restores it.
+	if err := s.runRunsc(append([]string{s.a.Command}, s.a.Args...)...); err != nil {
+		s.log.Write("create", m, "restore-create-failed", err.Error(), t0)
+		s.coldAgain(m, "create for restore failed: "+err.Error())
+		return s.execRunsc(s.argv[1:])
+	}
+	return 0
+}
+
+
+// coldAgain puts the original spec back and records a cold decision.
+func (s *Standin) coldAgain(m *marker, reason string) {
+	orig := filepath.Join(m.Bundle, origConfigName)
+	if _, err := os.Stat(orig); err == nil {
+		os.Rename(orig, filepath.Join(m.Bundle, "config.json"))
+	}
+	s.report(m, pb.ReportOutcomeRequest_RESTORE_FAILED, 0, reason)
+	m.Decision, m.Reason = "cold-fallback", reason
+	s.saveMarker(m)
+}
+
+func (s *Standin) prepare(rt *pb.Runtime) (*pb.PrepareRestoreResponse, error) {
+	c, closer, err := s.dial()
+	if err != nil {
+		return nil, err
+	}
+	defer closer()
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.PrepareTimeout)
+	defer cancel()
+	return c.PrepareRestore(ctx, &pb.PrepareRestoreRequest{Runtime: rt})
+}
+
+func (s *Standin) report(m *marker, outcome pb.ReportOutcomeRequest_Outcome, secs float64, reason string) {
+	c, closer, err := s.dial()
+	if err != nil {
+		return
+	}
+	defer closer()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	rt := &pb.Runtime{ContainerId: m.ID, Bundle: m.Bundle, RunscRoot: m.Root, GlobalFlags: s.a.Global}
+	c.ReportOutcome(ctx, &pb.ReportOutcomeRequest{Runtime: rt, WorkloadKey: m.Key, LeaseId: m.Lease,
+		Outcome: outcome, RestoreSeconds: secs, Reason: reason})
+}
+
+func (s *Standin) start() int {
+	t0 := time.Now()
+	id := s.a.ContainerID()
+	m := s.loadMarker(id)
+	if m == nil {
+		return s.execRunsc(s.argv[1:])
+	}
+	if m.Decision != "restore" {
+		if err := s.runRunsc(append([]string{s.a.Command}, s.a.Args...)...); err != nil {
+			return exitCode(err)
+		}
+		if m.Key != "" {
+			s.report(m, pb.ReportOutcomeRequest_COLD_STARTED, 0, m.Reason)
+		}
+		s.log.Write("start", m, "started-cold", m.Reason, t0)
+		return 0
+	}
+	args := []string{"restore", "--image-path=" + m.Image, "--detach"}
+	if m.Background {
+		args = append(args, "--background")
+	}
+	err := s.runRunsc(append(args, id)...)
+	reason := ""
+	if err != nil {
+		reason = "runsc restore failed: " + err.Error()
+	} else if ok, detail := s.health(m); !ok {
+		reason = "unhealthy after restore: " + detail
+	}
+	secs := time.Since(t0).Seconds()
+	if reason == "" {
+		s.report(m, pb.ReportOutcomeRequest_RESTORED, secs, "")
+		s.log.Write("start", m, "restored", "", t0)
+		return 0
+	}
+	// Fall back: the container must start, cold.
+	s.log.Write("start", m, "restore-failed", reason, t0)
+	s.runRunsc("delete", "--force", id)
+	s.coldAgain(m, reason)
+	createArgs := []string{"create", "--bundle=" + m.Bundle}
+	if m.PidFile != "" {
+		createArgs = append(createArgs, "--pid-file="+m.PidFile)
+	}
+	if err := s.runRunsc(append(createArgs, id)...); err != nil {
+		return s.fail(fmt.Sprintf("thaw: restore failed (%s) and the cold create failed too: %v", reason, err))
+	}
+	if err := s.runRunsc("start", id); err != nil {
+		return s.fail(fmt.Sprintf("thaw: restore failed (%s) and the cold start failed too: %v", reason, err))
+	}
+	s.log.Write("start", m, "started-cold-after-failed-restore", reason, t0)
+	return 0
+}
+
+func (s *Standin) health(m *marker) (bool, string) {
+	c, closer, err := s.dial()
+	if err != nil {
+		// thawd went away after create: runsc's own view decides.
+		return s.runRunsc("state", m.ID) == nil, "thawd unavailable; runsc state answered"
+	}
+	defer closer()
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.HealthTimeout)
+	defer cancel()
+	rt := &pb.Runtime{ContainerId: m.ID, Bundle: m.Bundle, RunscRoot: m.Root, GlobalFlags: s.a.Global}
+	r, err := c.CheckHealth(ctx, &pb.CheckHealthRequest{Runtime: rt, WorkloadKey: m.Key})
+	if err != nil {
+		return false, "health check: " + err.Error()
+	}
+	return r.Healthy, r.Detail
+}
+
+func (s *Standin) delete() int {
+	t0 := time.Now()
+	id := s.a.ContainerID()
+	if m := s.loadMarker(id); m != nil {
+		if c, closer, err := s.dial(); err == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			c.Release(ctx, &pb.ReleaseRequest{ContainerId: id, RunscRoot: m.Root})
+			cancel()
+			closer()
+		}
+		os.Remove(s.markerPath(id))
+		s.log.Write("delete", m, "released", "", t0)
+	}
+	return s.execRunsc(s.argv[1:])
+}
+
+func exitCode(err error) int {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode()
+	}
+	return 128
+}
