@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,21 +44,30 @@ def _parse_bool(v: Any) -> bool:
 
 
 def _parse_int(v: Any) -> int:
-    if isinstance(v, bool):
+    if isinstance(v, bool) or not isinstance(v, (int, str)):
         raise ValueError(f"expected an integer, got {v!r}")
     if isinstance(v, int):
         return v
-    s = str(v).strip().replace("_", "")
+    s = v.strip().replace("_", "")
     units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-    if s and s[-1].lower() in units:
-        return int(float(s[:-1]) * units[s[-1].lower()])
-    return int(s)
+    try:
+        if s and s[-1].lower() in units:
+            return int(float(s[:-1]) * units[s[-1].lower()])
+        return int(s)
+    except ValueError:
+        raise ValueError(f"expected an integer (suffixes k, m, g, t allowed), got {v!r}") from None
 
 
 def _parse_float(v: Any) -> float:
-    if isinstance(v, bool):
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
         raise ValueError(f"expected a number, got {v!r}")
-    return float(v)
+    try:
+        f = float(v)
+    except ValueError:
+        raise ValueError(f"expected a number, got {v!r}") from None
+    if f != f or f in (float("inf"), float("-inf")):
+        raise ValueError(f"expected a finite number, got {v!r}")
+    return f
 
 
 def _parse_str(v: Any) -> str:
@@ -71,6 +81,13 @@ def _parse_path(v: Any) -> Path:
     if not s:
         raise ValueError("expected a path, got an empty string")
     return Path(s)
+
+
+def _parse_abs_path(v: Any) -> Path:
+    p = _parse_path(v)
+    if not p.is_absolute():
+        raise ValueError(f"expected an absolute path, got {str(p)!r}")
+    return p
 
 
 def _parse_words(v: Any) -> tuple[str, ...]:
@@ -87,7 +104,43 @@ def _one_of(*choices: str) -> Callable[[Any], str]:
         if s not in choices:
             raise ValueError(f"expected one of {', '.join(choices)}, got {s!r}")
         return s
+    parse.kind = "one of " + ", ".join(choices)  # type: ignore[attr-defined]
     return parse
+
+
+def _positive(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def check(v: Any) -> Any:
+        x = parse(v)
+        if x <= 0:
+            raise ValueError(f"expected a value > 0, got {v!r}")
+        return x
+    check.kind = _kind(parse) + " > 0"  # type: ignore[attr-defined]
+    return check
+
+
+def _dns_label(v: Any) -> str:
+    # A Kubernetes RuntimeClass handler must be a DNS-1123 label
+    # (k8s.io/api node/v1 RuntimeClass.Handler), and CRI looks the handler up
+    # by this name in containerd's runtimes table.
+    s = _parse_str(v)
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", s):
+        raise ValueError(f"expected a DNS label (lower case letters, digits, '-', at most 63), got {s!r}")
+    return s
+
+
+# What each parser accepts, for docs/configuration.md.
+_parse_bool.kind = "boolean"  # type: ignore[attr-defined]
+_parse_int.kind = "integer (k, m, g, t suffixes)"  # type: ignore[attr-defined]
+_parse_float.kind = "number"  # type: ignore[attr-defined]
+_parse_str.kind = "string"  # type: ignore[attr-defined]
+_parse_path.kind = "path"  # type: ignore[attr-defined]
+_parse_abs_path.kind = "absolute path"  # type: ignore[attr-defined]
+_parse_words.kind = "list of strings"  # type: ignore[attr-defined]
+_dns_label.kind = "DNS label"  # type: ignore[attr-defined]
+
+
+def _kind(parse: Callable[[Any], Any]) -> str:
+    return getattr(parse, "kind", "value")
 
 
 @dataclass(frozen=True)
@@ -102,6 +155,14 @@ class Settings:
     state_dir: Path             # thaw's own state: sandbox records, netns leases
     log_dir: Path               # runsc debug logs, one directory per sandbox
     machine_type: str           # part of the compatibility tuple
+    install_dir: Path           # where `thaw provision` installs binaries (bin/ under it)
+    gpu: str                    # auto | yes | no: is this a GPU node?
+    # [containerd]
+    containerd_config: Path      # containerd's main config file
+    containerd_dropin_dir: Path  # where thaw's drop-in goes (imported by the main config)
+    runtime_handler: str         # CRI runtime handler name = RuntimeClass handler
+    containerd_runsc_root: Path  # runsc --root of sandboxes the shim starts (+ /<namespace>)
+    containerd_restart_command: tuple[str, ...]  # run by `provision --restart-containerd`
     # [network]
     network_subnet: str         # sandbox addresses come from here (one /30 per sandbox)
     # [store]
@@ -112,6 +173,7 @@ class Settings:
     # [cache]
     cache_dir: Path
     cache_budget_bytes: int
+    cache_min_free_bytes: int    # provision/doctor fail below this much free space
     # [thawd]
     thawd_socket: Path          # gRPC Unix socket; twin: go/internal/standin DefaultSocket
     thawd_metrics_addr: str     # host:port of the Prometheus endpoint; empty = off
@@ -136,18 +198,27 @@ _KEYS: dict[str, tuple[str, Callable[[Any], Any], Callable[[], Any]]] = {
     "runsc.root": ("runsc_root", _parse_path, lambda: Path("/run/thaw/runsc")),
     "runsc.platform": ("runsc_platform", _one_of("systrap", "ptrace", "kvm"), lambda: "systrap"),
     "runsc.flags": ("runsc_flags", _parse_words, lambda: ()),
-    "runsc.timeout_s": ("runsc_timeout_s", _parse_float, lambda: 120.0),
-    "node.state_dir": ("state_dir", _parse_path, lambda: Path("/var/lib/thaw")),
-    "node.log_dir": ("log_dir", _parse_path, lambda: Path("/var/log/thaw")),
+    "runsc.timeout_s": ("runsc_timeout_s", _positive(_parse_float), lambda: 120.0),
+    "node.state_dir": ("state_dir", _parse_abs_path, lambda: Path("/var/lib/thaw")),
+    "node.log_dir": ("log_dir", _parse_abs_path, lambda: Path("/var/log/thaw")),
     "node.machine_type": ("machine_type", _parse_str, lambda: "unknown"),
+    "node.install_dir": ("install_dir", _parse_abs_path, lambda: Path("/opt/thaw")),
+    "node.gpu": ("gpu", _one_of("auto", "yes", "no"), lambda: "auto"),
+    "containerd.config": ("containerd_config", _parse_abs_path, lambda: Path("/etc/containerd/config.toml")),
+    "containerd.dropin_dir": ("containerd_dropin_dir", _parse_abs_path, lambda: Path("/etc/containerd/conf.d")),
+    "containerd.runtime_handler": ("runtime_handler", _dns_label, lambda: "runsc-thaw"),
+    "containerd.runsc_root": ("containerd_runsc_root", _parse_abs_path, lambda: Path("/run/containerd/runsc")),
+    "containerd.restart_command": ("containerd_restart_command", _parse_words,
+                                   lambda: ("systemctl", "restart", "containerd")),
     "network.subnet": ("network_subnet", _parse_str, lambda: "10.213.0.0/16"),
     "store.endpoint": ("store_endpoint", _parse_str, lambda: ""),
     "store.bucket": ("store_bucket", _parse_str, lambda: "thaw"),
     "store.region": ("store_region", _parse_str, lambda: "us-east-1"),
     "store.prefix": ("store_prefix", _parse_str, lambda: ""),
-    "cache.dir": ("cache_dir", _parse_path, lambda: Path("/var/lib/thaw/cache")),
-    "cache.budget_bytes": ("cache_budget_bytes", _parse_int, lambda: 100 << 30),
-    "thawd.socket": ("thawd_socket", _parse_path, lambda: Path("/run/thaw/thawd.sock")),
+    "cache.dir": ("cache_dir", _parse_abs_path, lambda: Path("/var/lib/thaw/cache")),
+    "cache.budget_bytes": ("cache_budget_bytes", _positive(_parse_int), lambda: 100 << 30),
+    "cache.min_free_bytes": ("cache_min_free_bytes", _parse_int, lambda: 10 << 30),
+    "thawd.socket": ("thawd_socket", _parse_abs_path, lambda: Path("/run/thaw/thawd.sock")),
     "thawd.metrics_addr": ("thawd_metrics_addr", _parse_str, lambda: "127.0.0.1:9464"),
     "thawd.prepare_timeout_s": ("thawd_prepare_timeout_s", _parse_float, lambda: 4.0),
     "thawd.health_timeout_s": ("thawd_health_timeout_s", _parse_float, lambda: 30.0),
@@ -157,6 +228,52 @@ _KEYS: dict[str, tuple[str, Callable[[Any], Any], Callable[[], Any]]] = {
     "thawd.leave_running": ("thawd_leave_running", _parse_bool, lambda: True),
     "checkpoint.compression": ("checkpoint_compression", _one_of("none", "flate-best-speed"), lambda: "none"),
     "checkpoint.restore_background": ("restore_background", _parse_bool, lambda: False),
+}
+
+# One line per key for docs/configuration.md (`thaw config --markdown`); a
+# unit test checks every key has one and that the doc is up to date.
+_HELP: dict[str, str] = {
+    "runsc.path": "The real runsc binary (thawd and the stand-in run it). "
+                  "Default: the build directory; `thaw provision` writes /opt/thaw/bin/runsc.",
+    "runsc.root": "runsc --root for sandboxes thaw starts itself (tests, `thaw run`).",
+    "runsc.platform": "runsc --platform; systrap fits VMs without nested virtualisation.",
+    "runsc.flags": "Extra runsc global flags (`--name` or `--name=value`) on every call, also "
+                   "written into runsc.toml's [runsc_config] for containerd's shim.",
+    "runsc.timeout_s": "Deadline of one runsc call, seconds.",
+    "node.state_dir": "thaw's own state: sandbox records, netns leases.",
+    "node.log_dir": "runsc and shim logs (the shim writes <log_dir>/shim/runsc-shim-<id>.log).",
+    "node.machine_type": "Machine type in the compatibility tuple (e.g. the cloud instance type).",
+    "node.install_dir": "Where `thaw provision` installs runsc, the shim, the stand-in and the CUDA helper (<dir>/bin).",
+    "node.gpu": "Is this a GPU node? auto: if an NVIDIA GPU is found. yes: missing GPU fails the checks. "
+                "no: never enable nvproxy.",
+    "containerd.config": "containerd's main config file; provision adds one `imports` line to it only if "
+                         "it does not already import the drop-in directory.",
+    "containerd.dropin_dir": "Directory of containerd config drop-ins; thaw writes thaw.toml here.",
+    "containerd.runtime_handler": "CRI runtime handler name (the RuntimeClass `handler`).",
+    "containerd.runsc_root": "runsc root of sandboxes containerd's shim starts (runsc.toml `root`); "
+                             "runsc state lives in <root>/<containerd namespace>.",
+    "containerd.restart_command": "Command that restarts containerd, run by `thaw provision "
+                                  "--restart-containerd` after its config changed.",
+    "thawd.socket": "thawd's gRPC Unix socket (root-only directory). Twin: the stand-in's THAW_SOCKET default.",
+    "thawd.metrics_addr": "host:port of thawd's Prometheus /metrics endpoint; empty: off.",
+    "thawd.prepare_timeout_s": "How long create waits for an image fetch before answering cold (the fetch goes on).",
+    "thawd.health_timeout_s": "Deadline of the health check after a restore; unhealthy restores start cold.",
+    "thawd.ready_timeout_s": "How long a cold-started workload may take to become ready for its automatic checkpoint.",
+    "thawd.quarantine_after": "Consecutive failed restores after which an image is quarantined (cold starts only).",
+    "thawd.auto_checkpoint": "Checkpoint an opted-in workload automatically after its first cold start.",
+    "thawd.leave_running": "Keep the workload serving after the automatic checkpoint (false: recycle it).",
+    "network.subnet": "Sandbox addresses come from here (one /30 per sandbox).",
+    "store.endpoint": "S3 endpoint URL; empty: boto3's default resolution (AWS). Credentials are not "
+                      "thaw keys: boto3 reads AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or its other sources.",
+    "store.bucket": "S3 bucket holding chunks and manifests.",
+    "store.region": "S3 region.",
+    "store.prefix": "Key prefix inside the bucket.",
+    "cache.dir": "Local checkpoint cache (put it on local NVMe).",
+    "cache.budget_bytes": "Cache size budget; least recently used entries are evicted above it. "
+                          "doctor warns when the file system has less free space.",
+    "cache.min_free_bytes": "provision and doctor fail when the cache file system has less free space.",
+    "checkpoint.compression": "runsc checkpoint --compression.",
+    "checkpoint.restore_background": "runsc restore --background (the app runs while pages still load).",
 }
 
 
@@ -170,19 +287,58 @@ def keys() -> list[tuple[str, str, Any]]:
     return [(k, env_name(k), default()) for k, (_, _, default) in _KEYS.items()]
 
 
+def field_name(key: str) -> str:
+    """The Settings attribute of a dotted key."""
+    return _KEYS[key][0]
+
+
+def describe(key: str) -> tuple[str, str]:
+    """(type, one-line help) of a key, for docs."""
+    return _kind(_KEYS[key][1]), _HELP.get(key, "")
+
+
+def render_value(value: Any) -> str:
+    """A setting's value as TOML would spell it (docs, `thaw config`)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, tuple):
+        return "[" + ", ".join(f'"{w}"' for w in value) + "]"
+    return f'"{value}"'
+
+
+def markdown_table() -> str:
+    """docs/configuration.md's key table, generated from _KEYS (`thaw config --markdown`)."""
+    rows = ["| key | env | type | default | meaning |", "| --- | --- | --- | --- | --- |"]
+    for key, env, default in keys():
+        kind, help_ = describe(key)
+        if key == "runsc.path":
+            shown = "`<repo>/build/runsc`"
+        elif key.endswith("_bytes") and default % (1 << 30) == 0:
+            shown = f'`"{default >> 30}g"`'
+        else:
+            shown = f"`{render_value(default)}`"
+        rows.append(f"| `{key}` | `{env}` | {kind} | {shown} | {help_} |")
+    return "\n".join(rows) + "\n"
+
+
 def load(overrides: Mapping[str, Any] | None = None,
          environ: Mapping[str, str] | None = None,
-         config_file: Path | None = None) -> Settings:
+         config_file: Path | None = None,
+         default_file: Path = DEFAULT_CONFIG_FILE) -> Settings:
     """Build Settings from defaults < TOML file < environment < overrides.
 
-    `overrides` are CLI values by dotted key; None values are ignored.
+    `overrides` are CLI values by dotted key; None values are ignored. The
+    file is `config_file`, else $THAW_CONFIG, else `default_file` when it
+    exists (`thaw provision --root DIR` passes DIR/etc/thaw/config.toml).
     """
     environ = os.environ if environ is None else environ
     values: dict[str, Any] = {}
 
     path = config_file or (Path(environ["THAW_CONFIG"]) if environ.get("THAW_CONFIG") else None)
-    if path is None and DEFAULT_CONFIG_FILE.is_file():
-        path = DEFAULT_CONFIG_FILE
+    if path is None and default_file.is_file():
+        path = default_file
     if path is not None:
         for key, raw in _read_toml(path).items():
             values[key] = _parse(key, raw, f"file {path}")

@@ -79,6 +79,18 @@ class PreconditionError(ThawError):
     """The node cannot do this: not root, runsc missing, no GPU, ..."""
 
 
+class ProvisionError(ThawError):
+    """A `thaw provision` step failed. `done` lists what the steps before it
+    changed (they stay: provisioning is idempotent, so fix and re-run)."""
+
+    def __init__(self, step: str, problem: str, done: list[str]) -> None:
+        listed = "".join(f"\n    {d}" for d in done) if done else " nothing"
+        super().__init__(f"provision step {step!r} failed: {problem}\n  done before it:{listed}",
+                         step=step, problem=problem, done=done)
+        self.step = step
+        self.done = done
+
+
 class InvalidTransition(ThawError):
     """A sandbox was asked to move between states its lifecycle does not allow."""
 

@@ -274,6 +274,11 @@ class Runsc:
         out = self._run(["cpu-features"]).stdout
         return sorted(w for w in out.replace(",", " ").split() if w)
 
+    def nvproxy_supported_drivers(self) -> list[str]:
+        """NVIDIA driver versions this runsc's nvproxy supports (strict ABI match)."""
+        out = self._run(["nvproxy", "list-supported-drivers"]).stdout
+        return [w for w in out.split() if w]
+
     def exists(self, cid: str) -> bool:
         try:
             self.state(cid)

@@ -1,0 +1,367 @@
+"""Node checks: what `thaw provision` requires before it changes anything and
+what `thaw doctor` reports (pass / warn / fail per line).
+
+A check is a pure function of facts; the facts come from the host through the
+small readers at the bottom (os.uname, /proc, the runsc binary, NVML), so unit
+tests feed the checks made-up facts and integration tests run them for real.
+
+Status policy (docs/provision.md "doctor"):
+- fail: the node cannot run thaw as configured (wrong arch, old kernel, not
+  root, no cgroups, runsc missing, unsupported NVIDIA driver, GPU required but
+  absent, too little disk, containerd 1.x).
+- warn: thaw runs, with less than it could (no GPU on a `node.gpu = auto`
+  node: CPU workloads only; runsc stamped with another version label;
+  containerd not found where we looked).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from control.config import RUNSC_VERSION_LABEL, Settings
+from control.errors import ThawError
+from runsc_hooks.runsc import GlobalOptions, Runsc
+
+PASS, WARN, FAIL = "pass", "warn", "fail"
+MIN_KERNEL = (5, 6)
+# cgroup v1 controllers runsc cannot do without: the `mandatory` ones in
+# gvisor runsc/cgroup/cgroup.go (`controllers`: cpu and memory; the rest are
+# optional and skipped when absent).
+V1_CONTROLLERS = ("cpu", "memory")
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str     # pass | warn | fail
+    detail: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def worst(checks: list[Check]) -> str:
+    statuses = {c.status for c in checks}
+    return FAIL if FAIL in statuses else WARN if WARN in statuses else PASS
+
+
+# -- checks (pure) -------------------------------------------------------------
+
+def check_arch(machine: str) -> Check:
+    if machine == "x86_64":
+        return Check("arch", PASS, machine)
+    return Check("arch", FAIL, f"{machine}: thaw supports x86_64 only")
+
+
+def kernel_version(release: str) -> tuple[int, int]:
+    m = re.match(r"(\d+)\.(\d+)", release)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+def check_kernel(release: str) -> Check:
+    have = kernel_version(release)
+    want = ".".join(map(str, MIN_KERNEL))
+    if have >= MIN_KERNEL:
+        return Check("kernel", PASS, f"{release} (>= {want})")
+    return Check("kernel", FAIL, f"{release}: thaw needs Linux >= {want}")
+
+
+def check_root(euid: int) -> Check:
+    if euid == 0:
+        return Check("root", PASS, "running as root")
+    return Check("root", FAIL, f"euid {euid}: runsc create/restore refuse --rootless; run as root")
+
+
+def check_cgroups(mounts: str) -> Check:
+    """From /proc/self/mounts text: cgroup v2 at /sys/fs/cgroup, or v1 controllers."""
+    v2_root = False
+    v1: set[str] = set()
+    for line in mounts.splitlines():
+        parts = line.split()
+        if len(parts) < 4:
+            continue
+        where, fstype, opts = parts[1], parts[2], parts[3].split(",")
+        if fstype == "cgroup2" and where == "/sys/fs/cgroup":
+            v2_root = True
+        elif fstype == "cgroup":
+            v1.update(o for o in opts if o in V1_CONTROLLERS)
+    if v2_root:
+        return Check("cgroups", PASS, "cgroup v2 (unified) at /sys/fs/cgroup")
+    missing = [c for c in V1_CONTROLLERS if c not in v1]
+    if v1 and not missing:
+        return Check("cgroups", PASS, "cgroup v1 controllers " + ",".join(V1_CONTROLLERS))
+    if not v1:
+        return Check("cgroups", FAIL, "no cgroup file system mounted at /sys/fs/cgroup")
+    return Check("cgroups", FAIL, "cgroup v1 without controllers " + ",".join(missing))
+
+
+def check_runsc(path: Path, version: str | None, error: str = "") -> Check:
+    if version is None:
+        why = error or ("not found" if not path.exists() else "not executable")
+        return Check("runsc", FAIL, f"{path}: {why} (run `make setup`)")
+    if version != RUNSC_VERSION_LABEL:
+        return Check("runsc", WARN, f"{path}: version {version!r}, thaw pins {RUNSC_VERSION_LABEL!r}: "
+                     "images restore only on nodes with the same label")
+    return Check("runsc", PASS, f"{path}: {version}")
+
+
+def check_platform(platform: str, kvm_present: bool) -> Check:
+    if platform == "kvm" and not kvm_present:
+        return Check("platform", FAIL, "runsc.platform = kvm but /dev/kvm is missing")
+    return Check("platform", PASS, platform)
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    """NVIDIA GPUs of this node. Stand-in until nvproxy/gpu.py (GPU identity) lands."""
+    names: tuple[str, ...] = ()
+    minors: tuple[int, ...] = ()
+    driver_version: str = ""
+    cuda_driver_version: str = ""
+    source: str = "none"        # nvml | procfs | none
+
+    @property
+    def present(self) -> bool:
+        return bool(self.names) or bool(self.minors)
+
+
+def gpu_wanted(setting: str, gpu: GpuFacts) -> bool:
+    """Does this node run GPU sandboxes (nvproxy on, CDI spec, CUDA helper)?"""
+    return setting == "yes" or (setting == "auto" and gpu.present)
+
+
+def check_gpu(setting: str, gpu: GpuFacts) -> Check:
+    if setting == "no":
+        return Check("gpu", PASS, "node.gpu = no: CPU node, nvproxy off")
+    if gpu.present:
+        names = ", ".join(sorted(set(gpu.names))) or "unknown model"
+        return Check("gpu", PASS, f"{len(gpu.minors) or len(gpu.names)} x {names} ({gpu.source})")
+    if setting == "yes":
+        return Check("gpu", FAIL, "node.gpu = yes but no NVIDIA GPU was found")
+    return Check("gpu", WARN, "no NVIDIA GPU: CPU node, only CPU workloads restore here")
+
+
+def check_driver(gpu: GpuFacts, wanted: bool, supported: list[str] | None) -> Check:
+    if not gpu.driver_version:
+        if wanted:
+            return Check("nvidia-driver", FAIL, "no NVIDIA driver loaded (/proc/driver/nvidia/version)")
+        return Check("nvidia-driver", PASS, "not needed on a CPU node")
+    if supported is None:
+        return Check("nvidia-driver", FAIL, f"{gpu.driver_version}: could not ask runsc which drivers it supports")
+    if gpu.driver_version in supported:
+        return Check("nvidia-driver", PASS, f"{gpu.driver_version} (supported by the pinned runsc's nvproxy)")
+    near = [v for v in supported if v.split(".")[0] == gpu.driver_version.split(".")[0]]
+    return Check("nvidia-driver", FAIL, f"{gpu.driver_version} is not supported by the pinned runsc's nvproxy"
+                 f" (supported{' ' + gpu.driver_version.split('.')[0] + '.x' if near else ''}: "
+                 f"{', '.join(near or supported)})")
+
+
+def containerd_major(version: str) -> int | None:
+    m = re.search(r"\bv?(\d+)\.(\d+)\.\d+", version)
+    return int(m.group(1)) if m else None
+
+
+def check_containerd(binary: Path | None, version: str | None) -> Check:
+    if binary is None:
+        return Check("containerd", WARN, "containerd not found on PATH: the runtime handler "
+                     "is written but nothing loads it yet")
+    major = containerd_major(version or "")
+    if major is None:
+        return Check("containerd", WARN, f"{binary}: could not read its version ({version!r})")
+    if major < 2:
+        return Check("containerd", FAIL, f"{binary}: {version}: thaw's drop-in needs containerd 2.x "
+                     "(config version 3)")
+    return Check("containerd", PASS, f"{binary}: {version}")
+
+
+def check_space(path: Path, free: int, budget: int, min_free: int) -> Check:
+    gib = 1 << 30
+    have = f"{free / gib:.1f} GiB free at {path}"
+    if free < min_free:
+        return Check("cache-space", FAIL, f"{have}; cache.min_free_bytes is {min_free / gib:.1f} GiB")
+    if free < budget:
+        return Check("cache-space", WARN, f"{have}; less than cache.budget_bytes ({budget / gib:.1f} GiB)")
+    return Check("cache-space", PASS, f"{have} (budget {budget / gib:.1f} GiB)")
+
+
+def check_thawd(sock: Path, reachable: bool, error: str) -> Check:
+    if reachable:
+        return Check("thawd", PASS, f"listening on {sock}")
+    return Check("thawd", FAIL, f"{sock}: {error or 'not reachable'} (is thawd running? `thaw serve`)")
+
+
+# -- facts (the host) ------------------------------------------------------------
+
+@dataclass
+class NodeFacts:
+    machine: str
+    kernel: str
+    euid: int
+    mounts: str
+    kvm: bool
+    gpu: GpuFacts
+    containerd_binary: Path | None
+    containerd_version: str | None
+    runsc_version: str | None = None
+    runsc_error: str = ""
+    supported_drivers: list[str] | None = None
+    cpu_features: list[str] = field(default_factory=list)
+
+
+def runsc_client(path: Path, settings: Settings) -> Runsc:
+    return Runsc(path, GlobalOptions(root=settings.runsc_root, platform=settings.runsc_platform),
+                 timeout_s=min(settings.runsc_timeout_s, 30.0))
+
+
+def gather(settings: Settings, runsc_path: Path, root: Path = Path("/")) -> NodeFacts:
+    """Read the facts the checks need. `root`: the tree being provisioned
+    (containerd is looked for in its PATH directories)."""
+    u = os.uname()
+    binary, version = find_containerd(root)
+    facts = NodeFacts(machine=u.machine, kernel=u.release, euid=os.geteuid(),
+                      mounts=_read("/proc/self/mounts"), kvm=Path("/dev/kvm").exists(),
+                      gpu=gpu_facts(), containerd_binary=binary, containerd_version=version)
+    if runsc_path.is_file() and os.access(runsc_path, os.X_OK):
+        r = runsc_client(runsc_path, settings)
+        try:
+            facts.runsc_version = r.version()
+            facts.supported_drivers = r.nvproxy_supported_drivers()
+            facts.cpu_features = r.cpu_features()
+        except ThawError as e:
+            facts.runsc_error = str(e).splitlines()[0]
+    return facts
+
+
+def node_checks(settings: Settings, facts: NodeFacts, runsc_path: Path, cache_dir: Path) -> list[Check]:
+    """The checks provision requires and doctor reports first."""
+    free_at = nearest_existing(cache_dir)
+    return [
+        check_arch(facts.machine),
+        check_kernel(facts.kernel),
+        check_root(facts.euid),
+        check_cgroups(facts.mounts),
+        check_runsc(runsc_path, facts.runsc_version, facts.runsc_error),
+        check_platform(settings.runsc_platform, facts.kvm),
+        check_gpu(settings.gpu, facts.gpu),
+        check_driver(facts.gpu, gpu_wanted(settings.gpu, facts.gpu), facts.supported_drivers),
+        check_containerd(facts.containerd_binary, facts.containerd_version),
+        check_space(free_at, shutil.disk_usage(free_at).free, settings.cache_budget_bytes,
+                    settings.cache_min_free_bytes),
+    ]
+
+
+def compatibility_tuple(settings: Settings, facts: NodeFacts) -> dict:
+    """The node's compatibility tuple as far as provisioning knows it.
+
+    Stand-in for control/compat.py (the tuple an image records and restore
+    matches); swap this one function when that module lands.
+    """
+    return {
+        "runsc_version": facts.runsc_version or "",
+        "platform": settings.runsc_platform,
+        "arch": facts.machine,
+        "cpu_features": facts.cpu_features,
+        "gpu_name": sorted(set(facts.gpu.names))[0] if facts.gpu.names else "",
+        "gpu_count": len(facts.gpu.minors) or len(facts.gpu.names),
+        "nvidia_driver_version": facts.gpu.driver_version,
+        "cuda_driver_version": facts.gpu.cuda_driver_version,
+        "machine_type": settings.machine_type,
+    }
+
+
+def gpu_facts() -> GpuFacts:
+    """NVML when it loads, else /proc/driver/nvidia (a privileged pod sees the
+    host's procfs but usually lacks libnvidia-ml)."""
+    try:
+        with warnings.catch_warnings():
+            # pynvml 13 is a redirector to nvidia-ml-py that warns on import.
+            warnings.simplefilter("ignore", FutureWarning)
+            import pynvml  # type: ignore[import-untyped]
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no library, no driver: fall back to procfs
+        return _gpu_facts_procfs()
+    try:
+        n = pynvml.nvmlDeviceGetCount()
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(n)]
+        names = tuple(_text(pynvml.nvmlDeviceGetName(h)) for h in handles)
+        minors = tuple(int(pynvml.nvmlDeviceGetMinorNumber(h)) for h in handles)
+        driver = _text(pynvml.nvmlSystemGetDriverVersion())
+        cuda = pynvml.nvmlSystemGetCudaDriverVersion_v2()
+        return GpuFacts(names, minors, driver, f"{cuda // 1000}.{cuda % 1000 // 10}", "nvml")
+    except Exception:  # noqa: BLE001
+        return _gpu_facts_procfs()
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _gpu_facts_procfs() -> GpuFacts:
+    version = _read("/proc/driver/nvidia/version")
+    m = re.search(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+\.\d+(?:\.\d+)?)", version)
+    names, minors = [], []
+    for info in sorted(Path("/proc/driver/nvidia/gpus").glob("*/information")):
+        text = _read(str(info))
+        model = re.search(r"^Model:\s*(.+)$", text, re.M)
+        minor = re.search(r"^Device Minor:\s*(\d+)", text, re.M)
+        names.append(model.group(1).strip() if model else "unknown")
+        if minor:
+            minors.append(int(minor.group(1)))
+    return GpuFacts(tuple(names), tuple(minors), m.group(1) if m else "", "",
+                    "procfs" if (m or names) else "none")
+
+
+def find_containerd(root: Path = Path("/")) -> tuple[Path | None, str | None]:
+    """containerd in the usual directories of `root` (the host's PATH may differ from ours)."""
+    for d in ("/usr/local/bin", "/usr/bin", "/usr/local/sbin", "/usr/sbin", "/bin", "/sbin"):
+        p = root / d.lstrip("/") / "containerd"
+        if p.is_file() and os.access(p, os.X_OK):
+            try:
+                out = subprocess.run([str(p), "--version"], capture_output=True, text=True, timeout=10,
+                                     stdin=subprocess.DEVNULL)
+                return p, out.stdout.strip() or out.stderr.strip()
+            except (OSError, subprocess.TimeoutExpired) as e:
+                return p, f"error: {e}"
+    return None, None
+
+
+def thawd_reachable(sock: Path) -> tuple[bool, str]:
+    """Can we connect to thawd's Unix socket? (A connect, not an RPC: the
+    gRPC health service is thawd's to add.)"""
+    if not sock.exists():
+        return False, "socket does not exist"
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(2.0)
+    try:
+        s.connect(str(sock))
+        return True, ""
+    except OSError as e:
+        return False, e.strerror or str(e)
+    finally:
+        s.close()
+
+
+def nearest_existing(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _text(v: object) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)

@@ -1,0 +1,627 @@
+"""`thaw provision`: turn a node into a thaw node, idempotently.
+
+Plan, then apply. Every step inspects the tree and says what it would do
+(create / update / none / skip / run); `--dry-run` prints that plan and stops.
+Applying runs the steps in order, each write atomic (temp name, fsync,
+rename); a failing step raises ProvisionError naming it and listing what the
+steps before it changed. A second run plans `none` everywhere.
+
+`root` makes every path relative to a directory tree (tests, images, a
+DaemonSet with the host mounted elsewhere); file contents always name the
+paths the node itself will see. docs/provision.md describes every step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from control import containerd_config as cc
+from control import doctor
+from control.config import DEFAULT_CONFIG_FILE, Settings, _KEYS, render_value
+from control.errors import PreconditionError, ProvisionError, ThawError
+
+RUNSC_TOML = Path("/etc/thaw/runsc.toml")
+UNIT = Path("/etc/systemd/system/thawd.service")
+UNIT_WANTS = Path("/etc/systemd/system/multi-user.target.wants/thawd.service")
+# CDI's default spec directories (tags.cncf.io/container-device-interface pkg/cdi
+# DefaultStaticDir, DefaultDynamicDir).
+CDI_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
+CDI_SPEC = Path("/etc/cdi/thaw-nvidia.json")
+CDI_KIND = "nvidia.com/gpu"
+
+CREATE, UPDATE, NONE, SKIP, RUN = "create", "update", "none", "skip", "run"
+
+# What provision installs into <node.install_dir>/bin: (file name, required).
+# The stand-in is optional until it is built (go/cmd/thaw-runsc): without it
+# the shim runs the real runsc and every start is cold. The CUDA helper is
+# required on GPU nodes only.
+BINARIES = (
+    ("runsc", True),
+    ("containerd-shim-runsc-v1", True),
+    ("thaw-runsc", False),
+    ("thaw-cuda-checkpoint", False),
+)
+STANDIN = "thaw-runsc"
+CUDA_HELPER = "thaw-cuda-checkpoint"
+
+
+@dataclass(frozen=True)
+class Options:
+    source_dir: Path                  # where the built binaries are (`make setup`: ./build)
+    root: Path = Path("/")
+    dry_run: bool = False
+    systemd: bool = True              # write and enable the thawd unit
+    restart_containerd: bool = False  # run containerd.restart_command if its config changed
+    thawd_available: bool = False     # this thaw has a `serve` command
+    thaw_command: tuple[str, ...] = ("thaw",)
+    compare_binaries: bool = True     # doctor: existence and mode only
+
+
+@dataclass
+class Plan:
+    step: str
+    target: str
+    action: str                # create | update | none | skip | run
+    detail: str = ""
+    warning: bool = False      # a skip the operator should know about
+    result: str = ""           # after apply: created | updated | unchanged | skipped | ran
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Report:
+    checks: list[doctor.Check]
+    plans: list[Plan]
+    compat: dict
+    notes: list[str] = field(default_factory=list)
+    dry_run: bool = False
+
+    @property
+    def failed_checks(self) -> list[doctor.Check]:
+        return [c for c in self.checks if c.status == doctor.FAIL]
+
+    @property
+    def changes(self) -> list[Plan]:
+        return [p for p in self.plans if p.action in (CREATE, UPDATE, RUN)]
+
+    def to_dict(self) -> dict:
+        return {"dry_run": self.dry_run, "changed": bool(self.changes),
+                "checks": [c.to_dict() for c in self.checks],
+                "steps": [p.to_dict() for p in self.plans],
+                "compatibility_tuple": self.compat, "notes": self.notes}
+
+
+class Layout:
+    """Maps the node's paths into the tree being provisioned."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def host(self, path: Path) -> Path:
+        if not path.is_absolute():
+            raise ThawError(f"{path}: expected an absolute path")
+        return self.root / path.relative_to("/")
+
+
+# -- steps ------------------------------------------------------------------------
+
+class Step:
+    name = ""
+
+    def plan(self, earlier: list[Plan]) -> Plan:
+        raise NotImplementedError
+
+    def apply(self, plan: Plan) -> None:
+        raise NotImplementedError
+
+
+class WriteFile(Step):
+    """A file with given content (or a copy of `source`) and mode."""
+
+    def __init__(self, name: str, layout: Layout, dest: Path, mode: int, *, content: str | None = None,
+                 source: Path | None = None, only_if_absent: bool = False, compare: bool = True) -> None:
+        self.name, self.dest, self.mode = name, dest, mode
+        self.target = layout.host(dest)
+        self.content = content.encode() if content is not None else None
+        self.source = source
+        self.only_if_absent = only_if_absent
+        self.compare = compare
+
+    def plan(self, earlier: list[Plan]) -> Plan:
+        t = self.target
+        mode = f"{self.mode:04o}"
+        if not t.exists() and not t.is_symlink():
+            if self.content is None and (self.source is None or not self.source.is_file()):
+                return Plan(self.name, str(t), CREATE, f"missing, and no source {self.source} to install from")
+            return Plan(self.name, str(t), CREATE, f"mode {mode}")
+        if not t.is_file() or t.is_symlink():
+            return Plan(self.name, str(t), UPDATE, "not a regular file: replaced")
+        if self.only_if_absent:
+            return Plan(self.name, str(t), NONE, "exists; left as it is")
+        if self.compare and not self._same_content():
+            return Plan(self.name, str(t), UPDATE, "content differs")
+        have = t.stat().st_mode & 0o7777
+        if have != self.mode:
+            return Plan(self.name, str(t), UPDATE, f"mode {have:04o} -> {mode}")
+        return Plan(self.name, str(t), NONE, f"up to date, mode {mode}")
+
+    def _same_content(self) -> bool:
+        if self.content is not None:
+            return self.target.read_bytes() == self.content
+        if self.source is None or not self.source.is_file():
+            return True     # nothing to compare with: the installed copy stays
+        if self.source.stat().st_size != self.target.stat().st_size:
+            return False
+        return _sha256(self.source) == _sha256(self.target)
+
+    def apply(self, plan: Plan) -> None:
+        if plan.action == UPDATE and plan.detail.startswith("mode "):
+            os.chmod(self.target, self.mode)
+            return
+        if self.content is None and (self.source is None or not self.source.is_file()):
+            raise ThawError(f"no source to install {self.target} from: {self.source} is missing")
+        write_atomic(self.target, self.mode, data=self.content, source=self.source)
+
+
+class MakeDir(Step):
+    def __init__(self, name: str, layout: Layout, dest: Path, mode: int) -> None:
+        self.name, self.mode = name, mode
+        self.target = layout.host(dest)
+
+    def plan(self, earlier: list[Plan]) -> Plan:
+        mode = f"{self.mode:04o}"
+        if not self.target.is_dir():
+            return Plan(self.name, str(self.target), CREATE, f"directory, mode {mode}")
+        have = self.target.stat().st_mode & 0o7777
+        if have != self.mode:
+            return Plan(self.name, str(self.target), UPDATE, f"mode {have:04o} -> {mode}")
+        return Plan(self.name, str(self.target), NONE, f"exists, mode {mode}")
+
+    def apply(self, plan: Plan) -> None:
+        self.target.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.target, self.mode)
+
+
+class Symlink(Step):
+    """What `systemctl enable` does: a symlink in the target's .wants directory."""
+
+    def __init__(self, name: str, layout: Layout, link: Path, points_to: Path) -> None:
+        self.name, self.points_to = name, points_to
+        self.target = layout.host(link)
+
+    def plan(self, earlier: list[Plan]) -> Plan:
+        want = str(self.points_to)
+        if self.target.is_symlink():
+            have = os.readlink(self.target)
+            if have == want:
+                return Plan(self.name, str(self.target), NONE, f"-> {want}")
+            return Plan(self.name, str(self.target), UPDATE, f"-> {have} becomes -> {want}")
+        if self.target.exists():
+            return Plan(self.name, str(self.target), UPDATE, f"a file, replaced by a link -> {want}")
+        return Plan(self.name, str(self.target), CREATE, f"-> {want}")
+
+    def apply(self, plan: Plan) -> None:
+        self.target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.target.with_name(f".{self.target.name}.partial-{os.getpid()}")
+        if tmp.is_symlink() or tmp.exists():
+            tmp.unlink()
+        os.symlink(self.points_to, tmp)
+        os.replace(tmp, self.target)
+
+
+class ContainerdImports(Step):
+    """Make the main containerd config import the drop-in directory (one line)."""
+
+    name = "containerd-imports"
+
+    def __init__(self, layout: Layout, config: Path, dropin_dir: Path) -> None:
+        self.config, self.dropin_dir = config, dropin_dir
+        self.target = layout.host(config)
+        self.edit: cc.ImportsEdit | None = None
+
+    def plan(self, earlier: list[Plan]) -> Plan:
+        text = self.target.read_text() if self.target.is_file() else None
+        self.edit = cc.ensure_import(text, self.config, self.dropin_dir)
+        if self.edit.text is None:
+            return Plan(self.name, str(self.target), NONE, self.edit.reason)
+        action = CREATE if text is None else UPDATE
+        detail = self.edit.reason + ("" if text is None else f"; backup {self.target.name}.thaw-backup")
+        return Plan(self.name, str(self.target), action, detail)
+
+    def apply(self, plan: Plan) -> None:
+        assert self.edit is not None and self.edit.text is not None
+        mode = 0o644
+        if self.target.is_file():
+            st = self.target.stat()
+            mode = st.st_mode & 0o7777
+            backup = _free_name(self.target.with_name(self.target.name + ".thaw-backup"))
+            shutil.copy2(self.target, backup)
+            plan.detail += f" (backup: {backup})"
+        write_atomic(self.target, mode, data=self.edit.text.encode())
+
+
+class Command(Step):
+    """A command on the live node, run only when `when(earlier)` says so."""
+
+    def __init__(self, name: str, argv: list[str], when: Callable[[list[Plan]], tuple[bool, str]]) -> None:
+        self.name, self.argv, self.when = name, argv, when
+
+    def plan(self, earlier: list[Plan]) -> Plan:
+        run, why = self.when(earlier)
+        return Plan(self.name, " ".join(self.argv), RUN if run else SKIP, why)
+
+    def apply(self, plan: Plan) -> None:
+        proc = subprocess.run(self.argv, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+        if proc.returncode != 0:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise ThawError(f"`{' '.join(self.argv)}` exited {proc.returncode}: {tail[0]}")
+
+
+class Skip(Step):
+    def __init__(self, name: str, target: str, reason: str, warning: bool = True) -> None:
+        self.name, self.target, self.reason, self.warning = name, target, reason, warning
+
+    def plan(self, earlier: list[Plan]) -> Plan:
+        return Plan(self.name, self.target, SKIP, self.reason, warning=self.warning)
+
+    def apply(self, plan: Plan) -> None:  # pragma: no cover - skips are never applied
+        pass
+
+
+# -- the plan -------------------------------------------------------------------
+
+def systemd_running(root: Path) -> bool:
+    """systemd's own test (sd_booted): /run/systemd/system exists."""
+    return root == Path("/") and Path("/run/systemd/system").is_dir()
+
+
+def steps(settings: Settings, opts: Options, gpu: bool) -> list[Step]:
+    """Every step, in order, for this node."""
+    lay = Layout(opts.root)
+    bindir = settings.install_dir / "bin"
+    out: list[Step] = [MakeDir("install-dir", lay, bindir, 0o755)]
+
+    installed: dict[str, bool] = {}
+    for name, required in BINARIES:
+        src, dest = opts.source_dir / name, bindir / name
+        have = src.is_file() or lay.host(dest).is_file()
+        needed = required or (name == CUDA_HELPER and gpu)
+        installed[name] = have
+        if not have and not needed:
+            why = {STANDIN: "the runsc stand-in is not built yet (go/cmd/thaw-runsc): containerd's "
+                            "shim will run the real runsc, every start is cold",
+                   CUDA_HELPER: "CUDA checkpoint helper not built (make setup); not needed on a CPU node"}[name]
+            out.append(Skip(f"install {name}", str(lay.host(dest)), f"{src} missing: {why}"))
+            continue
+        out.append(WriteFile(f"install {name}", lay, dest, 0o755, source=src, compare=opts.compare_binaries))
+
+    out.append(WriteFile("thaw config", lay, DEFAULT_CONFIG_FILE, 0o644,
+                         content=seed_config(settings), only_if_absent=True))
+    binary = bindir / (STANDIN if installed[STANDIN] else "runsc")
+    out.append(WriteFile("runsc.toml", lay, RUNSC_TOML, 0o644,
+                         content=cc.runsc_toml(settings, binary, gpu=gpu)))
+    out.append(MakeDir("containerd drop-in dir", lay, settings.containerd_dropin_dir, 0o755))
+    out.append(WriteFile("containerd drop-in", lay, cc.dropin_path(settings), 0o644,
+                         content=cc.containerd_dropin(settings.runtime_handler,
+                                                      bindir / "containerd-shim-runsc-v1", RUNSC_TOML)))
+    out.append(ContainerdImports(lay, settings.containerd_config, settings.containerd_dropin_dir))
+    out.append(cdi_step(lay, gpu))
+    out += [MakeDir("state dir", lay, settings.state_dir, 0o711),
+            MakeDir("cache dir", lay, settings.cache_dir, 0o700),
+            MakeDir("log dir", lay, settings.log_dir, 0o750),
+            MakeDir("shim log dir", lay, settings.log_dir / "shim", 0o750)]
+
+    if opts.systemd:
+        out.append(WriteFile("thawd unit", lay, UNIT, 0o644, content=thawd_unit(opts.thaw_command)))
+        out.append(Symlink("enable thawd", lay, UNIT_WANTS, UNIT))
+        live = systemd_running(opts.root)
+        out.append(Command("systemd reload", ["systemctl", "daemon-reload"],
+                           lambda e: _changed(e, "thawd unit") if live else (False, _no_systemd(opts.root))))
+        out.append(Command("start thawd", ["systemctl", "restart", "thawd.service"],
+                           lambda e: _start_thawd(e, opts, live)))
+    else:
+        out.append(Skip("thawd unit", str(lay.host(UNIT)), "--no-systemd: thawd runs elsewhere "
+                        "(the Kubernetes DaemonSet runs it in its pod)", warning=False))
+
+    if opts.restart_containerd:
+        out.append(Command("restart containerd", list(settings.containerd_restart_command),
+                           lambda e: _changed(e, "containerd drop-in", "containerd-imports")))
+    return out
+
+
+def _changed(earlier: list[Plan], *names: str) -> tuple[bool, str]:
+    hit = [p.step for p in earlier if p.step in names and p.action in (CREATE, UPDATE)]
+    return (True, "changed: " + ", ".join(hit)) if hit else (False, "nothing it depends on changed")
+
+
+def _no_systemd(root: Path) -> str:
+    return "--root: not the live node" if root != Path("/") else "systemd is not running on this machine"
+
+
+def _start_thawd(earlier: list[Plan], opts: Options, live: bool) -> tuple[bool, str]:
+    if not live:
+        return False, _no_systemd(opts.root) + ": start thawd yourself (`thaw serve`)"
+    if not opts.thawd_available:
+        return False, "this thaw has no `serve` command yet: unit written and enabled, not started"
+    active = subprocess.run(["systemctl", "is-active", "--quiet", "thawd.service"]).returncode == 0
+    changed = [p.step for p in earlier if p.step in ("thawd unit", "thaw config", "install runsc")
+               and p.action in (CREATE, UPDATE)]
+    if active and not changed:
+        return False, "thawd is running"
+    return True, "not running" if not active else "changed: " + ", ".join(changed)
+
+
+def cdi_step(lay: Layout, gpu: bool) -> Step:
+    """Write a CDI spec for the GPUs if the node has none.
+
+    MINIMAL STAND-IN for nvproxy/cdi.py (another branch): device nodes and the
+    driver libraries found by ldconfig. Replace `cdi_spec` / this step when
+    that module lands.
+    """
+    if not gpu:
+        return Skip("cdi spec", str(lay.host(CDI_SPEC)), "CPU node: no CDI spec needed", warning=False)
+    for spec in existing_cdi_specs(lay):
+        if spec != lay.host(CDI_SPEC):
+            return Skip("cdi spec", str(spec), f"{CDI_KIND} spec exists: {spec}", warning=False)
+    facts = doctor.gpu_facts()
+    return WriteFile("cdi spec", lay, CDI_SPEC, 0o644,
+                     content=json.dumps(cdi_spec(facts.minors, driver_files()), indent=2) + "\n")
+
+
+def existing_cdi_specs(lay: Layout) -> list[Path]:
+    found = []
+    for d in CDI_DIRS:
+        for f in sorted(lay.host(d).glob("*")):
+            if f.suffix not in (".json", ".yaml", ".yml") or not f.is_file():
+                continue
+            text = f.read_text(errors="replace")
+            if CDI_KIND in text and ("kind" in text):
+                found.append(f)
+    return found
+
+
+def cdi_spec(minors: tuple[int, ...], files: list[Path]) -> dict:
+    """A CDI spec (cdiVersion 0.6.0) for NVIDIA GPUs: one device per GPU plus
+    "all"; the control nodes and driver files for every device."""
+    def node(m: int) -> dict:
+        return {"path": f"/dev/nvidia{m}"}
+    devices = [{"name": str(i), "containerEdits": {"deviceNodes": [node(m)]}}
+               for i, m in enumerate(sorted(minors))]
+    devices.append({"name": "all", "containerEdits": {"deviceNodes": [node(m) for m in sorted(minors)]}})
+    return {
+        "cdiVersion": "0.6.0",
+        "kind": CDI_KIND,
+        "devices": devices,
+        "containerEdits": {
+            "deviceNodes": [{"path": p} for p in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")],
+            "mounts": [{"hostPath": str(f), "containerPath": str(f), "options": ["ro", "nosuid", "nodev", "bind"]}
+                       for f in files],
+        },
+    }
+
+
+# Driver user-space files a CUDA container needs (nvidia-container-toolkit's
+# "utility,compute" set, reduced).
+DRIVER_LIBS = ("libcuda.so.1", "libnvidia-ml.so.1", "libnvidia-ptxjitcompiler.so.1",
+               "libnvidia-nvvm.so.4", "libcudadebugger.so.1", "libnvidia-gpucomp.so")
+
+
+def driver_files() -> list[Path]:
+    try:
+        out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        out = ""
+    found: dict[str, Path] = {}
+    for line in out.splitlines():
+        name, _, path = line.strip().partition(" => ")
+        base = name.split(" ")[0]
+        if "x86-64" in name and any(base.startswith(lib) for lib in DRIVER_LIBS) and base not in found:
+            found[base] = Path(path)
+    smi = shutil.which("nvidia-smi")
+    return sorted(found.values()) + ([Path(smi)] if smi else [])
+
+
+def seed_config(settings: Settings) -> str:
+    """/etc/thaw/config.toml for a node that has none: runsc.path at the
+    installed runsc, plus every key provision ran with that is not a default."""
+    values = {"runsc.path": settings.install_dir / "bin" / "runsc"}
+    for key, (fieldname, _, default) in _KEYS.items():
+        if key != "runsc.path" and getattr(settings, fieldname) != default():
+            values[key] = getattr(settings, fieldname)
+    lines = ["# thaw configuration, written by `thaw provision` because none existed.",
+             "# Every key, its default and its environment override: docs/configuration.md."]
+    section = None
+    for key in sorted(values, key=lambda k: list(_KEYS).index(k)):
+        sec, name = key.split(".", 1)
+        if sec != section:
+            lines += ["", f"[{sec}]"]
+            section = sec
+        lines.append(f"{name} = {render_value(values[key])}")
+    return "\n".join(lines) + "\n"
+
+
+def thawd_unit(thaw_command: tuple[str, ...]) -> str:
+    exec_start = " ".join(thaw_command + ("serve",))
+    return f"""# Written by `thaw provision`; re-run it instead of editing.
+[Unit]
+Description=thawd: checkpoint cache and warm restores for gVisor sandboxes
+After=network-online.target local-fs.target
+Wants=network-online.target
+# The stand-in asks thawd at container create; without thawd starts are cold, not broken.
+Before=containerd.service
+
+[Service]
+Type=simple
+ExecStart={exec_start}
+Restart=always
+RestartSec=2
+# /run/thaw holds thawd's socket and runsc state (runsc.root): keep it across restarts.
+RuntimeDirectory=thaw
+RuntimeDirectoryPreserve=yes
+# Sandboxes thawd starts must outlive a thawd restart.
+KillMode=process
+LimitNOFILE=1048576
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+# -- running it -------------------------------------------------------------------
+
+def check_binaries(opts: Options, settings: Settings, gpu: bool) -> doctor.Check:
+    """Are the binaries provision installs there (built, or installed before)?"""
+    lay = Layout(opts.root)
+    missing, optional = [], []
+    for name, required in BINARIES:
+        if (opts.source_dir / name).is_file() or lay.host(settings.install_dir / "bin" / name).is_file():
+            continue
+        (missing if required or (name == CUDA_HELPER and gpu) else optional).append(name)
+    if missing:
+        return doctor.Check("binaries", doctor.FAIL, f"not in {opts.source_dir}: {', '.join(missing)} "
+                            "(run `make setup`, or pass --from DIR)")
+    if optional:
+        return doctor.Check("binaries", doctor.WARN, f"not in {opts.source_dir}: {', '.join(optional)} "
+                            "(installed when built; see the skipped steps)")
+    return doctor.Check("binaries", doctor.PASS, f"all in {opts.source_dir}")
+
+
+def make_plan(settings: Settings, opts: Options) -> tuple[Report, list[Step]]:
+    """Checks, facts and the planned steps; changes nothing."""
+    lay = Layout(opts.root)
+    runsc_src = opts.source_dir / "runsc"
+    facts = doctor.gather(settings, runsc_src, opts.root)
+    gpu = doctor.gpu_wanted(settings.gpu, facts.gpu)
+    checks = doctor.node_checks(settings, facts, runsc_src, lay.host(settings.cache_dir))
+    checks.append(check_binaries(opts, settings, gpu))
+    todo = steps(settings, opts, gpu)
+    plans: list[Plan] = []
+    for step in todo:
+        plans.append(step.plan(plans))
+    report = Report(checks, plans, doctor.compatibility_tuple(settings, facts), dry_run=opts.dry_run)
+    if (not opts.restart_containerd and
+            any(p.step in ("containerd drop-in", "containerd-imports") and p.action in (CREATE, UPDATE)
+                for p in plans)):
+        report.notes.append("containerd reads its config at start: restart it (`systemctl restart "
+                            "containerd`) or re-run with --restart-containerd")
+    return report, todo
+
+
+def provision(settings: Settings, opts: Options) -> Report:
+    """Check the node, then apply every step that changes something."""
+    report, todo = make_plan(settings, opts)
+    if report.failed_checks:
+        failed = "; ".join(f"{c.name}: {c.detail}" for c in report.failed_checks)
+        err = PreconditionError(f"node checks failed, nothing was changed: {failed}",
+                                failed=[c.name for c in report.failed_checks])
+        err.report = report  # type: ignore[attr-defined]
+        raise err
+    if opts.dry_run:
+        return report
+    done: list[str] = []
+    for step, plan in zip(todo, report.plans):
+        if plan.action in (NONE, SKIP):
+            plan.result = "unchanged" if plan.action == NONE else "skipped"
+            continue
+        try:
+            step.apply(plan)
+        except (OSError, ThawError, subprocess.SubprocessError) as e:
+            plan.result = "failed"
+            err = ProvisionError(plan.step, f"{plan.target}: {e}", done)
+            err.report = report  # type: ignore[attr-defined]
+            raise err from e
+        plan.result = {CREATE: "created", UPDATE: "updated", RUN: "ran"}[plan.action]
+        done.append(f"{plan.result} {plan.target} ({plan.step})")
+    return report
+
+
+def doctor_checks(settings: Settings, opts: Options) -> tuple[list[doctor.Check], dict]:
+    """`thaw doctor`: the node checks, then one line per installed piece (is
+    it what provision would write?), then thawd. Changes nothing."""
+    lay = Layout(opts.root)
+    runsc_path = lay.host(settings.runsc_path)
+    facts = doctor.gather(settings, runsc_path, opts.root)
+    gpu = doctor.gpu_wanted(settings.gpu, facts.gpu)
+    checks = doctor.node_checks(settings, facts, runsc_path, lay.host(settings.cache_dir))
+    plans: list[Plan] = []
+    for step in steps(settings, opts, gpu):
+        plans.append(step.plan(plans))
+    for p in plans:
+        if p.action == RUN or (p.action == SKIP and p.step in ("systemd reload", "start thawd",
+                                                               "restart containerd")):
+            continue
+        checks.append(_installed(p))
+    ok, why = doctor.thawd_reachable(lay.host(settings.thawd_socket))
+    checks.append(doctor.check_thawd(settings.thawd_socket, ok, why))
+    return checks, doctor.compatibility_tuple(settings, facts)
+
+
+def _installed(p: Plan) -> doctor.Check:
+    if p.action == NONE:
+        return doctor.Check(p.step, doctor.PASS, f"{p.target}: {p.detail}")
+    if p.action == SKIP:
+        return doctor.Check(p.step, doctor.WARN if p.warning else doctor.PASS, p.detail)
+    if p.action == CREATE:
+        if p.step == "thaw config":
+            return doctor.Check(p.step, doctor.WARN, f"{p.target} missing: defaults and env only")
+        return doctor.Check(p.step, doctor.FAIL, f"{p.target} missing (run `thaw provision`)")
+    if p.step == "containerd-imports":
+        return doctor.Check(p.step, doctor.FAIL, f"{p.target} does not import the drop-in: {p.detail} "
+                            "(run `thaw provision`)")
+    return doctor.Check(p.step, doctor.WARN, f"{p.target}: {p.detail}; differs from what "
+                        "`thaw provision` writes")
+
+
+def write_atomic(path: Path, mode: int, *, data: bytes | None = None, source: Path | None = None) -> None:
+    """Write `data` (or copy `source`) to `path`: temp name, fsync, chmod, rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.partial-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            if data is not None:
+                f.write(data)
+            else:
+                assert source is not None
+                with open(source, "rb") as src:
+                    shutil.copyfileobj(src, f, 1 << 20)
+            f.flush()
+            os.fchmod(f.fileno(), mode)
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    dfd = os.open(path.parent, os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _free_name(path: Path) -> Path:
+    n, candidate = 1, path
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.name}.{n}")
+    return candidate
