@@ -11,7 +11,8 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 out=${THAW_BUILD_DIR:-"$here/build"}
 mkdir -p "$out"
 
-inputs=$( (cd "$here" && cat go/go.mod go/go.sum ci/build-go.sh; go version) | sha256sum | cut -c1-16)
+pins=$(cd "$here/go" && go list -m -f '{{.Path}}@{{.Version}}' gvisor.dev/gvisor github.com/containerd/containerd/v2)
+inputs=$( (cd "$here" && echo "$pins" && cat ci/build-go.sh go/overlay/*/*.go; go version) | sha256sum | cut -c1-16)
 
 build_own() {
   # thaw's own Go commands, static (CGO_ENABLED=0) so they travel to any node.
@@ -58,7 +59,34 @@ install() { # install OUTPUT PACKAGE@VERSION [extra go install args]
 }
 install runsc "gvisor.dev/gvisor/runsc@$gvisor_version" \
   -ldflags "-s -w -X gvisor.dev/gvisor/runsc/version.version=$label"
-install containerd-shim-runsc-v1 "gvisor.dev/gvisor/shim@$gvisor_version" -ldflags "-s -w"
+# The shim is built with thaw's oom_linux.go in place of containerd's (see
+# go/overlay/containerd-sys/oom_linux.go for why). `go build -overlay` refuses
+# files in the module cache, so the build uses a throwaway module under the
+# build directory: it requires gVisor at the pin (so it resolves gVisor's own
+# dependency graph) and replaces the containerd version gVisor needs with a
+# copy of it taken from the module cache, with that one file swapped.
+shim_mod="$out/.shim-build"
+rm -rf "$shim_mod" && mkdir -p "$shim_mod/mod"
+gvisor_gomod=$(go mod download -json "gvisor.dev/gvisor@$gvisor_version" | sed -n 's/.*"GoMod": "\(.*\)",*/\1/p')
+shim_containerd=$(awk '$1 == "github.com/containerd/containerd/v2" {print $2; exit}' "$gvisor_gomod")
+containerd_dir=$(go mod download -json "github.com/containerd/containerd/v2@$shim_containerd" | sed -n 's/.*"Dir": "\(.*\)",*/\1/p')
+cp -r "$containerd_dir" "$shim_mod/containerd" && chmod -R u+w "$shim_mod/containerd"
+cp "$here/go/overlay/containerd-sys/oom_linux.go" "$shim_mod/containerd/pkg/sys/oom_linux.go"
+go_version=$(awk '$1 == "go" {print $2; exit}' "$gvisor_gomod")
+cat > "$shim_mod/mod/go.mod" <<MOD
+module thaw.dev/shimbuild
+
+go $go_version
+
+require gvisor.dev/gvisor $gvisor_version
+
+replace github.com/containerd/containerd/v2 => ../containerd
+MOD
+printf 'package shimbuild\n\nimport _ "gvisor.dev/gvisor/shim"\n' > "$shim_mod/mod/tools.go"
+echo "build: containerd-shim-runsc-v1 <- gvisor.dev/gvisor/shim@$gvisor_version (containerd $shim_containerd, thaw oom_linux.go)"
+(cd "$shim_mod/mod" && go mod tidy >/dev/null 2>&1 && \
+  go build -trimpath -ldflags "-s -w" -o "$out/containerd-shim-runsc-v1" gvisor.dev/gvisor/shim)
+rm -rf "$shim_mod"
 install containerd "github.com/containerd/containerd/v2/cmd/containerd@$containerd_version" \
   -tags "no_btrfs no_devmapper no_zfs" -ldflags "-s -w"
 install ctr "github.com/containerd/containerd/v2/cmd/ctr@$containerd_version" -ldflags "-s -w"

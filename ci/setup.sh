@@ -27,12 +27,13 @@ if [[ ! -x .venv/bin/python || "$(cat .venv/.stamp 2>/dev/null)" != "$venv_stamp
   echo "setup: python virtualenv .venv"
   python3 -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e '.[test]'
+  .venv/bin/python -m pip install -q -e '.[test,build]'
   echo "$venv_stamp" > .venv/.stamp
 else
   echo "setup: .venv is up to date"
 fi
 
+bash ci/gen-proto.sh   # go/gen/thawpb must exist before the Go build
 bash ci/build-go.sh
 
 helper_src=nvproxy/cuda_checkpoint/thaw-cuda-checkpoint.c
@@ -41,4 +42,15 @@ if [[ ! -x "$build/thaw-cuda-checkpoint" || "$helper_src" -nt "$build/thaw-cuda-
   gcc -O2 -Wall -Wextra -Werror -o "$build/thaw-cuda-checkpoint.tmp" "$helper_src" -ldl
   mv -f "$build/thaw-cuda-checkpoint.tmp" "$build/thaw-cuda-checkpoint"
 fi
+# A static busybox from Debian: the root filesystem of the OCI images the
+# containerd tests and benchmark build locally (control/ocibuild.py).
+if [[ ! -x "$build/busybox" ]]; then
+  echo "setup: busybox-static (Debian package)"
+  tmp=$(mktemp -d)
+  (cd "$tmp" && { apt-get download -qq busybox-static 2>/dev/null || { apt-get update -qq && apt-get download -qq busybox-static; }; })
+  dpkg-deb -x "$tmp"/busybox-static_*.deb "$tmp/x"
+  install -m 0755 "$tmp/x/bin/busybox" "$build/busybox"
+  rm -rf "$tmp"
+fi
+
 echo "setup: ready"

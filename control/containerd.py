@@ -1,0 +1,157 @@
+"""A private containerd (own root, state and socket) and a `ctr` client for it.
+
+The integration tests, the containerd benchmark and the worked example use
+it: the real containerd and gVisor's real shim from the build directory, the
+shim's runsc.toml from control/containerd_config.py, no registry (images are
+imported from local OCI archives).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from control import containerd_config
+from control.config import Settings
+from control.errors import PreconditionError, ThawError, Timeout
+from runsc_hooks.runsc import remove_root
+
+RUNTIME = "io.containerd.runsc.v1"
+NAMESPACE = "thaw"
+
+
+class CtrError(ThawError):
+    def __init__(self, argv: list[str], rc: int, stderr: str) -> None:
+        super().__init__(f"ctr {' '.join(argv[3:6])} failed (exit {rc}): {stderr.strip()[-500:]}",
+                         argv=argv, returncode=rc)
+        self.stderr = stderr
+
+
+@dataclass
+class PrivateContainerd:
+    base: Path                # everything lives under here
+    build: Path               # containerd, ctr, containerd-shim-runsc-v1, runsc, thaw-runsc
+    settings: Settings
+    use_standin: bool = True
+
+    def __post_init__(self) -> None:
+        self.socket = self.base / "containerd.sock"
+        self.runsc_root = self.base / "runsc-root"
+        self.runsc_toml = self.base / "runsc.toml"
+        self.proc: subprocess.Popen | None = None
+
+    def env(self) -> dict[str, str]:
+        """Environment for containerd (and so the shim and the stand-in)."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("THAW_")}
+        env["PATH"] = f"{self.build}:{env.get('PATH', '/usr/bin:/bin')}"
+        env["THAW_REAL_RUNSC"] = str(self.build / "runsc")
+        env["THAW_SOCKET"] = str(self.settings.thawd_socket)
+        env["THAW_STANDIN_STATE"] = str(self.base / "standin")
+        env["THAW_STANDIN_LOG"] = str(self.base / "standin.log")
+        return env
+
+    def start(self, timeout_s: float = 30.0) -> "PrivateContainerd":
+        for b in ("containerd", "ctr", "containerd-shim-runsc-v1", "runsc") + (("thaw-runsc",) if self.use_standin else ()):
+            if not (self.build / b).is_file():
+                raise PreconditionError(f"{b} is not built in {self.build}: run `make setup`")
+        self.base.mkdir(parents=True, exist_ok=True)
+        binary = self.build / ("thaw-runsc" if self.use_standin else "runsc")
+        self.runsc_toml.write_text(containerd_config.runsc_toml(
+            self.settings, binary, root=self.runsc_root, log_path=f"{self.base}/shim-logs/"))
+        cfg = self.base / "config.toml"
+        cfg.write_text(containerd_config.private_containerd_config(
+            self.base / "root", self.base / "state", self.socket,
+            disabled_plugins=["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime",
+                              "io.containerd.cri.v1.images", "io.containerd.snapshotter.v1.btrfs",
+                              "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
+                              "io.containerd.snapshotter.v1.blockfile", "io.containerd.snapshotter.v1.erofs"]))
+        self.log = open(self.base / "containerd.log", "ab")
+        self.proc = subprocess.Popen([str(self.build / "containerd"), "--config", str(cfg)], env=self.env(),
+                                     stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True)
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise PreconditionError(f"containerd exited ({self.proc.returncode}); see {self.base}/containerd.log")
+            if self.socket.exists() and self.ctr("version", check=False).returncode == 0:
+                return self
+            time.sleep(0.1)
+        raise Timeout("private containerd start", timeout_s)
+
+    def ctr(self, *args: str, check: bool = True, timeout_s: float = 30.0) -> subprocess.CompletedProcess:
+        argv = [str(self.build / "ctr"), "--address", str(self.socket), "--namespace", NAMESPACE, *args]
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=self.env(),
+                           stdin=subprocess.DEVNULL)
+        if check and p.returncode != 0:
+            raise CtrError(argv, p.returncode, p.stderr)
+        return p
+
+    def import_image(self, archive: Path) -> None:
+        self.ctr("images", "import", "--all-platforms", str(archive))
+
+    def run(self, image: str, cid: str, annotations: dict[str, str] | None = None,
+            args: list[str] | None = None) -> None:
+        """`ctr run -d` with gVisor's shim and this instance's runsc.toml."""
+        argv = ["run", "-d", "--null-io", "--runtime", RUNTIME,
+                "--runtime-config-path", str(self.runsc_toml)]
+        # gVisor's shim hands the container's stdio to `runsc create` only for
+        # a sandbox (pod root) container; for an unannotated one it captures
+        # runsc's output through a pipe that the sandbox inherits, and create
+        # never returns (pkg/shim/v1/proc/init.go Create, runsccmd cmdOutput;
+        # docs/gvisor-notes.md). A lone container is its own pod's root.
+        annotations = {"io.kubernetes.cri.container-type": "sandbox", "io.kubernetes.cri.sandbox-id": cid,
+                       **(annotations or {})}
+        for k, v in annotations.items():
+            argv += ["--annotation", f"{k}={v}"]
+        self.ctr(*argv, image, cid, *(args or []))
+
+    def exec(self, cid: str, *cmd: str, check: bool = True) -> subprocess.CompletedProcess:
+        return self.ctr("task", "exec", "--exec-id", f"x{time.monotonic_ns()}", cid, *cmd, check=check)
+
+    def remove(self, cid: str) -> None:
+        self.ctr("task", "kill", "--signal", "SIGKILL", cid, check=False)
+        end = time.monotonic() + 20
+        while time.monotonic() < end:
+            if self.ctr("task", "delete", cid, check=False).returncode == 0:
+                break
+            if "not found" in self.ctr("task", "ls", check=False).stdout and cid not in self.ctr("task", "ls", check=False).stdout:
+                break
+            time.sleep(0.2)
+        self.ctr("containers", "delete", cid, check=False)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            for line in self.ctr("task", "ls", "-q", check=False).stdout.split():
+                self.remove(line)
+            for line in self.ctr("containers", "ls", "-q", check=False).stdout.split():
+                self.ctr("containers", "delete", line, check=False)
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+            self.proc = None
+            self.log.close()
+        # Shims run in their own sessions; kill any left for this instance.
+        subprocess.run(["pkill", "-9", "-f", f"containerd-shim-runsc-v1.*{self.socket}"], capture_output=True)
+        for mnt in reversed(_mounts_under(self.base)):
+            subprocess.run(["umount", "-l", mnt], capture_output=True)
+        remove_root(self.runsc_root / NAMESPACE)
+        remove_root(self.runsc_root)
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+def _mounts_under(base: Path) -> list[str]:
+    out = []
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            mp = line.split()[1]
+            if mp.startswith(str(base) + "/"):
+                out.append(mp)
+    return out
