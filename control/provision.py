@@ -95,7 +95,10 @@ class Report:
         return [p for p in self.plans if p.action in (CREATE, UPDATE, RUN)]
 
     def to_dict(self) -> dict:
-        return {"dry_run": self.dry_run, "changed": bool(self.changes),
+        # changed: something was changed; planned_changes: steps that would
+        # change something (the dry run's answer, or what this run set out to do).
+        return {"dry_run": self.dry_run, "planned_changes": len(self.changes),
+                "changed": any(p.result in ("created", "updated", "ran") for p in self.plans),
                 "checks": [c.to_dict() for c in self.checks],
                 "steps": [p.to_dict() for p in self.plans],
                 "compatibility_tuple": self.compat, "notes": self.notes}
@@ -335,7 +338,8 @@ def steps(settings: Settings, opts: Options, gpu: bool) -> list[Step]:
 
     if opts.restart_containerd:
         out.append(Command("restart containerd", list(settings.containerd_restart_command),
-                           lambda e: _changed(e, "containerd drop-in", "containerd-imports")))
+                           lambda e: _changed(e, "containerd drop-in", "containerd-imports")
+                           if opts.root == Path("/") else (False, _no_systemd(opts.root))))
     return out
 
 
@@ -528,6 +532,11 @@ def provision(settings: Settings, opts: Options) -> Report:
         raise err
     if opts.dry_run:
         return report
+    return apply(report, todo)
+
+
+def apply(report: Report, todo: list[Step]) -> Report:
+    """Apply the planned steps in order; ProvisionError on the first failure."""
     done: list[str] = []
     for step, plan in zip(todo, report.plans):
         if plan.action in (NONE, SKIP):
