@@ -65,7 +65,8 @@ def test_dropin_keys_are_read_by_containerd(modcache):
     assert set(rt["options"]) == {"TypeUrl", "ConfigPath"}
     plugin = (modcache / CONTAINERD / "plugins/cri/runtime/plugin.go").read_text()
     assert 'Type:   plugins.CRIServicePlugin,\n\t\tID:     "runtime"' in plugin
-    assert 'CRIServicePlugin plugin.Type = "io.containerd.cri.v1"' in (modcache / CONTAINERD / "plugins/types.go").read_text()
+    types_go = (modcache / CONTAINERD / "plugins/types.go").read_text()
+    assert 'CRIServicePlugin plugin.Type = "io.containerd.cri.v1"' in types_go
 
 
 def test_private_config_keys_are_read_by_containerd(modcache):
@@ -93,3 +94,38 @@ def test_private_config_starts_a_real_containerd_config(build, node_root):
     assert d["plugins"]["io.containerd.server.v1.grpc"]["address"] == str(node_root / "c.sock")
     assert d["plugins"]["io.containerd.server.v1.ttrpc"]["address"] == str(node_root / "c.sock.ttrpc")
     assert "runsc-thaw" in d["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"]
+
+
+def test_private_containerd_starts_and_serves(build, node_root):
+    """A containerd started from private_containerd_config answers on its own
+    socket with the CRI runtime plugin loaded (what other tests build on)."""
+    import time
+    sock = node_root / "c.sock"
+    (node_root / "runsc.toml").write_text(cc.runsc_toml(config.load(environ={}, default_file=node_root / "x"),
+                                                        build / "runsc", root=node_root / "runsc"))
+    cfg = node_root / "containerd.toml"
+    cfg.write_text(cc.private_containerd_config(node_root / "root", node_root / "state", sock,
+                                                handler="runsc-thaw", shim_path=build / "containerd-shim-runsc-v1",
+                                                runsc_toml_path=node_root / "runsc.toml"))
+    log = open(node_root / "containerd.log", "wb")
+    proc = subprocess.Popen([str(build / "containerd"), "--config", str(cfg)], stdout=log, stderr=log,
+                            stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not sock.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert sock.exists(), (node_root / "containerd.log").read_text()[-3000:]
+        ctr = [str(build / "ctr"), "--address", str(sock)]
+        v = subprocess.run([*ctr, "version"], capture_output=True, text=True, timeout=30)
+        assert v.returncode == 0 and "2.4.2" in v.stdout, v.stderr
+        plugins = subprocess.run([*ctr, "plugins", "ls"], capture_output=True, text=True, timeout=30).stdout
+        assert any(line.split()[:2] == ["io.containerd.cri.v1", "runtime"] and line.split()[-1] == "ok"
+                   for line in plugins.splitlines()), plugins
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()

@@ -165,7 +165,8 @@ def test_existing_imports_are_extended_not_duplicated(build, node_root):
     cfg = _write_user_config(node_root, text)
     rc, _ = provision(node_root, build)
     assert rc == 0
-    changed = [(a, b) for a, b in zip(text.splitlines(), cfg.read_text().splitlines()) if a != b]
+    assert len(text.splitlines()) == len(cfg.read_text().splitlines())
+    changed = [(a, b) for a, b in zip(text.splitlines(), cfg.read_text().splitlines(), strict=True) if a != b]
     assert changed == [('imports = ["/etc/containerd/site.toml"]',
                         'imports = ["/etc/containerd/site.toml", "/etc/containerd/conf.d/*.toml"]'
                         '  # added by thaw provision')]

@@ -167,7 +167,7 @@ def test_imports_not_covering_are_extended_in_place():
     edit = cc.ensure_import(text, MAIN, DROPINS)
     before, after = text.splitlines(), edit.text.splitlines()
     assert len(before) == len(after)
-    changed = [(b, a) for b, a in zip(before, after) if b != a]
+    changed = [(b, a) for b, a in zip(before, after, strict=True) if b != a]
     assert changed == [('imports = ["/etc/containerd/extra.toml"]',
                         'imports = ["/etc/containerd/extra.toml", "/etc/containerd/conf.d/*.toml"]'
                         '  # added by thaw provision')]

@@ -12,7 +12,7 @@ import pytest
 
 from control import config
 from control import provision as prov
-from control.errors import ProvisionError
+from control.errors import ProvisionError, ThawError
 
 
 def _settings(tmp_path: Path, **env: str) -> config.Settings:
@@ -194,5 +194,5 @@ def test_existing_cdi_spec_is_respected(tmp_path):
 def test_layout_requires_absolute_paths(tmp_path):
     lay = prov.Layout(tmp_path)
     assert lay.host(Path("/etc/x")) == tmp_path / "etc/x"
-    with pytest.raises(Exception):
+    with pytest.raises(ThawError, match="absolute"):
         lay.host(Path("etc/x"))
