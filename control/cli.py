@@ -14,6 +14,7 @@ import importlib.util
 import json
 import logging
 import sys
+from pathlib import Path
 from typing import Any, Callable
 
 import click
@@ -43,15 +44,13 @@ class Context:
     @property
     def settings(self) -> configmod.Settings:
         if self._settings is None:
-            from pathlib import Path
             self._settings = configmod.load(self._overrides,
                                             config_file=Path(self._config_file) if self._config_file else None)
         return self._settings
 
-    def settings_under(self, root: "Path") -> configmod.Settings:
+    def settings_under(self, root: Path) -> configmod.Settings:
         """Settings for the node tree at `root` (`--root DIR`): the file is
         --config, else $THAW_CONFIG, else DIR/etc/thaw/config.toml if present."""
-        from pathlib import Path
         if root == Path("/"):
             return self.settings
         return configmod.load(self._overrides,

@@ -243,7 +243,8 @@ _HELP: dict[str, str] = {
     "node.state_dir": "thaw's own state: sandbox records, netns leases.",
     "node.log_dir": "runsc and shim logs (the shim writes <log_dir>/shim/runsc-shim-<id>.log).",
     "node.machine_type": "Machine type in the compatibility tuple (e.g. the cloud instance type).",
-    "node.install_dir": "Where `thaw provision` installs runsc, the shim, the stand-in and the CUDA helper (<dir>/bin).",
+    "node.install_dir": "Where `thaw provision` installs runsc, the shim, the stand-in and the CUDA "
+                        "helper (<dir>/bin).",
     "node.gpu": "Is this a GPU node? auto: if an NVIDIA GPU is found. yes: missing GPU fails the checks. "
                 "no: never enable nvproxy.",
     "containerd.config": "containerd's main config file; provision adds one `imports` line to it only if "

@@ -194,7 +194,7 @@ def import_pattern(dropin_dir: Path) -> str:
 def _glob_match(pattern: str, path: str) -> bool:
     """filepath.Match semantics: '*' never crosses '/'."""
     pp, cp = PurePosixPath(pattern).parts, PurePosixPath(path).parts
-    return len(pp) == len(cp) and all(fnmatchcase(c, p) for p, c in zip(pp, cp))
+    return len(pp) == len(cp) and all(fnmatchcase(c, p) for p, c in zip(pp, cp, strict=True))
 
 
 def _resolve(entry: str, config_path: Path) -> str:

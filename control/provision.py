@@ -25,7 +25,7 @@ from typing import Callable
 
 from control import containerd_config as cc
 from control import doctor
-from control.config import DEFAULT_CONFIG_FILE, Settings, _KEYS, render_value
+from control.config import DEFAULT_CONFIG_FILE, Settings, field_name, keys, render_value
 from control.errors import PreconditionError, ProvisionError, ThawError
 
 RUNSC_TOML = Path("/etc/thaw/runsc.toml")
@@ -95,7 +95,10 @@ class Report:
         return [p for p in self.plans if p.action in (CREATE, UPDATE, RUN)]
 
     def to_dict(self) -> dict:
-        return {"dry_run": self.dry_run, "changed": bool(self.changes),
+        # changed: something was changed; planned_changes: steps that would
+        # change something (the dry run's answer, or what this run set out to do).
+        return {"dry_run": self.dry_run, "planned_changes": len(self.changes),
+                "changed": any(p.result in ("created", "updated", "ran") for p in self.plans),
                 "checks": [c.to_dict() for c in self.checks],
                 "steps": [p.to_dict() for p in self.plans],
                 "compatibility_tuple": self.compat, "notes": self.notes}
@@ -285,8 +288,9 @@ def systemd_running(root: Path) -> bool:
     return root == Path("/") and Path("/run/systemd/system").is_dir()
 
 
-def steps(settings: Settings, opts: Options, gpu: bool) -> list[Step]:
-    """Every step, in order, for this node."""
+def steps(settings: Settings, opts: Options, gpu: bool, minors: tuple[int, ...] = ()) -> list[Step]:
+    """Every step, in order, for this node. gpu: a GPU node (doctor.gpu_wanted);
+    minors: its GPUs' device minors (for the CDI spec)."""
     lay = Layout(opts.root)
     bindir = settings.install_dir / "bin"
     out: list[Step] = [MakeDir("install-dir", lay, bindir, 0o755)]
@@ -315,7 +319,7 @@ def steps(settings: Settings, opts: Options, gpu: bool) -> list[Step]:
                          content=cc.containerd_dropin(settings.runtime_handler,
                                                       bindir / "containerd-shim-runsc-v1", RUNSC_TOML)))
     out.append(ContainerdImports(lay, settings.containerd_config, settings.containerd_dropin_dir))
-    out.append(cdi_step(lay, gpu))
+    out.append(cdi_step(lay, gpu, minors))
     out += [MakeDir("state dir", lay, settings.state_dir, 0o711),
             MakeDir("cache dir", lay, settings.cache_dir, 0o700),
             MakeDir("log dir", lay, settings.log_dir, 0o750),
@@ -335,7 +339,8 @@ def steps(settings: Settings, opts: Options, gpu: bool) -> list[Step]:
 
     if opts.restart_containerd:
         out.append(Command("restart containerd", list(settings.containerd_restart_command),
-                           lambda e: _changed(e, "containerd drop-in", "containerd-imports")))
+                           lambda e: _changed(e, "containerd drop-in", "containerd-imports")
+                           if opts.root == Path("/") else (False, _no_systemd(opts.root))))
     return out
 
 
@@ -361,7 +366,7 @@ def _start_thawd(earlier: list[Plan], opts: Options, live: bool) -> tuple[bool, 
     return True, "not running" if not active else "changed: " + ", ".join(changed)
 
 
-def cdi_step(lay: Layout, gpu: bool) -> Step:
+def cdi_step(lay: Layout, gpu: bool, minors: tuple[int, ...] = ()) -> Step:
     """Write a CDI spec for the GPUs if the node has none.
 
     MINIMAL STAND-IN for nvproxy/cdi.py (another branch): device nodes and the
@@ -373,9 +378,8 @@ def cdi_step(lay: Layout, gpu: bool) -> Step:
     for spec in existing_cdi_specs(lay):
         if spec != lay.host(CDI_SPEC):
             return Skip("cdi spec", str(spec), f"{CDI_KIND} spec exists: {spec}", warning=False)
-    facts = doctor.gpu_facts()
     return WriteFile("cdi spec", lay, CDI_SPEC, 0o644,
-                     content=json.dumps(cdi_spec(facts.minors, driver_files()), indent=2) + "\n")
+                     content=json.dumps(cdi_spec(minors, driver_files()), indent=2) + "\n")
 
 
 def existing_cdi_specs(lay: Layout) -> list[Path]:
@@ -434,14 +438,17 @@ def driver_files() -> list[Path]:
 def seed_config(settings: Settings) -> str:
     """/etc/thaw/config.toml for a node that has none: runsc.path at the
     installed runsc, plus every key provision ran with that is not a default."""
-    values = {"runsc.path": settings.install_dir / "bin" / "runsc"}
-    for key, (fieldname, _, default) in _KEYS.items():
-        if key != "runsc.path" and getattr(settings, fieldname) != default():
-            values[key] = getattr(settings, fieldname)
+    values = {}
+    for key, _env, default in keys():
+        value = getattr(settings, field_name(key))
+        if key == "runsc.path":
+            values[key] = settings.install_dir / "bin" / "runsc"
+        elif value != default:
+            values[key] = value
     lines = ["# thaw configuration, written by `thaw provision` because none existed.",
              "# Every key, its default and its environment override: docs/configuration.md."]
     section = None
-    for key in sorted(values, key=lambda k: list(_KEYS).index(k)):
+    for key in values:
         sec, name = key.split(".", 1)
         if sec != section:
             lines += ["", f"[{sec}]"]
@@ -504,7 +511,7 @@ def make_plan(settings: Settings, opts: Options) -> tuple[Report, list[Step]]:
     gpu = doctor.gpu_wanted(settings.gpu, facts.gpu)
     checks = doctor.node_checks(settings, facts, runsc_src, lay.host(settings.cache_dir))
     checks.append(check_binaries(opts, settings, gpu))
-    todo = steps(settings, opts, gpu)
+    todo = steps(settings, opts, gpu, facts.gpu.minors)
     plans: list[Plan] = []
     for step in todo:
         plans.append(step.plan(plans))
@@ -528,8 +535,13 @@ def provision(settings: Settings, opts: Options) -> Report:
         raise err
     if opts.dry_run:
         return report
+    return apply(report, todo)
+
+
+def apply(report: Report, todo: list[Step]) -> Report:
+    """Apply the planned steps in order; ProvisionError on the first failure."""
     done: list[str] = []
-    for step, plan in zip(todo, report.plans):
+    for step, plan in zip(todo, report.plans, strict=True):
         if plan.action in (NONE, SKIP):
             plan.result = "unchanged" if plan.action == NONE else "skipped"
             continue
@@ -554,7 +566,7 @@ def doctor_checks(settings: Settings, opts: Options) -> tuple[list[doctor.Check]
     gpu = doctor.gpu_wanted(settings.gpu, facts.gpu)
     checks = doctor.node_checks(settings, facts, runsc_path, lay.host(settings.cache_dir))
     plans: list[Plan] = []
-    for step in steps(settings, opts, gpu):
+    for step in steps(settings, opts, gpu, facts.gpu.minors):
         plans.append(step.plan(plans))
     for p in plans:
         if p.action == RUN or (p.action == SKIP and p.step in ("systemd reload", "start thawd",

@@ -1,0 +1,26 @@
+"""The configuration tables in the docs are generated from control/config.py."""
+from __future__ import annotations
+
+import importlib.util
+
+from tests.conftest import REPO
+
+spec = importlib.util.spec_from_file_location("update_config_docs", REPO / "ci/update-config-docs.py")
+gen = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(gen)
+
+
+def test_config_tables_are_up_to_date():
+    for f in gen.FILES:
+        text = f.read_text()
+        assert gen.render(text) == text, f"{f} is stale: run `python3 ci/update-config-docs.py`"
+
+
+def test_thaw_config_markdown_prints_the_table():
+    from click.testing import CliRunner
+
+    from control import config
+    from control.cli import main
+    r = CliRunner().invoke(main, ["config", "--markdown"])
+    assert r.exit_code == 0, r.output
+    assert r.output == config.markdown_table()

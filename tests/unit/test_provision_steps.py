@@ -1,0 +1,198 @@
+"""control.provision's step engine on a temp tree with dummy binaries (no root,
+no runsc: the node checks are exercised by tests/integration)."""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from control import config
+from control import provision as prov
+from control.errors import ProvisionError, ThawError
+
+
+def _settings(tmp_path: Path, **env: str) -> config.Settings:
+    return config.load(environ=env, default_file=tmp_path / "absent")
+
+
+def _source(tmp_path: Path, names=("runsc", "containerd-shim-runsc-v1", "thaw-cuda-checkpoint")) -> Path:
+    src = tmp_path / "build"
+    src.mkdir()
+    for n in names:
+        (src / n).write_bytes(f"#!/bin/sh\n# {n}\n".encode())
+        (src / n).chmod(0o700)
+    return src
+
+
+def _run(settings, opts, gpu=False) -> prov.Report:
+    todo = prov.steps(settings, opts, gpu)
+    plans: list[prov.Plan] = []
+    for s in todo:
+        plans.append(s.plan(plans))
+    report = prov.Report([], plans, {})
+    return prov.apply(report, todo)
+
+
+def _tree(root: Path) -> dict[str, tuple]:
+    out = {}
+    for p in sorted(root.rglob("*")):
+        st = p.lstat()
+        out[str(p.relative_to(root))] = (stat.filemode(st.st_mode), st.st_mtime_ns,
+                                         os.readlink(p) if p.is_symlink() else None)
+    return out
+
+
+@pytest.fixture
+def tree(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    opts = prov.Options(source_dir=_source(tmp_path), root=root, thaw_command=("/usr/bin/thaw",))
+    return root, opts
+
+
+def test_install_then_nothing_changes(tmp_path, tree):
+    root, opts = tree
+    s = _settings(tmp_path)
+    first = _run(s, opts)
+    assert {p.result for p in first.plans} <= {"created", "skipped"}
+    bindir = root / "opt/thaw/bin"
+    assert (bindir / "runsc").read_bytes() == (opts.source_dir / "runsc").read_bytes()
+    assert stat.S_IMODE((bindir / "runsc").stat().st_mode) == 0o755    # source was 0700
+    before = _tree(root)
+    second = _run(s, opts)
+    assert not second.changes
+    assert {p.result for p in second.plans} <= {"unchanged", "skipped"}
+    assert _tree(root) == before
+
+
+def test_missing_standin_falls_back_to_real_runsc(tmp_path, tree):
+    root, opts = tree
+    r = _run(_settings(tmp_path), opts)
+    skipped = {p.step: p for p in r.plans if p.action == prov.SKIP}
+    assert skipped["install thaw-runsc"].warning
+    assert "stand-in is not built" in skipped["install thaw-runsc"].detail
+    assert tomllib.loads((root / "etc/thaw/runsc.toml").read_text())["binary_name"] == "/opt/thaw/bin/runsc"
+
+
+def test_standin_installed_when_built(tmp_path, tree):
+    root, opts = tree
+    (opts.source_dir / "thaw-runsc").write_bytes(b"stand-in")
+    _run(_settings(tmp_path), opts)
+    assert (root / "opt/thaw/bin/thaw-runsc").read_bytes() == b"stand-in"
+    assert tomllib.loads((root / "etc/thaw/runsc.toml").read_text())["binary_name"] == "/opt/thaw/bin/thaw-runsc"
+
+
+def test_changed_source_and_mode_are_repaired(tmp_path, tree):
+    root, opts = tree
+    s = _settings(tmp_path)
+    _run(s, opts)
+    (opts.source_dir / "runsc").write_bytes(b"new build")
+    (root / "opt/thaw/bin/containerd-shim-runsc-v1").chmod(0o700)
+    r = _run(s, opts)
+    changed = {p.step: p.detail for p in r.changes}
+    assert changed == {"install runsc": "content differs",
+                       "install containerd-shim-runsc-v1": "mode 0700 -> 0755"}
+    assert (root / "opt/thaw/bin/runsc").read_bytes() == b"new build"
+
+
+def test_seed_config_is_written_once_and_loads(tmp_path, tree):
+    root, opts = tree
+    s = _settings(tmp_path, THAW_NODE_MACHINE_TYPE="a3-highgpu-8g", THAW_CACHE_BUDGET_BYTES="50g")
+    _run(s, opts)
+    seeded = config.load(environ={}, config_file=root / "etc/thaw/config.toml")
+    assert seeded.runsc_path == Path("/opt/thaw/bin/runsc")
+    assert seeded.machine_type == "a3-highgpu-8g" and seeded.cache_budget_bytes == 50 << 30
+    (root / "etc/thaw/config.toml").write_text("# mine\n")
+    r = _run(s, opts)
+    assert not r.changes
+    assert (root / "etc/thaw/config.toml").read_text() == "# mine\n"
+
+
+def test_gpu_node_needs_the_cuda_helper(tmp_path):
+    root = tmp_path / "root"
+    src = _source(tmp_path, names=("runsc", "containerd-shim-runsc-v1"))
+    opts = prov.Options(source_dir=src, root=root)
+    todo = prov.steps(_settings(tmp_path, THAW_NODE_GPU="no"), opts, gpu=False)
+    assert any(isinstance(t, prov.Skip) and t.name == "install thaw-cuda-checkpoint" for t in todo)
+    todo = prov.steps(_settings(tmp_path), opts, gpu=True)
+    helper = next(t for t in todo if t.name == "install thaw-cuda-checkpoint")
+    assert isinstance(helper, prov.WriteFile)
+    assert "no source" in helper.plan([]).detail
+
+
+def test_failed_step_reports_what_was_done(tmp_path, tree):
+    root, opts = tree
+    (root / "etc/thaw/runsc.toml").mkdir(parents=True)      # a directory where a file goes
+    with pytest.raises(ProvisionError) as e:
+        _run(_settings(tmp_path), opts)
+    assert e.value.step == "runsc.toml"
+    assert any("install runsc" in d for d in e.value.done)
+    assert "done before it:" in str(e.value)
+    report = e.value.report
+    assert [p.result for p in report.plans if p.step == "runsc.toml"] == ["failed"]
+    assert all(p.result == "" for p in report.plans[report.plans.index(
+        next(p for p in report.plans if p.step == "runsc.toml")) + 1:])
+
+
+def test_no_systemd_and_no_restart_under_root(tmp_path, tree):
+    root, opts = tree
+    s = _settings(tmp_path, THAW_CONTAINERD_RESTART_COMMAND="false")
+    opts = prov.Options(source_dir=opts.source_dir, root=root, systemd=False, restart_containerd=True)
+    r = _run(s, opts)
+    steps = {p.step: p for p in r.plans}
+    assert steps["thawd unit"].action == prov.SKIP and not (root / "etc/systemd").exists()
+    # A tree is not the live node: its containerd is not restarted (`false` would fail the run).
+    assert steps["restart containerd"].action == prov.SKIP
+    assert "not the live node" in steps["restart containerd"].detail
+
+
+def test_restart_runs_only_after_containerd_config_changed():
+    plans = [prov.Plan("containerd drop-in", "/x", prov.CREATE), prov.Plan("runsc.toml", "/y", prov.UPDATE)]
+    assert prov._changed(plans, "containerd drop-in", "containerd-imports") == (True, "changed: containerd drop-in")
+    plans[0].action = prov.NONE
+    assert prov._changed(plans, "containerd drop-in", "containerd-imports")[0] is False
+    cmd = prov.Command("restart containerd", ["true"], lambda e: prov._changed(e, "runsc.toml"))
+    plan = cmd.plan(plans)
+    assert plan.action == prov.RUN
+    cmd.apply(plan)
+    with pytest.raises(Exception, match="exited 1"):
+        prov.Command("x", ["false"], lambda e: (True, "")).apply(plan)
+
+
+def test_unit_and_enable_link(tmp_path, tree):
+    root, opts = tree
+    _run(_settings(tmp_path), opts)
+    unit = (root / "etc/systemd/system/thawd.service").read_text()
+    assert "ExecStart=/usr/bin/thaw serve\n" in unit and "WantedBy=multi-user.target" in unit
+    link = root / "etc/systemd/system/multi-user.target.wants/thawd.service"
+    assert os.readlink(link) == "/etc/systemd/system/thawd.service"
+
+
+def test_cdi_spec_shape():
+    spec = prov.cdi_spec((1, 0), [Path("/usr/lib/x86_64-linux-gnu/libcuda.so.1")])
+    assert spec["kind"] == "nvidia.com/gpu" and spec["cdiVersion"] == "0.6.0"
+    assert [dev["name"] for dev in spec["devices"]] == ["0", "1", "all"]
+    assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [{"path": "/dev/nvidia0"}]
+    assert {"path": "/dev/nvidiactl"} in spec["containerEdits"]["deviceNodes"]
+    assert spec["containerEdits"]["mounts"][0]["containerPath"] == "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
+    json.dumps(spec)
+
+
+def test_existing_cdi_spec_is_respected(tmp_path):
+    root = tmp_path / "root"
+    (root / "etc/cdi").mkdir(parents=True)
+    (root / "etc/cdi/nvidia.yaml").write_text("cdiVersion: 0.5.0\nkind: nvidia.com/gpu\n")
+    step = prov.cdi_step(prov.Layout(root), gpu=True)
+    assert isinstance(step, prov.Skip) and "nvidia.yaml" in step.reason
+    assert isinstance(prov.cdi_step(prov.Layout(root), gpu=False), prov.Skip)
+
+
+def test_layout_requires_absolute_paths(tmp_path):
+    lay = prov.Layout(tmp_path)
+    assert lay.host(Path("/etc/x")) == tmp_path / "etc/x"
+    with pytest.raises(ThawError, match="absolute"):
+        lay.host(Path("etc/x"))
