@@ -27,6 +27,8 @@ from control.errors import ThawError, exit_code
 COMMAND_MODULES = (
     "control.sandbox_cli",
     "control.provision_cli",
+    "control.store_cli",
+    "control.bench_cli",
 )
 
 
@@ -40,6 +42,12 @@ class Context:
         self.json = json_out
         self.verbose = verbose
         self._settings: configmod.Settings | None = None
+
+    def override(self, key: str, value: Any) -> None:
+        """Set a setting from a subcommand's option (before settings are first read)."""
+        if value is not None:
+            self._overrides[key] = value
+            self._settings = None
 
     @property
     def settings(self) -> configmod.Settings:

@@ -76,6 +76,11 @@ def _parse_str(v: Any) -> str:
     return str(v)
 
 
+def _parse_opt_path(v: Any) -> Path | None:
+    s = _parse_str(v)
+    return Path(s) if s else None
+
+
 def _parse_path(v: Any) -> Path:
     s = _parse_str(v)
     if not s:
@@ -143,6 +148,17 @@ def _kind(parse: Callable[[Any], Any]) -> str:
     return getattr(parse, "kind", "value")
 
 
+def _power_of_two(v: Any) -> int:
+    x = _parse_int(v)
+    if x < 4096 or x & (x - 1):
+        raise ValueError(f"must be a power of two >= 4096, got {v!r}")
+    return x
+
+
+_power_of_two.kind = "integer, a power of two >= 4096"  # type: ignore[attr-defined]
+_parse_opt_path.kind = "path or empty"  # type: ignore[attr-defined]
+
+
 @dataclass(frozen=True)
 class Settings:
     # [runsc]
@@ -170,9 +186,19 @@ class Settings:
     store_bucket: str
     store_region: str
     store_prefix: str
+    store_profile: str          # boto3 profile name; empty = boto3's default chain
+    store_credentials_file: Path | None  # boto3 shared credentials file; None = boto3's default
+    store_workers: int          # parallel chunk transfers (each holds one chunk in memory)
+    store_timeout_s: float      # connect and read timeout of one S3 request
+    store_retries: int          # botocore "standard" retry attempts per request
+    # [pack]
+    pack_chunker: Path          # the thaw-chunk binary (go/cmd/thaw-chunk)
+    pack_avg_chunk_bytes: int   # FastCDC average chunk size; min = avg/4, max = avg*4
     # [cache]
     cache_dir: Path
     cache_budget_bytes: int
+    cache_lock_timeout_s: float  # how long a pull waits for another pull of the same key
+    cache_verify: str           # on use: "stat" (sizes and mtimes) or "full" (re-hash every chunk)
     cache_min_free_bytes: int    # provision/doctor fail below this much free space
     # [thawd]
     thawd_socket: Path          # gRPC Unix socket; twin: go/internal/standin DefaultSocket
@@ -215,6 +241,17 @@ _KEYS: dict[str, tuple[str, Callable[[Any], Any], Callable[[], Any]]] = {
     "store.bucket": ("store_bucket", _parse_str, lambda: "thaw"),
     "store.region": ("store_region", _parse_str, lambda: "us-east-1"),
     "store.prefix": ("store_prefix", _parse_str, lambda: ""),
+    "store.profile": ("store_profile", _parse_str, lambda: ""),
+    "store.credentials_file": ("store_credentials_file", _parse_opt_path, lambda: None),
+    "store.workers": ("store_workers", _positive(_parse_int), lambda: 8),
+    "store.timeout_s": ("store_timeout_s", _positive(_parse_float), lambda: 30.0),
+    "store.retries": ("store_retries", _positive(_parse_int), lambda: 3),
+    "pack.chunker": ("pack_chunker", _parse_path, lambda: _default_build_dir() / "thaw-chunk"),
+    "pack.avg_chunk_bytes": ("pack_avg_chunk_bytes", _power_of_two, lambda: 1 << 20),
+    "cache.dir": ("cache_dir", _parse_path, lambda: Path("/var/lib/thaw/cache")),
+    "cache.budget_bytes": ("cache_budget_bytes", _positive(_parse_int), lambda: 100 << 30),
+    "cache.lock_timeout_s": ("cache_lock_timeout_s", _positive(_parse_float), lambda: 900.0),
+    "cache.verify": ("cache_verify", _one_of("stat", "full"), lambda: "stat"),
     "cache.dir": ("cache_dir", _parse_abs_path, lambda: Path("/var/lib/thaw/cache")),
     "cache.budget_bytes": ("cache_budget_bytes", _positive(_parse_int), lambda: 100 << 30),
     "cache.min_free_bytes": ("cache_min_free_bytes", _parse_int, lambda: 10 << 30),
@@ -269,6 +306,15 @@ _HELP: dict[str, str] = {
     "store.bucket": "S3 bucket holding chunks and manifests.",
     "store.region": "S3 region.",
     "store.prefix": "Key prefix inside the bucket.",
+    "store.profile": "boto3 profile name; empty: boto3's default credential chain.",
+    "store.credentials_file": "boto3 shared credentials file; empty: boto3's default.",
+    "store.workers": "Parallel chunk transfers; each holds one chunk in memory (the memory bound).",
+    "store.timeout_s": "Connect and read timeout of one S3 request.",
+    "store.retries": "botocore 'standard' retry attempts per S3 request.",
+    "pack.chunker": "The thaw-chunk binary (FastCDC + BLAKE3, go/cmd/thaw-chunk).",
+    "pack.avg_chunk_bytes": "FastCDC average chunk size (min = avg/4, max = avg*4).",
+    "cache.lock_timeout_s": "How long a pull waits for another pull of the same key.",
+    "cache.verify": "On use: stat (sizes and mtimes) or full (re-hash every chunk).",
     "cache.dir": "Local checkpoint cache (put it on local NVMe).",
     "cache.budget_bytes": "Cache size budget; least recently used entries are evicted above it. "
                           "doctor warns when the file system has less free space.",
@@ -300,6 +346,8 @@ def describe(key: str) -> tuple[str, str]:
 
 def render_value(value: Any) -> str:
     """A setting's value as TOML would spell it (docs, `thaw config`)."""
+    if value is None:
+        return '""'
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):

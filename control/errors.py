@@ -75,6 +75,16 @@ class ImageError(UserError):
         self.path = path
 
 
+class ManifestError(UserError):
+    """An image manifest is invalid. `field` is a dotted path into the manifest JSON."""
+
+    def __init__(self, field: str, problem: str, source: str | None = None) -> None:
+        where = f"{source}: " if source else ""
+        super().__init__(f"{where}manifest field {field}: {problem}", field=field, source=source)
+        self.field = field
+        self.source = source
+
+
 class PreconditionError(ThawError):
     """The node cannot do this: not root, runsc missing, no GPU, ..."""
 
@@ -89,6 +99,47 @@ class ProvisionError(ThawError):
                          step=step, problem=problem, done=done)
         self.step = step
         self.done = done
+
+
+class TupleMismatch(PreconditionError):
+    """An image exists but was saved on a node this one cannot restore it on.
+
+    `reasons` holds one line per differing field of the compatibility tuple.
+    """
+
+    def __init__(self, key: str, reasons: list[str]) -> None:
+        super().__init__(f"image {key!r} does not match this node: " + "; ".join(reasons),
+                         key=key, reasons=list(reasons))
+        self.key = key
+        self.reasons = list(reasons)
+
+
+class CacheFull(PreconditionError):
+    """The cache cannot make room: the image exceeds the budget, or entries in use hold it."""
+
+    def __init__(self, key: str, need: int, budget: int, in_use: int, problem: str) -> None:
+        super().__init__(f"cache cannot hold image {key!r} ({need} bytes): {problem} "
+                         f"(budget {budget} bytes, {in_use} bytes held by entries in use)",
+                         key=key, need=need, budget=budget, in_use=in_use)
+
+
+class StoreError(ThawError):
+    """The object store failed or could not be reached. `op` and `object` say where."""
+
+    def __init__(self, op: str, obj: str, problem: str, endpoint: str = "") -> None:
+        at = f" at {endpoint}" if endpoint else ""
+        super().__init__(f"store {op} {obj}{at}: {problem}", op=op, object=obj, endpoint=endpoint)
+        self.op = op
+        self.object = obj
+
+
+class IntegrityError(ThawError):
+    """Bytes do not hash to what the manifest says: a corrupt chunk in the store or the cache."""
+
+    def __init__(self, where: str, chunk: str, problem: str) -> None:
+        super().__init__(f"{where} chunk {chunk}: {problem}", where=where, chunk=chunk)
+        self.where = where
+        self.chunk = chunk
 
 
 class InvalidTransition(ThawError):
@@ -165,6 +216,10 @@ _VALUE_FLAGS = frozenset({
 # The CLI's exit codes by class, most specific first. 1 is "any other thaw error".
 EXIT_CODE: list[tuple[type[ThawError], int]] = [
     (ConfigError, 78),        # EX_CONFIG
+    (TupleMismatch, 3),
+    (CacheFull, 4),
+    (StoreError, 69),         # EX_UNAVAILABLE
+    (IntegrityError, 65),     # EX_DATAERR
     (PreconditionError, 69),  # EX_UNAVAILABLE
     (NotFound, 2),
     (AlreadyExists, 2),
@@ -177,6 +232,10 @@ EXIT_CODE: list[tuple[type[ThawError], int]] = [
 # first; the thawd server and client both use this one table.
 GRPC_STATUS: list[tuple[type[ThawError], str]] = [
     (ConfigError, "FAILED_PRECONDITION"),
+    (TupleMismatch, "FAILED_PRECONDITION"),
+    (CacheFull, "RESOURCE_EXHAUSTED"),
+    (StoreError, "UNAVAILABLE"),
+    (IntegrityError, "DATA_LOSS"),
     (NotFound, "NOT_FOUND"),
     (AlreadyExists, "ALREADY_EXISTS"),
     (InvalidTransition, "FAILED_PRECONDITION"),

@@ -1,0 +1,479 @@
+"""The node cache: checkpoint images on local disk, ready for `runsc restore`.
+
+Layout under the cache root:
+    index.sqlite                   entries (key, tuple, size, state, last use), their
+                                   chunks (where each chunk lies, for dedup), leases,
+                                   reservations of space for downloads in progress
+    entries/<key>@<tuple16>@<id>/  one entry: the image files and .thaw-manifest.json
+    tmp/<entry>.partial/           an entry being written (never served)
+    locks/<key>.lock               one filelock per workload key (never deleted)
+    trash/                         entries on their way out
+
+Rules (docs/store.md): an entry is served only if its index row says `ready`,
+and that row is written after the directory was filled, fsynced and renamed
+into entries/; anything else found after a crash (a partial, a directory
+without a row) is removed under the key's lock before the key is served. N
+pulls of one key take the key's lock in turn: the first downloads, the others
+find the entry ready. A lease (pid + start time) pins an entry while runsc
+reads it; eviction skips leased entries and reaps leases of dead processes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import shutil
+import sqlite3
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+from filelock import FileLock
+from filelock import Timeout as LockTimeout
+
+from control import manifest as manifestmod
+from control import pack
+from control.compat import CompatTuple, check
+from control.errors import CacheFull, NotFound, Timeout
+from control.manifest import Manifest
+from control.transfer import LocalCopy, Sources, read_local
+
+log = logging.getLogger(__name__)
+
+MANIFEST_FILE = ".thaw-manifest.json"   # a dot-name: no image file can be called that
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS entries (
+    id TEXT PRIMARY KEY, key TEXT NOT NULL, tuple_hash TEXT NOT NULL, tuple TEXT NOT NULL,
+    size INTEGER NOT NULL, state TEXT NOT NULL CHECK (state IN ('ready', 'corrupt', 'evicting')),
+    created REAL NOT NULL, last_used REAL NOT NULL, snapshot TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS entries_key ON entries(key);
+CREATE TABLE IF NOT EXISTS chunks (hash TEXT NOT NULL, entry TEXT NOT NULL, file TEXT NOT NULL,
+    offset INTEGER NOT NULL, length INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS chunks_hash ON chunks(hash);
+CREATE INDEX IF NOT EXISTS chunks_entry ON chunks(entry);
+CREATE TABLE IF NOT EXISTS leases (id INTEGER PRIMARY KEY AUTOINCREMENT, entry TEXT NOT NULL,
+    pid INTEGER NOT NULL, pid_start TEXT NOT NULL, created REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS reservations (id INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT NOT NULL,
+    bytes INTEGER NOT NULL, pid INTEGER NOT NULL, pid_start TEXT NOT NULL);
+"""
+
+
+def _pid_start(pid: int) -> str:
+    """The start time of a process (field 22 of /proc/PID/stat), '' if it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _alive(pid: int, start: str) -> bool:
+    return start != "" and _pid_start(pid) == start
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class Entry:
+    id: str
+    key: str
+    tuple: CompatTuple
+    size: int
+    state: str
+    created: float
+    last_used: float
+    leases: int
+    path: Path
+
+    def to_dict(self) -> dict:
+        return {"id": self.id, "key": self.key, "tuple_hash": self.tuple.hash(), "size": self.size,
+                "state": self.state, "created": self.created, "last_used": self.last_used,
+                "leases": self.leases, "path": str(self.path)}
+
+
+class Lease:
+    """Pins an entry until released: eviction leaves it alone (the runsc files stay put)."""
+
+    def __init__(self, cache: "Cache", lease_id: int, entry: Entry) -> None:
+        self._cache = cache
+        self.id = lease_id
+        self.entry = entry
+        self.path = entry.path
+        self.released = False
+
+    def release(self) -> None:
+        if not self.released:
+            with self._cache._tx() as db:
+                db.execute("DELETE FROM leases WHERE id = ?", (self.id,))
+            self.released = True
+
+    def __enter__(self) -> "Lease":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+class Cache:
+    def __init__(self, root: Path, budget_bytes: int, lock_timeout_s: float = 900.0, verify: str = "stat") -> None:
+        self.root = Path(root)
+        self.budget = budget_bytes
+        self.lock_timeout_s = lock_timeout_s
+        self.verify_mode = verify
+        for d in ("entries", "tmp", "locks", "trash"):
+            (self.root / d).mkdir(parents=True, exist_ok=True)
+        db = self._connect()
+        try:
+            db.executescript(_SCHEMA)
+        finally:
+            db.close()
+
+    # -- plumbing -------------------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.root / "index.sqlite", timeout=60, isolation_level=None)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")
+        db.execute("PRAGMA busy_timeout=60000")
+        return db
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction (BEGIN IMMEDIATE: writers queue, readers go on)."""
+        db = self._connect()
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+        finally:
+            db.close()
+
+    @contextmanager
+    def key_lock(self, key: str, timeout_s: float | None = None) -> Iterator[None]:
+        """Hold the key's lock file; raises Timeout naming the lock path."""
+        manifestmod.validate_key(key)
+        path = self.root / "locks" / f"{key}.lock"
+        t = self.lock_timeout_s if timeout_s is None else timeout_s
+        lock = FileLock(path, timeout=t)
+        try:
+            lock.acquire()
+        except LockTimeout:
+            raise Timeout(f"waiting for the cache lock {path} (another pull of {key!r})", t) from None
+        try:
+            yield
+        finally:
+            lock.release()
+
+    def entry_path(self, entry_id: str) -> Path:
+        return self.root / "entries" / entry_id
+
+    def _row_entry(self, row: tuple, leases: int) -> Entry:
+        eid, key, _th, tup, size, state, created, last_used = row
+        return Entry(eid, key, CompatTuple.from_dict(json.loads(tup)), size, state, created, last_used,
+                     leases, self.entry_path(eid))
+
+    _COLS = "id, key, tuple_hash, tuple, size, state, created, last_used"
+
+    def entries(self, key: str | None = None) -> list[Entry]:
+        db = self._connect()
+        try:
+            q = f"SELECT {self._COLS} FROM entries" + (" WHERE key = ?" if key else "") + " ORDER BY key, created"
+            rows = db.execute(q, (key,) if key else ()).fetchall()
+            leases = self._live_leases(db)
+        finally:
+            db.close()
+        return [self._row_entry(r, leases.get(r[0], 0)) for r in rows]
+
+    def _live_leases(self, db: sqlite3.Connection) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for entry, pid, start in db.execute("SELECT entry, pid, pid_start FROM leases").fetchall():
+            if _alive(pid, start):
+                out[entry] = out.get(entry, 0) + 1
+        return out
+
+    def used_bytes(self) -> int:
+        db = self._connect()
+        try:
+            return db.execute("SELECT COALESCE(SUM(size), 0) FROM entries").fetchone()[0]
+        finally:
+            db.close()
+
+    def manifest_of(self, entry: Entry) -> Manifest:
+        return manifestmod.parse((entry.path / MANIFEST_FILE).read_bytes(), str(entry.path / MANIFEST_FILE))
+
+    # -- lookup and leases ------------------------------------------------------------
+
+    def find_locked(self, key: str, node: CompatTuple) -> tuple[Entry | None, list[str]]:
+        """A ready entry of `key` this node can restore, and the reasons other entries cannot.
+        Precondition: the key's lock is held (or a stale answer is acceptable)."""
+        reasons: list[str] = []
+        best = None
+        for e in self.entries(key):
+            if e.state != "ready":
+                continue
+            bad = check(e.tuple, node)
+            if bad:
+                reasons.append(f"cached {e.tuple.hash()[:12]}: " + "; ".join(map(str, bad)))
+            elif best is None or e.tuple.hash() == node.hash():
+                best = e
+        return best, reasons
+
+    def lease(self, entry_id: str) -> Lease | None:
+        """Pin a ready entry; None if it is not ready (any more)."""
+        with self._tx() as db:
+            row = db.execute(f"SELECT {self._COLS} FROM entries WHERE id = ? AND state = 'ready'",
+                             (entry_id,)).fetchone()
+            if row is None:
+                return None
+            now = time.time()
+            cur = db.execute("INSERT INTO leases (entry, pid, pid_start, created) VALUES (?, ?, ?, ?)",
+                             (entry_id, os.getpid(), _pid_start(os.getpid()), now))
+            db.execute("UPDATE entries SET last_used = ? WHERE id = ?", (now, entry_id))
+            lease_id = cur.lastrowid
+        return Lease(self, lease_id, self._row_entry(row, 1))
+
+    def check_entry(self, entry: Entry, full: bool | None = None) -> str | None:
+        """Why an entry is unusable (None: usable). `full` re-hashes every chunk;
+        otherwise file sizes and mtimes are compared with those at install."""
+        full = self.verify_mode == "full" if full is None else full
+        db = self._connect()
+        try:
+            row = db.execute("SELECT snapshot FROM entries WHERE id = ?", (entry.id,)).fetchone()
+        finally:
+            db.close()
+        if row is None:
+            return "not in the index"
+        try:
+            m = self.manifest_of(entry)
+        except (OSError, manifestmod.ManifestError) as e:
+            return f"manifest unreadable: {e}"
+        snapshot = json.loads(row[0])
+        for f in m.files:
+            p = entry.path / f.name
+            try:
+                st = p.stat()
+            except OSError:
+                return f"{f.name} is missing"
+            if st.st_size != f.size:
+                return f"{f.name} is {st.st_size} bytes, manifest says {f.size}"
+            if not full and snapshot.get(f.name) != st.st_mtime_ns:
+                return f"{f.name} was modified after install (mtime changed)"
+            if full:
+                for off, c in f.placed():
+                    data = read_local(LocalCopy(p, off, entry.id), c.length)
+                    if data is None or pack.sha256(data) != c.hash:
+                        return f"{f.name} chunk at offset {off} does not hash to {c.hash[:16]}"
+        return None
+
+    def mark_corrupt(self, entry_id: str) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE entries SET state = 'corrupt' WHERE id = ? AND state = 'ready'", (entry_id,))
+        log.warning("cache entry %s marked corrupt", entry_id)
+
+    # -- sources for dedup ---------------------------------------------------------------
+
+    def sources(self) -> Sources:
+        """Where chunks lie in this cache (ready and corrupt entries; checked on read)."""
+        def look(h: str) -> list[LocalCopy]:
+            db = self._connect()
+            try:
+                rows = db.execute(
+                    "SELECT c.entry, c.file, c.offset FROM chunks c JOIN entries e ON e.id = c.entry "
+                    "WHERE c.hash = ? AND e.state IN ('ready', 'corrupt') "
+                    "ORDER BY e.state = 'corrupt' LIMIT 3", (h,)).fetchall()
+            finally:
+                db.close()
+            return [LocalCopy(self.entry_path(eid) / f, off, eid) for eid, f, off in rows]
+        return look
+
+    # -- space ---------------------------------------------------------------------------
+
+    def reserve(self, key: str, need: int) -> int:
+        """Make room for `need` bytes and reserve them; the reservation id.
+
+        Evicts corrupt entries first, then least recently used ones, never a
+        leased one; the key's own entries go last (they may serve as sources).
+        """
+        if need > self.budget:
+            raise CacheFull(key, need, self.budget, 0, "the image is larger than the whole cache budget")
+        victims: list[str] = []
+        with self._tx() as db:
+            self._reap_tx(db)
+            leased = set(self._live_leases(db))
+            used = db.execute("SELECT COALESCE(SUM(size), 0) FROM entries").fetchone()[0]
+            used += db.execute("SELECT COALESCE(SUM(bytes), 0) FROM reservations").fetchone()[0]
+            cands = db.execute("SELECT id, size FROM entries WHERE state IN ('ready', 'corrupt') "
+                               "ORDER BY key = ?, state = 'ready', last_used", (key,)).fetchall()
+            in_use = sum(s for i, s in cands if i in leased)
+            for eid, size in cands:
+                if used + need <= self.budget:
+                    break
+                if eid in leased:
+                    continue
+                victims.append(eid)
+                used -= size
+            if used + need > self.budget:
+                raise CacheFull(key, need, self.budget, in_use,
+                                "entries in use (leased) or downloads in progress hold the rest")
+            for eid in victims:
+                db.execute("UPDATE entries SET state = 'evicting' WHERE id = ?", (eid,))
+            me = os.getpid()
+            rid = db.execute("INSERT INTO reservations (key, bytes, pid, pid_start) VALUES (?, ?, ?, ?)",
+                             (key, need, me, _pid_start(me))).lastrowid
+        for eid in victims:
+            self._remove(eid)
+        return rid
+
+    def unreserve(self, rid: int) -> None:
+        with self._tx() as db:
+            db.execute("DELETE FROM reservations WHERE id = ?", (rid,))
+
+    def _reap_tx(self, db: sqlite3.Connection) -> None:
+        """Drop leases and reservations of dead processes (inside a transaction)."""
+        for table in ("leases", "reservations"):
+            for rid, pid, start in db.execute(f"SELECT id, pid, pid_start FROM {table}").fetchall():
+                if not _alive(pid, start):
+                    db.execute(f"DELETE FROM {table} WHERE id = ?", (rid,))
+
+    def _remove(self, entry_id: str) -> None:
+        """Remove an entry marked 'evicting': out of sight first (rename), then the bytes."""
+        src = self.entry_path(entry_id)
+        if src.exists():
+            dst = self.root / "trash" / f"{entry_id}.{secrets.token_hex(4)}"
+            os.rename(src, dst)
+            shutil.rmtree(dst, ignore_errors=True)
+        with self._tx() as db:
+            db.execute("DELETE FROM chunks WHERE entry = ?", (entry_id,))
+            db.execute("DELETE FROM entries WHERE id = ? AND state = 'evicting'", (entry_id,))
+
+    def evict(self, entry_id: str) -> bool:
+        """Evict one entry unless it is leased; True if it went."""
+        with self._tx() as db:
+            self._reap_tx(db)
+            if entry_id in self._live_leases(db):
+                return False
+            n = db.execute("UPDATE entries SET state = 'evicting' WHERE id = ? AND state != 'evicting'",
+                           (entry_id,)).rowcount
+        if n:
+            self._remove(entry_id)
+        return bool(n)
+
+    # -- install ----------------------------------------------------------------------------
+
+    def new_partial(self, m: Manifest) -> tuple[str, Path]:
+        eid = f"{m.key}@{m.tuple_hash[:16]}@{secrets.token_hex(4)}"
+        p = self.root / "tmp" / f"{eid}.partial"
+        p.mkdir()
+        return eid, p
+
+    def install_locked(self, eid: str, partial: Path, m: Manifest) -> Entry:
+        """Make a filled partial directory a ready entry. Precondition: key lock held,
+        every image file in `partial` written and fsynced."""
+        mpath = partial / MANIFEST_FILE
+        with open(mpath, "wb") as f:
+            f.write(m.to_json())
+            f.flush()
+            os.fsync(f.fileno())
+        snapshot = {f.name: (partial / f.name).stat().st_mtime_ns for f in m.files}
+        _fsync_dir(partial)
+        final = self.entry_path(eid)
+        os.rename(partial, final)
+        _fsync_dir(final.parent)
+        self._commit_locked(eid, m, snapshot)
+        return self.entries_by_id(eid)
+
+    def _commit_locked(self, eid: str, m: Manifest, snapshot: dict) -> None:
+        """The step that makes an entry servable: one transaction adds its row and chunk map."""
+        now = time.time()
+        with self._tx() as db:
+            db.execute("INSERT INTO entries (id, key, tuple_hash, tuple, size, state, created, last_used, snapshot) "
+                       "VALUES (?, ?, ?, ?, ?, 'ready', ?, ?, ?)",
+                       (eid, m.key, m.tuple_hash, json.dumps(m.tuple.to_dict()), m.size, now, now,
+                        json.dumps(snapshot)))
+            rows = []
+            seen: set[str] = set()
+            for f in m.files:
+                for off, c in f.placed():
+                    if c.hash not in seen:
+                        seen.add(c.hash)
+                        rows.append((c.hash, eid, f.name, off, c.length))
+            db.executemany("INSERT INTO chunks (hash, entry, file, offset, length) VALUES (?, ?, ?, ?, ?)", rows)
+
+    def entries_by_id(self, eid: str) -> Entry:
+        for e in self.entries():
+            if e.id == eid:
+                return e
+        raise NotFound("cache entry", eid)
+
+    # -- recovery -------------------------------------------------------------------------------
+
+    def recover_locked(self, key: str) -> list[str]:
+        """Remove what a crash may have left for `key`: partial directories, entry
+        directories without an index row, rows whose directory is gone, unfinished
+        evictions. Precondition: the key's lock is held. What was removed."""
+        removed = []
+        for p in (self.root / "tmp").glob(f"{key}@*.partial"):
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(str(p))
+        known = {e.id: e for e in self.entries(key)}
+        for p in (self.root / "entries").glob(f"{key}@*"):
+            if p.name not in known:
+                dst = self.root / "trash" / f"{p.name}.{secrets.token_hex(4)}"
+                os.rename(p, dst)
+                shutil.rmtree(dst, ignore_errors=True)
+                removed.append(str(p))
+        for e in known.values():
+            if e.state == "evicting" or not e.path.is_dir():
+                with self._tx() as db:
+                    db.execute("UPDATE entries SET state = 'evicting' WHERE id = ?", (e.id,))
+                self._remove(e.id)
+                removed.append(str(e.path))
+        return removed
+
+    def keys(self) -> list[str]:
+        names = {p.name[:-len(".lock")] for p in (self.root / "locks").glob("*.lock")}
+        names |= {e.key for e in self.entries()}
+        return sorted(names)
+
+    def gc(self, budget: int | None = None, on_busy: Callable[[str], None] | None = None) -> dict:
+        """Recover every key whose lock is free, evict corrupt and over-budget
+        entries (never leased ones), empty the trash. A report."""
+        removed: list[str] = []
+        evicted: list[str] = []
+        for key in self.keys():
+            try:
+                with self.key_lock(key, timeout_s=0):
+                    removed += self.recover_locked(key)
+            except Timeout:
+                if on_busy:
+                    on_busy(key)
+        with self._tx() as db:
+            self._reap_tx(db)
+        for e in self.entries():
+            if e.state == "corrupt" and self.evict(e.id):
+                evicted.append(e.id)
+        limit = self.budget if budget is None else budget
+        for e in sorted(self.entries(), key=lambda e: e.last_used):
+            if self.used_bytes() <= limit:
+                break
+            if e.state == "ready" and self.evict(e.id):
+                evicted.append(e.id)
+        for p in (self.root / "trash").iterdir():
+            shutil.rmtree(p, ignore_errors=True)
+        return {"removed_partial_or_orphan": removed, "evicted": evicted, "used_bytes": self.used_bytes(),
+                "budget_bytes": limit}

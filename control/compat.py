@@ -1,0 +1,167 @@
+"""The compatibility tuple: what a node must share with the node that saved an
+image for runsc to restore it there (ARCHITECTURE.md, "Data").
+
+runsc refuses a restore under a different runsc version string, NVIDIA driver
+version or global flags, and needs the CPU features it saved against to be a
+subset of the restoring CPU's (docs/gvisor-facts.md). The tuple records those
+facts, plus what thaw adds (GPU product and count, CUDA driver version,
+machine type), and `check` explains a mismatch field by field.
+
+No GPU is a valid tuple: product "", count 0, driver and CUDA versions "".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import platform as _platform
+import warnings
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Callable, Protocol
+
+from control.config import Settings
+from control.errors import ManifestError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CompatTuple:
+    runsc_version: str            # `runsc --version`, e.g. thaw-gvisor-160fafc42237
+    platform: str                 # runsc --platform (systrap, kvm, ptrace)
+    arch: str                     # uname -m
+    cpu_features: tuple[str, ...]  # `runsc cpu-features`, sorted
+    gpu_product: str              # NVML device name of GPU 0; "" without GPU
+    gpu_count: int
+    driver_version: str           # NVIDIA driver, e.g. 580.159.04; "" without GPU
+    cuda_driver_version: str      # CUDA version the driver supports, e.g. 13.0; "" without GPU
+    machine_type: str             # from config node.machine_type
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["cpu_features"] = list(self.cpu_features)
+        return d
+
+    def hash(self) -> str:
+        """A stable SHA-256 of the canonical JSON of every field (hex)."""
+        canon = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canon.encode()).hexdigest()
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "tuple", source: str | None = None) -> "CompatTuple":
+        """Validate and build; a bad field raises ManifestError naming `where.field`."""
+        if not isinstance(d, dict):
+            raise ManifestError(where, "must be an object", source)
+        names = {f.name for f in fields(cls)}
+        for k in d:
+            if k not in names:
+                raise ManifestError(f"{where}.{k}", "unknown field", source)
+        kw: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name not in d:
+                raise ManifestError(f"{where}.{f.name}", "missing", source)
+            v = d[f.name]
+            if f.name == "cpu_features":
+                if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
+                    raise ManifestError(f"{where}.{f.name}", "must be a list of non-empty strings", source)
+                v = tuple(sorted(set(v)))
+            elif f.name == "gpu_count":
+                if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                    raise ManifestError(f"{where}.{f.name}", "must be a non-negative integer", source)
+            elif not isinstance(v, str):
+                raise ManifestError(f"{where}.{f.name}", "must be a string", source)
+            kw[f.name] = v
+        return cls(**kw)
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    field: str
+    image: Any
+    node: Any
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.reason}"
+
+
+def check(image: CompatTuple, node: CompatTuple) -> list[Mismatch]:
+    """Why an image saved under `image` cannot restore on `node` (empty: it can).
+
+    Every field must be equal, except CPU features, where the node's set must
+    contain the image's (runsc restores onto a superset).
+    """
+    out: list[Mismatch] = []
+    for f in fields(CompatTuple):
+        a, b = getattr(image, f.name), getattr(node, f.name)
+        if f.name == "cpu_features":
+            missing = sorted(set(a) - set(b))
+            if missing:
+                shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+                out.append(Mismatch(f.name, a, b, f"node lacks {len(missing)} CPU feature(s) the image "
+                                                  f"was saved with: {shown}"))
+        elif a != b:
+            out.append(Mismatch(f.name, a, b, f"image has {a!r}, node has {b!r}"))
+    return out
+
+
+# -- the node's own tuple ------------------------------------------------------
+
+class _RunscFacts(Protocol):
+    def version(self) -> str: ...
+    def cpu_features(self) -> list[str]: ...
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    product: str = ""
+    count: int = 0
+    driver_version: str = ""
+    cuda_driver_version: str = ""
+
+
+def nvml_gpu_facts() -> GpuFacts:
+    """GPU product, count and driver versions through NVML; no GPU (or no
+    driver library) gives the empty GpuFacts."""
+    with warnings.catch_warnings():
+        # The `pynvml` distribution (13.x) installs an import hook that warns
+        # on `import pynvml` and forwards to nvidia-ml-py, which provides the
+        # module; the module is the one we want, the warning is about packaging.
+        warnings.filterwarnings("ignore", message="The pynvml package is deprecated", category=FutureWarning)
+        import pynvml
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as e:
+        log.debug("NVML unavailable (%s): tuple without GPU", e)
+        return GpuFacts()
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+        if count == 0:
+            return GpuFacts()
+        name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        cuda = pynvml.nvmlSystemGetCudaDriverVersion()  # e.g. 13000 for 13.0
+        return GpuFacts(product=_text(name), count=count, driver_version=_text(driver),
+                        cuda_driver_version=f"{cuda // 1000}.{(cuda % 1000) // 10}")
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _text(v: str | bytes) -> str:
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def node_tuple(settings: Settings, runsc: _RunscFacts | None = None,
+               gpu: Callable[[], GpuFacts] = nvml_gpu_facts, arch: str | None = None) -> CompatTuple:
+    """This node's tuple: asks runsc (version, CPU features) and NVML."""
+    if runsc is None:
+        from runsc_hooks.runsc import GlobalOptions, Runsc
+        runsc = Runsc(settings.runsc_path, GlobalOptions(root=settings.runsc_root,
+                                                         platform=settings.runsc_platform),
+                      timeout_s=settings.runsc_timeout_s)
+    g = gpu()
+    return CompatTuple(runsc_version=runsc.version(), platform=settings.runsc_platform,
+                       arch=arch or _platform.machine(), cpu_features=tuple(sorted(set(runsc.cpu_features()))),
+                       gpu_product=g.product, gpu_count=g.count, driver_version=g.driver_version,
+                       cuda_driver_version=g.cuda_driver_version, machine_type=settings.machine_type)

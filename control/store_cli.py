@@ -1,0 +1,198 @@
+"""`thaw push | pull | ls | gc | verify`: checkpoint images between a directory,
+the object store and this node's cache (control/images.py does the work)."""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+
+from control import compat, images
+from control.cli import Context, handle_errors, json_option
+from control.store import Store
+
+
+def store_options(f: Callable) -> Callable:
+    """Options shared by the image commands: where the store and the cache are."""
+    @click.option("--endpoint", default=None, help="S3 endpoint URL [store.endpoint].")
+    @click.option("--bucket", default=None, help="Bucket [store.bucket].")
+    @click.option("--prefix", default=None, help="Key prefix inside the bucket [store.prefix].")
+    @click.option("--cache-dir", default=None, help="Cache root [cache.dir].")
+    @click.option("--budget", default=None, help="Cache budget in bytes, e.g. 50G [cache.budget_bytes].")
+    @click.option("--machine-type", default=None, help="This node's machine type [node.machine_type].")
+    @click.option("--progress/--no-progress", default=None,
+                  help="Progress bar on stderr (default: when stderr is a terminal).")
+    @functools.wraps(f)
+    def wrapper(*args: Any, endpoint, bucket, prefix, cache_dir, budget, machine_type, progress, **kw: Any) -> Any:
+        obj = click.get_current_context().find_object(Context)
+        for k, v in (("store.endpoint", endpoint), ("store.bucket", bucket), ("store.prefix", prefix),
+                     ("cache.dir", cache_dir), ("cache.budget_bytes", budget),
+                     ("node.machine_type", machine_type)):
+            obj.override(k, v)
+        obj.progress = (not obj.json and sys.stderr.isatty()) if progress is None else progress
+        return f(*args, **kw)
+    return wrapper
+
+
+class Bar:
+    """One line on stderr: label, percent, bytes done / total, bytes/s. Thread-safe."""
+
+    def __init__(self, label: str, enabled: bool) -> None:
+        self.label, self.enabled = label, enabled
+        self.total = 0
+        self.done = 0
+        self.t0 = time.monotonic()
+        self._last = 0.0
+        self._lock = threading.Lock()
+
+    def set_total(self, n: int) -> None:
+        self.total = n
+        self.t0 = time.monotonic()
+
+    def __call__(self, n: int) -> None:
+        with self._lock:
+            self.done += n
+            now = time.monotonic()
+            if self.enabled and now - self._last >= 0.1:
+                self._last = now
+                self._draw("\r")
+
+    def _draw(self, lead: str, end: str = "") -> None:
+        dt = max(time.monotonic() - self.t0, 1e-6)
+        pct = 100.0 * self.done / self.total if self.total else 100.0
+        width = 24
+        fill = int(width * min(pct, 100) / 100)
+        sys.stderr.write(f"{lead}{self.label} [{'#' * fill}{'.' * (width - fill)}] {pct:5.1f}% "
+                         f"{_size(self.done)}/{_size(self.total)} {_size(self.done / dt)}/s{end}")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self._draw("\r", "\n")
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return str(n)
+
+
+def _node(obj: Context) -> compat.CompatTuple:
+    return compat.node_tuple(obj.settings)
+
+
+@click.command("push")
+@click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--key", "key", required=True, help="Workload key the image is published under.")
+@click.option("--cache/--no-cache", "use_cache", default=True,
+              help="Also install the published image into this node's cache.")
+@store_options
+@json_option
+@click.pass_obj
+@handle_errors
+def push_cmd(obj: Context, directory: Path, key: str, use_cache: bool) -> None:
+    """Publish a runsc checkpoint image directory under KEY (first writer wins)."""
+    s = obj.settings
+    bar = Bar(f"push {key}", obj.progress)
+    r = images.push(images.open_cache(s) if use_cache else None, Store(s), directory, key, _node(obj),
+                    chunker=s.pack_chunker, avg_chunk=s.pack_avg_chunk_bytes, workers=s.store_workers,
+                    progress=bar, on_total=bar.set_total)
+    bar.close()
+    u = r.upload
+    obj.emit(r.to_dict(), lambda d: (
+        f"{'published' if r.published else 'already published by ' + str(r.manifest_creator.get('host'))} "
+        f"{key} ({r.tuple_hash[:12]}): {_size(r.size)}, {u.uploaded_chunks}/{u.chunks} chunks sent "
+        f"({_size(u.uploaded_bytes)}), {u.present_chunks} already in the store"
+        + (f"; cached as {r.installed}" if r.installed else "")))
+
+
+@click.command("pull")
+@click.argument("key")
+@store_options
+@json_option
+@click.pass_obj
+@handle_errors
+def pull_cmd(obj: Context, key: str) -> None:
+    """Make KEY's image ready in this node's cache (fetching only what is missing)."""
+    s = obj.settings
+    bar = Bar(f"pull {key}", obj.progress)
+    r = images.pull(images.open_cache(s), Store(s), key, _node(obj), workers=s.store_workers,
+                    progress=bar, on_total=bar.set_total)
+    bar.close()
+    r.lease.release()
+    f = r.fill
+
+    def human(d: dict) -> str:
+        if r.hit:
+            return f"{key}: cached at {r.lease.path} ({_size(r.manifest_size)})"
+        return (f"{key}: fetched into {r.lease.path}: {_size(r.manifest_size)}, {f.fetched_chunks} chunks "
+                f"({_size(f.fetched_bytes)}) from the store, {f.local_chunks} from this node, "
+                f"{f.zero_chunks} zero, in {f.seconds:.2f} s") + "".join(f"\n  {n}" for n in r.notes)
+    obj.emit(r.to_dict(), human)
+
+
+@click.command("ls")
+@click.option("--local", "local_only", is_flag=True, help="Only this node's cache.")
+@store_options
+@json_option
+@click.pass_obj
+@handle_errors
+def ls_cmd(obj: Context, local_only: bool) -> None:
+    """Images in this node's cache and in the store, with sizes and whether this node can restore them."""
+    s = obj.settings
+    d = images.listing(images.open_cache(s), None if local_only else Store(s), _node(obj))
+
+    def human(d: dict) -> str:
+        lines = [f"node tuple {d['node_tuple_hash'][:12]}; cache {_size(d['cache_used_bytes'])} of "
+                 f"{_size(d['cache_budget_bytes'])}", "LOCAL"]
+        lines += [f"  {e['key']:<32} {e['tuple_hash'][:12]} {_size(e['size']):>11} {e['state']:<8} "
+                  f"leases={e['leases']} {'match' if e['match'] else 'MISMATCH: ' + '; '.join(e['reasons'])}"
+                  for e in d["local"]] or ["  (none)"]
+        if not local_only:
+            lines.append("REMOTE")
+            lines += [f"  {e['key']:<32} {e['tuple_hash'][:12]} {_size(e.get('size', 0)):>11} "
+                      f"{'match' if e['match'] else 'MISMATCH: ' + '; '.join(e['reasons'])}"
+                      for e in d["remote"]] or ["  (none)"]
+        return "\n".join(lines)
+    obj.emit(d, human)
+
+
+@click.command("gc")
+@store_options
+@json_option
+@click.pass_obj
+@handle_errors
+def gc_cmd(obj: Context) -> None:
+    """Remove crash leftovers and corrupt entries; evict least recently used entries over budget."""
+    cache = images.open_cache(obj.settings)
+    busy: list[str] = []
+    r = cache.gc(on_busy=busy.append)
+    r["busy_keys"] = busy
+    obj.emit(r, lambda d: (f"removed {len(d['removed_partial_or_orphan'])} leftovers, evicted "
+                           f"{len(d['evicted'])} entries; cache {_size(d['used_bytes'])} of {_size(d['budget_bytes'])}"))
+
+
+@click.command("verify")
+@click.argument("key", required=False)
+@store_options
+@json_option
+@click.pass_obj
+@handle_errors
+def verify_cmd(obj: Context, key: str | None) -> None:
+    """Re-hash every cached chunk (of KEY); corrupt entries are evicted (the next pull refetches)."""
+    rows = images.verify(images.open_cache(obj.settings), key)
+    obj.emit(rows, lambda rs: "\n".join(
+        f"{r['id']}: {'ok' if r['ok'] else 'CORRUPT: ' + r['problem'] + (' (evicted)' if r['evicted'] else ' (in use)')}"
+        for r in rs) or "cache is empty")
+    if any(not r["ok"] for r in rows):
+        sys.exit(65)
+
+
+COMMANDS = [push_cmd, pull_cmd, ls_cmd, gc_cmd, verify_cmd]
