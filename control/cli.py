@@ -26,6 +26,7 @@ from control.errors import ThawError, exit_code
 # One per line, so branches that add one merge cleanly.
 COMMAND_MODULES = (
     "control.sandbox_cli",
+    "control.daemon_cli",
     "control.provision_cli",
     "control.store_cli",
     "control.bench_cli",

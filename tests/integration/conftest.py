@@ -1,26 +1,16 @@
-<<<<<<< HEAD
-"""Integration fixtures: real runsc, real netns (pyroute2), per-test state."""
-from __future__ import annotations
-
-import os
-import shutil
-import subprocess
-=======
-"""Plumbing for the provisioning integration tests: the real `thaw` CLI in a
-subprocess, against the real build (runsc, shim, containerd) in ./build."""
+"""Integration fixtures: the real `thaw` CLI in a subprocess, real runsc, real
+netns (pyroute2), the real build (runsc, shim, containerd) in ./build, and
+per-test state named after the test."""
 from __future__ import annotations
 
 import json
 import os
 import shutil
 import subprocess
-import sys
->>>>>>> provision
 from pathlib import Path
 
 import pytest
 
-<<<<<<< HEAD
 from control import config as configmod
 from runsc_hooks import network as netmod
 from runsc_hooks.runsc import remove_root
@@ -117,10 +107,6 @@ def base(tmp_path_factory, name, stack):
     remove_root(s.runsc_root)
     shutil.rmtree(b, ignore_errors=True)
     assert not b.exists(), f"{b} could not be removed"
-=======
-from tests.conftest import BUILD, require
-
-THAW = Path(sys.executable).parent / "thaw"
 
 
 def thaw(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -157,4 +143,3 @@ def node_root(name: str) -> Path:
     root.mkdir()
     yield root
     shutil.rmtree(root, ignore_errors=True)
->>>>>>> provision

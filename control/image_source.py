@@ -1,0 +1,60 @@
+"""thawd's view of checkpoint images: the node cache backed by the object store.
+
+A thin adapter over control/images.py (pull, push) and control/cache.py so
+control/service.py sees five verbs: pull (a leased local entry, fetched if
+need be), has, publish, entries, evict. The node's compatibility tuple is
+computed once, at start.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from control import images
+from control.cache import Lease
+from control.compat import CompatTuple, node_tuple
+from control.config import Settings
+from control.errors import NotFound, TupleMismatch
+from control.store import Store
+
+log = logging.getLogger(__name__)
+
+
+class ImageSource:
+    def __init__(self, settings: Settings, node: CompatTuple | None = None, store: Store | None = None) -> None:
+        self.s = settings
+        self.cache = images.open_cache(settings)
+        self.store = store if store is not None else Store(settings)
+        self.node = node or node_tuple(settings)
+
+    def pull(self, key: str) -> Lease:
+        """A leased cache entry for `key` on this node; NotFound / TupleMismatch / StoreError otherwise."""
+        r = images.pull(self.cache, self.store, key, self.node, workers=self.s.store_workers)
+        r.lease.hit = r.hit  # thawd counts hits and misses
+        for note in r.notes:
+            log.info("pull %s: %s", key, note)
+        return r.lease
+
+    def has(self, key: str) -> bool:
+        """Whether an image of `key` for this node exists (in the cache or the store)."""
+        if any(e.state == "ready" and e.tuple.hash() == self.node.hash() for e in self.cache.entries(key)):
+            return True
+        try:
+            images.remote_manifest(self.store, key, self.node)
+            return True
+        except (NotFound, TupleMismatch):
+            return False
+
+    def publish(self, directory: Path, key: str) -> bool:
+        """Push a runsc image directory under `key`; True if ours won the publish."""
+        r = images.push(self.cache, self.store, directory, key, self.node, chunker=self.s.pack_chunker,
+                        avg_chunk=self.s.pack_avg_chunk_bytes, workers=self.s.store_workers)
+        return r.published
+
+    def entries(self) -> list[dict]:
+        return [{"key": e.key, "tuple_hash": e.tuple.hash(), "bytes": e.size, "leases": e.leases,
+                 "state": e.state, "reason": ""} for e in self.cache.entries()]
+
+    def evict(self, key: str) -> bool:
+        """Evict every unleased local entry of `key` (the store keeps its copy)."""
+        return any([self.cache.evict(e.id) for e in self.cache.entries(key)])
