@@ -14,7 +14,7 @@ from control import images
 from control.cache import Lease
 from control.compat import CompatTuple, node_tuple
 from control.config import Settings
-from control.errors import NotFound, TupleMismatch
+from control.errors import NotFound, StoreError, TupleMismatch
 from control.store import Store
 
 log = logging.getLogger(__name__)
@@ -26,6 +26,10 @@ class ImageSource:
         self.cache = images.open_cache(settings)
         self.store = store if store is not None else Store(settings)
         self.node = node or node_tuple(settings)
+        try:
+            self.store.ensure_bucket()
+        except StoreError as e:  # the store may come up later; pulls then report it per request
+            log.warning("store not ready at start: %s", e)
 
     def pull(self, key: str) -> Lease:
         """A leased cache entry for `key` on this node; NotFound / TupleMismatch / StoreError otherwise."""

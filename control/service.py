@@ -247,7 +247,12 @@ class Thawd:
     def _maybe_auto_checkpoint(self, rt: RuntimeRef, key: str) -> None:
         if not self.s.thawd_auto_checkpoint or not key or key in self.quarantined():
             return
-        if self.images.has(key):
+        try:
+            if self.images.has(key):
+                return
+        except ThawError as e:
+            log.warning("auto-checkpoint of %s skipped: cannot tell whether %s has an image (%s)",
+                        rt.container_id, key, e)
             return
         with self._lock:
             if key in self._checkpointing:

@@ -87,6 +87,9 @@ class Stack:
             self.thawd.send_signal(signal.SIGTERM)
             self.thawd.wait(20)
         self.thawd = None
+        if getattr(self, "thawd_log", None):
+            self.thawd_log.close()
+            self.thawd_log = None
 
     def stop(self) -> None:
         if hasattr(self, "ctrd"):
