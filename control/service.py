@@ -152,9 +152,21 @@ class Thawd:
             reason = "tuple-mismatch" if type(e).__name__ == "TupleMismatch" else "fetch-failed"
             return Decision(False, f"{reason}: {e}", wl.key)
         lease_id = uuid.uuid4().hex
-        with self._lock:
-            old = self._leases.pop((str(rt.runsc_root), rt.container_id), None)
-            self._leases[(str(rt.runsc_root), rt.container_id)] = lease
+        k = (str(rt.runsc_root), rt.container_id)
+        with self._lock:  # claim the fetched lease, unless another container already did
+            shared = any(v is lease for v in self._leases.values())
+            if not shared:
+                old = self._leases.pop(k, None)
+                self._leases[k] = lease
+        if shared:
+            # The entry is local now: this pull is a cache hit with its own lease.
+            try:
+                lease = self.images.pull(wl.key)
+            except ThawError as e:
+                return Decision(False, f"fetch-failed: {e}", wl.key)
+            with self._lock:
+                old = self._leases.pop(k, None)
+                self._leases[k] = lease
         if old is not None:
             old.release()
         self.metrics.inc("thaw_cache_hits_total" if getattr(lease, "hit", True) else "thaw_cache_misses_total")
