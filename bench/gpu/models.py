@@ -1,0 +1,599 @@
+"""GPU restore benchmark: real inference servers in runsc sandboxes, cold start
+vs checkpoint/restore, with each thaw optimization switched off in turn.
+
+Per model (GPT-2-large shape, Llama-shaped ~3B and ~8B; `tiny` for CPU tests):
+  1. fixed-seed fp16 safetensors are made on this machine (bench/gpu/weights.py);
+  2. cold start: the sandbox boots bench/gpu/server.py, which loads the model
+     with from_pretrained onto the GPU; timed to its first answer;
+  3. checkpoint (`runsc checkpoint --cuda-checkpoint-path`), image size;
+  4. restores of that image under each variant, each timed from just before
+     `runsc restore` to the first answer equal (tokens and logits digest) to
+     the answer the same process gave before the checkpoint.
+
+Variants (VARIANTS): `thaw` is every optimization on; each other one turns one
+off. The pre-checkpoint release is a property of the image, so variants that
+go without it use a second image (a second cold start, with a warm page
+cache: `cold_start_warm_s`). Images are deleted once their variants ran
+(disk: an 8B image is ~20 GB).
+
+The GPU goes in through thaw's own path: nvproxy.gpu (NVML) -> nvproxy.cdi
+(the node's CDI spec, generated when none exists; re-injected for each
+restore with cdi.for_restore) and nvproxy.helper (the CUDA checkpoint helper
+mounted at its fixed path). The channel to the server is the spool directory
+(default) or HTTP over a veth into the sandbox's netns (runsc_hooks.network;
+needs pyroute2): bench/gpu/README.md.
+
+Writes <out>/models.json (every model) and returns the same dict.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from control import profiles  # noqa: E402
+from nvproxy import cdi, gpu, helper  # noqa: E402
+from runsc_hooks import spec as specmod  # noqa: E402
+from runsc_hooks.runsc import (CheckpointOptions, CreateOptions, GlobalOptions,  # noqa: E402
+                               RestoreOptions, Runsc)
+
+HERE = Path(__file__).resolve().parent
+SERVER_PORT = 8000
+
+# Restore targets (seconds to the first correct answer) from issue 6.
+# Model shapes: twin bench/gpu/weights.py SHAPES.
+MODELS: dict[str, dict] = {
+    "gpt2-large": {"target_s": 1.0},
+    "llama-3b": {"target_s": 2.0},
+    "llama-8b": {"target_s": 4.5},
+    "tiny": {"target_s": None},
+    "tiny-llama": {"target_s": None},
+}
+
+
+@dataclass(frozen=True)
+class Variant:
+    image: str            # "release": torch.cuda.empty_cache() before the checkpoint; "norelease": without
+    background: bool      # runsc restore --background
+    drop_cache: bool      # page cache dropped before the restore
+    about: str
+
+
+VARIANTS: dict[str, Variant] = {
+    "thaw": Variant("release", True, False, "every optimization on"),
+    "thaw-cold-cache": Variant("release", True, True, "page cache dropped before restore"),
+    "no-background": Variant("release", False, False, "without runsc restore --background"),
+    "no-release": Variant("norelease", True, False, "without the pre-checkpoint release of cached GPU memory"),
+    "plain": Variant("norelease", False, False, "plain runsc restore: no release, no --background"),
+}
+DEFAULT_VARIANTS = tuple(VARIANTS)
+
+
+@dataclass
+class Options:
+    runsc: Path
+    out: Path
+    models: list[str]
+    variants: list[str] = field(default_factory=lambda: list(DEFAULT_VARIANTS))
+    helper: Path | None = None            # host path of thaw-cuda-checkpoint (cuda only)
+    work: Path = Path("/var/tmp/thaw-bench")
+    device: str = "cuda"                  # cuda | cpu
+    backend: str = "transformers"         # transformers | fake
+    channel: str = "file"                 # file | http
+    python: str = "python3"               # runs the server (in the sandbox) and the weight maker
+    cdi: bool = True                      # GPUs through nvproxy.cdi; False: the smoke's hand-made device list
+    repeat: int = 1
+    runsc_debug: bool = False             # runsc --debug (machine-readable timer lines; more logging)
+    keep_images: bool = False
+    drop_caches: bool = True              # False: never write /proc/sys/vm/drop_caches (variants that need it fail)
+    cold_timeout_s: float = 600.0
+    restore_timeout_s: float = 300.0
+
+    def validate(self) -> None:
+        bad = [m for m in self.models if m not in MODELS]
+        if bad:
+            raise SystemExit(f"unknown model(s) {bad}; known: {', '.join(MODELS)}")
+        bad = [v for v in self.variants if v not in VARIANTS]
+        if bad:
+            raise SystemExit(f"unknown variant(s) {bad}; known: {', '.join(VARIANTS)}")
+        if self.device == "cuda" and not self.helper:
+            raise SystemExit("--device cuda needs --helper (build/thaw-cuda-checkpoint)")
+        if self.channel not in ("file", "http"):
+            raise SystemExit("--channel is file or http")
+
+
+# -- talking to the server ---------------------------------------------------------
+
+class ChannelTimeout(Exception):
+    pass
+
+
+class FileChannel:
+    """Requests as files in the bind-mounted spool directory (server.py serve_spool)."""
+
+    def __init__(self, spool: Path) -> None:
+        self.spool = spool
+
+    def reset(self) -> None:
+        shutil.rmtree(self.spool, ignore_errors=True)
+        self.spool.mkdir(parents=True)
+
+    def request(self, op: str, timeout_s: float) -> dict:
+        rid = uuid.uuid4().hex[:12]
+        tmp = self.spool / f"{rid}.tmp"
+        tmp.write_text(json.dumps({"op": op}))
+        tmp.rename(self.spool / f"{rid}.req")
+        resp = self.spool / f"{rid}.resp"
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                return json.loads(resp.read_text())
+            except FileNotFoundError:
+                time.sleep(0.001)
+        raise ChannelTimeout(f"no answer to {op} within {timeout_s:g} s")
+
+
+class HttpChannel:
+    """HTTP to the server inside the sandbox's network namespace."""
+
+    ROUTES = {"health": ("GET", "/health"), "generate": ("POST", "/generate"),
+              "pre-checkpoint": ("POST", "/thaw/pre-checkpoint")}
+
+    def __init__(self, host: str, port: int = SERVER_PORT) -> None:
+        self.host, self.port = host, port
+
+    def reset(self) -> None:
+        pass
+
+    def request(self, op: str, timeout_s: float) -> dict:
+        if op == "pre-checkpoint":
+            # The real hook path: the pytorch profile's pre-checkpoint hook.
+            prof = profiles.get("pytorch").with_port(self.port)
+            rec = profiles.run_hooks(prof, "pre_checkpoint", profiles.Target(host=self.host))
+            return json.loads(rec[0]["output"])
+        method, path = self.ROUTES[op]
+        deadline = time.monotonic() + timeout_s
+        last = ""
+        while time.monotonic() < deadline:
+            req = urllib.request.Request(f"http://{self.host}:{self.port}{path}", method=method,
+                                         data=b"{}" if method == "POST" else None)
+            try:
+                with urllib.request.urlopen(req, timeout=max(0.1, min(60.0, deadline - time.monotonic()))) as r:
+                    return json.loads(r.read())
+            except (urllib.error.URLError, OSError) as e:   # not listening yet / network not up yet
+                last = str(getattr(e, "reason", e))
+                time.sleep(0.005)
+        raise ChannelTimeout(f"no answer to {op} within {timeout_s:g} s (last: {last})")
+
+
+# -- runsc log parsing ----------------------------------------------------------------
+
+_GO_DURATION = re.compile(r"([0-9.]+)(ns|us|µs|ms|s|m|h)")
+_GO_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_CUDA_TOOK = re.compile(r"cuda-checkpoint on (\d+) processes took \[([^\]]+)\]")
+_ROW = re.compile(r"^\[(\d\d):(\d\d):(\d\d\.\d+)\](.*)$")
+_LABEL = re.compile(r"╭─ ([^\t]+?)\s*(?:\t|$)|├─ ([^:\t]+):|╰─ END")
+
+
+def go_duration(s: str) -> float:
+    """Go's time.Duration.String() ("1.5s", "850.2ms", "1m2.5s") in seconds."""
+    parts = _GO_DURATION.findall(s.strip())
+    if not parts or "".join(a + b for a, b in parts) != s.strip():
+        raise ValueError(f"not a Go duration: {s!r}")
+    return sum(float(n) * _GO_UNITS[u] for n, u in parts)
+
+
+def cuda_toggles(log_text: str) -> list[dict]:
+    """Every "cuda-checkpoint on N processes took [D]" line (gVisor state_cuda.go)."""
+    return [{"processes": int(n), "seconds": round(go_duration(d), 4)} for n, d in _CUDA_TOOK.findall(log_text)]
+
+
+def timelines(log_text: str, name: str = "Restore") -> list[list[dict]]:
+    """The "---- <name> timing information ----" tables runsc logs (pkg/timing),
+    as rows {at_s, since_prev_s, events}; at_s counts from the first row, which is
+    the start of the runsc command the timer is rooted at."""
+    out: list[list[dict]] = []
+    rows: list[dict] | None = None
+    t_first = t_prev = 0.0
+    for line in log_text.splitlines():
+        if f"---- {name} timing information ----" in line:
+            rows = []
+            continue
+        if rows is None:
+            continue
+        if f"---- End of {name} timing information ----" in line:
+            out.append(rows)
+            rows = None
+            continue
+        m = _ROW.match(line.strip())
+        if not m:
+            continue
+        t = int(m[1]) * 3600 + int(m[2]) * 60 + float(m[3])
+        if not rows:
+            t_first = t_prev = t
+        events = []
+        for lm in _LABEL.finditer(m[4]):
+            events.append(lm[1] and f"start {lm[1].strip()}" or lm[2] and lm[2].strip() or "end")
+        rows.append({"at_s": round(t - t_first, 6), "since_prev_s": round(t - t_prev, 6), "events": events})
+        t_prev = t
+    return out
+
+
+def read_logs(logdir: Path, cid: str) -> str:
+    return "\n".join(p.read_text(errors="replace") for p in sorted(logdir.glob(f"{cid}.*")) if p.is_file())
+
+
+# -- one model -------------------------------------------------------------------------
+
+def sh(*argv: str, check: bool = True, timeout: float = 120) -> str:
+    return subprocess.run(list(argv), check=check, capture_output=True, text=True, timeout=timeout).stdout.strip()
+
+
+def drop_caches() -> None:
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+def gpu_memory_used() -> str:
+    try:
+        return sh("nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader", check=False, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+
+
+def python_paths(python: str) -> list[str]:
+    """What the server's interpreter needs visible in the sandbox (host layout)."""
+    code = "import sys,os,json;print(json.dumps([sys.prefix,sys.base_prefix,os.path.dirname(os.path.realpath(sys.executable))]))"
+    return json.loads(sh(python, "-c", code))
+
+
+def same_answer(a: dict | None, b: dict | None) -> bool:
+    return bool(a and b and a.get("tokens") == b.get("tokens") and a.get("digest") == b.get("digest"))
+
+
+class ModelBench:
+    def __init__(self, opts: Options, model: str, node: gpu.NodeGpus | None) -> None:
+        self.o, self.model, self.node = opts, model, node
+        self.dir = opts.work / model
+        self.logs = opts.out / "runsc-logs"
+        self.share = self.dir / "share"
+        self.n = 0
+        self.net = None
+        self.result: dict = {"model": model, "target_s": MODELS[model]["target_s"], "device": opts.device,
+                             "backend": opts.backend, "channel": opts.channel, "images": {}, "variants": {},
+                             "errors": []}
+
+    # -- sandbox plumbing --
+
+    def setup(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+        self.share.mkdir(parents=True)
+        self.logs.mkdir(parents=True, exist_ok=True)
+        specmod.prepare_host_rootfs(self.dir / "rootfs")
+        g = GlobalOptions(root=self.dir / "runsc-root", network="sandbox" if self.o.channel == "http" else "none",
+                          nvproxy=self.o.device == "cuda", debug=self.o.runsc_debug,
+                          debug_log=Path(f"{self.logs}/%ID%.%COMMAND%.log"))
+        self.runsc = Runsc(self.o.runsc, g, timeout_s=600)
+        self.devices: list[str] = []
+        self.registry = None
+        spec = self.base_spec()
+        if self.o.device == "cuda":
+            helper.stage(self.o.helper, self.dir / "helper")
+            helper.add_to_spec(spec, self.dir / "helper")
+            if self.o.cdi:
+                self.registry = cdi.node_registry(self.node)
+                self.devices = [f"{cdi.NVIDIA_KIND}={self.node.gpus[0].uuid}"]
+                spec = cdi.inject(spec, self.registry, self.devices)
+            else:
+                spec["linux"]["devices"] = hand_made_devices()
+        if self.o.channel == "http":
+            from runsc_hooks import network
+            ip = network.slot_addresses("10.213.0.0/16", 200)
+            self.net_args = (f"bench-{self.model}", *ip)
+            self.net = network.plumb(*self.net_args)
+            spec = specmod.with_netns(spec, self.net.netns_path)
+            self.channel = HttpChannel(self.net.sandbox_ip)
+        else:
+            self.channel = FileChannel(self.share / "spool")
+        self.spec = spec
+        self.bundle = specmod.Bundle(self.dir / "bundle")
+        self.bundle.write(spec)
+
+    def base_spec(self) -> dict:
+        env = {k: os.environ[k] for k in ("PATH", "LD_LIBRARY_PATH", "CUDA_HOME") if k in os.environ}
+        env.update(PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HOME="/tmp/hf",
+                   XDG_CACHE_HOME="/tmp/cache", TOKENIZERS_PARALLELISM="false", PYTHONDONTWRITEBYTECODE="1")
+        env.update(profiles.get("pytorch").env)
+        args = [self.o.python, "/bench/server.py", "--model-dir", "/model", "--backend", self.o.backend,
+                "--device", self.o.device, "--spool", "/share/spool", "--events", "/share/events.jsonl",
+                "--port", str(SERVER_PORT)]
+        return specmod.command_spec(args, env=env, rootfs=str(self.dir / "rootfs"), extra_mounts=[
+            *specmod.host_layout(python_paths(self.o.python)),
+            specmod.bind_mount(str(self.share), "/share", readonly=False),
+            specmod.bind_mount(str(self.weights_dir), "/model"),
+            specmod.bind_mount(str(HERE), "/bench"),
+        ])
+
+    @property
+    def weights_dir(self) -> Path:
+        return self.o.work / "weights" / self.model
+
+    def new_id(self, what: str) -> str:
+        self.n += 1
+        return f"tb-{self.model}-{what}-{self.n}"
+
+    def events(self) -> list[dict]:
+        p = self.share / "events.jsonl"
+        out = []
+        for line in (p.read_text().splitlines() if p.exists() else []):
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+        return out
+
+    def delete(self, cid: str) -> None:
+        try:
+            self.runsc.delete(cid, force=True)
+        except Exception as e:  # noqa: BLE001 - gone already is fine
+            if "not found" not in str(e):
+                self.result["errors"].append(f"delete {cid}: {e}")
+
+    # -- steps --
+
+    def make_weights(self) -> None:
+        fmt = "fake" if self.o.backend == "fake" else "safetensors"
+        dev = self.o.device if fmt == "safetensors" else "cpu"
+        out = sh(self.o.python, str(HERE / "weights.py"), "--model", self.model, "--out", str(self.weights_dir),
+                 "--device", dev, "--format", fmt, timeout=900)
+        self.result["weights"] = json.loads(out.splitlines()[-1])
+
+    def cold_start(self, cold_cache: bool) -> tuple[str, dict, float]:
+        self.channel.reset()
+        (self.share / "events.jsonl").unlink(missing_ok=True)
+        if self.net is not None:
+            from runsc_hooks import network
+            self.net = network.plumb(*self.net_args)
+        if cold_cache:
+            drop_caches()
+        cid = self.new_id("cold")
+        t0 = time.monotonic()
+        self.runsc.create(cid, CreateOptions(bundle=self.bundle.path))
+        self.runsc.start(cid)
+        try:
+            answer = self.channel.request("generate", self.o.cold_timeout_s)
+        except ChannelTimeout as e:
+            raise RuntimeError(f"cold start: {e}; server events: {self.events()[-3:]}") from None
+        return cid, answer, time.monotonic() - t0
+
+    def make_image(self, kind: str, first: bool) -> dict:
+        cid, answer, cold_s = self.cold_start(cold_cache=first and self.o.drop_caches)
+        ready = next((e for e in self.events() if e.get("event") == "ready"), {})
+        info: dict = {"cold_start_s": round(cold_s, 3), "cold_cache": first and self.o.drop_caches,
+                      "server": {k: v for k, v in ready.items() if k not in ("event", "t")},
+                      "answer": {k: answer.get(k) for k in ("tokens", "digest", "finite")}}
+        if kind == "release":
+            info["release"] = self.channel.request("pre-checkpoint", 120)
+        if self.o.device == "cuda":
+            info["gpu_memory_before_checkpoint"] = gpu_memory_used()
+        img = self.dir / f"image-{kind}"
+        shutil.rmtree(img, ignore_errors=True)
+        t0 = time.monotonic()
+        self.runsc.checkpoint(cid, CheckpointOptions(
+            image_path=img, cuda_checkpoint_path=helper.HELPER_PATH if self.o.device == "cuda" else None))
+        info["checkpoint_s"] = round(time.monotonic() - t0, 3)
+        info["image_files"] = {p.name: p.stat().st_size for p in sorted(img.iterdir()) if p.is_file()}
+        info["image_bytes"] = sum(info["image_files"].values())
+        info["cuda_checkpoint"] = cuda_toggles(read_logs(self.logs, cid))
+        if self.o.device == "cuda":
+            info["gpu_memory_after_checkpoint"] = gpu_memory_used()
+        self.delete(cid)
+        info["path"] = str(img)
+        info["boot"] = answer.get("boot")
+        self.result["images"][kind] = info
+        return info
+
+    def restore(self, name: str, variant: Variant, image: dict) -> dict:
+        if variant.drop_cache:
+            if not self.o.drop_caches:
+                raise RuntimeError("variant needs the page cache dropped; --no-drop-caches was given")
+            drop_caches()
+        bundle = self.bundle
+        if self.o.device == "cuda" and self.o.cdi:
+            # Re-inject the GPUs for the restore the way the node would (same GPU here).
+            bundle = specmod.Bundle(self.dir / "bundle-restore")
+            bundle.write(cdi.for_restore(self.spec, self.spec, self.registry, self.devices))
+        if self.net is not None:
+            from runsc_hooks import network
+            self.net = network.plumb(*self.net_args)   # same addresses, fresh namespace
+        self.channel.reset()
+        cid = self.new_id(name)
+        rec: dict = {"about": variant.about, "image": variant.image, "background": variant.background,
+                     "page_cache": "dropped" if variant.drop_cache else "warm"}
+        t0 = time.monotonic()
+        try:
+            self.runsc.restore(cid, RestoreOptions(image_path=Path(image["path"]),
+                                                   create=CreateOptions(bundle=bundle.path), detach=True,
+                                                   background=variant.background))
+            rec["runsc_restore_s"] = round(time.monotonic() - t0, 4)
+            answer = self.channel.request("generate", self.o.restore_timeout_s)
+            rec["restore_s"] = round(time.monotonic() - t0, 4)
+            rec["first_request_s"] = round(rec["restore_s"] - rec["runsc_restore_s"], 4)
+            rec["server_s"] = answer.get("server_s")
+            rec["identical"] = same_answer(answer, image["answer"])
+            rec["same_process"] = answer.get("boot") == image["boot"]
+            if not rec["identical"]:
+                rec["answer"] = {k: answer.get(k) for k in ("tokens", "digest", "finite")}
+            try:
+                self.runsc.wait(cid, timeout_s=self.o.restore_timeout_s, restore=True)
+                rec["restore_done_s"] = round(time.monotonic() - t0, 4)
+            except Exception as e:  # noqa: BLE001 - recorded; the answer already came
+                rec["wait_restore_error"] = str(e)[-300:]
+        except Exception as e:  # noqa: BLE001 - a failed variant is a result (ChannelTimeout too)
+            rec["error"] = f"{type(e).__name__}: {str(e)[-800:]}"
+            rec["identical"] = False
+        finally:
+            self.delete(cid)
+        text = read_logs(self.logs, cid)
+        rec["cuda_restore"] = cuda_toggles(text)
+        tls = timelines(text)
+        rec["timeline"] = tls[-1] if tls else []
+        return rec
+
+    def run(self) -> dict:
+        t0 = time.monotonic()
+        try:
+            self.make_weights()
+            self.setup()
+            kinds = [k for k in ("norelease", "release") if any(VARIANTS[v].image == k for v in self.o.variants)]
+            for i, kind in enumerate(kinds):
+                image = self.make_image(kind, first=i == 0)
+                for name in [v for v in self.o.variants if VARIANTS[v].image == kind]:
+                    runs = [self.restore(name, VARIANTS[name], image) for _ in range(self.o.repeat)]
+                    self.result["variants"][name] = runs[0] if len(runs) == 1 else {**runs[0], "runs": runs}
+                    print(f"[bench] {self.model} {name}: {json.dumps(_brief(runs))}", flush=True)
+                if not self.o.keep_images:
+                    shutil.rmtree(image["path"], ignore_errors=True)
+        except Exception as e:  # noqa: BLE001 - every failure is evidence in the result
+            self.result["errors"].append(f"{type(e).__name__}: {e}")
+            print(f"[bench] {self.model} error: {e}", flush=True)
+        finally:
+            if self.net is not None:
+                from runsc_hooks import network
+                network.unplumb(self.net.name)
+        self.result["wall_s"] = round(time.monotonic() - t0, 1)
+        self.result.update(summarize(self.result))
+        return self.result
+
+
+def _brief(runs: list[dict]) -> dict:
+    keys = ("restore_s", "runsc_restore_s", "first_request_s", "identical", "error")
+    return {k: [r.get(k) for r in runs] if len(runs) > 1 else runs[0].get(k) for k in keys if k in runs[0]}
+
+
+def hand_made_devices() -> list[dict]:
+    """The GPU smoke's device list: nvidiactl, nvidia-uvm, nvidia0 (no CDI)."""
+    devs = []
+    for p in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia0"):
+        st = os.stat(p)
+        devs.append({"path": p, "type": "c", "major": os.major(st.st_rdev), "minor": os.minor(st.st_rdev),
+                     "fileMode": 0o666, "uid": 0, "gid": 0})
+    return devs
+
+
+def summarize(r: dict) -> dict:
+    """The headline fields (`thaw bench gpu --json`) and, where the target is missed, where the time goes."""
+    imgs, variants = r.get("images", {}), r.get("variants", {})
+    main = imgs.get("release") or imgs.get("norelease") or {}
+    first = imgs.get("norelease") or imgs.get("release") or {}
+    best = variants.get("thaw") or next(iter(variants.values()), {})
+    s: dict = {
+        "cold_start_s": first.get("cold_start_s"),
+        "cold_start_warm_s": imgs["release"]["cold_start_s"] if "release" in imgs and "norelease" in imgs else None,
+        "checkpoint_s": main.get("checkpoint_s"),
+        "image_bytes": main.get("image_bytes"),
+        "restore_s": best.get("restore_s"),
+        "identical": bool(variants) and all(v.get("identical") for v in variants.values()),
+    }
+    target = r.get("target_s")
+    s["met_target"] = None if target is None or s["restore_s"] is None else s["restore_s"] <= target
+    gains = {}
+    if best.get("restore_s") is not None:
+        for name, v in variants.items():
+            if name != "thaw" and v.get("restore_s") is not None:
+                gains[name] = round(v["restore_s"] - best["restore_s"], 4)
+    s["slower_than_thaw_s"] = gains
+    if s["met_target"] is False or (target is not None and s["restore_s"] is None):
+        s["where_time_goes"] = {
+            "runsc_restore_s": best.get("runsc_restore_s"),
+            "cuda_restore_s": sum(x["seconds"] for x in best.get("cuda_restore", [])) or None,
+            "first_request_s": best.get("first_request_s"),
+            "server_compute_s": best.get("server_s"),
+            "all_pages_loaded_s": best.get("restore_done_s"),
+            "largest_restore_phases": sorted(
+                ({"after": ", ".join(row["events"]), "seconds": row["since_prev_s"]} for row in best.get("timeline", [])),
+                key=lambda x: -x["seconds"])[:5],
+            "image_bytes": s["image_bytes"],
+        }
+    return s
+
+
+def run(opts: Options) -> dict:
+    opts.validate()
+    opts.out.mkdir(parents=True, exist_ok=True)
+    opts.work.mkdir(parents=True, exist_ok=True)
+    node = gpu.probe() if opts.device == "cuda" else None
+    if opts.device == "cuda" and not node:
+        raise SystemExit("no NVIDIA GPU found through NVML")
+    runsc = Runsc(opts.runsc, GlobalOptions(root=opts.work / "runsc-root"))
+    result: dict = {
+        "benchmark": "gpu-models",
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "runsc": runsc.version(),
+        "node": node.to_dict() if node else None,
+        "options": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(opts).items()},
+        "machine": {"cpus": os.cpu_count(), "kernel": os.uname().release,
+                    "work_fs": sh("stat", "-f", "-c", "%T", str(opts.work), check=False)},
+        "models": {},
+    }
+    out = opts.out / "models.json"
+    for m in opts.models:
+        result["models"][m] = ModelBench(opts, m, node).run()
+        out.write_text(json.dumps(result, indent=2))      # after every model: a later crash keeps earlier ones
+    return result
+
+
+def headline(result: dict) -> dict:
+    """Per model: the five fields of issue 6, the target and whether it was met."""
+    keys = ("cold_start_s", "checkpoint_s", "image_bytes", "restore_s", "identical", "target_s", "met_target")
+    return {m: {k: r.get(k) for k in keys} for m, r in result.get("models", {}).items()}
+
+
+def parse_args(argv: list[str] | None = None) -> Options:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runsc", required=True, type=Path)
+    ap.add_argument("--helper", type=Path)
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--work", type=Path, default=Path("/var/tmp/thaw-bench"))
+    ap.add_argument("--models", default="gpt2-large,llama-3b,llama-8b")
+    ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS))
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument("--backend", choices=("transformers", "fake"), default="transformers")
+    ap.add_argument("--channel", choices=("file", "http"), default="file")
+    ap.add_argument("--python", default="python3")
+    ap.add_argument("--no-cdi", dest="cdi", action="store_false")
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--runsc-debug", action="store_true")
+    ap.add_argument("--keep-images", action="store_true")
+    ap.add_argument("--no-drop-caches", dest="drop_caches", action="store_false")
+    a = ap.parse_args(argv)
+    return Options(runsc=a.runsc, helper=a.helper, out=a.out, work=a.work,
+                   models=[m for m in a.models.split(",") if m], variants=[v for v in a.variants.split(",") if v],
+                   device=a.device, backend=a.backend, channel=a.channel, python=a.python, cdi=a.cdi,
+                   repeat=a.repeat, runsc_debug=a.runsc_debug, keep_images=a.keep_images,
+                   drop_caches=a.drop_caches)
+
+
+def main(argv: list[str] | None = None) -> int:
+    result = run(parse_args(argv))
+    print(json.dumps(headline(result), indent=2))
+    ok = all(r.get("identical") and not r.get("errors") for r in result["models"].values())
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
