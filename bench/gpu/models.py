@@ -32,6 +32,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -168,6 +169,16 @@ class HttpChannel:
         method, path = self.ROUTES[op]
         deadline = time.monotonic() + timeout_s
         last = ""
+        # Wait for the listener with short connects first: a SYN sent before
+        # the sandbox's netstack is up is lost, and the kernel's SYN
+        # retransmission (1 s, 3 s, ...) would then be measured, not the restore.
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection((self.host, self.port), timeout=0.05).close()
+                break
+            except OSError as e:
+                last = str(e)
+                time.sleep(0.002)
         while time.monotonic() < deadline:
             req = urllib.request.Request(f"http://{self.host}:{self.port}{path}", method=method,
                                          data=b"{}" if method == "POST" else None)

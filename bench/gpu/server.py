@@ -26,6 +26,7 @@ import hashlib
 import http.server
 import json
 import os
+import socketserver
 import sys
 import threading
 import time
@@ -179,7 +180,14 @@ def serve_http(server: Server, port: int) -> http.server.ThreadingHTTPServer:
         def log_message(self, *args) -> None:
             pass
 
-    httpd = http.server.ThreadingHTTPServer(("0.0.0.0", port), Handler)
+    class Httpd(http.server.ThreadingHTTPServer):
+        def server_bind(self) -> None:
+            # HTTPServer.server_bind asks socket.getfqdn(), a DNS lookup that
+            # waits ~10 s for a resolver a sandbox without a route out never reaches.
+            socketserver.TCPServer.server_bind(self)
+            self.server_name, self.server_port = "thaw-bench", self.server_address[1]
+
+    httpd = Httpd(("0.0.0.0", port), Handler)
     threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.5}, daemon=True).start()
     return httpd
 
