@@ -33,8 +33,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-import yaml
-
 from control.errors import NotFound, PreconditionError, SpecError
 from nvproxy.gpu import NodeGpus
 from runsc_hooks.spec import write_json_atomic
@@ -202,10 +200,23 @@ def load_file(path: Path) -> CdiSpec:
     except OSError as e:
         raise SpecError("(file)", f"cannot read: {e.strerror}", str(path)) from None
     try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as e:
+        data = json.loads(text) if path.suffix == ".json" else _yaml(text)
+    except ValueError as e:
         raise SpecError("(file)", f"not valid {path.suffix[1:].upper()}: {e}", str(path)) from None
     return parse(data, str(path))
+
+
+def _yaml(text: str) -> Any:
+    # Imported here: JSON and generated specs need no PyYAML, and the GPU
+    # machine's interpreter runs this module from the repo tree.
+    try:
+        import yaml
+    except ImportError:
+        raise PreconditionError("PyYAML is needed to read YAML CDI specs (pip install PyYAML)") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ValueError(str(e)) from None
 
 
 class Registry:

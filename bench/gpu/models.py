@@ -99,10 +99,15 @@ class Options:
     cdi: bool = True                      # GPUs through nvproxy.cdi; False: the smoke's hand-made device list
     repeat: int = 1
     runsc_debug: bool = False             # runsc --debug (machine-readable timer lines; more logging)
-    keep_images: bool = False
+    keep: bool = False                    # keep images and weights (default: deleted once used)
     drop_caches: bool = True              # False: never write /proc/sys/vm/drop_caches (variants that need it fail)
     cold_timeout_s: float = 600.0
     restore_timeout_s: float = 300.0
+    budget_s: float | None = None         # stop starting new steps after this many seconds (device commands get 600)
+    started: float = field(default_factory=time.monotonic, repr=False)
+
+    def time_left(self) -> float:
+        return float("inf") if self.budget_s is None else self.budget_s - (time.monotonic() - self.started)
 
     def validate(self) -> None:
         bad = [m for m in self.models if m not in MODELS]
@@ -120,6 +125,10 @@ class Options:
 # -- talking to the server ---------------------------------------------------------
 
 class ChannelTimeout(Exception):
+    pass
+
+
+class OutOfTime(Exception):
     pass
 
 
@@ -266,10 +275,14 @@ def gpu_memory_used() -> str:
         return "?"
 
 
-def python_paths(python: str) -> list[str]:
-    """What the server's interpreter needs visible in the sandbox (host layout)."""
-    code = "import sys,os,json;print(json.dumps([sys.prefix,sys.base_prefix,os.path.dirname(os.path.realpath(sys.executable))]))"
-    return json.loads(sh(python, "-c", code))
+def interpreter(python: str) -> tuple[str, list[str]]:
+    """The server interpreter's own path (a venv's, not its symlink target: that
+    is what makes the venv's packages active) and the host directories it
+    needs visible in the sandbox (host layout)."""
+    code = ("import sys,os,json;print(json.dumps([sys.executable,[sys.prefix,sys.base_prefix,"
+            "os.path.dirname(os.path.realpath(sys.executable))]]))")
+    exe, paths = json.loads(sh(python, "-c", code))
+    return exe, paths
 
 
 def same_answer(a: dict | None, b: dict | None) -> bool:
@@ -295,7 +308,7 @@ class ModelBench:
         self.share.mkdir(parents=True)
         self.logs.mkdir(parents=True, exist_ok=True)
         specmod.prepare_host_rootfs(self.dir / "rootfs")
-        g = GlobalOptions(root=self.dir / "runsc-root", network="sandbox" if self.o.channel == "http" else "none",
+        g = GlobalOptions(root=self.o.work / "runsc-root", network="sandbox" if self.o.channel == "http" else "none",
                           nvproxy=self.o.device == "cuda", debug=self.o.runsc_debug,
                           debug_log=Path(f"{self.logs}/%ID%.%COMMAND%.log"))
         self.runsc = Runsc(self.o.runsc, g, timeout_s=600)
@@ -329,11 +342,12 @@ class ModelBench:
         env.update(PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HOME="/tmp/hf",
                    XDG_CACHE_HOME="/tmp/cache", TOKENIZERS_PARALLELISM="false", PYTHONDONTWRITEBYTECODE="1")
         env.update(profiles.get("pytorch").env)
-        args = [self.o.python, "/bench/server.py", "--model-dir", "/model", "--backend", self.o.backend,
+        python, paths = interpreter(self.o.python)
+        args = [python, "/bench/server.py", "--model-dir", "/model", "--backend", self.o.backend,
                 "--device", self.o.device, "--spool", "/share/spool", "--events", "/share/events.jsonl",
                 "--port", str(SERVER_PORT)]
         return specmod.command_spec(args, env=env, rootfs=str(self.dir / "rootfs"), extra_mounts=[
-            *specmod.host_layout(python_paths(self.o.python)),
+            *specmod.host_layout(paths),
             specmod.bind_mount(str(self.share), "/share", readonly=False),
             specmod.bind_mount(str(self.weights_dir), "/model"),
             specmod.bind_mount(str(HERE), "/bench"),
@@ -465,19 +479,48 @@ class ModelBench:
         rec["timeline"] = tls[-1] if tls else []
         return rec
 
+    def first_image(self, kind: str) -> dict:
+        """Set-up, first cold start and checkpoint; when GPUs went in through CDI
+        and that failed, once more with the GPU smoke's hand-made device list,
+        so one bad CDI detail costs a retry, not the device run."""
+        try:
+            self.setup()
+            return self.make_image(kind, first=True)
+        except Exception as e:  # noqa: BLE001 - retried without CDI, the error is kept
+            if not (self.o.device == "cuda" and self.o.cdi):
+                raise
+            self.result["cdi_fallback"] = f"{type(e).__name__}: {str(e)[-800:]}"
+            print(f"[bench] {self.model}: with CDI: {e}; again without CDI", flush=True)
+            self.o.cdi = False      # for later models too
+            if getattr(self, "runsc", None) is not None:
+                for c in self.runsc.list():
+                    self.delete(c.id)
+            self.setup()
+            return self.make_image(kind, first=True)
+
+    def check_time(self, what: str, need_s: float) -> None:
+        if self.o.time_left() < need_s:
+            raise OutOfTime(f"{what} skipped: {self.o.time_left():.0f} s left of --budget-s, ~{need_s:.0f} s needed")
+
     def run(self) -> dict:
         t0 = time.monotonic()
         try:
+            self.check_time("model", 60)
             self.make_weights()
-            self.setup()
             kinds = [k for k in ("norelease", "release") if any(VARIANTS[v].image == k for v in self.o.variants)]
             for i, kind in enumerate(kinds):
-                image = self.make_image(kind, first=i == 0)
+                if i:
+                    cold = self.result["images"][kinds[0]]
+                    self.check_time(f"image {kind}", cold["cold_start_s"] + 3 * cold["checkpoint_s"] + 10)
+                image = self.first_image(kind) if i == 0 else self.make_image(kind, first=False)
                 for name in [v for v in self.o.variants if VARIANTS[v].image == kind]:
-                    runs = [self.restore(name, VARIANTS[name], image) for _ in range(self.o.repeat)]
+                    runs = []
+                    for _ in range(self.o.repeat):
+                        self.check_time(f"variant {name}", 3 * image["checkpoint_s"] + 10)
+                        runs.append(self.restore(name, VARIANTS[name], image))
                     self.result["variants"][name] = runs[0] if len(runs) == 1 else {**runs[0], "runs": runs}
                     print(f"[bench] {self.model} {name}: {json.dumps(_brief(runs))}", flush=True)
-                if not self.o.keep_images:
+                if not self.o.keep:
                     shutil.rmtree(image["path"], ignore_errors=True)
         except Exception as e:  # noqa: BLE001 - every failure is evidence in the result
             self.result["errors"].append(f"{type(e).__name__}: {e}")
@@ -486,6 +529,9 @@ class ModelBench:
             if self.net is not None:
                 from runsc_hooks import network
                 network.unplumb(self.net.name)
+            if not self.o.keep:       # disk: the three models' weights are 24 GB
+                shutil.rmtree(self.weights_dir, ignore_errors=True)
+                shutil.rmtree(self.dir, ignore_errors=True)
         self.result["wall_s"] = round(time.monotonic() - t0, 1)
         self.result.update(summarize(self.result))
         return self.result
@@ -519,6 +565,9 @@ def summarize(r: dict) -> dict:
         "image_bytes": main.get("image_bytes"),
         "restore_s": best.get("restore_s"),
         "identical": bool(variants) and all(v.get("identical") for v in variants.values()),
+        # Two cold starts giving the same answer: the model and kernels are deterministic across processes.
+        "cold_answers_equal": same_answer(imgs["release"]["answer"], imgs["norelease"]["answer"])
+        if "release" in imgs and "norelease" in imgs else None,
     }
     target = r.get("target_s")
     s["met_target"] = None if target is None or s["restore_s"] is None else s["restore_s"] <= target
@@ -589,14 +638,15 @@ def parse_args(argv: list[str] | None = None) -> Options:
     ap.add_argument("--no-cdi", dest="cdi", action="store_false")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--runsc-debug", action="store_true")
-    ap.add_argument("--keep-images", action="store_true")
+    ap.add_argument("--keep", action="store_true", help="keep images and weights")
     ap.add_argument("--no-drop-caches", dest="drop_caches", action="store_false")
+    ap.add_argument("--budget-s", type=float, help="start no new step after this many seconds")
     a = ap.parse_args(argv)
     return Options(runsc=a.runsc, helper=a.helper, out=a.out, work=a.work,
                    models=[m for m in a.models.split(",") if m], variants=[v for v in a.variants.split(",") if v],
                    device=a.device, backend=a.backend, channel=a.channel, python=a.python, cdi=a.cdi,
-                   repeat=a.repeat, runsc_debug=a.runsc_debug, keep_images=a.keep_images,
-                   drop_caches=a.drop_caches)
+                   repeat=a.repeat, runsc_debug=a.runsc_debug, keep=a.keep,
+                   drop_caches=a.drop_caches, budget_s=a.budget_s)
 
 
 def main(argv: list[str] | None = None) -> int:
