@@ -188,3 +188,51 @@ def test_weights_config_shapes():
     with pytest.raises(SystemExit):
         weights.config_for("gpt5")
     assert json.loads(json.dumps(c)) == c
+
+
+def test_cuda_sandbox_spec_has_gpus_from_cdi_and_the_helper(tmp_path, monkeypatch):
+    """The CUDA-only set-up path, which otherwise first runs on the GPU machine."""
+    import os
+    import stat as statmod
+
+    from nvproxy import cdi
+    from nvproxy.gpu import Gpu, NodeGpus
+
+    node = NodeGpus("580.159.04", "13.0", (Gpu(0, "NVIDIA H200", "GPU-abc", 4, 150 << 30, "0000:01:00.0"),))
+    lib = tmp_path / "nvidia" / "lib64"
+    lib.mkdir(parents=True)
+    for name in ("libcuda", "libnvidia-ml"):
+        (lib / f"{name}.so.580.159.04").write_bytes(b"\x7fELF")
+        (lib / f"{name}.so.1").symlink_to(f"{name}.so.580.159.04")
+    reg = cdi.Registry([cdi.parse(cdi.generate(node, lib_dirs=[lib], bin_dirs=[], exists=lambda p: True))])
+
+    def fake_stat(path):
+        fields = list(os.stat("/"))
+        fields[0] = statmod.S_IFCHR | 0o666
+        minor = {"/dev/nvidiactl": 255, "/dev/nvidia-uvm": 0}.get(path, 4)
+        return os.stat_result(fields, {"st_rdev": os.makedev(195 if path != "/dev/nvidia-uvm" else 510, minor)})
+
+    monkeypatch.setattr(cdi, "node_registry", lambda n: reg)
+    real_inject = cdi.inject
+    monkeypatch.setattr(cdi, "inject", lambda spec, reg, devs, stat=None: real_inject(spec, reg, devs, fake_stat))
+    helper_bin = tmp_path / "thaw-cuda-checkpoint"
+    helper_bin.write_bytes(b"#!/bin/sh\n")
+    opts = models.Options(runsc=tmp_path / "runsc", out=tmp_path / "out", work=tmp_path / "work",
+                          models=["gpt2-large"], helper=helper_bin, python=sys.executable)
+    b = models.ModelBench(opts, "gpt2-large", node)
+    b.setup()
+    spec = json.loads((tmp_path / "work" / "gpt2-large" / "bundle" / "config.json").read_text())
+    assert cdi.gpu_nodes(spec) == ["/dev/nvidia4"]
+    assert {d["path"] for d in spec["linux"]["devices"]} == {"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia4"}
+    mounts = {m["destination"]: m for m in spec["mounts"]}
+    assert mounts["/thaw/bin"]["source"] == str(tmp_path / "work" / "gpt2-large" / "helper")
+    assert mounts[str(lib / "libcuda.so.1")]["source"] == str(lib / "libcuda.so.580.159.04")
+    assert mounts["/model"]["source"] == str(tmp_path / "work" / "weights" / "gpt2-large")
+    assert mounts["/share"]["options"] == ["rbind", "rw"]
+    env = dict(e.split("=", 1) for e in spec["process"]["env"])
+    assert env["LD_LIBRARY_PATH"].split(":")[0] == str(lib) and env["HF_HUB_OFFLINE"] == "1"
+    assert spec["process"]["args"][1:3] == ["/bench/server.py", "--model-dir"]
+    assert b.runsc.options.nvproxy and b.runsc.options.network == "none"
+    assert b.devices == ["nvidia.com/gpu=GPU-abc"]
+    # The spec a restore gets on this node passes the restore checks.
+    cdi.for_restore(b.spec, b.spec, reg, b.devices)
