@@ -101,8 +101,8 @@ class Options:
     runsc_debug: bool = False             # runsc --debug (machine-readable timer lines; more logging)
     keep: bool = False                    # keep images and weights (default: deleted once used)
     drop_caches: bool = True              # False: never write /proc/sys/vm/drop_caches (variants that need it fail)
-    cold_timeout_s: float = 600.0
-    restore_timeout_s: float = 300.0
+    cold_timeout_s: float = 300.0         # an 8B cold start took 24 s with a cold page cache (h200-facts)
+    restore_timeout_s: float = 180.0
     budget_s: float | None = None         # stop starting new steps after this many seconds (device commands get 600)
     started: float = field(default_factory=time.monotonic, repr=False)
 
@@ -492,9 +492,11 @@ class ModelBench:
             self.result["cdi_fallback"] = f"{type(e).__name__}: {str(e)[-800:]}"
             print(f"[bench] {self.model}: with CDI: {e}; again without CDI", flush=True)
             self.o.cdi = False      # for later models too
-            if getattr(self, "runsc", None) is not None:
+            try:
                 for c in self.runsc.list():
                     self.delete(c.id)
+            except Exception as e2:  # noqa: BLE001 - set-up failed before runsc had a root
+                self.result["errors"].append(f"cleanup before retry: {e2}")
             self.setup()
             return self.make_image(kind, first=True)
 
