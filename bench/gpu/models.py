@@ -132,6 +132,23 @@ class OutOfTime(Exception):
     pass
 
 
+# abort() -> a reason to stop waiting (the server died), or None; polled about once a second.
+Abort = "Callable[[], str | None] | None"
+
+
+class _Checker:
+    def __init__(self, abort, every_s: float = 1.0) -> None:
+        self.abort, self.every_s, self.next = abort, every_s, time.monotonic() + every_s
+
+    def __call__(self, op: str) -> None:
+        if self.abort is None or time.monotonic() < self.next:
+            return
+        self.next = time.monotonic() + self.every_s
+        why = self.abort()
+        if why:
+            raise ChannelTimeout(f"gave up waiting for {op}: {why}")
+
+
 class FileChannel:
     """Requests as files in the bind-mounted spool directory (server.py serve_spool)."""
 
@@ -142,17 +159,19 @@ class FileChannel:
         shutil.rmtree(self.spool, ignore_errors=True)
         self.spool.mkdir(parents=True)
 
-    def request(self, op: str, timeout_s: float) -> dict:
+    def request(self, op: str, timeout_s: float, abort: Abort = None) -> dict:
         rid = uuid.uuid4().hex[:12]
         tmp = self.spool / f"{rid}.tmp"
         tmp.write_text(json.dumps({"op": op}))
         tmp.rename(self.spool / f"{rid}.req")
         resp = self.spool / f"{rid}.resp"
         deadline = time.monotonic() + timeout_s
+        check = _Checker(abort)
         while time.monotonic() < deadline:
             try:
                 return json.loads(resp.read_text())
             except FileNotFoundError:
+                check(op)
                 time.sleep(0.001)
         raise ChannelTimeout(f"no answer to {op} within {timeout_s:g} s")
 
@@ -169,7 +188,7 @@ class HttpChannel:
     def reset(self) -> None:
         pass
 
-    def request(self, op: str, timeout_s: float) -> dict:
+    def request(self, op: str, timeout_s: float, abort: Abort = None) -> dict:
         if op == "pre-checkpoint":
             # The real hook path: the pytorch profile's pre-checkpoint hook.
             prof = profiles.get("pytorch").with_port(self.port)
@@ -178,6 +197,7 @@ class HttpChannel:
         method, path = self.ROUTES[op]
         deadline = time.monotonic() + timeout_s
         last = ""
+        check = _Checker(abort)
         # Wait for the listener with short connects first: a SYN sent before
         # the sandbox's netstack is up is lost, and the kernel's SYN
         # retransmission (1 s, 3 s, ...) would then be measured, not the restore.
@@ -187,6 +207,7 @@ class HttpChannel:
                 break
             except OSError as e:
                 last = str(e)
+                check(op)
                 time.sleep(0.002)
         while time.monotonic() < deadline:
             req = urllib.request.Request(f"http://{self.host}:{self.port}{path}", method=method,
@@ -196,6 +217,7 @@ class HttpChannel:
                     return json.loads(r.read())
             except (urllib.error.URLError, OSError) as e:   # not listening yet / network not up yet
                 last = str(getattr(e, "reason", e))
+                check(op)
                 time.sleep(0.005)
         raise ChannelTimeout(f"no answer to {op} within {timeout_s:g} s (last: {last})")
 
@@ -345,7 +367,7 @@ class ModelBench:
         python, paths = interpreter(self.o.python)
         args = [python, "/bench/server.py", "--model-dir", "/model", "--backend", self.o.backend,
                 "--device", self.o.device, "--spool", "/share/spool", "--events", "/share/events.jsonl",
-                "--port", str(SERVER_PORT)]
+                "--log", "/share/server.log", "--port", str(SERVER_PORT)]
         return specmod.command_spec(args, env=env, rootfs=str(self.dir / "rootfs"), extra_mounts=[
             *specmod.host_layout(paths),
             specmod.bind_mount(str(self.share), "/share", readonly=False),
@@ -397,13 +419,29 @@ class ModelBench:
             drop_caches()
         cid = self.new_id("cold")
         t0 = time.monotonic()
-        self.runsc.create(cid, CreateOptions(bundle=self.bundle.path))
-        self.runsc.start(cid)
         try:
-            answer = self.channel.request("generate", self.o.cold_timeout_s)
-        except ChannelTimeout as e:
-            raise RuntimeError(f"cold start: {e}; server events: {self.events()[-3:]}") from None
+            self.runsc.create(cid, CreateOptions(bundle=self.bundle.path))
+            self.runsc.start(cid)
+            answer = self.channel.request("generate", self.o.cold_timeout_s, abort=lambda: self.dead(cid))
+        except Exception as e:
+            self.delete(cid)
+            raise RuntimeError(f"cold start: {e}; server log: {self.server_log_tail()}") from None
         return cid, answer, time.monotonic() - t0
+
+    def dead(self, cid: str) -> str | None:
+        """Why the server will never answer (its error event, or the sandbox stopped), else None."""
+        err = next((e for e in self.events() if e.get("event") == "error"), None)
+        if err:
+            return f"server: {err.get('error')}"
+        try:
+            status = self.runsc.state(cid).status
+        except Exception as e:  # noqa: BLE001 - a sandbox runsc cannot find is dead too
+            return f"runsc state: {e}"
+        return f"sandbox {status}" if status == "stopped" else None
+
+    def server_log_tail(self, n: int = 1500) -> str:
+        p = self.share / "server.log"
+        return p.read_text(errors="replace")[-n:] if p.exists() else "(none)"
 
     def make_image(self, kind: str, first: bool) -> dict:
         cid, answer, cold_s = self.cold_start(cold_cache=first and self.o.drop_caches)
@@ -455,7 +493,7 @@ class ModelBench:
                                                    create=CreateOptions(bundle=bundle.path), detach=True,
                                                    background=variant.background))
             rec["runsc_restore_s"] = round(time.monotonic() - t0, 4)
-            answer = self.channel.request("generate", self.o.restore_timeout_s)
+            answer = self.channel.request("generate", self.o.restore_timeout_s, abort=lambda: self.dead(cid))
             rec["restore_s"] = round(time.monotonic() - t0, 4)
             rec["first_request_s"] = round(rec["restore_s"] - rec["runsc_restore_s"], 4)
             rec["server_s"] = answer.get("server_s")
@@ -528,6 +566,8 @@ class ModelBench:
             self.result["errors"].append(f"{type(e).__name__}: {e}")
             print(f"[bench] {self.model} error: {e}", flush=True)
         finally:
+            if (self.share / "server.log").exists():
+                shutil.copy(self.share / "server.log", self.logs / f"{self.model}.server.log")
             if self.net is not None:
                 from runsc_hooks import network
                 network.unplumb(self.net.name)

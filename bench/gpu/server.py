@@ -230,7 +230,13 @@ def main() -> int:
     ap.add_argument("--events", required=True)
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=16)
+    ap.add_argument("--log", help="append stdout and stderr (C libraries' too) to this file")
     args = ap.parse_args()
+    if args.log:
+        fd = os.open(args.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
     # Fixed prompt: token ids 1, 8, 15, ... below 998 (inside every vocabulary here).
     prompt = [(7 * i) % 997 + 1 for i in range(args.prompt_len)]
     emit(args.events, event="starting", boot=BOOT, pid=os.getpid())

@@ -57,3 +57,20 @@ def test_restore_variants_answer_identically(runsc_bin, work, tmp_path, channel,
     assert r["identical"] is True and r["restore_s"] == r["variants"]["thaw"]["restore_s"]
     assert (tmp_path / "out" / "models.json").is_file()
     assert not (work / "tiny").exists() and not (work / "weights" / "tiny").exists()   # cleaned up
+
+
+def test_a_server_that_dies_at_start_fails_the_cold_start_fast(runsc_bin, work, tmp_path):
+    opts = models.Options(runsc=runsc_bin, out=tmp_path / "out", work=work, models=["tiny"], device="cpu",
+                          backend="fake", python=sys.executable)
+    b = models.ModelBench(opts, "tiny", None)
+    b.make_weights()
+    b.setup()
+    for p in b.weights_dir.iterdir():
+        p.unlink()
+    b.weights_dir.rmdir()        # the server's FakeBackend cannot read /model now
+    b.weights_dir.mkdir()
+    (b.weights_dir / "model.bin").mkdir()
+    with pytest.raises(RuntimeError, match=r"cold start: gave up waiting for generate: server: IsADirectoryError"):
+        b.make_image("release", first=False)
+    assert "IsADirectoryError" in b.server_log_tail()
+    assert b.runsc.list() == []          # the failed sandbox was deleted

@@ -6,6 +6,7 @@ import importlib.util
 import json
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -236,3 +237,18 @@ def test_cuda_sandbox_spec_has_gpus_from_cdi_and_the_helper(tmp_path, monkeypatc
     assert b.devices == ["nvidia.com/gpu=GPU-abc"]
     # The spec a restore gets on this node passes the restore checks.
     cdi.for_restore(b.spec, b.spec, reg, b.devices)
+
+
+def test_waiting_stops_when_the_server_is_dead(tmp_path):
+    ch = models.FileChannel(tmp_path / "spool")
+    ch.reset()
+    calls = []
+
+    def abort():
+        calls.append(1)
+        return "sandbox stopped" if len(calls) > 1 else None
+
+    t0 = time.monotonic()
+    with pytest.raises(models.ChannelTimeout, match="gave up waiting for generate: sandbox stopped"):
+        ch.request("generate", 30, abort=abort)
+    assert time.monotonic() - t0 < 5 and len(calls) == 2     # asked about once a second, not at every poll
