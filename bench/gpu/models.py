@@ -53,6 +53,10 @@ from runsc_hooks.runsc import (CheckpointOptions, CreateOptions, GlobalOptions, 
                                RestoreOptions, Runsc)
 
 HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+import smoke  # noqa: E402  (bench/gpu/smoke.py)
+
 SERVER_PORT = 8000
 
 # Restore targets (seconds to the first correct answer) from issue 6.
@@ -77,9 +81,9 @@ class Variant:
 VARIANTS: dict[str, Variant] = {
     "thaw": Variant("release", True, False, "every optimization on"),
     "thaw-cold-cache": Variant("release", True, True, "page cache dropped before restore"),
-    "no-background": Variant("release", False, False, "without runsc restore --background"),
+    "no-background": Variant("release", False, False, "plain runsc restore of the same image (no --background)"),
     "no-release": Variant("norelease", True, False, "without the pre-checkpoint release of cached GPU memory"),
-    "plain": Variant("norelease", False, False, "plain runsc restore: no release, no --background"),
+    "baseline": Variant("norelease", False, False, "no thaw optimization at all: no release, no --background"),
 }
 DEFAULT_VARIANTS = tuple(VARIANTS)
 
@@ -345,7 +349,7 @@ class ModelBench:
                 self.devices = [f"{cdi.NVIDIA_KIND}={self.node.gpus[0].uuid}"]
                 spec = cdi.inject(spec, self.registry, self.devices)
             else:
-                spec["linux"]["devices"] = hand_made_devices()
+                spec["linux"]["devices"] = smoke.nvidia_devices()   # the GPU smoke's list, no CDI
         if self.o.channel == "http":
             from runsc_hooks import network
             ip = network.slot_addresses("10.213.0.0/16", 200)
@@ -582,16 +586,6 @@ class ModelBench:
 def _brief(runs: list[dict]) -> dict:
     keys = ("restore_s", "runsc_restore_s", "first_request_s", "identical", "error")
     return {k: [r.get(k) for r in runs] if len(runs) > 1 else runs[0].get(k) for k in keys if k in runs[0]}
-
-
-def hand_made_devices() -> list[dict]:
-    """The GPU smoke's device list: nvidiactl, nvidia-uvm, nvidia0 (no CDI)."""
-    devs = []
-    for p in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia0"):
-        st = os.stat(p)
-        devs.append({"path": p, "type": "c", "major": os.major(st.st_rdev), "minor": os.minor(st.st_rdev),
-                     "fileMode": 0o666, "uid": 0, "gid": 0})
-    return devs
 
 
 def summarize(r: dict) -> dict:

@@ -66,10 +66,10 @@ def result_with(variants: dict, target: float | None = 1.0) -> dict:
 
 def test_summary_when_the_target_is_met():
     s = models.summarize(result_with({"thaw": {"restore_s": 0.8, "identical": True},
-                                      "plain": {"restore_s": 1.9, "identical": True}}))
+                                      "baseline": {"restore_s": 1.9, "identical": True}}))
     assert (s["cold_start_s"], s["cold_start_warm_s"], s["checkpoint_s"], s["image_bytes"]) == (20.0, 15.0, 2.0, 10)
     assert s["restore_s"] == 0.8 and s["identical"] and s["met_target"] is True
-    assert s["slower_than_thaw_s"] == {"plain": 1.1}
+    assert s["slower_than_thaw_s"] == {"baseline": 1.1}
     assert s["cold_answers_equal"] is True
     assert "where_time_goes" not in s
 
@@ -107,7 +107,7 @@ def test_every_optimization_has_a_variant_without_it():
     assert v["no-release"].image == "norelease" and v["no-release"].background
     assert not v["no-background"].background and v["no-background"].image == "release"
     assert v["thaw-cold-cache"].drop_cache
-    assert (v["plain"].image, v["plain"].background) == ("norelease", False)
+    assert (v["baseline"].image, v["baseline"].background) == ("norelease", False)
 
 
 def test_targets_and_shapes_agree():
