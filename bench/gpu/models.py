@@ -510,6 +510,12 @@ class ModelBench:
                 rec["restore_done_s"] = round(time.monotonic() - t0, 4)
             except Exception as e:  # noqa: BLE001 - recorded; the answer already came
                 rec["wait_restore_error"] = str(e)[-300:]
+            # The sentry logs the Restore table in a deferred call after it
+            # reports the restore done (runsc/boot/restore.go postRestore): give
+            # it a moment before the sandbox is deleted.
+            end = time.monotonic() + 3.0
+            while time.monotonic() < end and "---- End of Restore timing" not in read_logs(self.logs, cid):
+                time.sleep(0.05)
         except Exception as e:  # noqa: BLE001 - a failed variant is a result (ChannelTimeout too)
             rec["error"] = f"{type(e).__name__}: {str(e)[-800:]}"
             rec["identical"] = False
