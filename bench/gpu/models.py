@@ -41,6 +41,7 @@ import urllib.request
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
@@ -316,8 +317,9 @@ def same_answer(a: dict | None, b: dict | None) -> bool:
 
 
 class ModelBench:
-    def __init__(self, opts: Options, model: str, node: gpu.NodeGpus | None) -> None:
-        self.o, self.model, self.node = opts, model, node
+    def __init__(self, opts: Options, model: str, node: gpu.NodeGpus | None,
+                 progress: "Callable[[dict], None]" = lambda result: None) -> None:
+        self.o, self.model, self.node, self.progress = opts, model, node, progress
         self.dir = opts.work / model
         self.logs = opts.out / "runsc-logs"
         self.share = self.dir / "share"
@@ -472,6 +474,7 @@ class ModelBench:
         info["path"] = str(img)
         info["boot"] = answer.get("boot")
         self.result["images"][kind] = info
+        self.progress(self.result)
         return info
 
     def restore(self, name: str, variant: Variant, image: dict) -> dict:
@@ -569,6 +572,7 @@ class ModelBench:
                         self.check_time(f"variant {name}", 3 * image["checkpoint_s"] + 10)
                         runs.append(self.restore(name, VARIANTS[name], image))
                     self.result["variants"][name] = runs[0] if len(runs) == 1 else {**runs[0], "runs": runs}
+                    self.progress(self.result)
                     print(f"[bench] {self.model} {name}: {json.dumps(_brief(runs))}", flush=True)
                 if not self.o.keep:
                     shutil.rmtree(image["path"], ignore_errors=True)
@@ -653,9 +657,16 @@ def run(opts: Options) -> dict:
         "models": {},
     }
     out = opts.out / "models.json"
+
+    def save(model_result: dict) -> None:
+        # After every image and variant: a command killed at its time limit keeps what it measured.
+        result["models"][model_result["model"]] = {**model_result, **summarize(model_result)}
+        tmp = out.with_suffix(".json.partial")
+        tmp.write_text(json.dumps(result, indent=2))
+        tmp.rename(out)
+
     for m in opts.models:
-        result["models"][m] = ModelBench(opts, m, node).run()
-        out.write_text(json.dumps(result, indent=2))      # after every model: a later crash keeps earlier ones
+        save(ModelBench(opts, m, node, save).run())
     return result
 
 

@@ -252,3 +252,35 @@ def test_waiting_stops_when_the_server_is_dead(tmp_path):
     with pytest.raises(models.ChannelTimeout, match="gave up waiting for generate: sandbox stopped"):
         ch.request("generate", 30, abort=abort)
     assert time.monotonic() - t0 < 5 and len(calls) == 2     # asked about once a second, not at every poll
+
+
+def test_progress_is_saved_with_its_summary(tmp_path, monkeypatch):
+    """models.json is rewritten as results come in, summary fields included."""
+    class FakeBench:
+        def __init__(self, opts, model, node, progress):
+            self.progress, self.model = progress, model
+
+        def run(self):
+            r = result_with({"thaw": {"restore_s": 0.5, "identical": True}})
+            r["model"] = self.model
+            self.progress(dict(r, variants={}))
+            saved = json.loads((tmp_path / "out" / "models.json").read_text())
+            assert saved["models"][self.model]["restore_s"] is None      # partial: no variant yet
+            assert saved["models"][self.model]["cold_start_s"] == 20.0
+            return {**r, **models.summarize(r)}
+
+    class FakeRunsc:
+        def __init__(self, *a, **k):
+            pass
+
+        def version(self):
+            return "test"
+
+    monkeypatch.setattr(models, "ModelBench", FakeBench)
+    monkeypatch.setattr(models, "Runsc", FakeRunsc)
+    opts = models.Options(runsc=tmp_path / "runsc", out=tmp_path / "out", work=tmp_path / "w", models=["tiny"],
+                          device="cpu")
+    models.run(opts)
+    saved = json.loads((tmp_path / "out" / "models.json").read_text())
+    assert saved["models"]["tiny"]["restore_s"] == 0.5
+    assert not list((tmp_path / "out").glob("*.partial"))
