@@ -30,15 +30,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
-import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -57,8 +52,8 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 import smoke  # noqa: E402  (bench/gpu/smoke.py)
-
-SERVER_PORT = 8000
+from channels import SERVER_PORT, ChannelTimeout, FileChannel, HttpChannel  # noqa: E402,F401
+from runsc_logs import cuda_toggles, go_duration, read_logs, timelines  # noqa: E402,F401
 
 # Restore targets (seconds to the first correct answer) from issue 6.
 # Model shapes: twin bench/gpu/weights.py SHAPES.
@@ -87,6 +82,10 @@ VARIANTS: dict[str, Variant] = {
     "baseline": Variant("norelease", False, False, "no thaw optimization at all: no release, no --background"),
 }
 DEFAULT_VARIANTS = tuple(VARIANTS)
+
+
+class OutOfTime(Exception):
+    pass
 
 
 @dataclass
@@ -125,163 +124,6 @@ class Options:
             raise SystemExit("--device cuda needs --helper (build/thaw-cuda-checkpoint)")
         if self.channel not in ("file", "http"):
             raise SystemExit("--channel is file or http")
-
-
-# -- talking to the server ---------------------------------------------------------
-
-class ChannelTimeout(Exception):
-    pass
-
-
-class OutOfTime(Exception):
-    pass
-
-
-# abort() -> a reason to stop waiting (the server died), or None; polled about once a second.
-Abort = "Callable[[], str | None] | None"
-
-
-class _Checker:
-    def __init__(self, abort, every_s: float = 1.0) -> None:
-        self.abort, self.every_s, self.next = abort, every_s, time.monotonic() + every_s
-
-    def __call__(self, op: str) -> None:
-        if self.abort is None or time.monotonic() < self.next:
-            return
-        self.next = time.monotonic() + self.every_s
-        why = self.abort()
-        if why:
-            raise ChannelTimeout(f"gave up waiting for {op}: {why}")
-
-
-class FileChannel:
-    """Requests as files in the bind-mounted spool directory (server.py serve_spool)."""
-
-    def __init__(self, spool: Path) -> None:
-        self.spool = spool
-
-    def reset(self) -> None:
-        shutil.rmtree(self.spool, ignore_errors=True)
-        self.spool.mkdir(parents=True)
-
-    def request(self, op: str, timeout_s: float, abort: Abort = None) -> dict:
-        rid = uuid.uuid4().hex[:12]
-        tmp = self.spool / f"{rid}.tmp"
-        tmp.write_text(json.dumps({"op": op}))
-        tmp.rename(self.spool / f"{rid}.req")
-        resp = self.spool / f"{rid}.resp"
-        deadline = time.monotonic() + timeout_s
-        check = _Checker(abort)
-        while time.monotonic() < deadline:
-            try:
-                return json.loads(resp.read_text())
-            except FileNotFoundError:
-                check(op)
-                time.sleep(0.001)
-        raise ChannelTimeout(f"no answer to {op} within {timeout_s:g} s")
-
-
-class HttpChannel:
-    """HTTP to the server inside the sandbox's network namespace."""
-
-    ROUTES = {"health": ("GET", "/health"), "generate": ("POST", "/generate"),
-              "pre-checkpoint": ("POST", "/thaw/pre-checkpoint")}
-
-    def __init__(self, host: str, port: int = SERVER_PORT) -> None:
-        self.host, self.port = host, port
-
-    def reset(self) -> None:
-        pass
-
-    def request(self, op: str, timeout_s: float, abort: Abort = None) -> dict:
-        if op == "pre-checkpoint":
-            # The real hook path: the pytorch profile's pre-checkpoint hook.
-            prof = profiles.get("pytorch").with_port(self.port)
-            rec = profiles.run_hooks(prof, "pre_checkpoint", profiles.Target(host=self.host))
-            return json.loads(rec[0]["output"])
-        method, path = self.ROUTES[op]
-        deadline = time.monotonic() + timeout_s
-        last = ""
-        check = _Checker(abort)
-        # Wait for the listener with short connects first: a SYN sent before
-        # the sandbox's netstack is up is lost, and the kernel's SYN
-        # retransmission (1 s, 3 s, ...) would then be measured, not the restore.
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection((self.host, self.port), timeout=0.05).close()
-                break
-            except OSError as e:
-                last = str(e)
-                check(op)
-                time.sleep(0.002)
-        while time.monotonic() < deadline:
-            req = urllib.request.Request(f"http://{self.host}:{self.port}{path}", method=method,
-                                         data=b"{}" if method == "POST" else None)
-            try:
-                with urllib.request.urlopen(req, timeout=max(0.1, min(60.0, deadline - time.monotonic()))) as r:
-                    return json.loads(r.read())
-            except (urllib.error.URLError, OSError) as e:   # not listening yet / network not up yet
-                last = str(getattr(e, "reason", e))
-                check(op)
-                time.sleep(0.005)
-        raise ChannelTimeout(f"no answer to {op} within {timeout_s:g} s (last: {last})")
-
-
-# -- runsc log parsing ----------------------------------------------------------------
-
-_GO_DURATION = re.compile(r"([0-9.]+)(ns|us|µs|ms|s|m|h)")
-_GO_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-_CUDA_TOOK = re.compile(r"cuda-checkpoint on (\d+) processes took \[([^\]]+)\]")
-_ROW = re.compile(r"^\[(\d\d):(\d\d):(\d\d\.\d+)\](.*)$")
-_LABEL = re.compile(r"╭─ ([^\t]+?)\s*(?:\t|$)|├─ ([^:\t]+):|╰─ END")
-
-
-def go_duration(s: str) -> float:
-    """Go's time.Duration.String() ("1.5s", "850.2ms", "1m2.5s") in seconds."""
-    parts = _GO_DURATION.findall(s.strip())
-    if not parts or "".join(a + b for a, b in parts) != s.strip():
-        raise ValueError(f"not a Go duration: {s!r}")
-    return sum(float(n) * _GO_UNITS[u] for n, u in parts)
-
-
-def cuda_toggles(log_text: str) -> list[dict]:
-    """Every "cuda-checkpoint on N processes took [D]" line (gVisor state_cuda.go)."""
-    return [{"processes": int(n), "seconds": round(go_duration(d), 4)} for n, d in _CUDA_TOOK.findall(log_text)]
-
-
-def timelines(log_text: str, name: str = "Restore") -> list[list[dict]]:
-    """The "---- <name> timing information ----" tables runsc logs (pkg/timing),
-    as rows {at_s, since_prev_s, events}; at_s counts from the first row, which is
-    the start of the runsc command the timer is rooted at."""
-    out: list[list[dict]] = []
-    rows: list[dict] | None = None
-    t_first = t_prev = 0.0
-    for line in log_text.splitlines():
-        if f"---- {name} timing information ----" in line:
-            rows = []
-            continue
-        if rows is None:
-            continue
-        if f"---- End of {name} timing information ----" in line:
-            out.append(rows)
-            rows = None
-            continue
-        m = _ROW.match(line.strip())
-        if not m:
-            continue
-        t = int(m[1]) * 3600 + int(m[2]) * 60 + float(m[3])
-        if not rows:
-            t_first = t_prev = t
-        events = []
-        for lm in _LABEL.finditer(m[4]):
-            events.append(lm[1] and f"start {lm[1].strip()}" or lm[2] and lm[2].strip() or "end")
-        rows.append({"at_s": round(t - t_first, 6), "since_prev_s": round(t - t_prev, 6), "events": events})
-        t_prev = t
-    return out
-
-
-def read_logs(logdir: Path, cid: str) -> str:
-    return "\n".join(p.read_text(errors="replace") for p in sorted(logdir.glob(f"{cid}.*")) if p.is_file())
 
 
 # -- one model -------------------------------------------------------------------------

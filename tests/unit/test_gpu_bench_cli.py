@@ -6,7 +6,6 @@ import json
 import sys
 import types
 
-import pytest
 from click.testing import CliRunner
 
 try:   # control.cli lists control.sandbox_cli, which lands from another branch.
