@@ -13,8 +13,6 @@ run time (THAW_LIBCUDA overrides the library it loads, for tests).
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from control.errors import PreconditionError, SpecError
@@ -69,20 +67,7 @@ def stage(binary: Path, directory: Path) -> Path:
                                 path=str(binary))
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{HELPER_NAME}.partial-", dir=directory)
-    try:
-        with open(binary, "rb") as src, os.fdopen(fd, "wb") as dst:
-            shutil.copyfileobj(src, dst)
-            dst.flush()
-            os.fsync(dst.fileno())
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, directory / HELPER_NAME)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    specmod.write_bytes_atomic(directory / HELPER_NAME, binary.read_bytes(), mode=0o755)
     return directory / HELPER_NAME
 
 
