@@ -11,7 +11,7 @@ Per model (GPT-2-large shape, Llama-shaped ~3B and ~8B; `tiny` for CPU tests):
      the answer the same process gave before the checkpoint.
 
 Variants (VARIANTS): `thaw` is every optimization on; each other one turns one
-off. The pre-checkpoint release is a property of the image, so variants that
+off, `baseline` all of them. The pre-checkpoint release is a property of the image, so variants that
 go without it use a second image (a second cold start, with a warm page
 cache: `cold_start_warm_s`). Images are deleted once their variants ran
 (disk: an 8B image is ~20 GB).
@@ -129,7 +129,10 @@ class Options:
 # -- one model -------------------------------------------------------------------------
 
 def sh(*argv: str, check: bool = True, timeout: float = 120) -> str:
-    return subprocess.run(list(argv), check=check, capture_output=True, text=True, timeout=timeout).stdout.strip()
+    p = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
+    if check and p.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv[:3])} ... exit {p.returncode}: {p.stderr.strip()[-1500:]}")
+    return p.stdout.strip()
 
 
 def drop_caches() -> None:
