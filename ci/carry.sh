@@ -10,4 +10,13 @@ if [[ ! -f .carry/runsc.xz || "$build/runsc" -nt .carry/runsc.xz ]]; then
   xz -T2 -6 -c "$build/runsc" > .carry/runsc.xz.tmp && mv .carry/runsc.xz.tmp .carry/runsc.xz
 fi
 cp -f "$build/thaw-cuda-checkpoint" .carry/
-ls -la .carry
+# Pure-Python wheels of what bench/gpu needs and the H200 image lacks:
+# pyroute2 (network plumbing for bench/gpu/models.py --channel http), at the
+# version the virtualenv has.
+mkdir -p .carry/wheels
+pyroute2=$(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("pyroute2"))')
+if ! compgen -G ".carry/wheels/pyroute2-$pyroute2-*.whl" >/dev/null; then
+  rm -f .carry/wheels/pyroute2-*.whl
+  .venv/bin/python -m pip download -q --no-deps --only-binary=:all: -d .carry/wheels "pyroute2==$pyroute2"
+fi
+ls -la .carry .carry/wheels

@@ -25,7 +25,7 @@ fi
 venv_stamp=$(cat pyproject.toml ci/setup.sh | sha256sum | cut -c1-16)
 if [[ ! -x .venv/bin/python || "$(cat .venv/.stamp 2>/dev/null)" != "$venv_stamp" ]]; then
   echo "setup: python virtualenv .venv"
-  python3 -m venv .venv
+  python3 -m venv --clear .venv
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q -e '.[test,build]'
   echo "$venv_stamp" > .venv/.stamp

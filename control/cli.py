@@ -30,6 +30,7 @@ COMMAND_MODULES = (
     "control.provision_cli",
     "control.store_cli",
     "control.bench_cli",
+    "control.gpu_bench_cli",
 )
 
 
@@ -138,13 +139,15 @@ def config_cmd(obj: Context, markdown: bool) -> None:
     obj.emit(rows, lambda r: "\n".join(f"{x['key']:<32} {x['value']!s:<40} ({x['env']})" for x in r))
 
 
+# Each module lists top-level commands in COMMANDS and `thaw bench`
+# subcommands in BENCH_COMMANDS (the bench group itself is in bench_cli).
 for _name in COMMAND_MODULES:
-    if importlib.util.find_spec(_name) is None:
-        # Listed but not in this tree yet (its branch is not merged): skip it.
-        # A module that exists and fails to import still fails loudly.
-        continue
-    for _cmd in importlib.import_module(_name).COMMANDS:
+    _mod = importlib.import_module(_name)
+    for _cmd in getattr(_mod, "COMMANDS", ()):
         main.add_command(_cmd)
+for _name in COMMAND_MODULES:
+    for _cmd in getattr(importlib.import_module(_name), "BENCH_COMMANDS", ()):
+        main.commands["bench"].add_command(_cmd)
 
 if __name__ == "__main__":
     main()

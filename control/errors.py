@@ -142,6 +142,31 @@ class IntegrityError(ThawError):
         self.chunk = chunk
 
 
+class GpuError(PreconditionError):
+    """NVML or the NVIDIA driver failed in a way that is not "this node has no GPU".
+
+    `call` names the NVML function, `nvml_error` is NVML's own error text.
+    """
+
+    def __init__(self, call: str, nvml_error: str, hint: str = "") -> None:
+        super().__init__(f"NVML {call} failed: {nvml_error}" + (f" ({hint})" if hint else ""),
+                         call=call, nvml_error=nvml_error)
+        self.call = call
+        self.nvml_error = nvml_error
+
+
+class HookError(ThawError):
+    """A workload hook (pre-checkpoint, post-restore) failed or answered badly.
+
+    `hook` names it (profile/phase/kind), `detail` says what went wrong.
+    """
+
+    def __init__(self, hook: str, detail: str) -> None:
+        super().__init__(f"hook {hook} failed: {detail}", hook=hook, detail=detail)
+        self.hook = hook
+        self.detail = detail
+
+
 class InvalidTransition(ThawError):
     """A sandbox was asked to move between states its lifecycle does not allow."""
 

@@ -118,13 +118,20 @@ class Bundle:
 
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write JSON to a temp file beside `path`, fsync, rename over `path`."""
+    write_bytes_atomic(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode())
+
+
+def write_bytes_atomic(path: Path, data: bytes, mode: int | None = None) -> None:
+    """Write `data` to a temp file beside `path` (mode 0600 unless `mode`), fsync,
+    rename over `path`; the temp file is removed if anything fails."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.partial-", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-            f.write("\n")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        if mode is not None:
+            os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         try:

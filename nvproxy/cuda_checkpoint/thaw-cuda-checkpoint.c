@@ -53,7 +53,10 @@ static const char *state_name(int s) {
 static int fail(const char *what, int pid, CUresult r) {
   const char *name = NULL;
   if (p_cuGetErrorName == NULL || p_cuGetErrorName(r, &name) != 0 || name == NULL) name = "unknown";
-  fprintf(stderr, "thaw-cuda-checkpoint: %s of pid %d failed: %s (%d)\n", what, pid, name, r);
+  if (pid > 0)
+    fprintf(stderr, "thaw-cuda-checkpoint: %s of pid %d failed: %s (%d)\n", what, pid, name, r);
+  else
+    fprintf(stderr, "thaw-cuda-checkpoint: %s failed: %s (%d)\n", what, name, r);
   return EXIT_DRIVER;
 }
 
@@ -169,6 +172,13 @@ int main(int argc, char **argv) {
   }
   if (!mode) return usage("nothing to do");
   if (pid <= 0) return usage("--pid is required");
+  /* Check the action before loading libcuda, so a typo is a usage error
+   * (exit 2) on every machine, with or without a driver. */
+  if (action && strcmp(action, "lock") != 0 && strcmp(action, "checkpoint") != 0 &&
+      strcmp(action, "restore") != 0 && strcmp(action, "unlock") != 0) {
+    fprintf(stderr, "thaw-cuda-checkpoint: unknown --action %s (want lock, checkpoint, restore or unlock)\n", action);
+    return usage(NULL);
+  }
   int rc = load();
   if (rc != EXIT_OK) return rc;
   if (strcmp(mode, "--get-state") == 0) {

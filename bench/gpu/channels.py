@@ -1,0 +1,117 @@
+"""How bench/gpu/models.py talks to bench/gpu/server.py inside the sandbox.
+
+FileChannel: request files in a spool directory bind-mounted into the sandbox
+(no network needed; runsc --network=none). HttpChannel: HTTP to the server's
+port through the sandbox's network namespace (runsc --network=sandbox); its
+pre-checkpoint request goes through control/profiles.py's pytorch hook.
+Both stop waiting early when `abort()` names a reason (the server died).
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Callable
+
+from control import profiles
+
+SERVER_PORT = 8000   # twin: bench/gpu/server.py --port default
+
+
+class ChannelTimeout(Exception):
+    pass
+
+
+# abort() -> a reason to stop waiting (the server died), or None; polled about once a second.
+Abort = Callable[[], "str | None"] | None
+
+
+class _Checker:
+    def __init__(self, abort, every_s: float = 1.0) -> None:
+        self.abort, self.every_s, self.next = abort, every_s, time.monotonic() + every_s
+
+    def __call__(self, op: str) -> None:
+        if self.abort is None or time.monotonic() < self.next:
+            return
+        self.next = time.monotonic() + self.every_s
+        why = self.abort()
+        if why:
+            raise ChannelTimeout(f"gave up waiting for {op}: {why}")
+
+
+class FileChannel:
+    """Requests as files in the bind-mounted spool directory (server.py serve_spool)."""
+
+    def __init__(self, spool: Path) -> None:
+        self.spool = spool
+
+    def reset(self) -> None:
+        shutil.rmtree(self.spool, ignore_errors=True)
+        self.spool.mkdir(parents=True)
+
+    def request(self, op: str, timeout_s: float, abort: Abort = None) -> dict:
+        rid = uuid.uuid4().hex[:12]
+        tmp = self.spool / f"{rid}.tmp"
+        tmp.write_text(json.dumps({"op": op}))
+        tmp.rename(self.spool / f"{rid}.req")
+        resp = self.spool / f"{rid}.resp"
+        deadline = time.monotonic() + timeout_s
+        check = _Checker(abort)
+        while time.monotonic() < deadline:
+            try:
+                return json.loads(resp.read_text())
+            except FileNotFoundError:
+                check(op)
+                time.sleep(0.001)
+        raise ChannelTimeout(f"no answer to {op} within {timeout_s:g} s")
+
+
+class HttpChannel:
+    """HTTP to the server inside the sandbox's network namespace."""
+
+    ROUTES = {"health": ("GET", "/health"), "generate": ("POST", "/generate"),
+              "pre-checkpoint": ("POST", "/thaw/pre-checkpoint")}
+
+    def __init__(self, host: str, port: int = SERVER_PORT) -> None:
+        self.host, self.port = host, port
+
+    def reset(self) -> None:
+        pass
+
+    def request(self, op: str, timeout_s: float, abort: Abort = None) -> dict:
+        if op == "pre-checkpoint":
+            # The real hook path: the pytorch profile's pre-checkpoint hook.
+            prof = profiles.get("pytorch").with_port(self.port)
+            rec = profiles.run_hooks(prof, "pre_checkpoint", profiles.Target(host=self.host))
+            return json.loads(rec[0]["output"])
+        method, path = self.ROUTES[op]
+        deadline = time.monotonic() + timeout_s
+        last = ""
+        check = _Checker(abort)
+        # Wait for the listener with short connects first: a SYN sent before
+        # the sandbox's netstack is up is lost, and the kernel's SYN
+        # retransmission (1 s, 3 s, ...) would then be measured, not the restore.
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection((self.host, self.port), timeout=0.05).close()
+                break
+            except OSError as e:
+                last = str(e)
+                check(op)
+                time.sleep(0.002)
+        while time.monotonic() < deadline:
+            req = urllib.request.Request(f"http://{self.host}:{self.port}{path}", method=method,
+                                         data=b"{}" if method == "POST" else None)
+            try:
+                with urllib.request.urlopen(req, timeout=max(0.1, min(60.0, deadline - time.monotonic()))) as r:
+                    return json.loads(r.read())
+            except (urllib.error.URLError, OSError) as e:   # not listening yet / network not up yet
+                last = str(getattr(e, "reason", e))
+                check(op)
+                time.sleep(0.005)
+        raise ChannelTimeout(f"no answer to {op} within {timeout_s:g} s (last: {last})")

@@ -1,0 +1,260 @@
+"""The inference server of the GPU benchmark; runs inside a runsc sandbox.
+
+Loads a causal LM with `from_pretrained(--model-dir, dtype=float16)` straight
+onto the device, warms it up, and answers one request: greedy decoding of a
+fixed prompt (fixed token ids; no tokenizer), returning the new token ids and
+a SHA-256 digest of the logits of every decoding step, so "the answer after
+restore is bit-identical to the one before" is one string comparison.
+
+Two doors to the same handler (bench/gpu/README.md says why):
+- HTTP on --port: GET /health, POST /generate, POST /thaw/pre-checkpoint
+  (the pytorch profile's hook: control/profiles.py);
+- a spool directory (--spool, a bind mount shared with the driver): the driver
+  writes `<id>.req` (JSON {"op": "health"|"generate"|"pre-checkpoint"}), the
+  server answers with `<id>.resp` (written to a temp name, then renamed) and
+  removes the request. This needs no network, and bind mounts work across
+  checkpoint/restore (the GPU smoke used one).
+
+`--backend fake` answers from a hash of the model directory instead of a
+model: the same protocol without torch, for tests on machines without it.
+Only the standard library is imported before the backend is chosen.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import http.server
+import json
+import os
+import socketserver
+import sys
+import threading
+import time
+
+BOOT = os.urandom(8).hex()        # a restored process keeps it; a fresh start gets a new one
+T0 = time.time()
+POLL_S = 0.002                    # spool poll interval: bounds the channel's added latency
+
+
+class FakeBackend:
+    """Deterministic answers without torch: a hash chain over the model files."""
+
+    def __init__(self, model_dir: str, prompt: list[int], new_tokens: int) -> None:
+        h = hashlib.sha256()
+        for name in sorted(os.listdir(model_dir)):
+            with open(os.path.join(model_dir, name), "rb") as f:
+                h.update(f.read())
+        self.seed = h.digest()
+        self.prompt, self.new_tokens = prompt, new_tokens
+        self.state = bytearray(4 << 20)   # some memory for the checkpoint to carry
+        self.state[::4096] = self.seed[:1] * len(self.state[::4096])
+
+    def generate(self) -> dict:
+        h = hashlib.sha256(self.seed + bytes(self.state[::4096][:64]))
+        tokens = []
+        for _ in range(self.new_tokens):
+            h = hashlib.sha256(h.digest())
+            tokens.append(int.from_bytes(h.digest()[:4], "big") % 50257)
+        return {"tokens": tokens, "digest": h.hexdigest(), "finite": True}
+
+    def release(self) -> dict:
+        return {"released_bytes": 0}
+
+    def info(self) -> dict:
+        return {"backend": "fake"}
+
+
+class TorchBackend:
+    def __init__(self, model_dir: str, device: str, prompt: list[int], new_tokens: int) -> None:
+        t = time.time()
+        import torch
+        from transformers import AutoModelForCausalLM
+        self.timings = {"import_s": time.time() - t}
+        self.torch = torch
+        self.device = device
+        dtype = torch.float16 if device == "cuda" else torch.float32
+        t = time.time()
+        # Straight onto the device: no second copy in the caching allocator
+        # (docs/h200-facts.md: load_state_dict into a model built on the GPU
+        # doubled the memory in use).
+        try:
+            import accelerate  # noqa: F401  (device_map needs it; the H200 image has it)
+            self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, device_map=device)
+            self.timings["loaded_via_device_map"] = 1
+        except ImportError:
+            self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
+            self.timings["loaded_via_device_map"] = 0
+        self.model.eval()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        self.timings["load_s"] = time.time() - t
+        self.prompt = torch.tensor([prompt], dtype=torch.long, device=device)
+        self.new_tokens = new_tokens
+        t = time.time()
+        for _ in range(3):
+            self.generate()
+        self.timings["warmup_s"] = time.time() - t
+
+    def generate(self) -> dict:
+        torch = self.torch
+        h = hashlib.sha256()
+        tokens = []
+        finite = True
+        with torch.inference_mode():
+            ids, past = self.prompt, None
+            for _ in range(self.new_tokens):
+                out = self.model(input_ids=ids, past_key_values=past, use_cache=True)
+                logits = out.logits[:, -1, :]
+                past = out.past_key_values
+                finite = finite and bool(torch.isfinite(logits).all())
+                h.update(logits.float().cpu().numpy().tobytes())
+                ids = logits.argmax(dim=-1, keepdim=True)
+                tokens.append(int(ids[0, 0]))
+        return {"tokens": tokens, "digest": h.hexdigest(), "finite": finite}
+
+    def release(self) -> dict:
+        """Give cached-but-unused device memory back before a checkpoint."""
+        import gc
+        torch = self.torch
+        if self.device != "cuda":
+            gc.collect()
+            return {"released_bytes": 0}
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_reserved()
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.synchronize()
+        after = torch.cuda.memory_reserved()
+        return {"released_bytes": before - after, "reserved_bytes": after,
+                "allocated_bytes": torch.cuda.memory_allocated()}
+
+    def info(self) -> dict:
+        d = {"backend": "transformers", "device": self.device, **{k: round(v, 3) for k, v in self.timings.items()},
+             "params": sum(p.numel() for p in self.model.parameters())}
+        if self.device == "cuda":
+            d.update(gpu=self.torch.cuda.get_device_name(0), allocated_bytes=self.torch.cuda.memory_allocated(),
+                     reserved_bytes=self.torch.cuda.memory_reserved())
+        return d
+
+
+class Server:
+    def __init__(self, backend) -> None:
+        self.backend = backend
+        self.lock = threading.Lock()     # one forward pass at a time
+
+    def handle(self, op: str) -> dict:
+        t = time.time()
+        with self.lock:
+            if op == "health":
+                out = {"ok": True}
+            elif op == "generate":
+                out = self.backend.generate()
+            elif op == "pre-checkpoint":
+                out = self.backend.release()
+            else:
+                return {"error": f"unknown op {op!r}", "boot": BOOT}
+        out.update(boot=BOOT, pid=os.getpid(), server_s=round(time.time() - t, 6), t=time.time())
+        return out
+
+
+def serve_http(server: Server, port: int) -> http.server.ThreadingHTTPServer:
+    routes = {("GET", "/health"): "health", ("POST", "/generate"): "generate",
+              ("POST", "/thaw/pre-checkpoint"): "pre-checkpoint"}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def _do(self) -> None:
+            n = int(self.headers.get("Content-Length") or 0)
+            if n:
+                self.rfile.read(n)
+            op = routes.get((self.command, self.path.split("?")[0]))
+            body = server.handle(op) if op else {"error": f"no route {self.command} {self.path}"}
+            data = json.dumps(body).encode()
+            self.send_response(200 if op and "error" not in body else 404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_POST = _do
+
+        def log_message(self, *args) -> None:
+            pass
+
+    class Httpd(http.server.ThreadingHTTPServer):
+        def server_bind(self) -> None:
+            # HTTPServer.server_bind asks socket.getfqdn(), a DNS lookup that
+            # waits ~10 s for a resolver a sandbox without a route out never reaches.
+            socketserver.TCPServer.server_bind(self)
+            self.server_name, self.server_port = "thaw-bench", self.server_address[1]
+
+    httpd = Httpd(("0.0.0.0", port), Handler)
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.5}, daemon=True).start()
+    return httpd
+
+
+def serve_spool(server: Server, spool: str) -> None:
+    while True:
+        try:
+            names = sorted(n for n in os.listdir(spool) if n.endswith(".req"))
+        except FileNotFoundError:
+            names = []
+        for name in names:
+            path = os.path.join(spool, name)
+            try:
+                with open(path) as f:
+                    req = json.load(f)
+            except (OSError, ValueError):
+                continue   # half-written or already taken
+            os.unlink(path)
+            resp = server.handle(str(req.get("op", "")))
+            out = os.path.join(spool, name[:-4] + ".resp")
+            with open(out + ".partial", "w") as f:
+                json.dump(resp, f)
+            os.rename(out + ".partial", out)
+        time.sleep(POLL_S)
+
+
+def emit(events: str, **kv) -> None:
+    kv["t"] = time.time()
+    with open(events, "a") as f:
+        f.write(json.dumps(kv) + "\n")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model-dir", required=True)
+    ap.add_argument("--backend", choices=("transformers", "fake"), default="transformers")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--spool", required=True)
+    ap.add_argument("--events", required=True)
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--new-tokens", type=int, default=16)
+    ap.add_argument("--log", help="append stdout and stderr (C libraries' too) to this file")
+    args = ap.parse_args()
+    if args.log:
+        fd = os.open(args.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+    # Fixed prompt: token ids 1, 8, 15, ... below 998 (inside every vocabulary here).
+    prompt = [(7 * i) % 997 + 1 for i in range(args.prompt_len)]
+    emit(args.events, event="starting", boot=BOOT, pid=os.getpid())
+    try:
+        if args.backend == "fake":
+            backend = FakeBackend(args.model_dir, prompt, args.new_tokens)
+        else:
+            backend = TorchBackend(args.model_dir, args.device, prompt, args.new_tokens)
+    except Exception as e:  # noqa: BLE001 - reported to the driver, then fatal
+        emit(args.events, event="error", boot=BOOT, error=f"{type(e).__name__}: {e}")
+        raise
+    server = Server(backend)
+    serve_http(server, args.port)
+    emit(args.events, event="ready", boot=BOOT, pid=os.getpid(), startup_s=round(time.time() - T0, 3),
+         **backend.info())
+    serve_spool(server, args.spool)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,202 @@
+"""Workload profiles: what a kind of workload needs around checkpoint and restore.
+
+A profile is environment for the workload (set at the cold start, so the
+saved process already has it) plus hooks: pre-checkpoint hooks run against
+the warm sandbox just before `runsc checkpoint`, post-restore hooks right
+after `runsc restore`, before the sandbox is called healthy. A hook is an
+HTTP call to the workload (the sandbox's own address) or a command run in
+the sandbox (`runsc exec`; such processes die at a later restore, which is
+fine for a hook that has finished). A failing hook raises HookError: a
+pre-checkpoint failure means "do not publish this image", a post-restore one
+"this restore is unhealthy, cold-start instead".
+
+Profiles:
+- none: nothing.
+- pytorch: before the checkpoint, POST /thaw/pre-checkpoint, where the
+  workload runs gc.collect(), torch.cuda.synchronize() and
+  torch.cuda.empty_cache(). The CUDA checkpoint saves every device
+  allocation, blocks the PyTorch caching allocator holds but no tensor uses
+  too; releasing them shrinks the image and both toggles
+  (docs/h200-facts.md). The workload serves that route (bench/gpu/server.py does).
+- vllm: the environment vLLM needs to checkpoint (loopback host IP, spawn
+  workers, ZMQ IPC sockets in the sandbox's own /tmp, which is saved with the
+  image), sleep level 1 before the checkpoint (offloads the weights to host
+  memory and drops the KV cache) and wake up after the restore. Needs
+  `vllm serve --enable-sleep-mode`; VLLM_SERVER_DEV_MODE=1 exposes /sleep and /wake_up.
+
+A spec picks its profile with the annotation `thaw.dev/profile` (default
+none) and may move the HTTP port with `thaw.dev/profile-port`.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence, Union
+
+from control.errors import HookError, NotFound, RunscError, SpecError
+
+if TYPE_CHECKING:
+    from runsc_hooks.runsc import Runsc
+
+log = logging.getLogger(__name__)
+
+PROFILE_ANNOTATION = "thaw.dev/profile"
+PORT_ANNOTATION = "thaw.dev/profile-port"
+PHASES = ("pre_checkpoint", "post_restore")
+# Where vLLM puts its ZMQ IPC sockets: the sandbox's own tmpfs, which the
+# checkpoint saves, so the sockets the restored processes hold still exist.
+VLLM_RPC_BASE_PATH = "/tmp"
+
+
+@dataclass(frozen=True)
+class HttpHook:
+    path: str                       # with query, e.g. "/sleep?level=1"
+    method: str = "POST"
+    port: int = 8000
+    body: str = ""
+    timeout_s: float = 120.0
+
+    def describe(self) -> str:
+        return f"{self.method} :{self.port}{self.path}"
+
+
+@dataclass(frozen=True)
+class ExecHook:
+    argv: tuple[str, ...]
+    timeout_s: float = 120.0
+
+    def describe(self) -> str:
+        return "exec " + " ".join(self.argv)
+
+
+Hook = Union[HttpHook, ExecHook]
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    env: Mapping[str, str] = field(default_factory=dict)
+    pre_checkpoint: tuple[Hook, ...] = ()
+    post_restore: tuple[Hook, ...] = ()
+
+    def hooks(self, phase: str) -> tuple[Hook, ...]:
+        if phase not in PHASES:
+            raise ValueError(f"unknown hook phase {phase!r}")
+        return getattr(self, phase)
+
+    def with_port(self, port: int) -> "Profile":
+        def move(h: Hook) -> Hook:
+            return HttpHook(h.path, h.method, port, h.body, h.timeout_s) if isinstance(h, HttpHook) else h
+        return Profile(self.name, dict(self.env), tuple(map(move, self.pre_checkpoint)),
+                       tuple(map(move, self.post_restore)))
+
+
+PROFILES: dict[str, Profile] = {
+    "none": Profile("none"),
+    "pytorch": Profile("pytorch", pre_checkpoint=(HttpHook("/thaw/pre-checkpoint"),)),
+    "vllm": Profile(
+        "vllm",
+        env={"VLLM_HOST_IP": "127.0.0.1", "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
+             "VLLM_RPC_BASE_PATH": VLLM_RPC_BASE_PATH, "VLLM_SERVER_DEV_MODE": "1"},
+        pre_checkpoint=(HttpHook("/sleep?level=1"),),
+        post_restore=(HttpHook("/wake_up"),),
+    ),
+}
+
+
+def get(name: str) -> Profile:
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise NotFound("workload profile", name, f"known: {', '.join(sorted(PROFILES))}") from None
+
+
+def for_spec(spec: dict) -> Profile:
+    """The profile a spec asks for through its annotations."""
+    ann = spec.get("annotations") or {}
+    profile = get(ann.get(PROFILE_ANNOTATION, "none"))
+    if PORT_ANNOTATION in ann:
+        raw = ann[PORT_ANNOTATION]
+        if not raw.isdigit() or not 0 < int(raw) < 65536:
+            raise SpecError(f"annotations.{PORT_ANNOTATION}", f"{raw!r} is not a TCP port")
+        profile = profile.with_port(int(raw))
+    return profile
+
+
+def apply_env(spec: dict, profile: Profile) -> dict:
+    """A copy of `spec` with the profile's environment (replacing same-named variables)."""
+    out = copy.deepcopy(spec)
+    proc = out.setdefault("process", {})
+    env = [e for e in proc.get("env") or [] if e.split("=", 1)[0] not in profile.env]
+    proc["env"] = env + [f"{k}={v}" for k, v in profile.env.items()]
+    return out
+
+
+# -- running hooks -----------------------------------------------------------------
+
+# exec_in_sandbox(argv, timeout_s) -> (exit code, output)
+ExecFn = Callable[[Sequence[str], float], "tuple[int, str]"]
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where hooks go: the sandbox's address as the node reaches it, and a way to exec in it."""
+    host: str = "127.0.0.1"
+    exec_in_sandbox: ExecFn | None = None
+
+
+def runsc_exec(runsc: "Runsc", cid: str) -> ExecFn:
+    """An ExecFn that runs hook commands in sandbox `cid` through `runsc exec`."""
+    def run(argv: Sequence[str], timeout_s: float) -> tuple[int, str]:
+        try:
+            proc = runsc.exec(cid, argv, timeout_s)
+        except RunscError as e:
+            return (-1 if e.returncode is None else e.returncode), e.stderr_tail or e.runsc_message
+        return 0, proc.stdout + proc.stderr
+    return run
+
+
+def run_hooks(profile: Profile, phase: str, target: Target) -> list[dict]:
+    """Run the profile's hooks for `phase` in order; stop at the first failure (HookError).
+
+    Returns one record per hook: what ran, how long it took, its answer.
+    """
+    records = []
+    for i, hook in enumerate(profile.hooks(phase)):
+        name = f"{profile.name}/{phase}[{i}] {hook.describe()}"
+        t0 = time.monotonic()
+        if isinstance(hook, HttpHook):
+            status, text = _http(hook, target.host, name)
+            rec = {"hook": hook.describe(), "status": status}
+        else:
+            if target.exec_in_sandbox is None:
+                raise HookError(name, "no way to run a command in this sandbox was given")
+            rc, text = target.exec_in_sandbox(list(hook.argv), hook.timeout_s)
+            if rc != 0:
+                raise HookError(name, f"exit {rc}: {text.strip()[-500:]}")
+            rec = {"hook": hook.describe(), "exit": rc}
+        rec["seconds"] = round(time.monotonic() - t0, 4)
+        rec["output"] = text.strip()[-500:]
+        log.info("hook %s: %.3fs", name, rec["seconds"])
+        records.append(rec)
+    return records
+
+
+def _http(hook: HttpHook, host: str, name: str) -> tuple[int, str]:
+    url = f"http://{host}:{hook.port}{hook.path}"
+    data = hook.body.encode() if hook.body or hook.method in ("POST", "PUT") else None
+    req = urllib.request.Request(url, data=data, method=hook.method)
+    try:
+        with urllib.request.urlopen(req, timeout=hook.timeout_s) as resp:
+            return resp.status, resp.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        body = e.read().decode(errors="replace").strip()[-500:]
+        raise HookError(name, f"HTTP {e.code} from {url}: {body}") from None
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        raise HookError(name, f"no answer from {url}: {reason}") from None

@@ -1,0 +1,161 @@
+"""control/profiles.py: profile env and hooks against a stand-in workload on loopback."""
+from __future__ import annotations
+
+import http.server
+import socket
+import threading
+import time
+
+import pytest
+
+from control import profiles
+from control.errors import HookError, NotFound, SpecError
+from runsc_hooks import spec as specmod
+
+
+class Workload:
+    """A loopback HTTP server that records requests; answers by path."""
+
+    def __init__(self, answers: dict[str, tuple[int, str]] | None = None, delay_s: float = 0.0):
+        self.requests: list[tuple[str, str]] = []
+        answers = answers or {}
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _answer(self):
+                n = int(self.headers.get("Content-Length") or 0)
+                self.rfile.read(n)
+                outer.requests.append((self.command, self.path))
+                time.sleep(delay_s)
+                status, body = answers.get(self.path, (200, "ok"))
+                data = body.encode()
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            do_GET = do_POST = _answer
+
+            def log_message(self, *a):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_vllm_profile_sleeps_before_checkpoint_and_wakes_after_restore():
+    with Workload() as w:
+        p = profiles.get("vllm").with_port(w.port)
+        pre = profiles.run_hooks(p, "pre_checkpoint", profiles.Target())
+        post = profiles.run_hooks(p, "post_restore", profiles.Target())
+    assert w.requests == [("POST", "/sleep?level=1"), ("POST", "/wake_up")]
+    assert pre[0]["status"] == 200 and pre[0]["output"] == "ok" and pre[0]["seconds"] >= 0
+    assert post[0]["hook"] == f"POST :{w.port}/wake_up"
+
+
+def test_vllm_env():
+    env = profiles.get("vllm").env
+    assert env["VLLM_HOST_IP"] == "127.0.0.1"
+    assert env["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
+    assert env["VLLM_RPC_BASE_PATH"] == "/tmp"
+
+
+def test_pytorch_profile_releases_cached_memory_before_checkpoint():
+    with Workload() as w:
+        p = profiles.get("pytorch").with_port(w.port)
+        profiles.run_hooks(p, "pre_checkpoint", profiles.Target())
+        assert profiles.run_hooks(p, "post_restore", profiles.Target()) == []
+    assert w.requests == [("POST", "/thaw/pre-checkpoint")]
+
+
+def test_http_error_is_a_hook_error_with_the_body():
+    with Workload({"/sleep?level=1": (500, "sleep mode is not enabled")}) as w:
+        with pytest.raises(HookError) as ei:
+            profiles.run_hooks(profiles.get("vllm").with_port(w.port), "pre_checkpoint", profiles.Target())
+    assert "HTTP 500" in str(ei.value) and "sleep mode is not enabled" in str(ei.value)
+    assert ei.value.hook.startswith("vllm/pre_checkpoint[0]")
+
+
+def test_no_listener_is_a_hook_error():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]   # bound, not listening: connection refused
+        with pytest.raises(HookError, match="no answer from http://127.0.0.1:.*/wake_up"):
+            profiles.run_hooks(profiles.get("vllm").with_port(port), "post_restore", profiles.Target())
+
+
+def test_slow_workload_times_out():
+    slow = profiles.Profile("slow", pre_checkpoint=(profiles.HttpHook("/x", timeout_s=0.2),))
+    with Workload(delay_s=1.0) as w:
+        with pytest.raises(HookError, match="timed out"):
+            profiles.run_hooks(slow.with_port(w.port), "pre_checkpoint", profiles.Target())
+
+
+def test_exec_hooks_stop_at_the_first_failure():
+    ran = []
+
+    def fake_exec(argv, timeout_s):
+        ran.append(list(argv))
+        return (0, "flushed\n") if argv[0] == "sync" else (3, "boom")
+
+    p = profiles.Profile("x", post_restore=(profiles.ExecHook(("sync",)), profiles.ExecHook(("false",)),
+                                            profiles.ExecHook(("never",))))
+    with pytest.raises(HookError, match=r"x/post_restore\[1\] exec false failed: exit 3: boom"):
+        profiles.run_hooks(p, "post_restore", profiles.Target(exec_in_sandbox=fake_exec))
+    assert ran == [["sync"], ["false"]]
+    with pytest.raises(HookError, match="no way to run a command"):
+        profiles.run_hooks(p, "post_restore", profiles.Target())
+
+
+def test_apply_env_replaces_same_names(tmp_path):
+    sp = specmod.command_spec(["/bin/true"], rootfs=str(tmp_path), env={"VLLM_HOST_IP": "10.0.0.2", "A": "1"})
+    out = profiles.apply_env(sp, profiles.get("vllm"))
+    env = out["process"]["env"]
+    assert [e for e in env if e.startswith("VLLM_HOST_IP=")] == ["VLLM_HOST_IP=127.0.0.1"]
+    assert "A=1" in env and "VLLM_HOST_IP=10.0.0.2" in sp["process"]["env"]
+
+
+def test_for_spec_reads_annotations(tmp_path):
+    sp = specmod.command_spec(["/bin/true"], rootfs=str(tmp_path))
+    assert profiles.for_spec(sp).name == "none"
+    sp["annotations"].update({profiles.PROFILE_ANNOTATION: "vllm", profiles.PORT_ANNOTATION: "9000"})
+    p = profiles.for_spec(sp)
+    assert (p.name, p.pre_checkpoint[0].port, p.post_restore[0].port) == ("vllm", 9000, 9000)
+    sp["annotations"][profiles.PORT_ANNOTATION] = "http"
+    with pytest.raises(SpecError, match="not a TCP port"):
+        profiles.for_spec(sp)
+    sp["annotations"][profiles.PROFILE_ANNOTATION] = "tensorflow"
+    with pytest.raises(NotFound, match="known: none, pytorch, vllm"):
+        profiles.for_spec(sp)
+
+
+def test_unknown_phase():
+    with pytest.raises(ValueError):
+        profiles.get("none").hooks("post_checkpoint")
+
+
+def test_runsc_exec_runs_hooks_through_runsc_exec(tmp_path):
+    from pathlib import Path
+
+    from runsc_hooks.runsc import GlobalOptions, Runsc
+    fake = tmp_path / "runsc"
+    log = tmp_path / "argv"
+    # A stand-in runsc: records its argv, fails when the hook command is "false".
+    fake.write_text(f'#!/bin/sh\necho "$@" >> {log}\n'
+                    'for a; do last=$a; done\n'
+                    'if [ "$last" = false ]; then echo "hook said no" >&2; exit 7; fi\necho done\n')
+    fake.chmod(0o755)
+    r = Runsc(fake, GlobalOptions(root=Path("/run/x")))
+    run = profiles.runsc_exec(r, "sb1")
+    assert run(["sync"], 5) == (0, "done\n")
+    rc, out = run(["false"], 5)
+    assert rc == 7 and "hook said no" in out
+    assert log.read_text().splitlines()[0].endswith("exec sb1 sync")
