@@ -38,8 +38,9 @@ ANNOTATIONS = {"thaw.dev/workload": "counter", "thaw.dev/ready": "file:/tmp/read
 class Stack:
     """SeaweedFS + thawd + a private containerd, all under one base directory."""
 
-    def __init__(self, base: Path, name: str) -> None:
+    def __init__(self, base: Path, name: str, extra_env: dict[str, str] | None = None) -> None:
         self.base, self.name = base, name
+        self.extra_env = extra_env or {}
         self.weed = Seaweed(base / "weed")
         self.thawd: subprocess.Popen | None = None
 
@@ -53,6 +54,7 @@ class Stack:
             "THAW_STORE_ENDPOINT": self.weed.endpoint, "THAW_STORE_BUCKET": self.name,
             "THAW_STORE_CREDENTIALS_FILE": str(self.base / "aws-credentials"),
             "THAW_PACK_CHUNKER": str(BUILD / "thaw-chunk"), "THAW_THAWD_HEALTH_TIMEOUT_S": "20",
+            **self.extra_env,
         })
         return env
 
@@ -229,3 +231,38 @@ def test_pass_through_matches_runsc(cs):
         b = subprocess.run([str(BUILD / "runsc"), f"--root={root}", *args], capture_output=True, text=True)
         assert (a.returncode, a.stdout) == (b.returncode, b.stdout), args
     cs.ctrd.remove("pt")
+
+
+def test_failed_restores_fall_back_cold_and_quarantine(name, runsc_bin):
+    base = Path(f"/tmp/thaw-it/{name}")
+    s = Stack(base, name, extra_env={"THAW_THAWD_QUARANTINE_AFTER": "1"})
+    try:
+        s.start()
+        s.ctrd.run(IMAGE, "seed", ANNOTATIONS)
+        boot1, _ = s.state("seed")
+        key = s.wait_published()["key"]
+        s.ctrd.remove("seed")
+        # Damage the cached image so that only runsc notices: same size and mtime.
+        ckpt = next((base / "cache" / "entries").iterdir()) / "checkpoint.img"
+        st = ckpt.stat()
+        with open(ckpt, "r+b") as f:
+            f.write(b"\0" * 4096)
+        os.utime(ckpt, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+        s.ctrd.run(IMAGE, "victim", ANNOTATIONS)
+        boot2, _ = s.state("victim")
+        assert boot2 != boot1, "the failed restore must end in a working cold container"
+        d = [x["decision"] for x in s.decisions() if x["id"] == "victim"]
+        assert d == ["restore", "restore-failed", "started-cold-after-failed-restore"], d
+        entry = next(e for e in s.stats()["entries"] if e["key"] == key)
+        assert entry["state"] == "quarantined" and "restores in a row failed" in entry["reason"]
+        s.ctrd.remove("victim")
+
+        s.ctrd.run(IMAGE, "after", ANNOTATIONS)
+        s.state("after")
+        d = [x for x in s.decisions() if x["id"] == "after"]
+        assert d[0]["decision"] == "cold" and d[0]["reason"].startswith("quarantined"), d
+        s.ctrd.remove("after")
+    finally:
+        s.stop()
+        subprocess.run(["rm", "-rf", str(base)])

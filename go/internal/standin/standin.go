@@ -124,6 +124,18 @@ func (s *Standin) runRunsc(args ...string) error {
 	return cmd.Run()
 }
 
+// runRunscQuiet runs the real runsc with /dev/null as stdio.
+func (s *Standin) runRunscQuiet(args ...string) error {
+	cmd := exec.Command(s.cfg.RealRunsc, append(append([]string{}, s.a.Global...), args...)...)
+	null, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	defer null.Close()
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = null, null, null
+	return cmd.Run()
+}
+
 // fail follows runsc's contract with the shim (runsc/cmd/util.Errorf): one
 // JSON line {"msg","level":"error","time"} appended to the --log file, the
 // message on stderr, a non-zero exit.
@@ -310,16 +322,19 @@ func (s *Standin) start() int {
 	}
 	// Fall back: the container must start, cold.
 	s.log.Write("start", m, "restore-failed", reason, t0)
-	s.runRunsc("delete", "--force", id)
+	s.runRunscQuiet("delete", "--force", id)
 	s.coldAgain(m, reason)
 	createArgs := []string{"create", "--bundle=" + m.Bundle}
 	if m.PidFile != "" {
 		createArgs = append(createArgs, "--pid-file="+m.PidFile)
 	}
-	if err := s.runRunsc(append(createArgs, id)...); err != nil {
+	// The recreated container's stdio is /dev/null: the stdio the shim gave
+	// the first create is gone, and this process's own stdout may be a pipe
+	// the shim reads to EOF, which a sandbox holding it would never send.
+	if err := s.runRunscQuiet(append(createArgs, id)...); err != nil {
 		return s.fail(fmt.Sprintf("thaw: restore failed (%s) and the cold create failed too: %v", reason, err))
 	}
-	if err := s.runRunsc("start", id); err != nil {
+	if err := s.runRunscQuiet("start", id); err != nil {
 		return s.fail(fmt.Sprintf("thaw: restore failed (%s) and the cold start failed too: %v", reason, err))
 	}
 	s.log.Write("start", m, "started-cold-after-failed-restore", reason, t0)
