@@ -1,0 +1,138 @@
+"""A complete thaw node on loopback, for tests, benchmarks and the worked
+example: SeaweedFS (the store), thawd (`thaw serve`), a private containerd
+with gVisor's shim and thaw's stand-in, and a locally built busybox image
+whose workload keeps its state in memory. Nothing is faked.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from control import config as configmod
+from control import ocibuild
+from control.containerd import PrivateContainerd
+from control.errors import PreconditionError, ThawError, Timeout
+from control.seaweed import Seaweed
+
+BUILD = configmod.REPO_ROOT / "build"
+THAW = Path(sys.executable).parent / "thaw"
+
+IMAGE = "thaw.dev/test/counter:1"
+# A workload with a costly warm-up whose state lives in memory: a random boot
+# id chosen at start and a counter ticking every 100 ms. A restored container
+# keeps the boot id and continues the counter; a cold one gets a new boot id.
+COUNTER = b"""#!/bin/sh
+boot=$(cat /proc/sys/kernel/random/uuid)
+n=0; while [ $n -lt ${WARMUP:-30000} ]; do n=$((n+1)); done
+echo $boot > /tmp/boot
+touch /tmp/ready
+i=0
+while true; do i=$((i+1)); echo "$boot $i" > /tmp/state; sleep 0.1; done
+"""
+ANNOTATIONS = {"thaw.dev/workload": "counter", "thaw.dev/ready": "file:/tmp/ready"}
+
+
+class Stack:
+    """SeaweedFS + thawd + a private containerd, all under one base directory."""
+
+    def __init__(self, base: Path, name: str, extra_env: dict[str, str] | None = None) -> None:
+        self.base, self.name = base, name
+        self.extra_env = extra_env or {}
+        self.weed = Seaweed(base / "weed")
+        self.thawd: subprocess.Popen | None = None
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("THAW_", "AWS_"))}
+        env.update({
+            "THAW_NODE_STATE_DIR": str(self.base / "state"), "THAW_NODE_LOG_DIR": str(self.base / "log"),
+            "THAW_CACHE_DIR": str(self.base / "cache"), "THAW_THAWD_SOCKET": str(self.base / "thawd" / "thawd.sock"),
+            "THAW_THAWD_METRICS_ADDR": "", "THAW_RUNSC_PATH": str(BUILD / "runsc"),
+            "THAW_RUNSC_ROOT": str(self.base / "thaw-runsc-root"),
+            "THAW_STORE_ENDPOINT": self.weed.endpoint, "THAW_STORE_BUCKET": self.name,
+            "THAW_STORE_CREDENTIALS_FILE": str(self.base / "aws-credentials"),
+            "THAW_PACK_CHUNKER": str(BUILD / "thaw-chunk"), "THAW_THAWD_HEALTH_TIMEOUT_S": "20",
+            **self.extra_env,
+        })
+        return env
+
+    def settings(self) -> configmod.Settings:
+        (self.base / "empty.toml").write_text("")
+        return configmod.load(environ=self.env(), config_file=self.base / "empty.toml")
+
+    def start(self) -> "Stack":
+        self.base.mkdir(parents=True, exist_ok=True)
+        self.weed.start()
+        self.weed.credentials.write_aws_file(self.base / "aws-credentials")
+        self.start_thawd()
+        self.ctrd = PrivateContainerd(self.base / "ctrd", BUILD, self.settings()).start()
+        ocibuild.build(self.base / "image.tar", IMAGE, ocibuild.busybox_files(
+            BUILD / "busybox", {"/app/run.sh": ocibuild.File(COUNTER, 0o755)}), ["/app/run.sh"])
+        self.ctrd.import_image(self.base / "image.tar")
+        return self
+
+    def start_thawd(self) -> None:
+        self.thawd_log = open(self.base / "thawd.log", "ab")
+        self.thawd = subprocess.Popen([str(THAW), "serve"], env=self.env(), stdout=self.thawd_log,
+                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        sock = self.base / "thawd" / "thawd.sock"
+        end = time.monotonic() + 60
+        while not sock.exists():
+            if self.thawd.poll() is not None or time.monotonic() > end:
+                raise PreconditionError(f"thawd did not start: {(self.base / 'thawd.log').read_text()[-2000:]}")
+            time.sleep(0.1)
+
+    def stop_thawd(self) -> None:
+        if self.thawd and self.thawd.poll() is None:
+            self.thawd.send_signal(signal.SIGTERM)
+            self.thawd.wait(20)
+        self.thawd = None
+        if getattr(self, "thawd_log", None):
+            self.thawd_log.close()
+            self.thawd_log = None
+
+    def stop(self) -> None:
+        if hasattr(self, "ctrd"):
+            self.ctrd.stop()
+        self.stop_thawd()
+        self.weed.stop()
+
+    def thaw(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(THAW), *args], env=self.env(), capture_output=True, text=True, timeout=60)
+
+    def stats(self) -> dict:
+        p = self.thaw("stats", "--json")
+        if p.returncode != 0:
+            raise ThawError(f"thaw stats failed: {p.stderr.strip()}")
+        return json.loads(p.stdout)
+
+    def decisions(self) -> list[dict]:
+        p = self.ctrd.base / "standin.log"
+        return [json.loads(line) for line in p.read_text().splitlines()] if p.exists() else []
+
+    def state(self, cid: str, timeout_s: float = 60) -> tuple[str, int]:
+        """(boot id, counter) read from inside the container."""
+        end = time.monotonic() + timeout_s
+        while True:
+            p = self.ctrd.exec(cid, "cat", "/tmp/state", check=False)
+            if p.returncode == 0 and len(p.stdout.split()) == 2:
+                boot, i = p.stdout.split()
+                return boot, int(i)
+            if time.monotonic() > end:
+                raise Timeout(f"{cid} reporting its state", timeout_s)
+            time.sleep(0.1)
+
+    def wait_published(self, timeout_s: float = 120) -> dict:
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            entries = [e for e in self.stats()["entries"] if e["state"] == "ready"]
+            if entries:
+                return entries[0]
+            time.sleep(0.5)
+        raise Timeout(f"publishing an image (thawd log: {(self.base / 'thawd.log').read_text()[-3000:]})", timeout_s)
+
+
