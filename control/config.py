@@ -360,8 +360,8 @@ def markdown_table() -> str:
     rows = ["| key | env | type | default | meaning |", "| --- | --- | --- | --- | --- |"]
     for key, env, default in keys():
         kind, help_ = describe(key)
-        if key == "runsc.path":
-            shown = "`<repo>/build/runsc`"
+        if isinstance(default, Path) and default.is_relative_to(REPO_ROOT):
+            shown = f"`<repo>/{default.relative_to(REPO_ROOT)}`"  # the same doc in every checkout
         elif key.endswith("_bytes") and default % (1 << 30) == 0:
             shown = f'`"{default >> 30}g"`'
         else:

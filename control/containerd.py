@@ -95,7 +95,7 @@ class PrivateContainerd:
         self.ctr("images", "import", "--all-platforms", str(archive))
 
     def run(self, image: str, cid: str, annotations: dict[str, str] | None = None,
-            args: list[str] | None = None) -> None:
+            args: list[str] | None = None, env: dict[str, str] | None = None) -> None:
         """`ctr run -d` with gVisor's shim and this instance's runsc.toml."""
         argv = ["run", "-d", "--null-io", "--runtime", RUNTIME,
                 "--runtime-config-path", str(self.runsc_toml)]
@@ -108,6 +108,8 @@ class PrivateContainerd:
                        **(annotations or {})}
         for k, v in annotations.items():
             argv += ["--annotation", f"{k}={v}"]
+        for k, v in (env or {}).items():
+            argv += ["--env", f"{k}={v}"]
         self.ctr(*argv, image, cid, *(args or []))
 
     def exec(self, cid: str, *cmd: str, check: bool = True) -> subprocess.CompletedProcess:

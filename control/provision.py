@@ -47,6 +47,7 @@ BINARIES = (
     ("runsc", True),
     ("containerd-shim-runsc-v1", True),
     ("thaw-runsc", False),
+    ("thaw-runsc-hooks", False),   # thaw-runsc execs it for create/start/delete; runsc itself when absent
     ("thaw-cuda-checkpoint", False),
 )
 STANDIN = "thaw-runsc"

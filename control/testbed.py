@@ -27,8 +27,12 @@ IMAGE = "thaw.dev/test/counter:1"
 # id chosen at start and a counter ticking every 100 ms. A restored container
 # keeps the boot id and continues the counter; a cold one gets a new boot id.
 COUNTER = b"""#!/bin/sh
+# Warm-up that stands in for a model server's start: make WEIGHTS_MB of
+# "weights" in memory (the rootfs overlay is sandbox memory) and hash them
+# WARMUP_ROUNDS times.
 boot=$(cat /proc/sys/kernel/random/uuid)
-n=0; while [ $n -lt ${WARMUP:-30000} ]; do n=$((n+1)); done
+dd if=/dev/urandom of=/tmp/weights bs=1048576 count=${WEIGHTS_MB:-4} 2>/dev/null
+r=0; while [ $r -lt ${WARMUP_ROUNDS:-1} ]; do sha256sum /tmp/weights > /tmp/digest; r=$((r+1)); done
 echo $boot > /tmp/boot
 touch /tmp/ready
 i=0

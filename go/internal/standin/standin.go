@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	pb "thaw.dev/thaw/go/gen/thawpb"
+	"thaw.dev/thaw/go/internal/runscargv"
 )
 
 // Annotations the stand-in reads from config.json (twins: control/workload.py).
@@ -90,14 +91,15 @@ type marker struct {
 // Standin handles one invocation.
 type Standin struct {
 	cfg  Config
-	argv []string // full argv, argv[0] is this binary
-	a    Argv
+	argv []string // the stand-in's argv: argv[0] is thaw-runsc
+	a    runscargv.Argv
 	log  *decisionLog
 }
 
-// Main runs the stand-in and returns the exit code (exec'ing never returns).
+// Main handles create, start and delete (thaw-runsc-hooks; thaw-runsc execs
+// it for those three) and returns the exit code; exec'ing never returns.
 func Main(argv []string) int {
-	s := &Standin{cfg: LoadConfig(), argv: argv, a: Parse(argv[1:])}
+	s := &Standin{cfg: LoadConfig(), argv: argv, a: runscargv.Parse(argv[1:])}
 	s.log = openDecisionLog(s.cfg.LogPath)
 	defer s.log.Close()
 	switch s.a.Command {
@@ -249,7 +251,6 @@ func (s *Standin) create() int {
 	}
 	return 0
 }
-
 
 // coldAgain puts the original spec back and records a cold decision.
 func (s *Standin) coldAgain(m *marker, reason string) {

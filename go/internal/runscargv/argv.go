@@ -1,7 +1,7 @@
-// Package standin is the runsc stand-in the containerd shim executes as its
-// runsc: create, start and delete of opted-in containers go through thawd;
-// every other call is exec'd straight into the real runsc with the same argv.
-package standin
+// Package runscargv splits runsc command lines (global flags, subcommand,
+// its arguments) the way runsc itself reads them. It imports nothing heavy:
+// the stand-in parses argv with it before deciding to exec the real runsc.
+package runscargv
 
 import "strings"
 
