@@ -30,6 +30,16 @@ from runsc_hooks.runsc import CheckpointOptions, GlobalOptions, Runsc
 log = logging.getLogger("thawd")
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,255}$")
+# The shim's config.json as it was before thawd rewrote it. Twin:
+# go/internal/standin/standin.go origConfigName.
+ORIG_CONFIG = "config.json.thaw-orig"
+# Installed beside runsc (build/ or <node.install_dir>/bin). Twin: control/provision.py CUDA_HELPER.
+CUDA_HELPER_BINARY = "thaw-cuda-checkpoint"
+
+
+def uses_gpu(spec: dict) -> bool:
+    """nvproxy is on for specs listing /dev/nvidiactl (docs/gvisor-facts.md)."""
+    return any(d.get("path") == "/dev/nvidiactl" for d in (spec.get("linux") or {}).get("devices") or [])
 
 
 @dataclass(frozen=True)
@@ -138,6 +148,7 @@ class Thawd:
         wl = workloadmod.from_spec(spec)
         if wl is None:
             return Decision(False, "not-opted-in")
+        self._prepare_gpu_spec(rt, spec)
         why = self.quarantined().get(wl.key)
         if why is not None:
             return Decision(False, f"quarantined: {why}", wl.key)
@@ -172,15 +183,45 @@ class Thawd:
         self.metrics.inc("thaw_cache_hits_total" if getattr(lease, "hit", True) else "thaw_cache_misses_total")
         return Decision(True, "image-ready", wl.key, str(lease.path), lease_id, self.s.restore_background)
 
+    def _prepare_gpu_spec(self, rt: RuntimeRef, spec: dict) -> None:
+        """A GPU container gets the CUDA checkpoint helper mounted at its fixed
+        path, cold or restored alike: runsc runs it inside the sandbox at
+        checkpoint and restore, and restore validation wants the same mounts
+        as at checkpoint. The shim's original config.json is kept beside it
+        (the stand-in puts it back when it falls back to a cold start)."""
+        if not uses_gpu(spec):
+            return
+        from nvproxy import helper
+        before = json.dumps(spec.get("mounts", []), sort_keys=True)
+        helper.add_to_spec(spec, self._helper_dir())
+        if json.dumps(spec["mounts"], sort_keys=True) == before:
+            return
+        orig = rt.bundle / ORIG_CONFIG
+        if not orig.exists():
+            shutil.copy2(rt.bundle / "config.json", orig)
+        specmod.Bundle(rt.bundle).write(spec)
+
+    def _helper_dir(self) -> Path:
+        """The host directory holding the staged helper (staged once per thawd)."""
+        from nvproxy import helper
+        d = self.state_dir / "cuda-helper"
+        if not (d / helper.HELPER_NAME).is_file():
+            helper.stage(self.s.runsc_path.parent / CUDA_HELPER_BINARY, d)
+        return d
+
     def _fetch(self, key: str) -> Future:
         """One pull per key however many ask; the pull goes on past a caller's deadline."""
         with self._lock:
             fut = self._fetches.get(key)
-            if fut is None or fut.done():
+            new = fut is None or fut.done()
+            if new:
                 fut = self._pool.submit(self.images.pull, key)
                 self._fetches[key] = fut
-                fut.add_done_callback(lambda f, k=key: self._fetch_done(k, f))
-            return fut
+        if new:
+            # Outside the lock: a future that is already done runs the
+            # callback right here, and the callback takes the lock.
+            fut.add_done_callback(lambda f, k=key: self._fetch_done(k, f))
+        return fut
 
     def _fetch_done(self, key: str, fut: Future) -> None:
         with self._lock:
@@ -318,8 +359,13 @@ class Thawd:
         r = rt.runsc(self.s.runsc_path, self.s.runsc_timeout_s)
         t0 = time.monotonic()
         try:
+            cuda = None
+            if uses_gpu(spec):
+                from nvproxy import helper
+                cuda = helper.HELPER_PATH
             r.checkpoint(rt.container_id, CheckpointOptions(image_path=out, leave_running=leave_running,
-                                                            compression=self.s.checkpoint_compression))
+                                                            compression=self.s.checkpoint_compression,
+                                                            cuda_checkpoint_path=cuda))
             seconds = time.monotonic() - t0
             size = sum(p.stat().st_size for p in out.iterdir())
             published = self.images.publish(out, wl.key)

@@ -1,0 +1,175 @@
+"""thawd's decisions (control/service.py) with a fake image source.
+
+The fake stands in for control/image_source.py only; the bundle, the spec
+validation and the quarantine file are real."""
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from control import config
+from control.errors import NotFound, TupleMismatch, UserError
+from control.service import ORIG_CONFIG, RuntimeRef, Thawd
+from runsc_hooks import spec as specmod
+
+
+class FakeLease:
+    def __init__(self, path: Path, hit: bool) -> None:
+        self.path, self.hit, self.released = path, hit, False
+
+    def release(self) -> None:
+        self.released = True
+
+
+class FakeImages:
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.available: dict[str, object] = {}   # key -> True | exception
+        self.pulls = 0
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def pull(self, key: str) -> FakeLease:
+        self.gate.wait(10)
+        self.pulls += 1
+        v = self.available.get(key)
+        if v is None:
+            raise NotFound("image", key)
+        if isinstance(v, Exception):
+            raise v
+        return FakeLease(self.tmp / key, hit=self.pulls > 1)
+
+    def has(self, key: str) -> bool:
+        return key in self.available
+
+
+@pytest.fixture
+def env(tmp_path):
+    (tmp_path / "empty.toml").write_text("")
+    s = config.load(environ={"THAW_NODE_STATE_DIR": str(tmp_path / "state"),
+                             "THAW_THAWD_QUARANTINE_AFTER": "2", "THAW_THAWD_PREPARE_TIMEOUT_S": "1",
+                             "THAW_RUNSC_PATH": str(tmp_path / "bin" / "runsc")},
+                    config_file=tmp_path / "empty.toml")
+    images = FakeImages(tmp_path)
+    t = Thawd(s, images)
+    yield t, images, tmp_path
+    t.close()
+
+
+def bundle(tmp: Path, cid: str, annotations: dict | None = None, gpu: bool = False) -> RuntimeRef:
+    sp = specmod.command_spec(["/app/run.sh"], rootfs="rootfs", annotations=annotations or {})
+    if gpu:
+        sp["linux"]["devices"] = [{"path": p, "type": "c", "major": 195, "minor": m}
+                                  for p, m in (("/dev/nvidiactl", 255), ("/dev/nvidia0", 0))]
+    specmod.Bundle(tmp / "bundles" / cid).write(sp)
+    return RuntimeRef.validate(cid, str(tmp / "bundles" / cid), "/run/r", ["--root=/run/r"])
+
+
+OPT_IN = {"thaw.dev/workload": "web"}
+
+
+def test_not_opted_in_is_cold_without_a_pull(env):
+    t, images, tmp = env
+    d = t.prepare_restore(bundle(tmp, "c1"))
+    assert (d.restore, d.reason) == (False, "not-opted-in") and images.pulls == 0
+
+
+def test_no_image_then_image(env):
+    t, images, tmp = env
+    rt = bundle(tmp, "c1", OPT_IN)
+    d = t.prepare_restore(rt)
+    assert (d.restore, d.reason) == (False, "no-image") and d.key.startswith("default.web.")
+    images.available[d.key] = True
+    d2 = t.prepare_restore(rt)
+    assert d2.restore and d2.image_path == str(tmp / d.key) and d2.lease_id
+
+
+def test_tuple_mismatch_and_store_errors_are_cold_with_reason(env):
+    t, images, tmp = env
+    rt = bundle(tmp, "c1", OPT_IN)
+    key = t.prepare_restore(rt).key
+    images.available[key] = TupleMismatch(key, ["gpu_product: H100 != H200"])
+    d = t.prepare_restore(rt)
+    assert not d.restore and d.reason.startswith("tuple-mismatch") and "H100" in d.reason
+
+
+def test_slow_fetch_answers_cold_and_keeps_fetching(env):
+    t, images, tmp = env
+    rt = bundle(tmp, "c1", OPT_IN)
+    key = t.prepare_restore(rt).key
+    images.available[key] = True
+    images.gate.clear()
+    d = t.prepare_restore(rt)
+    assert not d.restore and d.reason.startswith("fetch-in-progress")
+    images.gate.set()
+
+
+def test_two_containers_sharing_one_fetch_get_their_own_leases(env):
+    t, images, tmp = env
+    a, b = bundle(tmp, "a", OPT_IN), bundle(tmp, "b", OPT_IN)
+    key = t.prepare_restore(a).key
+    images.available[key] = True
+    images.gate.clear()
+    out = {}
+    th = [threading.Thread(target=lambda r=r: out.__setitem__(r.container_id, t.prepare_restore(r))) for r in (a, b)]
+    for x in th:
+        x.start()
+    images.gate.set()
+    for x in th:
+        x.join()
+    assert out["a"].restore and out["b"].restore
+    la, lb = t._leases[("/run/r", "a")], t._leases[("/run/r", "b")]
+    assert la is not lb
+    assert t.release("a", "/run/r") and la.released and not lb.released
+    assert not t.release("a", "/run/r")  # once
+
+
+def test_consecutive_failures_quarantine_and_persist(env):
+    t, images, tmp = env
+    rt = bundle(tmp, "c1", OPT_IN)
+    key = t.prepare_restore(rt).key
+    images.available[key] = True
+    t.report_outcome(rt, key, "RESTORE_FAILED", 0, "runsc restore failed: boom")
+    assert t.prepare_restore(rt).restore  # one failure is not enough (quarantine_after = 2)
+    t.report_outcome(rt, key, "RESTORED", 1.0, "")
+    t.report_outcome(rt, key, "RESTORE_FAILED", 0, "x")
+    assert t.prepare_restore(rt).restore  # a success in between resets the count
+    t.report_outcome(rt, key, "RESTORE_FAILED", 0, "unhealthy after restore: exit 1")
+    d = t.prepare_restore(rt)
+    assert not d.restore and d.reason.startswith("quarantined: 2 restores in a row failed")
+    saved = json.loads((tmp / "state" / "thawd" / "quarantine.json").read_text())
+    assert "unhealthy after restore" in saved[key]
+    t2 = Thawd(t.s, images)  # a restarted thawd remembers
+    assert key in t2.quarantined()
+    assert t2.unquarantine(key)
+    assert t2.prepare_restore(rt).restore
+    t2.close()
+
+
+def test_gpu_container_gets_the_helper_mount_and_the_original_is_kept(env):
+    t, images, tmp = env
+    (tmp / "bin").mkdir()
+    (tmp / "bin" / "thaw-cuda-checkpoint").write_bytes(b"\x7fELF")
+    rt = bundle(tmp, "g1", OPT_IN, gpu=True)
+    original = (rt.bundle / "config.json").read_text()
+    t.prepare_restore(rt)
+    spec = json.loads((rt.bundle / "config.json").read_text())
+    helper = [m for m in spec["mounts"] if m["destination"] == "/thaw/bin"]
+    assert len(helper) == 1 and "ro" in helper[0]["options"]
+    assert (rt.bundle / ORIG_CONFIG).read_text() == original
+    t.prepare_restore(rt)  # idempotent: still one helper mount, original untouched
+    spec = json.loads((rt.bundle / "config.json").read_text())
+    assert len([m for m in spec["mounts"] if m["destination"] == "/thaw/bin"]) == 1
+    assert (rt.bundle / ORIG_CONFIG).read_text() == original
+
+
+@pytest.mark.parametrize("cid, bundle_path, root, flags", [
+    ("bad/id", "/b", "/r", []), ("ok", "relative", "/r", []), ("ok", "/b", "/r/../etc", []),
+    ("ok", "/b", "/r", ["--x\0y"]),
+])
+def test_runtime_fields_are_validated(cid, bundle_path, root, flags):
+    with pytest.raises(UserError):
+        RuntimeRef.validate(cid, bundle_path, root, flags)
