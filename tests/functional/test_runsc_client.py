@@ -1,10 +1,8 @@
 """The runsc client against a fake runsc binary that records its argv."""
 import json
-import os
 import stat
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
