@@ -37,6 +37,22 @@ ORIG_CONFIG = "config.json.thaw-orig"
 CUDA_HELPER_BINARY = "thaw-cuda-checkpoint"
 
 
+def quarantine_path(settings: Settings) -> Path:
+    return settings.state_dir / "thawd" / "quarantine.json"
+
+
+def read_quarantine(settings: Settings) -> dict[str, str]:
+    """Quarantined workload keys and why (thawd keeps this file; `thaw ls` reads it)."""
+    try:
+        data = json.loads(quarantine_path(settings).read_text())
+        return {str(k): str(v) for k, v in data.items()}
+    except FileNotFoundError:
+        return {}
+    except (ValueError, AttributeError) as e:
+        log.warning("quarantine list %s unreadable (%s); treating it as empty", quarantine_path(settings), e)
+        return {}
+
+
 def uses_gpu(spec: dict) -> bool:
     """nvproxy is on for specs listing /dev/nvidiactl (docs/gvisor-facts.md)."""
     return any(d.get("path") == "/dev/nvidiactl" for d in (spec.get("linux") or {}).get("devices") or [])
@@ -94,23 +110,10 @@ class Thawd:
         self._fetches: dict[str, Future] = {}                    # key -> background pull
         self._checkpointing: set[str] = set()
         self._failures: dict[str, int] = {}
-        self._quarantine = self._load_quarantine()
+        self._quarantine = read_quarantine(settings)
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="thawd")
 
     # -- quarantine ------------------------------------------------------------
-
-    def _quarantine_path(self) -> Path:
-        return self.state_dir / "quarantine.json"
-
-    def _load_quarantine(self) -> dict[str, str]:
-        try:
-            data = json.loads(self._quarantine_path().read_text())
-            return {str(k): str(v) for k, v in data.items()}
-        except FileNotFoundError:
-            return {}
-        except (ValueError, AttributeError) as e:
-            log.warning("quarantine list %s unreadable (%s); starting empty", self._quarantine_path(), e)
-            return {}
 
     def quarantined(self) -> dict[str, str]:
         with self._lock:
@@ -119,14 +122,14 @@ class Thawd:
     def _quarantine_key(self, key: str, reason: str) -> None:
         with self._lock:
             self._quarantine[key] = reason
-            specmod.write_json_atomic(self._quarantine_path(), self._quarantine)
+            specmod.write_json_atomic(quarantine_path(self.s), self._quarantine)
         self.metrics.inc("thaw_quarantined_total")
         log.warning("quarantined %s: %s", key, reason)
 
     def unquarantine(self, key: str) -> bool:
         with self._lock:
             found = self._quarantine.pop(key, None) is not None
-            specmod.write_json_atomic(self._quarantine_path(), self._quarantine)
+            specmod.write_json_atomic(quarantine_path(self.s), self._quarantine)
             self._failures.pop(key, None)
         return found
 

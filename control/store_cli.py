@@ -148,12 +148,17 @@ def ls_cmd(obj: Context, local_only: bool) -> None:
     """Images in this node's cache and in the store, with sizes and whether this node can restore them."""
     s = obj.settings
     d = images.listing(images.open_cache(s), None if local_only else Store(s), _node(obj))
+    from control.service import read_quarantine
+    quarantined = read_quarantine(s)
+    for e in d["local"]:
+        e["quarantined"] = quarantined.get(e["key"])
 
     def human(d: dict) -> str:
         lines = [f"node tuple {d['node_tuple_hash'][:12]}; cache {_size(d['cache_used_bytes'])} of "
                  f"{_size(d['cache_budget_bytes'])}", "LOCAL"]
         lines += [f"  {e['key']:<32} {e['tuple_hash'][:12]} {_size(e['size']):>11} {e['state']:<8} "
                   f"leases={e['leases']} {'match' if e['match'] else 'MISMATCH: ' + '; '.join(e['reasons'])}"
+                  + (f" QUARANTINED: {e['quarantined']}" if e["quarantined"] else "")
                   for e in d["local"]] or ["  (none)"]
         if not local_only:
             lines.append("REMOTE")

@@ -4,6 +4,7 @@ plain `ctr run`; nothing in how they start knows about thaw."""
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -138,6 +139,10 @@ def test_failed_restores_fall_back_cold_and_quarantine(name, runsc_bin):
         assert d == ["restore", "restore-failed", "started-cold-after-failed-restore"], d
         entry = next(e for e in s.stats()["entries"] if e["key"] == key)
         assert entry["state"] == "quarantined" and "restores in a row failed" in entry["reason"]
+        ls = s.thaw("ls", "--local", "--json")
+        assert ls.returncode == 0, ls.stderr
+        row = next(e for e in json.loads(ls.stdout)["local"] if e["key"] == key)
+        assert "restores in a row failed" in row["quarantined"]
         s.ctrd.remove("victim")
 
         s.ctrd.run(IMAGE, "after", ANNOTATIONS)
