@@ -51,6 +51,7 @@ BINARIES = (
     ("thaw-cuda-checkpoint", False),
 )
 STANDIN = "thaw-runsc"
+HOOKS = "thaw-runsc-hooks"
 CUDA_HELPER = "thaw-cuda-checkpoint"
 
 
@@ -305,6 +306,8 @@ def steps(settings: Settings, opts: Options, gpu: bool, minors: tuple[int, ...] 
         if not have and not needed:
             why = {STANDIN: "the runsc stand-in is not built yet (go/cmd/thaw-runsc): containerd's "
                             "shim will run the real runsc, every start is cold",
+                   HOOKS: "the stand-in's create/start/delete part is not built (go/cmd/thaw-runsc-hooks): "
+                          "the stand-in passes those to the real runsc, every start is cold",
                    CUDA_HELPER: "CUDA checkpoint helper not built (make setup); not needed on a CPU node"}[name]
             out.append(Skip(f"install {name}", str(lay.host(dest)), f"{src} missing: {why}"))
             continue
