@@ -11,7 +11,8 @@ Annotations (twins: go/internal/standin/standin.go for the opt-in one):
   thaw.dev/tenant     tenant (default "default")
   thaw.dev/key-env    comma-separated env var names that belong in the key
   thaw.dev/ready      readiness probe before the automatic checkpoint
-  thaw.dev/health     health probe after a restore (default: the readiness probe)
+  thaw.dev/health     health probe after a restore (default: the readiness probe, but a
+                      delay probe becomes "running")
   thaw.dev/profile    a workload profile name (control/profiles.py, where present)
 Probes: "exec:<shell command>", "file:<path in container>", "delay:<seconds>".
 """
@@ -88,7 +89,12 @@ def from_spec(spec: dict) -> Workload | None:
     if not _NAME_RE.match(tenant):
         raise UserError(f"annotation {ANNOTATION_TENANT}={tenant!r} is not a valid tenant", field=ANNOTATION_TENANT)
     ready = Probe.parse(ann.get(ANNOTATION_READY, DEFAULT_READY), ANNOTATION_READY)
-    health = Probe.parse(ann[ANNOTATION_HEALTH], ANNOTATION_HEALTH) if ANNOTATION_HEALTH in ann else ready
+    if ANNOTATION_HEALTH in ann:
+        health = Probe.parse(ann[ANNOTATION_HEALTH], ANNOTATION_HEALTH)
+    else:
+        # A restored workload was ready when it was saved: re-run a real probe,
+        # but never wait out a readiness delay again (that would only add to the restore).
+        health = ready if ready.kind != "delay" else Probe("delay", "0")
     return Workload(name=name, tenant=tenant, key=workload_key(spec), ready=ready, health=health,
                     profile=ann.get(ANNOTATION_PROFILE))
 
