@@ -54,6 +54,25 @@ def _parse_int(v: Any) -> int:
     return int(s)
 
 
+def _parse_mark(v: Any) -> int:
+    """A netfilter mark: 1 .. 2**32-1, decimal or 0x hex."""
+    if isinstance(v, bool):
+        raise ValueError(f"expected an integer mark, got {v!r}")
+    n = v if isinstance(v, int) else int(str(v).strip(), 0)
+    if not 0 < n < 1 << 32:
+        raise ValueError(f"a mark must be 1 .. 0xffffffff, got {v!r}")
+    return n
+
+
+def _parse_ipv4(v: Any) -> str:
+    import ipaddress
+    s = _parse_str(v)
+    try:
+        return str(ipaddress.IPv4Address(s))
+    except ValueError:
+        raise ValueError(f"expected an IPv4 address, got {s!r}") from None
+
+
 def _parse_float(v: Any) -> float:
     if isinstance(v, bool):
         raise ValueError(f"expected a number, got {v!r}")
@@ -104,6 +123,12 @@ class Settings:
     machine_type: str           # part of the compatibility tuple
     # [network]
     network_subnet: str         # sandbox addresses come from here (one /30 per sandbox)
+    network_publish_address: str  # published ports listen here (DNAT); 127.0.0.1 = this node only
+    network_probe_mark: int     # SO_MARK of health probes: the only packets a closed gate lets in
+    network_egress: bool        # forwarding on the host veth + masquerade of the sandbox address
+    # [health]
+    health_timeout_s: float     # deadline of a restore's health check
+    health_attempt_timeout_s: float  # of one probe attempt
     # [store]
     store_endpoint: str         # S3 endpoint URL; empty = boto3's default resolution
     store_bucket: str
@@ -132,6 +157,11 @@ _KEYS: dict[str, tuple[str, Callable[[Any], Any], Callable[[], Any]]] = {
     "node.log_dir": ("log_dir", _parse_path, lambda: Path("/var/log/thaw")),
     "node.machine_type": ("machine_type", _parse_str, lambda: "unknown"),
     "network.subnet": ("network_subnet", _parse_str, lambda: "10.213.0.0/16"),
+    "network.publish_address": ("network_publish_address", _parse_ipv4, lambda: "127.0.0.1"),
+    "network.probe_mark": ("network_probe_mark", _parse_mark, lambda: 0x7468),
+    "network.egress": ("network_egress", _parse_bool, lambda: True),
+    "health.timeout_s": ("health_timeout_s", _parse_float, lambda: 30.0),
+    "health.attempt_timeout_s": ("health_attempt_timeout_s", _parse_float, lambda: 2.0),
     "store.endpoint": ("store_endpoint", _parse_str, lambda: ""),
     "store.bucket": ("store_bucket", _parse_str, lambda: "thaw"),
     "store.region": ("store_region", _parse_str, lambda: "us-east-1"),

@@ -50,16 +50,12 @@ def leftovers(settings: configmod.Settings, ids: list[str]) -> dict:
     from runsc_hooks.runsc import GlobalOptions, Runsc
     r = Runsc(settings.runsc_path, GlobalOptions(root=settings.runsc_root))
     live = {c.id for c in r.list()} if settings.runsc_root.exists() else set()
-    net = netmod.leftovers()
     out: dict[str, list[str]] = {}
     for sid in ids:
         found = []
         if sid in live:
             found.append("runsc container")
-        if netmod.netns_name(sid) in net["netns"]:
-            found.append("netns")
-        if netmod.host_if_name(sid) in net["interfaces"]:
-            found.append("host veth")
+        found += netmod.sandbox_leftovers(sid)  # netns, host veth, routes, nftables rules (gate, NAT)
         if (settings.state_dir / "bundles" / sid).exists():
             found.append("bundle")
         if (settings.state_dir / "sandboxes" / f"{sid}.json").exists():
@@ -77,9 +73,7 @@ def purge(settings: configmod.Settings, prefix: str) -> None:
             if c.id.startswith(prefix):
                 subprocess.run([str(settings.runsc_path), f"--root={settings.runsc_root}", "delete", "--force", c.id],
                                capture_output=True)
-    for ns in netmod.leftovers()["netns"]:
-        if ns.startswith(netmod.NETNS_PREFIX + prefix):
-            netmod.unplumb(ns[len(netmod.NETNS_PREFIX):])
+    netmod.cleanup_leftovers(set(), prefix=prefix)  # netns, veth and nftables rules named after the test
 
 
 @pytest.fixture(scope="session")
