@@ -253,6 +253,14 @@ class Runsc:
         except ValueError:
             return 0
 
+    def exec(self, cid: str, argv: Sequence[str], timeout_s: float | None = None) -> subprocess.CompletedProcess:
+        """Run `argv` inside the container (`runsc exec`); RunscError when it exits non-zero.
+
+        Processes started this way are killed at a later restore
+        (docs/gvisor-facts.md): use it for commands that finish, like hooks.
+        """
+        return self._run(["exec", cid, *argv], timeout_s, check_id=cid)
+
     def checkpoint(self, cid: str, opts: CheckpointOptions, timeout_s: float | None = None) -> None:
         self._run(["checkpoint", *opts.argv(), cid], timeout_s, check_id=cid)
 
