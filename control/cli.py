@@ -23,6 +23,7 @@ from control.errors import ThawError, exit_code
 # Modules that contribute commands; each has a list `COMMANDS` of click commands.
 COMMAND_MODULES = (
     "control.sandbox_cli",
+    "control.health_cli",
 )
 
 
