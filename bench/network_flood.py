@@ -107,18 +107,34 @@ def get(host: str, port: int, path: str, timeout_s: float) -> tuple[int, bytes]:
         return _read_response(s, deadline)
 
 
-def first_answer_ms(host: str, port: int, since: float, deadline_s: float) -> float | None:
-    """Milliseconds from `since` (time.monotonic) to the first 200 on a new connection; None: none in time."""
+def first_answer(host: str, port: int, since: float, deadline_s: float) -> dict | None:
+    """The first 200 on a new connection after `since` (time.monotonic): {"ms" from `since`,
+    "attempts", "connect_ms" and "response_ms" of the attempt that answered}; None: none in time."""
     end = since + deadline_s
+    attempts = 0
     while time.monotonic() < end:
+        attempts += 1
+        t0 = time.monotonic()
         try:
-            status, _ = get(host, port, "/health", min(1.0, max(end - time.monotonic(), 0.01)))
+            with socket.create_connection((host, port), timeout=min(1.0, max(end - t0, 0.01))) as s:
+                t1 = time.monotonic()
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                status, _ = _read_response(s, t1 + min(1.0, max(end - t1, 0.01)))
+            t2 = time.monotonic()
             if status == 200:
-                return (time.monotonic() - since) * 1000.0
+                return {"ms": (t2 - since) * 1000.0, "attempts": attempts, "connect_ms": (t1 - t0) * 1000.0,
+                        "response_ms": (t2 - t1) * 1000.0}
         except OSError:
             pass
         time.sleep(0.002)
     return None
+
+
+def first_answer_ms(host: str, port: int, since: float, deadline_s: float) -> float | None:
+    """Milliseconds from `since` (time.monotonic) to the first 200 on a new connection; None: none in time."""
+    a = first_answer(host, port, since, deadline_s)
+    return a["ms"] if a else None
 
 
 # -- the flood ---------------------------------------------------------------------
@@ -293,6 +309,7 @@ class Cycle:
     index: int
     answered: bool = False              # a new connection got 200 within ANSWER_DEADLINE_S of ready
     answer_ms: float | None = None      # ready -> first 200 on a new connection
+    answer_detail: dict = field(default_factory=dict)  # attempts; connect and response time of the answering one
     checkpoint_s: float = 0.0
     restore_s: float = 0.0              # restore() until ready (plumbing, runsc, health, gate)
     runsc_restore_s: float = 0.0
@@ -304,6 +321,9 @@ class Cycle:
     flood: dict[str, int] = field(default_factory=dict)
     flood_s: float = 0.0                # how long the flood ran in this cycle
     error: str | None = None
+    late_failure: str | None = None     # answered after restore, then stopped serving before the next cycle
+    diagnosis: dict = field(default_factory=dict)
+    loadavg_1m: float = 0.0             # of the whole machine (other jobs share it), at the cycle's end
 
 
 def _settings(base: Path, subnet: str) -> configmod.Settings:
@@ -338,68 +358,129 @@ def _boot_id(node_port: int) -> str | None:
         return None
 
 
+def _diagnose(sb: Sandboxes, sid: str) -> dict:
+    """What still works on a sandbox that stopped answering through the published port."""
+    from runsc_hooks import health as healthmod
+    target = healthmod.Target(address=sb.address(sid), mark=sb.settings.network_probe_mark)
+    out = {}
+    for probe in (f"tcp:{SANDBOX_PORT}", f"http:{SANDBOX_PORT}/state"):
+        try:
+            out[probe] = healthmod.parse(probe).attempt(target, 3.0)
+        except healthmod.ProbeFailed as e:
+            out[probe] = f"failed: {e}"
+    return out
+
+
+class ModeRunner:
+    """Checkpoint/restore cycles of one server sandbox with mitigations `mode` ("on" | "off")."""
+
+    def __init__(self, settings: configmod.Settings, name: str, mode: str, node_port: int, flood: FloodConfig,
+                 workdir: Path) -> None:
+        self.sb = Sandboxes(settings)
+        self.settings, self.name, self.mode, self.port, self.flood = settings, name, mode, node_port, flood
+        self.mit = Mitigations() if mode == "on" else Mitigations.off()
+        self.workdir = workdir
+        self.out: list[Cycle] = []
+        self.cur = ""
+
+    def start(self) -> "ModeRunner":
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.cur = _start_cold(self.sb, f"{self.name}-{self.mode}-cold0", self.port)
+        return self
+
+    def cycle(self, i: int) -> Cycle:
+        sb, port, mit = self.sb, self.port, self.mit
+        c = Cycle(self.mode, i)
+        nxt = f"{self.name}-{self.mode}-{i}"
+        image = self.workdir / f"{self.mode}-{i}"
+        boot = _boot_id(port)
+        try:
+            socks = open_connections(port, OPEN_CONNS)
+        except (OSError, RuntimeError) as e:
+            # The last restore answered, then stopped serving: a failure of that restore.
+            if self.out:
+                self.out[-1].late_failure = f"{type(e).__name__}: {e}"
+                self.out[-1].diagnosis = _diagnose(sb, self.cur)
+            sb.delete(self.cur, force=True)
+            self.cur = _start_cold(sb, f"{self.name}-{self.mode}-cold{i}x", port)
+            boot = _boot_id(port)
+            socks = open_connections(port, OPEN_CONNS)
+        before_ip = sb.address(self.cur)
+        fl = Flooder(("127.0.0.1", port), (before_ip, SANDBOX_PORT), self.flood, self.settings.network_subnet,
+                     seed=i).start()
+        t_flood = time.monotonic()
+        try:
+            time.sleep(0.3)  # the server is under load when the save starts
+            ck = sb.checkpoint(self.cur, image, mitigations=mit)
+            c.checkpoint_s = ck.seconds
+            t0 = time.monotonic()
+            try:
+                rs = sb.restore(image, nxt, mitigations=mit)
+            except UnhealthyRestore as e:
+                c.error = f"unhealthy: {e.message}"
+                rs = None
+            except ThawError as e:  # a failed restore is a result here, not the end of the run
+                c.error = f"{type(e).__name__}: {e.message}"
+                rs = None
+            if rs is not None:
+                self.cur = nxt
+                c.restore_s, c.runsc_restore_s = rs.ready_at - t0, rs.runsc_s
+                c.health_s = rs.health.seconds if rs.health else None
+                c.gate_dropped = rs.gate_dropped
+                c.address_changed = rs.sandbox_ip != before_ip
+                a = first_answer("127.0.0.1", port, rs.ready_at, ANSWER_DEADLINE_S)
+                c.answered = a is not None
+                if a:
+                    c.answer_ms = a.pop("ms")
+                    c.answer_detail = {k: round(v, 2) for k, v in a.items()}
+            c.open_conns = fate_of(socks, OPEN_CONN_BOUND_S)
+        finally:
+            c.flood = fl.stop()
+            c.flood_s = round(time.monotonic() - t_flood, 3)
+            shutil.rmtree(image, ignore_errors=True)
+        c.loadavg_1m = round(os.getloadavg()[0], 2)
+        if c.answered:
+            c.same_process = _boot_id(port) == boot
+        else:
+            c.error = c.error or f"no answer within {ANSWER_DEADLINE_S:g}s of ready"
+            if sb.get(nxt) is not None:
+                sb.delete(nxt, force=True)
+            self.cur = _start_cold(sb, f"{self.name}-{self.mode}-cold{i + 1}", port)
+        self.out.append(c)
+        return c
+
+    def close(self) -> None:
+        prefix = f"{self.name}-{self.mode}-"
+        for rec in self.sb.list_records():
+            if rec.id.startswith(prefix):
+                self.sb.delete(rec.id, force=True)
+        for d in (self.settings.state_dir / "rootfs").glob(prefix + "*"):
+            shutil.rmtree(d, ignore_errors=True)
+
+
 def run_mode(settings: configmod.Settings, name: str, mode: str, cycles: int, node_port: int,
              flood: FloodConfig, workdir: Path, progress=None) -> list[Cycle]:
     """`cycles` checkpoint/restore cycles under flood with mitigations `mode` ("on" | "off")."""
-    mit = Mitigations() if mode == "on" else Mitigations.off()
-    sb = Sandboxes(settings)
-    workdir.mkdir(parents=True, exist_ok=True)
-    out: list[Cycle] = []
-    cur = _start_cold(sb, f"{name}-{mode}-cold0", node_port)
+    return run_interleaved(settings, name, [mode], cycles, {mode: node_port}, flood, workdir, progress)[mode]
+
+
+def run_interleaved(settings: configmod.Settings, name: str, modes: list[str], cycles: int,
+                    ports: dict[str, int], flood: FloodConfig, workdir: Path, progress=None) -> dict[str, list[Cycle]]:
+    """Cycles of several modes taken in turn (on 0, off 0, on 1, ...): whatever else loads the
+    machine meanwhile weighs on every mode alike."""
+    runners = {}
     try:
+        for m in modes:
+            runners[m] = ModeRunner(settings, name, m, ports[m], flood, workdir).start()
         for i in range(cycles):
-            c = Cycle(mode, i)
-            nxt = f"{name}-{mode}-{i}"
-            image = workdir / f"{mode}-{i}"
-            boot = _boot_id(node_port)
-            before_ip = sb.address(cur)
-            socks = open_connections(node_port, OPEN_CONNS)
-            fl = Flooder(("127.0.0.1", node_port), (before_ip, SANDBOX_PORT), flood, settings.network_subnet,
-                         seed=i).start()
-            t_flood = time.monotonic()
-            try:
-                time.sleep(0.3)  # the server is under load when the save starts
-                ck = sb.checkpoint(cur, image, mitigations=mit)
-                c.checkpoint_s = ck.seconds
-                t0 = time.monotonic()
-                try:
-                    rs = sb.restore(image, nxt, mitigations=mit)
-                except UnhealthyRestore as e:
-                    c.error = f"unhealthy: {e.message}"
-                    rs = None
-                except ThawError as e:  # a failed restore is a result here, not the end of the run
-                    c.error = f"{type(e).__name__}: {e.message}"
-                    rs = None
-                if rs is not None:
-                    cur = nxt
-                    c.restore_s, c.runsc_restore_s = rs.ready_at - t0, rs.runsc_s
-                    c.health_s = rs.health.seconds if rs.health else None
-                    c.gate_dropped = rs.gate_dropped
-                    c.address_changed = rs.sandbox_ip != before_ip
-                    c.answer_ms = first_answer_ms("127.0.0.1", node_port, rs.ready_at, ANSWER_DEADLINE_S)
-                    c.answered = c.answer_ms is not None
-                c.open_conns = fate_of(socks, OPEN_CONN_BOUND_S)
-            finally:
-                c.flood = fl.stop()
-                c.flood_s = round(time.monotonic() - t_flood, 3)
-                shutil.rmtree(image, ignore_errors=True)
-            if c.answered:
-                c.same_process = _boot_id(node_port) == boot
-            else:
-                c.error = c.error or f"no answer within {ANSWER_DEADLINE_S:g}s of ready"
-                if sb.get(nxt) is not None:
-                    sb.delete(nxt, force=True)
-                cur = _start_cold(sb, f"{name}-{mode}-cold{i + 1}", node_port)
-            out.append(c)
-            if progress:
-                progress(c)
+            for m in modes:
+                c = runners[m].cycle(i)
+                if progress:
+                    progress(c)
     finally:
-        for rec in sb.list_records():
-            if rec.id.startswith(f"{name}-{mode}-"):
-                sb.delete(rec.id, force=True)
-            shutil.rmtree(settings.state_dir / "rootfs" / rec.id, ignore_errors=True)
-        shutil.rmtree(settings.state_dir / "rootfs", ignore_errors=True)
-    return out
+        for r in runners.values():
+            r.close()
+    return {m: r.out for m, r in runners.items()}
 
 
 def _pct(xs: list[float], p: float) -> float | None:
@@ -413,6 +494,8 @@ def _pct(xs: list[float], p: float) -> float | None:
 
 def summarize(cycles: list[Cycle]) -> dict:
     ans = [c.answer_ms for c in cycles if c.answer_ms is not None]
+    conn = [c.answer_detail["connect_ms"] for c in cycles if c.answer_detail]
+    resp = [c.answer_detail["response_ms"] for c in cycles if c.answer_detail]
     fates: dict[str, int] = {}
     for c in cycles:
         for f in c.open_conns:
@@ -429,16 +512,22 @@ def summarize(cycles: list[Cycle]) -> dict:
         "failure_rate_200ms": round((n - within) / n, 4) if n else None,
         "never_answered": sum(1 for c in cycles if not c.answered),
         "failure_rate_never_answered": round(sum(1 for c in cycles if not c.answered) / n, 4) if n else None,
+        "stopped_serving_later": sum(1 for c in cycles if c.late_failure),
+        "loadavg_1m_max": max((c.loadavg_1m for c in cycles), default=None),
         "unhealthy_restores": sum(1 for c in cycles if (c.error or "").startswith("unhealthy")),
         "answer_ms": {"p50": _pct(ans, 0.5), "p95": _pct(ans, 0.95), "max": round(max(ans), 2) if ans else None,
                       "min": round(min(ans), 2) if ans else None},
         "same_process": sum(1 for c in cycles if c.same_process),
         "open_connections": fates,
         "open_connections_hung": fates.get("hang", 0),
-        "restore_s_p50": _pct([c.restore_s for c in cycles if c.restore_s], 0.5),
-        "runsc_restore_s_p50": _pct([c.runsc_restore_s for c in cycles if c.runsc_restore_s], 0.5),
-        "health_s_p50": _pct([c.health_s for c in cycles if c.health_s is not None], 0.5),
-        "checkpoint_s_p50": _pct([c.checkpoint_s for c in cycles if c.checkpoint_s], 0.5),
+        "restore_ms_p50": _pct([c.restore_s * 1000 for c in cycles if c.restore_s], 0.5),
+        "runsc_restore_ms_p50": _pct([c.runsc_restore_s * 1000 for c in cycles if c.runsc_restore_s], 0.5),
+        "health_ms_p50": _pct([c.health_s * 1000 for c in cycles if c.health_s is not None], 0.5),
+        "checkpoint_ms_p50": _pct([c.checkpoint_s * 1000 for c in cycles if c.checkpoint_s], 0.5),
+        # Of the answering attempt: a slow connect is the listener's SYN path, a slow response the server.
+        "answer_connect_ms": {"p50": _pct(conn, 0.5), "max": round(max(conn), 2) if conn else None},
+        "answer_response_ms": {"p50": _pct(resp, 0.5), "max": round(max(resp), 2) if resp else None},
+        "answer_attempts_max": max((c.answer_detail.get("attempts", 0) for c in cycles), default=0),
         "gate_dropped_packets_total": sum(c.gate_dropped or 0 for c in cycles),
         "flood_totals": flood,
         "flood_seconds": round(sum(c.flood_s for c in cycles), 1),
@@ -451,10 +540,13 @@ def markdown(result: dict) -> str:
 
 def _table(result: dict, profile: str) -> str:
     rows = [("cycles", "cycles"), ("new connection answered within 200 ms of ready", "within"),
-            ("restores that never answered (5 s)", "never"), ("answer time p50 / p95 / max (ms)", "dist"),
+            ("restores that never answered (5 s)", "never"),
+            ("answered, then stopped serving before the next cycle", "late"),
+            ("answer time p50 / p95 / max (ms)", "dist"),
             ("same process after restore (boot id)", "same"),
             ("connections open at checkpoint: answered / reset / error / hang", "fates"),
-            ("restore to ready p50 (s): runsc / health check", "restore"),
+            ("restore to ready p50 (ms): runsc restore / health check", "restore"),
+            ("answering attempt, worst case (ms): connect / response", "split"),
             ("packets held off by the gate (all cycles)", "dropped")]
     pr = result["profiles"][profile]
     modes = [m for m in ("on", "off") if m in pr["modes"]]
@@ -466,6 +558,8 @@ def _table(result: dict, profile: str) -> str:
             return f"{s['answered_within_200ms']}/{s['cycles']} (failure rate {s['failure_rate_200ms']:.0%})"
         if key == "never":
             return f"{s['never_answered']}/{s['cycles']} ({s['failure_rate_never_answered']:.0%})"
+        if key == "late":
+            return f"{s['stopped_serving_later']}/{s['cycles']}"
         if key == "dist":
             a = s["answer_ms"]
             return " / ".join("-" if a[k] is None else f"{a[k]:.1f}" for k in ("p50", "p95", "max"))
@@ -476,8 +570,10 @@ def _table(result: dict, profile: str) -> str:
             err = sum(v for k, v in f.items() if k.startswith("error"))
             return f"{f.get('answered', 0)} / {f.get('reset', 0)} / {err} / {f.get('hang', 0)}"
         if key == "restore":
-            return (f"{s['restore_s_p50']}: {s['runsc_restore_s_p50']} / "
-                    f"{'-' if s['health_s_p50'] is None else s['health_s_p50']}")
+            return (f"{s['restore_ms_p50']:.0f}: {s['runsc_restore_ms_p50']:.0f} / "
+                    f"{'-' if s['health_ms_p50'] is None else format(s['health_ms_p50'], '.1f')}")
+        if key == "split":
+            return f"{s['answer_connect_ms']['max']:.1f} / {s['answer_response_ms']['max']:.1f}"
         if key == "dropped":
             return str(s["gate_dropped_packets_total"]) if s["gate_dropped_packets_total"] else "- (no gate)"
         raise KeyError(key)
@@ -518,7 +614,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--node-port", type=int, default=28080)
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "network-flood-2026-11-29.json")
     ap.add_argument("--doc", type=Path, action="append", default=[])
+    ap.add_argument("--render", type=Path, default=None,
+                    help="Only re-render the table from a results JSON into --doc files (no run).")
     a = ap.parse_args(argv)
+    if a.render:
+        result = json.loads(a.render.read_text())
+        for doc in a.doc:
+            replace_between(doc, markdown(result))
+        print(markdown(result))
+        return 0
     if os.geteuid() != 0:
         raise SystemExit("network_flood: needs root (runsc, netns)")
     settings = _settings(a.base, a.subnet)
@@ -534,19 +638,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for prof in a.profiles.split(","):
             flood = PROFILES[prof]
-            result["profiles"][prof] = {"flood": asdict(flood), "modes": {}}
-            for mode in a.modes.split(","):
-                t0 = time.monotonic()
+            modes = a.modes.split(",")
+            t0 = time.monotonic()
 
-                def progress(c: Cycle) -> None:
-                    print(f"[{prof} {mode}] cycle {c.index}: answer {c.answer_ms and round(c.answer_ms, 1)} ms, "
-                          f"restore {c.restore_s:.2f}s, open conns {c.open_conns}, error {c.error}", flush=True)
-                cycles = run_mode(settings, name, mode, a.cycles, a.node_port, flood, a.base / "images", progress)
-                result["profiles"][prof]["modes"][mode] = {
-                    "summary": summarize(cycles), "seconds": round(time.monotonic() - t0, 1),
-                    "cycles": [asdict(c) for c in cycles]}
-                print(json.dumps({prof: {mode: result["profiles"][prof]["modes"][mode]["summary"]}}, indent=2),
-                      flush=True)
+            def progress(c: Cycle) -> None:
+                print(f"[{prof} {c.mode}] cycle {c.index}: answer {c.answer_ms and round(c.answer_ms, 1)} ms "
+                      f"{c.answer_detail}, restore {c.restore_s:.2f}s, open conns {c.open_conns}, "
+                      f"load {c.loadavg_1m}, error {c.error}", flush=True)
+            ports = {m: a.node_port + k for k, m in enumerate(modes)}
+            by_mode = run_interleaved(settings, name, modes, a.cycles, ports, flood, a.base / "images", progress)
+            result["profiles"][prof] = {"flood": asdict(flood), "seconds": round(time.monotonic() - t0, 1),
+                                        "modes": {m: {"summary": summarize(cs), "cycles": [asdict(c) for c in cs]}
+                                                  for m, cs in by_mode.items()}}
+            print(json.dumps({prof: {m: v["summary"] for m, v in result["profiles"][prof]["modes"].items()}},
+                             indent=2), flush=True)
     finally:
         Sandboxes(settings).recover()
         netmod.cleanup_leftovers(set(), prefix=name)
