@@ -535,7 +535,8 @@ def summarize(cycles: list[Cycle]) -> dict:
 
 
 def markdown(result: dict) -> str:
-    return "\n\n".join(_table(result, prof) for prof in result["profiles"]) + "\n\n" + _footer(result)
+    profiles = [p for p in PROFILES if p in result["profiles"]]
+    return "\n\n".join(_table(result, prof) for prof in profiles) + "\n\n" + _footer(result)
 
 
 def _table(result: dict, profile: str) -> str:
@@ -545,7 +546,7 @@ def _table(result: dict, profile: str) -> str:
             ("answer time p50 / p95 / max (ms)", "dist"),
             ("same process after restore (boot id)", "same"),
             ("connections open at checkpoint: answered / reset / error / hang", "fates"),
-            ("restore to ready p50 (ms): runsc restore / health check", "restore"),
+            ("restore to ready, p50 (ms)", "restore"),
             ("answering attempt, worst case (ms): connect / response", "split"),
             ("packets held off by the gate (all cycles)", "dropped")]
     pr = result["profiles"][profile]
@@ -570,8 +571,8 @@ def _table(result: dict, profile: str) -> str:
             err = sum(v for k, v in f.items() if k.startswith("error"))
             return f"{f.get('answered', 0)} / {f.get('reset', 0)} / {err} / {f.get('hang', 0)}"
         if key == "restore":
-            return (f"{s['restore_ms_p50']:.0f}: {s['runsc_restore_ms_p50']:.0f} / "
-                    f"{'-' if s['health_ms_p50'] is None else format(s['health_ms_p50'], '.1f')}")
+            return (f"{s['restore_ms_p50']:.0f} (runsc restore {s['runsc_restore_ms_p50']:.0f}"
+                    + ("" if s["health_ms_p50"] is None else f", health check {s['health_ms_p50']:.1f}") + ")")
         if key == "split":
             return f"{s['answer_connect_ms']['max']:.1f} / {s['answer_response_ms']['max']:.1f}"
         if key == "dropped":
