@@ -73,7 +73,25 @@ def purge(settings: configmod.Settings, prefix: str) -> None:
             if c.id.startswith(prefix):
                 subprocess.run([str(settings.runsc_path), f"--root={settings.runsc_root}", "delete", "--force", c.id],
                                capture_output=True)
+    _kill_sandbox_processes(settings.runsc_root)
     netmod.cleanup_leftovers(set(), prefix=prefix)  # netns, veth and nftables rules named after the test
+
+
+def _kill_sandbox_processes(root: Path) -> None:
+    """Last resort when the code under test left a sandbox runsc no longer lists: SIGKILL, by pid,
+    the runsc processes of this test's own runsc root (and no other)."""
+    import signal
+    flag = f"--root={root}".encode()
+    for p in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = p.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if flag in argv and argv[0].split(b"/")[-1].startswith(b"runsc"):
+            try:
+                os.kill(int(p.parent.name), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 @pytest.fixture(scope="session")
