@@ -114,5 +114,6 @@ def base(tmp_path_factory, name, stack):
     yield b
     purge(s, name)
     remove_root(s.runsc_root)
+    netmod.remove_subnet_route(TEST_SUBNET)  # the node-level guard plumbing installs for the subnet
     shutil.rmtree(b, ignore_errors=True)
     assert not b.exists(), f"{b} could not be removed"
