@@ -31,6 +31,7 @@ COMMAND_MODULES = (
     "control.store_cli",
     "control.bench_cli",
     "control.gpu_bench_cli",
+    "control.health_cli",
 )
 
 

@@ -58,6 +58,25 @@ def _parse_int(v: Any) -> int:
         raise ValueError(f"expected an integer (suffixes k, m, g, t allowed), got {v!r}") from None
 
 
+def _parse_mark(v: Any) -> int:
+    """A netfilter mark: 1 .. 2**32-1, decimal or 0x hex."""
+    if isinstance(v, bool):
+        raise ValueError(f"expected an integer mark, got {v!r}")
+    n = v if isinstance(v, int) else int(str(v).strip(), 0)
+    if not 0 < n < 1 << 32:
+        raise ValueError(f"a mark must be 1 .. 0xffffffff, got {v!r}")
+    return n
+
+
+def _parse_ipv4(v: Any) -> str:
+    import ipaddress
+    s = _parse_str(v)
+    try:
+        return str(ipaddress.IPv4Address(s))
+    except ValueError:
+        raise ValueError(f"expected an IPv4 address, got {s!r}") from None
+
+
 def _parse_float(v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float, str)):
         raise ValueError(f"expected a number, got {v!r}")
@@ -159,6 +178,10 @@ _power_of_two.kind = "integer, a power of two >= 4096"  # type: ignore[attr-defi
 _parse_opt_path.kind = "path or empty"  # type: ignore[attr-defined]
 
 
+_parse_ipv4.kind = "IPv4 address"  # type: ignore[attr-defined]
+_parse_mark.kind = "integer packet mark"  # type: ignore[attr-defined]
+
+
 @dataclass(frozen=True)
 class Settings:
     # [runsc]
@@ -181,6 +204,12 @@ class Settings:
     containerd_restart_command: tuple[str, ...]  # run by `provision --restart-containerd`
     # [network]
     network_subnet: str         # sandbox addresses come from here (one /30 per sandbox)
+    network_publish_address: str  # published ports listen here (DNAT); 127.0.0.1 = this node only
+    network_probe_mark: int     # SO_MARK of health probes: the only packets a closed gate lets in
+    network_egress: bool        # forwarding on the host veth + masquerade of the sandbox address
+    # [health]
+    health_timeout_s: float     # deadline of a restore's health check
+    health_attempt_timeout_s: float  # of one probe attempt
     # [store]
     store_endpoint: str         # S3 endpoint URL; empty = boto3's default resolution
     store_bucket: str
@@ -237,6 +266,11 @@ _KEYS: dict[str, tuple[str, Callable[[Any], Any], Callable[[], Any]]] = {
     "containerd.restart_command": ("containerd_restart_command", _parse_words,
                                    lambda: ("systemctl", "restart", "containerd")),
     "network.subnet": ("network_subnet", _parse_str, lambda: "10.213.0.0/16"),
+    "network.publish_address": ("network_publish_address", _parse_ipv4, lambda: "127.0.0.1"),
+    "network.probe_mark": ("network_probe_mark", _parse_mark, lambda: 0x7468),
+    "network.egress": ("network_egress", _parse_bool, lambda: True),
+    "health.timeout_s": ("health_timeout_s", _parse_float, lambda: 30.0),
+    "health.attempt_timeout_s": ("health_attempt_timeout_s", _parse_float, lambda: 2.0),
     "store.endpoint": ("store_endpoint", _parse_str, lambda: ""),
     "store.bucket": ("store_bucket", _parse_str, lambda: "thaw"),
     "store.region": ("store_region", _parse_str, lambda: "us-east-1"),
@@ -299,6 +333,11 @@ _HELP: dict[str, str] = {
     "thawd.auto_checkpoint": "Checkpoint an opted-in workload automatically after its first cold start.",
     "thawd.leave_running": "Keep the workload serving after the automatic checkpoint (false: recycle it).",
     "network.subnet": "Sandbox addresses come from here (one /30 per sandbox).",
+    "network.publish_address": "Node address published sandbox ports are forwarded from (DNAT).",
+    "network.probe_mark": "Packet mark of thaw's health probes: they pass a closed ingress gate.",
+    "network.egress": "Masquerade sandbox traffic leaving the node.",
+    "health.timeout_s": "Deadline of a sandbox health check (all attempts).",
+    "health.attempt_timeout_s": "Timeout of one health probe attempt.",
     "store.endpoint": "S3 endpoint URL; empty: boto3's default resolution (AWS). Credentials are not "
                       "thaw keys: boto3 reads AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or its other sources.",
     "store.bucket": "S3 bucket holding chunks and manifests.",

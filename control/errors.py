@@ -175,6 +175,20 @@ class InvalidTransition(ThawError):
                          sandbox=sandbox, current=current, wanted=wanted)
 
 
+class UnhealthyRestore(ThawError):
+    """A restored sandbox failed its health check; thaw removed it. Start the container cold.
+
+    `health` is the check's result (HealthResult.to_dict()): probes, attempts, timings.
+    """
+
+    def __init__(self, sandbox: str, image: str, health: dict, summary: str) -> None:
+        super().__init__(f"restore of {image} as {sandbox!r} is unhealthy, removed it: {summary}",
+                         sandbox=sandbox, image=image, healthy=False)
+        self.sandbox = sandbox
+        self.image = image
+        self.health = health
+
+
 class Timeout(ThawError):
     """An operation did not finish within its deadline."""
 
@@ -267,6 +281,7 @@ GRPC_STATUS: list[tuple[type[ThawError], str]] = [
     (UserError, "INVALID_ARGUMENT"),
     (PreconditionError, "FAILED_PRECONDITION"),
     (Timeout, "DEADLINE_EXCEEDED"),
+    (UnhealthyRestore, "UNAVAILABLE"),
     (ThawError, "INTERNAL"),
 ]
 

@@ -7,8 +7,19 @@ bundle, record), so a failed restore leaves nothing behind.
 
 Records live in <state_dir>/sandboxes/<id>.json, bundles in
 <state_dir>/bundles/<id>/. A checkpoint image is a directory holding runsc's
-files plus `thaw.json` (the spec, the sandbox address, file sizes, timings);
-it is written under a `.partial-` name and renamed into place last.
+files plus `thaw.json` (the spec, the sandbox address, published ports,
+health probes, file sizes, timings); it is written under a `.partial-` name
+and renamed into place last.
+
+Network on checkpoint and restore (docs/network.md): the sandbox's ingress
+gate is closed from before `runsc checkpoint` until the image is written; a
+restore closes the gate before plumbing, reuses the checkpoint's sandbox
+address, restores, runs the health check through the closed gate and only
+then opens it. An unhealthy restore is removed and raises UnhealthyRestore;
+`warm_start` turns that (and any other restore failure) into a cold start.
+
+A record in a transitional state (created, restoring, checkpointing) names
+its owner process; `recover` removes what an owner that died (kill -9) left.
 """
 
 from __future__ import annotations
@@ -26,7 +37,9 @@ from pathlib import Path
 
 from control.config import Settings
 from control.errors import (AlreadyExists, ImageError, InvalidTransition, NotFound, PreconditionError,
-                            RunscError, ThawError, UserError)
+                            RunscError, ThawError, UnhealthyRestore, UserError)
+from runsc_hooks import gate as gatemod
+from runsc_hooks import health as healthmod
 from runsc_hooks import network as netmod
 from runsc_hooks import spec as specmod
 from runsc_hooks.runsc import (IMAGE_FILES, CheckpointOptions, CreateOptions, GlobalOptions, RestoreOptions,
@@ -72,6 +85,23 @@ def validate_id(sid: str) -> str:
     return sid
 
 
+# States in which a live thaw process is working on the sandbox (Record.owner).
+TRANSITIONAL = frozenset({State.CREATED, State.CHECKPOINTING, State.RESTORING})
+
+
+@dataclass(frozen=True)
+class Mitigations:
+    """thaw's fixes for the TCP restore races (docs/network.md). All on is the product;
+    all off is what a naive implementation does, kept to measure the difference."""
+    gate: bool = True             # no packet in while saving, nor before the health check passes
+    stable_address: bool = True   # restore into the checkpoint's sandbox address (off: a new one)
+    health_check: bool = True     # probe before letting traffic in; unhealthy -> removed
+
+    @classmethod
+    def off(cls) -> "Mitigations":
+        return cls(gate=False, stable_address=False, health_check=False)
+
+
 @dataclass
 class Record:
     id: str
@@ -80,15 +110,20 @@ class Record:
     net: dict | None = None
     created_at: float = field(default_factory=time.time)
     restored_from: str | None = None
+    probes: list[str] = field(default_factory=list)
+    health: dict | None = None    # the last health check's result
+    owner: dict | None = None     # {"pid", "start"} of the process in a transitional state
 
     def to_dict(self) -> dict:
         return {"id": self.id, "state": self.state.value, "bundle": self.bundle, "net": self.net,
-                "created_at": self.created_at, "restored_from": self.restored_from}
+                "created_at": self.created_at, "restored_from": self.restored_from, "probes": self.probes,
+                "health": self.health, "owner": self.owner}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Record":
         return cls(id=d["id"], state=State(d["state"]), bundle=d["bundle"], net=d.get("net"),
-                   created_at=d.get("created_at", 0.0), restored_from=d.get("restored_from"))
+                   created_at=d.get("created_at", 0.0), restored_from=d.get("restored_from"),
+                   probes=list(d.get("probes") or []), health=d.get("health"), owner=d.get("owner"))
 
 
 @dataclass(frozen=True)
@@ -96,13 +131,39 @@ class CheckpointResult:
     image: Path
     seconds: float
     image_bytes: int
+    gate_closed_s: float | None = None   # how long the gate was closed (leave_running only)
+    gate_dropped: int | None = None      # packets the gate held off during the save
 
 
 @dataclass(frozen=True)
 class RestoreResult:
     id: str
+    seconds: float                       # the whole restore: plumbing, runsc, health check, gate
+    sandbox_ip: str | None
+    runsc_s: float = 0.0                 # `runsc restore` alone
+    health: healthmod.HealthResult | None = None
+    ready_at: float = 0.0                # time.monotonic() when traffic was let in (the gate opened)
+    gate_dropped: int | None = None      # packets the gate held off during the restore
+
+    def to_dict(self) -> dict:
+        return {"id": self.id, "restore_s": round(self.seconds, 4), "runsc_restore_s": round(self.runsc_s, 4),
+                "address": self.sandbox_ip, "health": self.health.to_dict() if self.health else None,
+                "gate_dropped_packets": self.gate_dropped}
+
+
+@dataclass(frozen=True)
+class StartResult:
+    """What warm_start did: restored, or started cold after the restore failed."""
+    id: str
+    mode: str                            # "restored" | "cold"
     seconds: float
     sandbox_ip: str | None
+    restore: RestoreResult | None = None
+    fallback_reason: str | None = None   # why the restore was not used
+
+    def to_dict(self) -> dict:
+        return {"id": self.id, "mode": self.mode, "seconds": round(self.seconds, 4), "address": self.sandbox_ip,
+                "restore": self.restore.to_dict() if self.restore else None, "fallback_reason": self.fallback_reason}
 
 
 class Sandboxes:
@@ -151,8 +212,8 @@ class Sandboxes:
         else:
             self._save(rec)
 
-    def _allocate_address(self) -> tuple[str, str, int]:
-        used = netmod.addresses_in_use()
+    def _allocate_address(self, exclude: frozenset[str] = frozenset()) -> tuple[str, str, int]:
+        used = netmod.addresses_in_use() | set(exclude)
         for rec in self.list_records():
             if rec.net:
                 used.add(rec.net["host_ip"])
@@ -162,6 +223,22 @@ class Sandboxes:
             if host_ip not in used:
                 return host_ip, sandbox_ip, plen
             slot += 1
+
+    def _check_ports(self, sid: str, ports: tuple[netmod.Port, ...]) -> None:
+        taken = {}
+        for rec in self.list_records():
+            if rec.id != sid and rec.net:
+                for p in rec.net.get("ports", []):
+                    taken[netmod.Port.parse(p).node] = rec.id
+        for p in ports:
+            if p.node in taken:
+                raise UserError(f"node port {p.node} is published by sandbox {taken[p.node]!r}", port=p.node)
+
+    def _plumb(self, sid: str, host_ip: str, sandbox_ip: str, prefixlen: int,
+               ports: tuple[netmod.Port, ...]) -> netmod.SandboxNet:
+        s = self.settings
+        return netmod.plumb(sid, host_ip, sandbox_ip, prefixlen, subnet=s.network_subnet, ports=ports,
+                            publish_address=s.network_publish_address, egress=s.network_egress)
 
     def list_records(self) -> list[Record]:
         if not self.records_dir.is_dir():
@@ -175,25 +252,37 @@ class Sandboxes:
 
     # -- operations -------------------------------------------------------------
 
-    def run(self, sid: str, spec: dict, network: bool = True, nvproxy: bool = False) -> Record:
-        """Create and start a sandbox from `spec` (its netns is replaced by thaw's)."""
+    def run(self, sid: str, spec: dict, network: bool = True, nvproxy: bool = False, probes: tuple = (),
+            ports: tuple[netmod.Port, ...] = (), address: tuple[str, str, int] | None = None) -> Record:
+        """Create and start a sandbox from `spec` (its netns is replaced by thaw's).
+
+        `probes` (text or Probe) are the workload's health check, kept for its
+        checkpoints' restores; `ports` are published on the node.
+        """
         validate_id(sid)
         specmod.validate(spec)
+        probe_texts = [str(healthmod.parse(p) if isinstance(p, str) else p) for p in probes]
+        ports = tuple(ports)
+        if ports and not network:
+            raise UserError("published ports need the sandbox network (--network)")
         r = self.runsc("sandbox" if network else "none", nvproxy)
         if self.get(sid) is not None or r.exists(sid):
             raise AlreadyExists("sandbox", sid, "delete it first or pick another id")
+        self._check_ports(sid, ports)
         check_transition(sid, None, State.CREATED)
         bundle = specmod.Bundle(self.bundles_dir / sid)
-        rec = Record(id=sid, state=State.CREATED, bundle=str(bundle.path))
+        rec = Record(id=sid, state=State.CREATED, bundle=str(bundle.path), probes=probe_texts, owner=_owner())
         try:
+            self._save(rec)  # first: whatever a crash leaves from here on, `recover` finds by this record
             net = None
             if network:
-                net = netmod.plumb(sid, *self._allocate_address())
+                net = self._plumb(sid, *(address or self._allocate_address()), ports)
                 rec.net = net.to_dict()
+                self._save(rec)
             bundle.write(specmod.with_netns(spec, net.netns_path if net else None))
-            self._save(rec)
             r.create(sid, CreateOptions(bundle=bundle.path, pid_file=bundle.path / "init.pid"))
             r.start(sid)
+            rec.owner = None
             self._move(rec, State.RUNNING)
         except BaseException:
             self._undo(r, rec)
@@ -201,8 +290,13 @@ class Sandboxes:
         return rec
 
     def checkpoint(self, sid: str, out: Path, leave_running: bool = False,
-                   cuda_checkpoint_path: str | None = None) -> CheckpointResult:
-        """Save sandbox `sid` into the new directory `out` (atomically: all or nothing)."""
+                   cuda_checkpoint_path: str | None = None,
+                   mitigations: Mitigations = Mitigations()) -> CheckpointResult:
+        """Save sandbox `sid` into the new directory `out` (atomically: all or nothing).
+
+        The sandbox's gate is closed before the save; with `leave_running` it
+        opens again once the image is written.
+        """
         rec = self._require(sid)
         out = Path(out)
         if out.exists():
@@ -212,10 +306,14 @@ class Sandboxes:
         r = self.runsc("sandbox" if rec.net else "none")
         r.state(sid)  # NotFound if runsc lost it
         spec = specmod.Bundle(Path(rec.bundle)).load()
+        gated = bool(rec.net) and mitigations.gate
+        rec.owner = _owner()
         self._move(rec, State.CHECKPOINTING)
         partial = out.parent / f".{out.name}.partial-{uuid.uuid4().hex[:8]}"
         t0 = time.monotonic()
         try:
+            if gated:
+                gatemod.close(sid, self.settings.network_probe_mark, "checkpoint")
             r.checkpoint(sid, CheckpointOptions(image_path=partial, leave_running=leave_running,
                                                 compression=self.settings.checkpoint_compression,
                                                 cuda_checkpoint_path=cuda_checkpoint_path))
@@ -225,9 +323,9 @@ class Sandboxes:
                 sizes[p.name] = p.stat().st_size
             seconds = time.monotonic() - t0
             meta = {"version": IMAGE_META_VERSION, "sandbox": sid, "spec": spec, "net": rec.net,
-                    "files": sizes, "runsc_version": r.version(), "platform": self.settings.runsc_platform,
-                    "network": "sandbox" if rec.net else "none", "nvproxy": r.options.nvproxy,
-                    "checkpoint_s": seconds, "created_at": time.time()}
+                    "probes": rec.probes, "files": sizes, "runsc_version": r.version(),
+                    "platform": self.settings.runsc_platform, "network": "sandbox" if rec.net else "none",
+                    "nvproxy": r.options.nvproxy, "checkpoint_s": seconds, "created_at": time.time()}
             specmod.write_json_atomic(partial / IMAGE_META, meta)
             _fsync_dir(partial)
             os.rename(partial, out)
@@ -235,46 +333,137 @@ class Sandboxes:
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)
             # A failed save leaves the sandbox running (runsc resumes it).
-            self._move(rec, State.RUNNING if _running(r, sid) else State.STOPPED)
+            running = _running(r, sid)
+            if gated and running:
+                gatemod.open(sid, "checkpoint failed; the sandbox runs on")
+            rec.owner = None
+            self._move(rec, State.RUNNING if running else State.STOPPED)
             raise
+        rec.owner = None
+        gate_closed_s = dropped = None
         if leave_running:
+            if gated:
+                dropped = gatemod.open(sid, "image written")
+                gate_closed_s = time.monotonic() - t0
             self._move(rec, State.RUNNING)
         else:
+            if gated:  # the gate goes with the sandbox's plumbing
+                dropped = gatemod.state(sid).dropped_packets
             self._move(rec, State.STOPPED)
             self.delete(sid, force=True)
-        return CheckpointResult(out, seconds, sum(sizes.values()))
+        return CheckpointResult(out, seconds, sum(sizes.values()), gate_closed_s, dropped)
 
-    def restore(self, image: Path, sid: str) -> RestoreResult:
-        """Restore the image directory `image` as a new sandbox `sid`."""
+    def restore(self, image: Path, sid: str, probes: list | None = None,
+                mitigations: Mitigations = Mitigations(), policy: healthmod.Policy | None = None) -> RestoreResult:
+        """Restore the image directory `image` as a new sandbox `sid`.
+
+        With the gate closed: plumb the checkpoint's address, `runsc restore`,
+        health check (`probes`, default: the image's); then open the gate. An
+        unhealthy restore is removed and raises UnhealthyRestore.
+        """
         validate_id(sid)
         meta = read_image(Path(image))
         r = self.runsc(meta["network"], meta.get("nvproxy", False))
         if self.get(sid) is not None or r.exists(sid):
             raise AlreadyExists("sandbox", sid, "restore creates a new sandbox")
+        probe_list = [healthmod.parse(p) if isinstance(p, str) else p
+                      for p in (meta.get("probes") or [] if probes is None else probes)]
         check_transition(sid, None, State.RESTORING)
         bundle = specmod.Bundle(self.bundles_dir / sid)
-        rec = Record(id=sid, state=State.RESTORING, bundle=str(bundle.path), restored_from=str(image))
+        rec = Record(id=sid, state=State.RESTORING, bundle=str(bundle.path), restored_from=str(image),
+                     probes=[str(p) for p in probe_list], owner=_owner())
+        saved = meta.get("net")
+        gated = bool(saved) and mitigations.gate
         t0 = time.monotonic()
         try:
+            self._save(rec)  # first: whatever a crash leaves from here on, `recover` finds by this record
             net = None
-            saved = meta.get("net")
             if saved:
-                # Same address as at checkpoint: restored listeners and routes stay valid.
-                if saved["host_ip"] in {x["host_ip"] for x in (q.net for q in self.list_records()) if x}:
-                    raise UserError(f"sandbox address {saved['sandbox_ip']} of this image is in use by another "
-                                    "sandbox on this node; delete it first", address=saved["sandbox_ip"])
-                net = netmod.plumb(sid, saved["host_ip"], saved["sandbox_ip"], saved["prefixlen"])
+                ports = tuple(netmod.Port.parse(p) for p in saved.get("ports", []))
+                self._check_ports(sid, ports)
+                if mitigations.stable_address:
+                    # Same address as at checkpoint: restored listeners and routes stay valid.
+                    others = {q.net["host_ip"]: q.id for q in self.list_records() if q.net and q.id != sid}
+                    if saved["host_ip"] in others:
+                        raise UserError(f"sandbox address {saved['sandbox_ip']} of this image is in use by sandbox "
+                                        f"{others[saved['host_ip']]!r} on this node; delete it first",
+                                        address=saved["sandbox_ip"])
+                    addr = (saved["host_ip"], saved["sandbox_ip"], saved["prefixlen"])
+                else:
+                    addr = self._allocate_address(exclude=frozenset({saved["host_ip"]}))
+                if gated:  # before the veth exists: not one packet reaches the restored stack early
+                    gatemod.close(sid, self.settings.network_probe_mark, "restore")
+                net = self._plumb(sid, *addr, ports)
                 rec.net = net.to_dict()
+                self._save(rec)
             bundle.write(specmod.with_netns(meta["spec"], net.netns_path if net else None))
-            self._save(rec)
+            t1 = time.monotonic()
             r.restore(sid, RestoreOptions(image_path=Path(image), create=CreateOptions(
                 bundle=bundle.path, pid_file=bundle.path / "init.pid"), detach=True,
                 background=self.settings.restore_background))
+            runsc_s = time.monotonic() - t1
+            result = None
+            if mitigations.health_check:
+                result = healthmod.check(probe_list, self._target(r, rec), policy or self._policy())
+                rec.health = result.to_dict()
+                if not result.healthy:
+                    raise UnhealthyRestore(sid, str(image), rec.health, result.summary())
+            rec.owner = None
             self._move(rec, State.RUNNING)
+            # Last: from here on traffic gets in (ready_at is what "answers within N ms of the gate
+            # opening" is measured from; bench/network_flood.py).
+            dropped = gatemod.open(sid, "restored and healthy") if gated else None
+            ready_at = time.monotonic()
         except BaseException:
             self._undo(r, rec)
             raise
-        return RestoreResult(sid, time.monotonic() - t0, net.sandbox_ip if net else None)
+        log.info("restored %s from %s in %.3fs (runsc %.3fs%s)", sid, image, ready_at - t0, runsc_s,
+                 f", health {result.seconds:.3f}s" if result else "")
+        return RestoreResult(sid, ready_at - t0, net.sandbox_ip if net else None, runsc_s, result, ready_at, dropped)
+
+    def warm_start(self, image: Path, sid: str, probes: list | None = None) -> StartResult:
+        """Restore `image` as `sid`; when that fails for any reason the image's
+        workload can still start from (unhealthy, runsc error, corrupt pages),
+        start it cold from the image's spec instead: the caller gets one
+        container either way."""
+        t0 = time.monotonic()
+        try:
+            res = self.restore(image, sid, probes=probes)
+            return StartResult(sid, "restored", time.monotonic() - t0, res.sandbox_ip, res)
+        except (AlreadyExists, PreconditionError, InvalidTransition):
+            raise
+        except ThawError as e:
+            reason = f"{type(e).__name__}: {e.message}"
+            log.warning("restore of %s as %s failed, starting cold: %s", image, sid, reason)
+            try:
+                meta = read_image(Path(image))
+            except ImageError:
+                raise e from None  # no spec to start from either
+        saved = meta.get("net") or {}
+        addr = (saved["host_ip"], saved["sandbox_ip"], saved["prefixlen"]) if saved else None
+        if addr and (addr[0] in netmod.addresses_in_use()):
+            addr = None
+        rec = self.run(sid, meta["spec"], network=meta["network"] == "sandbox", nvproxy=meta.get("nvproxy", False),
+                       probes=tuple(meta.get("probes") or [] if probes is None else probes),
+                       ports=tuple(netmod.Port.parse(p) for p in saved.get("ports", [])), address=addr)
+        return StartResult(sid, "cold", time.monotonic() - t0, (rec.net or {}).get("sandbox_ip"),
+                           fallback_reason=reason)
+
+    def health(self, sid: str, probes: list | None = None,
+               policy: healthmod.Policy | None = None) -> tuple[healthmod.HealthResult, bool | None]:
+        """Run the sandbox's health check now (probes default to its own); (result,
+        gate closed?). The result is recorded in the sandbox's record."""
+        rec = self._require(sid)
+        r = self.runsc("sandbox" if rec.net else "none")
+        probe_list = [healthmod.parse(p) if isinstance(p, str) else p
+                      for p in (rec.probes if probes is None else probes)]
+        result = healthmod.check(probe_list, self._target(r, rec), policy or self._policy())
+        closed = gatemod.is_closed(sid) if rec.net else None
+        current = self.get(sid)
+        if current is not None:
+            current.health = result.to_dict()
+            self._save(current)
+        return result, closed
 
     def delete(self, sid: str, force: bool = False) -> None:
         rec = self.get(sid)
@@ -289,16 +478,64 @@ class Sandboxes:
         """Records joined with runsc's view (runsc may know sandboxes thaw does not)."""
         r = self.runsc()
         live = {c.id: c for c in r.list()}
+        closed = set(gatemod.closed_gates())
         rows = []
         for rec in self.list_records():
             c = live.pop(rec.id, None)
             rows.append({"id": rec.id, "state": rec.state.value, "runsc_status": c.status if c else "absent",
                          "pid": c.pid if c else 0, "address": (rec.net or {}).get("sandbox_ip"),
+                         "ports": (rec.net or {}).get("ports", []),
+                         "gate": ("closed" if rec.id in closed else "open") if rec.net else None,
+                         "healthy": rec.health.get("healthy") if rec.health else None,
                          "restored_from": rec.restored_from, "created_at": rec.created_at})
         for c in live.values():
             rows.append({"id": c.id, "state": "unmanaged", "runsc_status": c.status, "pid": c.pid,
-                         "address": None, "restored_from": None, "created_at": None})
+                         "address": None, "ports": [], "gate": None, "healthy": None, "restored_from": None,
+                         "created_at": None})
         return rows
+
+    def recover(self, orphans: bool = False, prefix: str = "") -> list[dict]:
+        """Remove what crashed thaw processes left behind (after kill -9, a node crash):
+
+        - a sandbox in a transitional state whose owner process is gone: removed
+          (a checkpoint whose sandbox still runs goes back to running, gate open);
+        - a running or stopped record whose runsc container is not running: removed;
+        - with `orphans`, thaw network objects (netns, veth, nftables rules) of
+          sandbox names this node has no record of (only names starting with
+          `prefix`, when given: other thaw instances may share the node).
+
+        Returns one {"id", "action", "reason"} per thing done. Idempotent.
+        """
+        r = self.runsc()
+        actions = []
+        for rec in self.list_records():
+            if rec.state in TRANSITIONAL:
+                if _owner_alive(rec.owner):
+                    continue
+                reason = f"{rec.state.value} by pid {(rec.owner or {}).get('pid')}, which is gone"
+                _wait_runsc_idle(self.settings, rec.id)  # runsc children outlive a killed owner
+            else:
+                reason = ""
+            status = _status(r, rec.id)
+            if rec.state is State.RUNNING and status in ("running", "paused"):
+                continue
+            if rec.state is State.CHECKPOINTING and status == "running":
+                if rec.net:
+                    gatemod.open(rec.id, "recover: checkpoint abandoned, the sandbox runs on")
+                rec.owner = None
+                self._move(rec, State.RUNNING)
+                actions.append({"id": rec.id, "action": "resumed", "reason": reason})
+                continue
+            reason = reason or f"{rec.state.value} but its runsc container is {status}"
+            self._undo(self.runsc("sandbox" if rec.net else "none"), rec)
+            actions.append({"id": rec.id, "action": "removed", "reason": reason})
+        if orphans:
+            keep = {rec.id for rec in self.list_records()}
+            for what in netmod.cleanup_leftovers(keep, prefix):
+                actions.append({"id": what, "action": "removed", "reason": "no sandbox record on this node"})
+        for a in actions:
+            log.info("recover: %s %s (%s)", a["action"], a["id"], a["reason"])
+        return actions
 
     def address(self, sid: str) -> str:
         rec = self._require(sid)
@@ -314,15 +551,27 @@ class Sandboxes:
             raise NotFound("sandbox", sid, "`thaw ps` lists the sandboxes thaw manages")
         return rec
 
+    def _policy(self) -> healthmod.Policy:
+        return healthmod.Policy(self.settings.health_timeout_s, self.settings.health_attempt_timeout_s)
+
+    def _target(self, r: Runsc, rec: Record) -> healthmod.Target:
+        def run_exec(argv: list[str], timeout_s: float) -> tuple[int, str]:
+            try:
+                return 0, r.exec(rec.id, argv, timeout_s=timeout_s).stdout
+            except RunscError as e:
+                return (124 if e.returncode is None else e.returncode), e.stderr_tail or e.runsc_message
+
+        return healthmod.Target(address=(rec.net or {}).get("sandbox_ip"), mark=self.settings.network_probe_mark,
+                                exec=run_exec, running=lambda: _running(r, rec.id))
+
     def _undo(self, r: Runsc, rec: Record) -> None:
-        """Remove every trace of `rec`: runsc container, netns, bundle, record."""
+        """Remove every trace of `rec`: runsc container, netns, veth, gate and NAT rules, bundle, record."""
         try:
             if r.exists(rec.id):
                 r.delete(rec.id, force=True)
         except ThawError as e:
             log.warning("runsc delete %s during cleanup: %s", rec.id, e)
-        if rec.net or (netmod.NETNS_DIR / netmod.netns_name(rec.id)).exists():
-            netmod.unplumb(rec.id)
+        netmod.unplumb(rec.id)  # whatever of it exists; a gate closed before plumbing too
         shutil.rmtree(self.bundles_dir / rec.id, ignore_errors=True)
         self._record_path(rec.id).unlink(missing_ok=True)
 
@@ -358,10 +607,64 @@ def read_image(image: Path) -> dict:
 
 
 def _running(r: Runsc, sid: str) -> bool:
+    return _status(r, sid) == "running"
+
+
+def _status(r: Runsc, sid: str) -> str:
     try:
-        return r.state(sid).status == "running"
-    except (NotFound, RunscError):
+        return r.state(sid).status
+    except NotFound:
+        return "absent"
+    except RunscError as e:
+        return f"unknown ({e.runsc_message})"
+
+
+def _proc_start(pid: int) -> int | None:
+    """Start time of process `pid` in clock ticks since boot (/proc/PID/stat field 22), None if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def _owner() -> dict:
+    return {"pid": os.getpid(), "start": _proc_start(os.getpid())}
+
+
+def _owner_alive(owner: dict | None) -> bool:
+    """The owner process still exists (the same one: pid and start time match)."""
+    if not owner or not isinstance(owner.get("pid"), int):
         return False
+    start = _proc_start(owner["pid"])
+    return start is not None and start == owner.get("start")
+
+
+# runsc subcommands that may still be working on a container after the thaw
+# process that started them died (they are not killed with their parent).
+_RUNSC_BUSY = ("create", "restore", "checkpoint", "start")
+
+
+def _wait_runsc_idle(settings: Settings, sid: str, timeout_s: float | None = None) -> None:
+    """Wait (bounded) until no runsc create/restore/checkpoint for `sid` runs under our root."""
+    deadline = time.monotonic() + (settings.runsc_timeout_s if timeout_s is None else timeout_s)
+    root_flag = f"--root={settings.runsc_root}"
+    while time.monotonic() < deadline:
+        busy = False
+        for p in Path("/proc").glob("[0-9]*/cmdline"):
+            try:
+                argv = p.read_bytes().split(b"\0")
+            except OSError:
+                continue
+            words = [a.decode(errors="replace") for a in argv if a]
+            if len(words) > 2 and words[0] == str(settings.runsc_path) and root_flag in words \
+                    and words[-1] == sid and any(w in _RUNSC_BUSY for w in words[1:-1]):
+                busy = True
+                break
+        if not busy:
+            return
+        time.sleep(0.05)
+    log.warning("runsc is still working on %s after %.0fs; recovering anyway", sid, settings.runsc_timeout_s)
 
 
 def _fsync_file(path: Path) -> None:

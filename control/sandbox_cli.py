@@ -13,6 +13,7 @@ from control.cli import Context, handle_errors, json_option
 from control.errors import UserError
 from control.progress import Progress
 from control.sandbox import Sandboxes
+from runsc_hooks import network as netmod
 from runsc_hooks import spec as specmod
 
 
@@ -28,6 +29,8 @@ class RunOptions:
     env: tuple[str, ...]
     network: bool
     binds: tuple[str, ...]
+    probes: tuple[str, ...] = ()
+    publish: tuple[str, ...] = ()
 
 
 def run_sandbox(obj: Context, o: RunOptions) -> dict:
@@ -52,8 +55,10 @@ def run_sandbox(obj: Context, o: RunOptions) -> dict:
         exe = o.command[0]
         spec = specmod.command_spec(list(o.command), rootfs=str(rootfs), env=env,
                                     extra_mounts=specmod.host_layout([*o.binds, *(p for p in [exe] if p.startswith("/"))]))
-    rec = sb.run(o.id, spec, network=o.network)
-    return {"id": rec.id, "state": rec.state.value, "address": (rec.net or {}).get("sandbox_ip")}
+    ports = tuple(netmod.Port.parse(p) for p in o.publish)
+    rec = sb.run(o.id, spec, network=o.network, probes=o.probes, ports=ports)
+    return {"id": rec.id, "state": rec.state.value, "address": (rec.net or {}).get("sandbox_ip"),
+            "ports": (rec.net or {}).get("ports", []), "probes": rec.probes}
 
 
 @click.command("run")
@@ -63,19 +68,24 @@ def run_sandbox(obj: Context, o: RunOptions) -> dict:
 @click.option("--env", multiple=True, help="KEY=VALUE for a command sandbox (repeatable).")
 @click.option("--bind", "binds", multiple=True, help="Host path to bind read-only (repeatable).")
 @click.option("--network/--no-network", default=True, help="Plumb a netns and address (default) or none.")
+@click.option("--probe", "probes", multiple=True,
+              help="Health probe kept for restores: tcp:PORT | http:PORT/PATH[=STATUS][~BODY] | "
+                   "gpu:PORT/PATH[#FIELD] | exec:CMD (repeatable).")
+@click.option("--publish", "-p", "publish", multiple=True,
+              help="Publish NODE_PORT:SANDBOX_PORT (TCP) on network.publish_address (repeatable).")
 @click.argument("command", nargs=-1)
 @json_option
 @click.pass_obj
 @handle_errors
 def run_cmd(obj: Context, sid: str, bundle: Path | None, env: tuple[str, ...], binds: tuple[str, ...],
-            network: bool, command: tuple[str, ...]) -> None:
+            network: bool, probes: tuple[str, ...], publish: tuple[str, ...], command: tuple[str, ...]) -> None:
     """Run a workload in a new runsc sandbox, from a bundle or a command (after --).
 
     A command runs on the host's own filesystem, bound read-only, with a
     private /tmp.
     """
     with Progress(not obj.json).step(f"run {sid}"):
-        out = run_sandbox(obj, RunOptions(sid, bundle, command, env, network, binds))
+        out = run_sandbox(obj, RunOptions(sid, bundle, command, env, network, binds, probes, publish))
     obj.emit(out, lambda d: f"{d['id']}: {d['state']}" + (f" at {d['address']}" if d["address"] else ""))
 
 
@@ -97,15 +107,25 @@ def checkpoint_cmd(obj: Context, sid: str, out: Path, leave_running: bool) -> No
 @click.command("restore")
 @click.argument("image", type=click.Path(path_type=Path))
 @click.option("--id", "sid", required=True, help="Id of the restored sandbox.")
+@click.option("--probe", "probes", multiple=True, help="Health probe (repeatable; default: the image's).")
+@click.option("--cold-fallback", is_flag=True,
+              help="When the restore fails or is unhealthy, start the image's workload cold instead.")
 @json_option
 @click.pass_obj
 @handle_errors
-def restore_cmd(obj: Context, image: Path, sid: str) -> None:
-    """Restore an image directory as a new sandbox."""
+def restore_cmd(obj: Context, image: Path, sid: str, probes: tuple[str, ...], cold_fallback: bool) -> None:
+    """Restore an image directory as a new sandbox; traffic is let in once it is healthy."""
+    from runsc_hooks import health as healthmod
+    parsed = [healthmod.parse(p) for p in probes] or None
+    sb = _sandboxes(obj)
     with Progress(not obj.json).step(f"restore {image} as {sid}"):
-        res = _sandboxes(obj).restore(image, sid)
-    obj.emit({"id": res.id, "restore_s": round(res.seconds, 3), "address": res.sandbox_ip},
-             lambda d: f"{d['id']}: running (restored in {d['restore_s']:.2f}s)"
+        if cold_fallback:
+            out = sb.warm_start(image, sid, probes=parsed).to_dict()
+        else:
+            out = {"mode": "restored", **sb.restore(image, sid, probes=parsed).to_dict()}
+    obj.emit(out, lambda d: f"{d['id']}: running ("
+             + (f"restored in {d.get('restore_s', d.get('seconds', 0)):.2f}s" if d["mode"] == "restored"
+                else f"started cold: {d['fallback_reason']}") + ")"
              + (f" at {d['address']}" if d["address"] else ""))
 
 
@@ -118,9 +138,10 @@ def ps_cmd(obj: Context) -> None:
     rows = _sandboxes(obj).ps()
 
     def human(rs: list[dict]) -> str:
-        lines = [f"{'ID':<28} {'STATE':<14} {'RUNSC':<10} {'PID':>7}  ADDRESS"]
+        lines = [f"{'ID':<28} {'STATE':<14} {'RUNSC':<10} {'PID':>7}  {'GATE':<6} {'ADDRESS':<15} PORTS"]
         for r in rs:
-            lines.append(f"{r['id']:<28} {r['state']:<14} {r['runsc_status']:<10} {r['pid']:>7}  {r['address'] or '-'}")
+            lines.append(f"{r['id']:<28} {r['state']:<14} {r['runsc_status']:<10} {r['pid']:>7}  "
+                         f"{r['gate'] or '-':<6} {r['address'] or '-':<15} {','.join(r['ports']) or '-'}")
         return "\n".join(lines)
     obj.emit(rows, human)
 
@@ -135,6 +156,19 @@ def delete_cmd(obj: Context, sid: str, force: bool) -> None:
     """Delete a sandbox and everything thaw made for it."""
     _sandboxes(obj).delete(sid, force=force)
     obj.emit({"id": sid, "deleted": True}, f"{sid}: deleted")
+
+
+@click.command("sandbox-gc")
+@click.option("--orphans", is_flag=True,
+              help="Also remove thaw network objects (netns, veth, nftables rules) of sandboxes with no record here.")
+@click.option("--prefix", default="", help="With --orphans: only sandbox names starting with this.")
+@json_option
+@click.pass_obj
+@handle_errors
+def sandbox_gc_cmd(obj: Context, orphans: bool, prefix: str) -> None:
+    """Recover after a crash: remove what dead thaw processes left (containers, netns, gates, NAT)."""
+    actions = _sandboxes(obj).recover(orphans=orphans, prefix=prefix)
+    obj.emit(actions, lambda a: "\n".join(f"{x['action']} {x['id']}: {x['reason']}" for x in a) or "nothing to do")
 
 
 @click.command("demo")
@@ -155,4 +189,4 @@ def demo_cmd(obj: Context, keep: bool, model_mb: int | None) -> None:
         sys.exit(1)
 
 
-COMMANDS = [run_cmd, checkpoint_cmd, restore_cmd, ps_cmd, delete_cmd, demo_cmd]
+COMMANDS = [run_cmd, checkpoint_cmd, restore_cmd, ps_cmd, delete_cmd, sandbox_gc_cmd, demo_cmd]

@@ -7,7 +7,20 @@ sandbox address that runsc moves into netstack at create/restore
 once, at the first run, and reused for every restore of that checkpoint, so
 restored listeners and routes stay valid (google/gvisor#13920).
 
-Everything thaw creates is named from the sandbox name with fixed prefixes,
+Reachability on the node (docs/network.md):
+- the sandbox address itself is routed on the node (a connected /30 per sandbox);
+- published ports: `publish_address:node_port` is DNATed to
+  `sandbox_ip:sandbox_port` (nftables, thaw's table; `nft.py`). The default
+  publish address is 127.0.0.1, which needs `route_localnet` on the host veth
+  and an SNAT of loopback sources to the host address;
+- egress: forwarding on the host veth and a masquerade of the sandbox address
+  (the node's uplink must forward too: node provisioning, not thaw);
+- the whole sandbox subnet has an `unreachable` route, so traffic for a
+  sandbox address whose sandbox is between incarnations (saved, not yet
+  restored) fails at once on the node instead of following the default route.
+
+Everything thaw creates is named from the sandbox name with fixed prefixes
+(netns `thaw-<name>`, veth `th<hash>`, nftables rules tagged `<kind>:<name>`),
 so leftovers after a crash are found and removed by name (`cleanup_leftovers`).
 """
 
@@ -22,6 +35,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from control.errors import PreconditionError, ThawError, UserError
+from runsc_hooks import nft
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +43,32 @@ NETNS_DIR = Path("/var/run/netns")
 NETNS_PREFIX = "thaw-"     # netns name: thaw-<sandbox name>
 HOST_IF_PREFIX = "th"      # host veth: th<10 hex of sha256(name)>, <= 15 chars (IFNAMSIZ-1)
 SANDBOX_IF = "eth0"
+NAT_KIND = "nat"           # nftables tag kind of DNAT/SNAT/masquerade rules
+SYSCTL_CONF = Path("/proc/sys/net/ipv4/conf")
+
+
+@dataclass(frozen=True)
+class Port:
+    """A published port: publish_address:node -> sandbox_ip:sandbox (TCP)."""
+    node: int
+    sandbox: int
+
+    @classmethod
+    def parse(cls, text: str) -> "Port":
+        """NODE:SANDBOX, or PORT for the same number on both sides."""
+        parts = str(text).split(":")
+        try:
+            nums = [int(p) for p in parts]
+        except ValueError:
+            raise UserError(f"port {text!r} must be NODE:SANDBOX or PORT (numbers)", port=str(text)) from None
+        if len(nums) == 1:
+            nums = nums * 2
+        if len(nums) != 2 or not all(0 < n < 65536 for n in nums):
+            raise UserError(f"port {text!r} must be NODE:SANDBOX or PORT, each 1-65535", port=str(text))
+        return cls(nums[0], nums[1])
+
+    def __str__(self) -> str:
+        return f"{self.node}:{self.sandbox}"
 
 
 @dataclass(frozen=True)
@@ -39,17 +79,23 @@ class SandboxNet:
     host_ip: str
     sandbox_ip: str
     prefixlen: int
+    ports: tuple[Port, ...] = ()
+    publish_address: str = "127.0.0.1"
 
     @property
     def netns_path(self) -> str:
         return str(NETNS_DIR / self.netns)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        d["ports"] = [str(p) for p in self.ports]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "SandboxNet":
-        return cls(**{k: d[k] for k in ("name", "netns", "host_if", "host_ip", "sandbox_ip", "prefixlen")})
+        return cls(**{k: d[k] for k in ("name", "netns", "host_if", "host_ip", "sandbox_ip", "prefixlen")},
+                   ports=tuple(Port.parse(p) for p in d.get("ports", ())),
+                   publish_address=d.get("publish_address", "127.0.0.1"))
 
 
 def host_if_name(name: str) -> str:
@@ -101,15 +147,21 @@ def addresses_in_use() -> set[str]:
     return used
 
 
-def plumb(name: str, host_ip: str, sandbox_ip: str, prefixlen: int = 30) -> SandboxNet:
-    """Create netns `thaw-<name>`, the veth pair, addresses and routes. Idempotent
-    for the same arguments: leftovers of an earlier attempt are removed first."""
+def plumb(name: str, host_ip: str, sandbox_ip: str, prefixlen: int = 30, subnet: str | None = None,
+          ports: tuple[Port, ...] = (), publish_address: str = "127.0.0.1", egress: bool = True) -> SandboxNet:
+    """Create netns `thaw-<name>`, the veth pair, addresses and routes, the
+    published ports and egress NAT. Idempotent for the same arguments:
+    leftovers of an earlier attempt are removed first (a closed gate of
+    `name` is kept: restore closes it before plumbing)."""
     from pyroute2 import NetNS, netns as pnetns
 
     ns = netns_name(name)
     host_if = host_if_name(name)
-    unplumb(name)
+    _check_ip(publish_address, "network.publish_address")
+    unplumb(name, keep_gate=True)
     try:
+        if subnet:
+            ensure_subnet_route(subnet)
         pnetns.create(ns)
         with _ipr() as ipr:
             ipr.link("add", ifname=host_if, kind="veth", peer={"ifname": host_if + "p"})
@@ -126,22 +178,94 @@ def plumb(name: str, host_ip: str, sandbox_ip: str, prefixlen: int = 30) -> Sand
             nsr.addr("add", index=p, address=sandbox_ip, prefixlen=prefixlen)
             nsr.link("set", index=p, state="up")
             nsr.route("add", dst="0.0.0.0/0", gateway=host_ip)
-    except Exception as e:
-        unplumb(name)
-        if isinstance(e, ThawError):
+        net = SandboxNet(name=name, netns=ns, host_if=host_if, host_ip=host_ip, sandbox_ip=sandbox_ip,
+                         prefixlen=prefixlen, ports=tuple(ports), publish_address=publish_address)
+        _nat(net, egress)
+    except BaseException as e:
+        unplumb(name, keep_gate=True)
+        if isinstance(e, ThawError) or not isinstance(e, Exception):
             raise
         raise ThawError(f"network plumbing for {name!r} failed: {e}", name=name) from e
-    net = SandboxNet(name=name, netns=ns, host_if=host_if, host_ip=host_ip, sandbox_ip=sandbox_ip,
-                     prefixlen=prefixlen)
-    log.info("plumbed %s: netns %s, %s(%s) <-> %s(%s)", name, ns, host_if, host_ip, SANDBOX_IF, sandbox_ip)
+    log.info("plumbed %s: netns %s, %s(%s) <-> %s(%s)%s", name, ns, host_if, host_ip, SANDBOX_IF, sandbox_ip,
+             "".join(f", {publish_address}:{p.node}->{p.sandbox}" for p in ports))
     return net
 
 
-def unplumb(name: str) -> None:
-    """Remove the netns and host veth of `name`, whatever of them exists."""
+def _nat(net: SandboxNet, egress: bool) -> None:
+    """Published ports (DNAT), loopback-source SNAT, egress masquerade: rules tagged nat:<name>."""
+    t = nft.tag(NAT_KIND, net.name)
+    if net.ports:
+        if ipaddress.ip_address(net.publish_address).is_loopback:
+            # A DNATed packet from 127.0.0.1 leaves through the veth: the kernel
+            # drops such "martians" unless route_localnet is set on that device;
+            # the SNAT below then gives it the host address the sandbox can answer.
+            _sysctl(net.host_if, "route_localnet", "1")
+            nft.add_rule("snat", t, nft.match_oifname(net.host_if) + nft.match_saddr_loopback()
+                         + nft.snat(net.host_ip))
+        for p in net.ports:
+            m = nft.match_daddr(net.publish_address) + nft.match_tcp_dport(p.node)
+            nft.add_rule("dnat-out", t, m + nft.dnat(net.sandbox_ip, p.sandbox))
+            nft.add_rule("dnat-pre", t, m + nft.dnat(net.sandbox_ip, p.sandbox))
+    if egress:
+        _sysctl(net.host_if, "forwarding", "1")
+        nft.add_rule("snat", t, nft.match_saddr(net.sandbox_ip) + nft.not_oifname(net.host_if) + nft.masquerade())
+
+
+def _sysctl(ifname: str, key: str, value: str) -> None:
+    p = SYSCTL_CONF / ifname / key
+    try:
+        p.write_text(value)
+    except OSError as e:
+        raise ThawError(f"setting {p} = {value} failed: {e}") from e
+
+
+def _check_ip(addr: str, what: str) -> None:
+    try:
+        if ipaddress.ip_address(addr).version != 4:
+            raise ValueError("not IPv4")
+    except ValueError:
+        raise UserError(f"{what} {addr!r} must be an IPv4 address") from None
+
+
+def ensure_subnet_route(subnet: str) -> None:
+    """`unreachable <subnet>` in the main table (idempotent): a sandbox address
+    with no live sandbox fails fast on the node instead of leaving it."""
+    with _ipr() as ipr:
+        try:
+            ipr.route("replace", dst=subnet, type="unreachable")
+        except Exception as e:  # noqa: BLE001
+            raise ThawError(f"adding route unreachable {subnet} failed: {e}") from e
+
+
+def subnet_route_present(subnet: str) -> bool:
+    net = ipaddress.ip_network(subnet)
+    with _ipr() as ipr:
+        for r in ipr.get_routes(family=2, table=254):
+            if r["dst_len"] == net.prefixlen and r.get_attr("RTA_DST") == str(net.network_address) \
+                    and r["type"] == 7:  # RTN_UNREACHABLE
+                return True
+    return False
+
+
+def remove_subnet_route(subnet: str) -> None:
+    net = ipaddress.ip_network(subnet)
+    with _ipr() as ipr:
+        try:
+            ipr.route("del", dst=subnet, type="unreachable")
+        except Exception as e:  # noqa: BLE001
+            if getattr(e, "code", None) not in (errno.ESRCH, errno.ENOENT):
+                raise
+    log.debug("removed route unreachable %s", net)
+
+
+def unplumb(name: str, keep_gate: bool = False) -> None:
+    """Remove the netns, host veth and nftables rules of `name`, whatever of them exists."""
     from pyroute2 import netns as pnetns
 
     host_if = host_if_name(name)
+    nft.delete_rules(kind=NAT_KIND, sandbox=name)
+    if not keep_gate:
+        nft.delete_rules(kind="gate", sandbox=name)
     with _ipr() as ipr:
         for ifname in (host_if, host_if + "p"):
             for idx in ipr.link_lookup(ifname=ifname):
@@ -161,28 +285,55 @@ def unplumb(name: str) -> None:
 
 
 def leftovers() -> dict[str, list[str]]:
-    """thaw's namespaces and host interfaces present on this node, by name."""
+    """thaw's namespaces, host interfaces and nftables rules on this node, by name."""
     ns = sorted(p.name for p in NETNS_DIR.glob(NETNS_PREFIX + "*")) if NETNS_DIR.is_dir() else []
     with _ipr() as ipr:
         ifs = sorted(n for n in (link.get_attr("IFLA_IFNAME") for link in ipr.get_links())
                      if n and n.startswith(HOST_IF_PREFIX))
-    return {"netns": ns, "interfaces": ifs}
+    return {"netns": ns, "interfaces": ifs, "rules": sorted(r.tag for r in nft.rules() if r.tag)}
 
 
-def cleanup_leftovers(keep: set[str] = frozenset()) -> list[str]:
-    """Remove thaw namespaces/interfaces whose sandbox name is not in `keep`."""
+def sandbox_leftovers(name: str) -> list[str]:
+    """What of `name`'s plumbing exists: netns, host veth, routes via it, nftables rules."""
+    found = []
+    if (NETNS_DIR / netns_name(name)).exists():
+        found.append("netns")
+    host_if = host_if_name(name)
+    with _ipr() as ipr:
+        idx = ipr.link_lookup(ifname=host_if) + ipr.link_lookup(ifname=host_if + "p")
+        if idx:
+            found.append("host veth")
+            if any(r.get_attr("RTA_OIF") in idx for r in ipr.get_routes(family=2)):
+                found.append("route")
+    found += [f"nft rule {r.tag}" for r in nft.rules() if r.sandbox == name]
+    return found
+
+
+def cleanup_leftovers(keep: set[str] = frozenset(), prefix: str = "") -> list[str]:
+    """Remove thaw namespaces, interfaces and rules whose sandbox name is not in
+    `keep` (only names starting with `prefix`, when given)."""
     removed = []
     keep_ifs = {host_if_name(k) for k in keep}
     for ns in leftovers()["netns"]:
         name = ns[len(NETNS_PREFIX):]
-        if name not in keep:
+        if name not in keep and name.startswith(prefix):
             unplumb(name)
             removed.append(ns)
+    for r in nft.rules():
+        if r.tag and r.sandbox not in keep and r.sandbox.startswith(prefix):
+            nft.delete_rules(rule_tag=r.tag)
+            removed.append(f"nft rule {r.tag}")
+    if prefix:  # a host veth's name is a hash: only a full sweep can tell whose it is
+        return removed
     with _ipr() as ipr:
         for link in ipr.get_links():
             n = link.get_attr("IFLA_IFNAME") or ""
             if n.startswith(HOST_IF_PREFIX) and n.removesuffix("p") not in keep_ifs:
-                ipr.link("del", index=link["index"])
+                try:
+                    ipr.link("del", index=link["index"])
+                except Exception as e:  # noqa: BLE001 - its peer took it along already
+                    if getattr(e, "code", None) != errno.ENODEV:
+                        raise
                 removed.append(n)
     return removed
 

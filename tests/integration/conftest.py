@@ -53,16 +53,12 @@ def leftovers(settings: configmod.Settings, ids: list[str]) -> dict:
     from runsc_hooks.runsc import GlobalOptions, Runsc
     r = Runsc(settings.runsc_path, GlobalOptions(root=settings.runsc_root))
     live = {c.id for c in r.list()} if settings.runsc_root.exists() else set()
-    net = netmod.leftovers()
     out: dict[str, list[str]] = {}
     for sid in ids:
         found = []
         if sid in live:
             found.append("runsc container")
-        if netmod.netns_name(sid) in net["netns"]:
-            found.append("netns")
-        if netmod.host_if_name(sid) in net["interfaces"]:
-            found.append("host veth")
+        found += netmod.sandbox_leftovers(sid)  # netns, host veth, routes, nftables rules (gate, NAT)
         if (settings.state_dir / "bundles" / sid).exists():
             found.append("bundle")
         if (settings.state_dir / "sandboxes" / f"{sid}.json").exists():
@@ -80,9 +76,25 @@ def purge(settings: configmod.Settings, prefix: str) -> None:
             if c.id.startswith(prefix):
                 subprocess.run([str(settings.runsc_path), f"--root={settings.runsc_root}", "delete", "--force", c.id],
                                capture_output=True)
-    for ns in netmod.leftovers()["netns"]:
-        if ns.startswith(netmod.NETNS_PREFIX + prefix):
-            netmod.unplumb(ns[len(netmod.NETNS_PREFIX):])
+    _kill_sandbox_processes(settings.runsc_root)
+    netmod.cleanup_leftovers(set(), prefix=prefix)  # netns, veth and nftables rules named after the test
+
+
+def _kill_sandbox_processes(root: Path) -> None:
+    """Last resort when the code under test left a sandbox runsc no longer lists: SIGKILL, by pid,
+    the runsc processes of this test's own runsc root (and no other)."""
+    import signal
+    flag = f"--root={root}".encode()
+    for p in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = p.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if flag in argv and argv[0].split(b"/")[-1].startswith(b"runsc"):
+            try:
+                os.kill(int(p.parent.name), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 @pytest.fixture(scope="session")
@@ -105,6 +117,7 @@ def base(tmp_path_factory, name, stack):
     yield b
     purge(s, name)
     remove_root(s.runsc_root)
+    netmod.remove_subnet_route(TEST_SUBNET)  # the node-level guard plumbing installs for the subnet
     shutil.rmtree(b, ignore_errors=True)
     assert not b.exists(), f"{b} could not be removed"
 

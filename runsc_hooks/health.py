@@ -1,0 +1,291 @@
+"""The restore health check: per-workload probes with timeouts and retries.
+
+A restored sandbox gets traffic only after its health check passes (the gate,
+`gate.py`, opens then); an unhealthy restore is torn down and the caller starts
+the container cold. Probes, in their text form (CLI `--probe`, records, images):
+
+    running                       the sandbox's container is running (the default)
+    tcp:PORT                      a TCP connect to the sandbox address succeeds
+    http:PORT/PATH[=STATUS][~BODY] GET answers STATUS (default 200), body contains BODY
+    gpu:PORT/PATH[#FIELD]         GET answers 200 with a JSON body whose FIELD (default
+                                  "gpu") is present and truthy: proof the GPU answered
+    exec:COMMAND ARGS...          `runsc exec` in the sandbox exits 0
+
+TCP is the weakest: netstack completes a handshake for a listener whose
+application is stuck, so prefer http (or exec) where the workload allows.
+
+Network probes set SO_MARK to the probe mark, which the closed gate lets pass;
+they connect to the sandbox address directly (never through a published port).
+Each probe is retried with exponential backoff (10 ms doubling to 250 ms)
+until it passes or the check's deadline passes; each attempt has its own
+timeout. The result records attempts and timings per probe.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import socket
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Protocol
+
+from control.errors import UserError
+
+BACKOFF_FIRST_S = 0.01
+BACKOFF_MAX_S = 0.25
+MAX_RESPONSE_BYTES = 1 << 20
+
+
+class ProbeFailed(Exception):
+    """One attempt failed; the message says how."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a probe talks to. The callables are the seams unit tests replace."""
+    address: str | None = None                                   # sandbox IPv4 address
+    mark: int | None = None                                      # SO_MARK for probe sockets
+    exec: Callable[[list[str], float], tuple[int, str]] | None = None  # argv, timeout -> (rc, output)
+    running: Callable[[], bool] | None = None
+
+
+class Probe(Protocol):
+    def attempt(self, target: Target, timeout_s: float) -> str: ...
+    def __str__(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class RunningProbe:
+    def attempt(self, target: Target, timeout_s: float) -> str:
+        if target.running is None:
+            raise ProbeFailed("no way to ask runsc for the container state")
+        if not target.running():
+            raise ProbeFailed("container is not running")
+        return "running"
+
+    def __str__(self) -> str:
+        return "running"
+
+
+def _connect(target: Target, port: int, timeout_s: float) -> socket.socket:
+    if not target.address:
+        raise ProbeFailed("the sandbox has no network address")
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        if target.mark:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, target.mark)
+        s.settimeout(max(timeout_s, 0.001))
+        s.connect((target.address, port))
+        return s
+    except OSError as e:
+        s.close()
+        raise ProbeFailed(f"connect {target.address}:{port}: {e.strerror or e}") from None
+
+
+@dataclass(frozen=True)
+class TcpProbe:
+    port: int
+
+    def attempt(self, target: Target, timeout_s: float) -> str:
+        _connect(target, self.port, timeout_s).close()
+        return "connected"
+
+    def __str__(self) -> str:
+        return f"tcp:{self.port}"
+
+
+def http_get(target: Target, port: int, path: str, timeout_s: float) -> tuple[int, bytes]:
+    """A minimal HTTP/1.1 GET over a marked socket: (status, body)."""
+    deadline = time.monotonic() + timeout_s
+    s = _connect(target, port, timeout_s)
+    try:
+        s.sendall(f"GET {path} HTTP/1.1\r\nHost: {target.address}\r\nConnection: close\r\n\r\n".encode())
+        buf = b""
+        while len(buf) < MAX_RESPONSE_BYTES:
+            s.settimeout(max(deadline - time.monotonic(), 0.001))
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+            head, sep, body = buf.partition(b"\r\n\r\n")
+            if sep:
+                length = _content_length(head)
+                if length is not None and len(body) >= length:
+                    break
+    except OSError as e:
+        raise ProbeFailed(f"GET {path}: {e.strerror or e}") from None
+    finally:
+        s.close()
+    head, sep, body = buf.partition(b"\r\n\r\n")
+    parts = head.split(b"\r\n", 1)[0].split()
+    if not sep or len(parts) < 2 or not parts[0].startswith(b"HTTP/") or not parts[1].isdigit():
+        raise ProbeFailed(f"GET {path}: not an HTTP response: {buf[:80]!r}")
+    return int(parts[1]), body
+
+
+def _content_length(head: bytes) -> int | None:
+    for line in head.split(b"\r\n")[1:]:
+        k, _, v = line.partition(b":")
+        if k.strip().lower() == b"content-length" and v.strip().isdigit():
+            return int(v.strip())
+    return None
+
+
+@dataclass(frozen=True)
+class HttpProbe:
+    port: int
+    path: str = "/"
+    status: int = 200
+    body: str | None = None      # a substring the body must contain
+
+    def attempt(self, target: Target, timeout_s: float) -> str:
+        status, body = http_get(target, self.port, self.path, timeout_s)
+        if status != self.status:
+            raise ProbeFailed(f"GET {self.path} answered {status}, expected {self.status}")
+        if self.body is not None and self.body.encode() not in body:
+            raise ProbeFailed(f"GET {self.path} body lacks {self.body!r}: {body[:80]!r}")
+        return f"{status}"
+
+    def __str__(self) -> str:
+        return f"http:{self.port}{self.path}" + (f"={self.status}" if self.status != 200 else "") + \
+            (f"~{self.body}" if self.body is not None else "")
+
+
+@dataclass(frozen=True)
+class GpuProbe:
+    """An HTTP request the workload answers by using its GPU; the JSON field proves it did."""
+    port: int
+    path: str = "/gpu"
+    field: str = "gpu"
+
+    def attempt(self, target: Target, timeout_s: float) -> str:
+        status, body = http_get(target, self.port, self.path, timeout_s)
+        if status != 200:
+            raise ProbeFailed(f"GET {self.path} answered {status}, expected 200")
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            raise ProbeFailed(f"GET {self.path} did not answer JSON: {body[:80]!r}") from None
+        value = doc.get(self.field) if isinstance(doc, dict) else None
+        if not value:
+            raise ProbeFailed(f"GET {self.path}: field {self.field!r} is missing or false: {body[:120]!r}")
+        return f"{self.field}={json.dumps(value)[:80]}"
+
+    def __str__(self) -> str:
+        return f"gpu:{self.port}{self.path}" + (f"#{self.field}" if self.field != "gpu" else "")
+
+
+@dataclass(frozen=True)
+class ExecProbe:
+    argv: tuple[str, ...]
+
+    def attempt(self, target: Target, timeout_s: float) -> str:
+        if target.exec is None:
+            raise ProbeFailed("no way to exec in the sandbox")
+        rc, out = target.exec(list(self.argv), timeout_s)
+        if rc != 0:
+            raise ProbeFailed(f"{shlex.join(self.argv)} exited {rc}: {out.strip()[-200:]}")
+        return "exit 0"
+
+    def __str__(self) -> str:
+        return "exec:" + shlex.join(self.argv)
+
+
+def parse(text: str) -> Probe:
+    """A probe from its text form (module docstring); UserError naming the probe when bad."""
+    kind, sep, rest = str(text).partition(":")
+    try:
+        if text == "running":
+            return RunningProbe()
+        if not sep:
+            raise ValueError("expected KIND:...")
+        if kind == "tcp":
+            return TcpProbe(_port(rest))
+        if kind == "exec":
+            argv = tuple(shlex.split(rest))
+            if not argv:
+                raise ValueError("exec needs a command")
+            return ExecProbe(argv)
+        if kind in ("http", "gpu"):
+            port_s, slash, path = rest.partition("/")
+            path = "/" + path if slash else "/"
+            if kind == "gpu":
+                path, _, fld = path.partition("#")
+                return GpuProbe(_port(port_s), path if slash else "/gpu", fld or "gpu")
+            path, _, body = path.partition("~")
+            path, eq, status = path.partition("=")
+            st = int(status) if eq else 200
+            if not 100 <= st <= 599:
+                raise ValueError(f"status {st} is not an HTTP status")
+            return HttpProbe(_port(port_s), path, st, body if "~" in rest else None)
+        raise ValueError(f"unknown kind {kind!r}: use running, tcp, http, gpu or exec")
+    except ValueError as e:
+        raise UserError(f"probe {text!r}: {e}", probe=str(text)) from None
+
+
+def _port(s: str) -> int:
+    p = int(s)
+    if not 0 < p < 65536:
+        raise ValueError(f"port {p} outside 1-65535")
+    return p
+
+
+@dataclass(frozen=True)
+class Policy:
+    timeout_s: float = 30.0          # deadline of the whole check
+    attempt_timeout_s: float = 2.0   # of one attempt
+
+
+@dataclass
+class ProbeResult:
+    probe: str
+    ok: bool
+    attempts: int
+    seconds: float                   # from the check's start to this probe's verdict
+    detail: str                      # the passing answer, or the last failure
+
+
+@dataclass
+class HealthResult:
+    healthy: bool
+    seconds: float
+    probes: list[ProbeResult] = field(default_factory=list)
+    checked_at: float = 0.0          # wall clock, for records
+
+    def to_dict(self) -> dict:
+        return {"healthy": self.healthy, "seconds": round(self.seconds, 4), "checked_at": self.checked_at,
+                "probes": [{**asdict(p), "seconds": round(p.seconds, 4)} for p in self.probes]}
+
+    def summary(self) -> str:
+        return "; ".join(f"{p.probe}: {'ok' if p.ok else 'FAILED'} after {p.attempts} attempt(s), "
+                         f"{p.seconds:.3f}s ({p.detail})" for p in self.probes)
+
+
+def check(probes: list[Probe], target: Target, policy: Policy = Policy(),
+          clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> HealthResult:
+    """Run `probes` in order, each retried until it passes or the deadline passes."""
+    t0 = clock()
+    deadline = t0 + policy.timeout_s
+    results = []
+    for probe in probes or [RunningProbe()]:
+        attempts, backoff, detail, ok = 0, BACKOFF_FIRST_S, "", False
+        while True:
+            attempts += 1
+            left = deadline - clock()
+            try:
+                detail = probe.attempt(target, max(min(policy.attempt_timeout_s, left), 0.001))
+                ok = True
+                break
+            except ProbeFailed as e:
+                detail = str(e)
+            left = deadline - clock()
+            if left <= 0:
+                break
+            sleep(min(backoff, left))
+            backoff = min(backoff * 2, BACKOFF_MAX_S)
+        results.append(ProbeResult(str(probe), ok, attempts, clock() - t0, detail))
+        if not ok:
+            break  # later probes would only burn the deadline
+    return HealthResult(all(r.ok for r in results) and len(results) == len(probes or [1]), clock() - t0,
+                        results, time.time())
