@@ -20,6 +20,13 @@ def serve_cmd(obj: Context, socket_path: str | None) -> None:
     s = obj.settings
     if socket_path:
         s = configmod.replace(s, thawd_socket=Path(socket_path))
+    # What a crashed thaw left of the sandboxes it runs itself (netns, gate
+    # rules, records whose owner died) goes first, as after a node reboot.
+    import logging
+
+    from control.sandbox import Sandboxes
+    for row in Sandboxes(s).recover():
+        logging.getLogger("thawd").info("recovered sandbox leftovers: %s", row)
     images = ImageSource(s)
     daemon.serve(s, images, images.node.hash())
 
