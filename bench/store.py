@@ -214,7 +214,7 @@ def run(settings: configmod.Settings, *, image_bytes: int, workdir: Path, out: P
         if sweep:
             configs = [(a, w) for a in (256 << 10, 1 << 20, 4 << 20) for w in (4, 8, 16)]
         result["fetch"] = [fetch_bench(base, sw, work, big, tup, reps, a, w) for a, w in configs]
-        shutil.rmtree(big.parent)
+        workloads.remove_tree(big.parent)
         sets = make_images(settings.runsc_path, work)
         avgs = (64 << 10, 256 << 10, 1 << 20, 4 << 20) if sweep else (settings.pack_avg_chunk_bytes,)
         result["dedup"] = {name: [dedup_bench(base, work, imgs, tup, a, f"dedup-{name}-{a >> 10}k") for a in avgs]
@@ -241,7 +241,7 @@ def run(settings: configmod.Settings, *, image_bytes: int, workdir: Path, out: P
         "avg_chunk_bytes": settings.pack_avg_chunk_bytes, "workers": settings.store_workers,
     }
     result.update(result["summary"])
-    shutil.rmtree(work, ignore_errors=True)
+    workloads.remove_tree(work)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2, sort_keys=False) + "\n")

@@ -198,6 +198,24 @@ class Store:
         except (ClientError, BotoCoreError) as e:
             raise self._fail("list", base, e) from None
 
+    def delete_bucket(self) -> None:
+        """Empty and delete the bucket (tests and benchmarks clean up with this)."""
+        try:
+            self.client.head_bucket(Bucket=self.bucket)
+        except ClientError:
+            return
+        except BotoCoreError as e:
+            raise self._fail("head-bucket", "", e) from None
+        saved, self.prefix = self.prefix, ""
+        try:
+            self.delete_prefix("")
+        finally:
+            self.prefix = saved
+        try:
+            self.client.delete_bucket(Bucket=self.bucket)
+        except (ClientError, BotoCoreError) as e:
+            raise self._fail("delete-bucket", "", e) from None
+
     # -- plain objects (benchmarks compare against boto3's own transfer) ----------
 
     def delete_prefix(self, prefix: str) -> int:

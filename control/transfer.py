@@ -261,8 +261,9 @@ def fill(manifest: Manifest, dest: Path, store: Store | None, sources: Sources, 
                 try:
                     data = pack.decode(loc.codec, payload, lengths[h])
                 except ValueError as e:
-                    raise IntegrityError("store", h, f"cannot decode it from {store.pack_name(r.pack)} "
-                                                     f"at {loc.offset}: {e}") from None
+                    raise IntegrityError("store", h, f"bytes at {store.pack_name(r.pack)} offset {loc.offset} "
+                                                     f"do not decode ({e}): the stored chunk was altered or "
+                                                     "damaged") from None
                 got = pack.sha256(data)
                 if got != h:
                     raise IntegrityError("store", h, f"bytes at {store.pack_name(r.pack)} offset {loc.offset} "
