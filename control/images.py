@@ -175,7 +175,7 @@ def push(cache: Cache | None, store: Store, directory: Path, key: str, node: Com
     local cache hold exactly the published manifest (ours, or the winner's)."""
     layout = pack.pack(directory, key, node, chunker, avg_chunk)
     if on_total:
-        on_total(layout.size)
+        on_total(sum(layout.unique_chunks().values()))   # what the upload progress counts
     store.ensure_bucket()
     locations, up = transfer.upload(layout, directory, store, workers=workers, progress=progress)
     m = dataclasses.replace(layout, locations=locations)

@@ -123,6 +123,35 @@ def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
         offset += n
 
 
+_IOV_MAX = 1024
+
+
+def _write_runs(writes: list[tuple[int, int, bytes | memoryview]]) -> None:
+    """Write (fd, offset, data) items, merging neighbours into one pwritev each
+    (a range's chunks are mostly contiguous in the file: one syscall, no copy)."""
+    writes.sort(key=lambda w: (w[0], w[1]))
+    i = 0
+    while i < len(writes):
+        fd, start, first = writes[i]
+        bufs = [first]
+        end = start + len(first)
+        j = i + 1
+        while j < len(writes) and writes[j][0] == fd and writes[j][1] == end and len(bufs) < _IOV_MAX:
+            bufs.append(writes[j][2])
+            end += len(writes[j][2])
+            j += 1
+        done = os.pwritev(fd, bufs, start) if len(bufs) > 1 else 0
+        if done < end - start:   # a short pwritev (or a single buffer): finish buffer by buffer
+            off = start
+            for b in bufs:
+                n = len(b)
+                if off + n > start + done:
+                    skip = max(0, start + done - off)
+                    _pwrite_all(fd, memoryview(b)[skip:], off + skip)
+                off += n
+        i = j
+
+
 def read_local(copy: LocalCopy, length: int) -> bytes | None:
     """The bytes at a local copy, or None if it is gone or short."""
     try:
@@ -256,6 +285,7 @@ def fill(manifest: Manifest, dest: Path, store: Store | None, sources: Sources, 
 
         def from_store(r: _Range) -> None:
             body = memoryview(store.get_range(r.pack, r.start, r.length))
+            writes: list[tuple[int, int, bytes | memoryview]] = []
             for h, loc in r.chunks:
                 payload = body[loc.offset - r.start:loc.offset - r.start + loc.stored]
                 try:
@@ -268,11 +298,17 @@ def fill(manifest: Manifest, dest: Path, store: Store | None, sources: Sources, 
                 if got != h:
                     raise IntegrityError("store", h, f"bytes at {store.pack_name(r.pack)} offset {loc.offset} "
                                                      f"hash to {got}: the stored chunk was altered or damaged")
-                put(h, data)
+                writes += [(fd, off, data) for fd, off in places[h]]
                 with lock:
                     stats.fetched_chunks += 1
                     stats.fetched_bytes += loc.stored
                     stats.fetched_raw_bytes += lengths[h]
+            _write_runs(writes)
+            n = sum(len(w[2]) for w in writes)
+            with lock:
+                stats.written_bytes += n
+            if progress:
+                progress(n)
 
         _run_pool(workers, plan_ranges(manifest, remote), from_store)
         for fd in fds:

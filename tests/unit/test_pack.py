@@ -72,3 +72,23 @@ def test_image_files(tmp_path):
     (tmp_path / "sub").mkdir()
     with pytest.raises(ImageError, match="regular files only"):
         pack.image_files(tmp_path)
+
+
+def test_write_runs_merges_neighbours_and_survives_short_writes(tmp_path, monkeypatch):
+    from control import transfer
+    p = tmp_path / "f"
+    fd = os.open(p, os.O_RDWR | os.O_CREAT)
+    try:
+        os.ftruncate(fd, 40)
+        calls = []
+        real = os.pwritev
+
+        def short(fd_, bufs, off):   # write only the first buffer of each call
+            calls.append(len(bufs))
+            return real(fd_, bufs[:1], off)
+        monkeypatch.setattr(transfer.os, "pwritev", short)
+        transfer._write_runs([(fd, 10, b"cccc"), (fd, 0, b"aaaa"), (fd, 4, b"bbbbbb"), (fd, 30, memoryview(b"zz"))])
+        assert calls == [3]          # 0..4, 4..10 and 10..14 in one call; 30..32 alone
+    finally:
+        os.close(fd)
+    assert p.read_bytes() == b"aaaabbbbbbcccc" + bytes(16) + b"zz" + bytes(8)
