@@ -30,6 +30,8 @@ from runsc_hooks.runsc import CheckpointOptions, CreateOptions, GlobalOptions, R
 #   ngram SEED           a word-bigram table built from seeded generated text
 #   kv SEED N            a dict of N JSON documents (a service's in-memory state)
 #   ballast MB           MB of seeded random bytes (a large image for the fetch benchmark)
+#   mixed MB             MB of memory: half random (weights), a quarter zeroed but committed
+#                        buffers (staging/KV areas), a quarter low-entropy bytes (4 bits/byte)
 #   finetune SEED MB [ngram|kv]   the base model /data/base.bin read into memory, plus an
 #                        adapter of MB seeded weights, plus optional extra state
 WORKLOAD = r'''
@@ -69,6 +71,16 @@ elif model == "finetune":
     if "kv" in args[2:]:
         extra = {f"k{i}": json.dumps({"i": i, "v": rng.random()}) for i in range(100000)}
     state = (base, adapter, extra)
+elif model == "mixed":
+    rng = random.Random(8)
+    mb = int(args[0])
+    weights = [bytearray(rng.randbytes(1 << 20)) for _ in range(mb // 2)]
+    zeroed = bytearray((mb // 4) << 20)
+    for i in range(0, len(zeroed), 4096):
+        zeroed[i] = 0          # a write commits the page (zeros, like a cleared buffer)
+    table = bytes.maketrans(bytes(range(256)), b"etaoinshrdlucmfw" * 16)
+    text = [rng.randbytes(1 << 20).translate(table) for _ in range(mb // 4)]
+    state = (weights, zeroed, text)
 elif model == "ballast":
     rng = random.Random(7)
     mb = int(args[0])

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from control import config, images, seaweed
+from control import images, seaweed
 from control.cache import MANIFEST_FILE
 from control.errors import CacheFull, IntegrityError, ManifestError, StoreError, TupleMismatch
 from control.store import Store
 from runsc_hooks.runsc import CreateOptions, GlobalOptions, RestoreOptions, Runsc
-from tests.conftest import REPO, require
+from tests.conftest import REPO
 
 from .conftest import cli_env, make_settings, run_all, thaw, thaw_json
 
