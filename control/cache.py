@@ -1,7 +1,7 @@
 """The node cache: checkpoint images on local disk, ready for `runsc restore`.
 
 Layout under the cache root:
-    index.sqlite                   entries (key, tuple, size, state, last use), their
+    index.sqlite                   (WAL; index.lock guards its creation) entries (key, tuple, size, state, last use), their
                                    chunks (where each chunk lies, for dedup), leases,
                                    reservations of space for downloads in progress
     entries/<key>@<tuple16>@<id>/  one entry: the image files and .thaw-manifest.json
@@ -133,19 +133,22 @@ class Cache:
         self.verify_mode = verify
         for d in ("entries", "tmp", "locks", "trash"):
             (self.root / d).mkdir(parents=True, exist_ok=True)
-        db = self._connect()
-        try:
-            db.executescript(_SCHEMA)
-        finally:
-            db.close()
+        # One process at a time creates the schema and switches the journal
+        # to WAL (that switch needs the database to itself).
+        with FileLock(self.root / "index.lock", timeout=60):
+            db = sqlite3.connect(self.root / "index.sqlite", timeout=60, isolation_level=None)
+            try:
+                db.execute("PRAGMA journal_mode=WAL")
+                db.executescript(_SCHEMA)
+            finally:
+                db.close()
 
     # -- plumbing -------------------------------------------------------------------
 
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.root / "index.sqlite", timeout=60, isolation_level=None)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=FULL")
         db.execute("PRAGMA busy_timeout=60000")
+        db.execute("PRAGMA synchronous=FULL")
         return db
 
     @contextmanager

@@ -16,7 +16,7 @@ import pytest
 
 from control import images, seaweed
 from control.cache import MANIFEST_FILE
-from control.errors import CacheFull, IntegrityError, ManifestError, StoreError, TupleMismatch
+from control.errors import CacheFull, ManifestError, StoreError, TupleMismatch
 from control.store import Store
 from runsc_hooks.runsc import CreateOptions, GlobalOptions, RestoreOptions, Runsc
 from tests.conftest import REPO
@@ -337,12 +337,13 @@ def test_cpu_feature_superset_restores_subset_does_not(settings, checkpoints, no
         pull(c, "wl", dataclasses.replace(node, cpu_features=node.cpu_features[2:]))
 
 
-def test_integrity_error_from_store_is_typed(settings, checkpoints, node, scratch):
-    """Guards the error class the CLI maps to exit 65 (see test_chunk_altered_in_store)."""
+def test_truncated_pack_is_a_clear_store_error(settings, checkpoints, node, scratch):
     push(settings, checkpoints["runtime"], "wl", node, cache=False)
     store = Store(settings)
     m = images.remote_manifest(store, "wl", node)
-    pack_name = m.packs[0]
-    store.client.put_object(Bucket=settings.store_bucket, Key=store.pack_name(pack_name), Body=b"\0" * 16)
-    with pytest.raises((IntegrityError, StoreError)):
-        pull(other_node(settings, scratch, "b"), "wl", node)
+    store.client.put_object(Bucket=settings.store_bucket, Key=store.pack_name(m.packs[0]), Body=b"\0" * 16)
+    b = other_node(settings, scratch, "b")
+    with pytest.raises(StoreError) as e:
+        pull(b, "wl", node)
+    assert m.packs[0] in str(e.value)
+    assert images.open_cache(b).entries() == [] and list((b.cache_dir / "tmp").iterdir()) == []
