@@ -30,6 +30,8 @@ from runsc_hooks.runsc import CheckpointOptions, CreateOptions, GlobalOptions, R
 #   ngram SEED           a word-bigram table built from seeded generated text
 #   kv SEED N            a dict of N JSON documents (a service's in-memory state)
 #   ballast MB           MB of seeded random bytes (a large image for the fetch benchmark)
+#   mixed MB             MB of memory: half random (weights), a quarter zeroed but committed
+#                        buffers (staging/KV areas), a quarter low-entropy bytes (4 bits/byte)
 #   finetune SEED MB [ngram|kv]   the base model /data/base.bin read into memory, plus an
 #                        adapter of MB seeded weights, plus optional extra state
 WORKLOAD = r'''
@@ -69,15 +71,52 @@ elif model == "finetune":
     if "kv" in args[2:]:
         extra = {f"k{i}": json.dumps({"i": i, "v": rng.random()}) for i in range(100000)}
     state = (base, adapter, extra)
+elif model == "mixed":
+    rng = random.Random(8)
+    mb = int(args[0])
+    weights = [bytearray(rng.randbytes(1 << 20)) for _ in range(mb // 2)]
+    zeroed = bytearray((mb // 4) << 20)
+    for i in range(0, len(zeroed), 4096):
+        zeroed[i] = 0          # a write commits the page (zeros, like a cleared buffer)
+    table = bytes.maketrans(bytes(range(256)), b"etaoinshrdlucmfw" * 16)
+    text = [rng.randbytes(1 << 20).translate(table) for _ in range(mb // 4)]
+    state = (weights, zeroed, text)
 elif model == "ballast":
     rng = random.Random(7)
     mb = int(args[0])
     state = [bytearray(rng.randbytes(1 << 20)) for _ in range(mb)]
+boot = os.urandom(8).hex()
 with open(ready, "a") as f:
-    f.write(json.dumps({"ready": True, "model": model, "startup_s": time.time() - t0}) + "\n")
+    f.write(json.dumps({"ready": True, "model": model, "boot": boot, "startup_s": time.time() - t0}) + "\n")
+beats = open(os.path.join(os.path.dirname(ready), "beats.jsonl"), "a", buffering=1)
+n = 0
 while True:
-    time.sleep(1)
+    n += 1
+    beats.write(json.dumps({"beat": n, "boot": boot}) + "\n")
+    time.sleep(0.25)
 '''
+
+
+def remove_tree(path: Path) -> None:
+    """rm -rf that first unmounts what runsc left mounted below `path`
+    (`--network=none` binds a `null-netns` file into the runsc root)."""
+    import os
+    path = Path(path)
+    if not path.exists():
+        return
+    prefix = str(path.resolve()).rstrip("/") + "/"
+    mounts = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            mp = line.split()[4].replace("\\040", " ")
+            if mp.startswith(prefix):
+                mounts.append(mp)
+    for mp in sorted(mounts, key=len, reverse=True):
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.umount2(mp.encode(), 2) != 0:   # MNT_DETACH
+            raise OSError(ctypes.get_errno(), f"umount {mp}: {os.strerror(ctypes.get_errno())}")
+    shutil.rmtree(path)
 
 
 def make_base_model(path: Path, mb: int = 128, seed: int = 99) -> Path:
@@ -97,7 +136,7 @@ def make_checkpoint(runsc_bin: Path, workdir: Path, name: str, model_args: list[
     """Run the workload with `model_args` in a fresh sandbox, wait until it is
     ready, checkpoint it; the image directory (workdir/name/image)."""
     base = workdir / name
-    shutil.rmtree(base, ignore_errors=True)
+    remove_tree(base)
     share = base / "share"
     share.mkdir(parents=True)
     (share / "workload.py").write_text(WORKLOAD)

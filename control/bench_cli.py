@@ -38,17 +38,17 @@ def bench() -> None:
               show_default=True, help="Scratch space (SeaweedFS data, images, caches); removed at the end.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the result JSON here (e.g. bench/results/store-<date>.json).")
-@click.option("--dedup-images", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Directory of runsc checkpoint image directories for the dedup part "
-                   "(default: make them with runsc now).")
+@click.option("--reps", type=int, default=5, show_default=True, help="Alternating fetch runs (medians reported).")
+@click.option("--sweep/--no-sweep", default=True, show_default=True,
+              help="Also measure other chunk sizes (fetch at 1 MiB; dedup at 64 KiB..4 MiB).")
 @json_option
 @click.pass_obj
 @handle_errors
-def bench_store(obj: Context, image_gb: float, workdir: Path, out: Path | None, dedup_images: Path | None) -> None:
+def bench_store(obj: Context, image_gb: float, workdir: Path, out: Path | None, reps: int, sweep: bool) -> None:
     """Store benchmarks: fetch vs boto3 download_file and the disk, dedup across real checkpoints."""
     mod = load_bench("store")
     result = mod.run(obj.settings, image_bytes=int(image_gb * (1 << 30)), workdir=workdir, out=out,
-                     dedup_images=dedup_images)
+                     reps=reps, sweep=sweep)
     obj.emit(result, mod.human)
 
 

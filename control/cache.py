@@ -1,7 +1,7 @@
 """The node cache: checkpoint images on local disk, ready for `runsc restore`.
 
 Layout under the cache root:
-    index.sqlite                   entries (key, tuple, size, state, last use), their
+    index.sqlite                   (WAL; index.lock guards its creation) entries (key, tuple, size, state, last use), their
                                    chunks (where each chunk lies, for dedup), leases,
                                    reservations of space for downloads in progress
     entries/<key>@<tuple16>@<id>/  one entry: the image files and .thaw-manifest.json
@@ -30,7 +30,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from filelock import FileLock
 from filelock import Timeout as LockTimeout
@@ -133,19 +133,22 @@ class Cache:
         self.verify_mode = verify
         for d in ("entries", "tmp", "locks", "trash"):
             (self.root / d).mkdir(parents=True, exist_ok=True)
-        db = self._connect()
-        try:
-            db.executescript(_SCHEMA)
-        finally:
-            db.close()
+        # One process at a time creates the schema and switches the journal
+        # to WAL (that switch needs the database to itself).
+        with FileLock(self.root / "index.lock", timeout=60):
+            db = sqlite3.connect(self.root / "index.sqlite", timeout=60, isolation_level=None)
+            try:
+                db.execute("PRAGMA journal_mode=WAL")
+                db.executescript(_SCHEMA)
+            finally:
+                db.close()
 
     # -- plumbing -------------------------------------------------------------------
 
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.root / "index.sqlite", timeout=60, isolation_level=None)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=FULL")
         db.execute("PRAGMA busy_timeout=60000")
+        db.execute("PRAGMA synchronous=FULL")
         return db
 
     @contextmanager
@@ -287,19 +290,25 @@ class Cache:
 
     # -- sources for dedup ---------------------------------------------------------------
 
-    def sources(self) -> Sources:
-        """Where chunks lie in this cache (ready and corrupt entries; checked on read)."""
-        def look(h: str) -> list[LocalCopy]:
-            db = self._connect()
-            try:
+    def sources(self, hashes: Iterable[str]) -> Sources:
+        """Where the chunks `hashes` lie in this cache (ready entries first, then
+        corrupt ones; every copy is hash-checked when read). One index query per
+        500 hashes, done here, not per chunk."""
+        want = list(dict.fromkeys(hashes))
+        found: dict[str, list[LocalCopy]] = {}
+        db = self._connect()
+        try:
+            for i in range(0, len(want), 500):
+                part = want[i:i + 500]
                 rows = db.execute(
-                    "SELECT c.entry, c.file, c.offset FROM chunks c JOIN entries e ON e.id = c.entry "
-                    "WHERE c.hash = ? AND e.state IN ('ready', 'corrupt') "
-                    "ORDER BY e.state = 'corrupt' LIMIT 3", (h,)).fetchall()
-            finally:
-                db.close()
-            return [LocalCopy(self.entry_path(eid) / f, off, eid) for eid, f, off in rows]
-        return look
+                    "SELECT c.hash, c.entry, c.file, c.offset FROM chunks c JOIN entries e ON e.id = c.entry "
+                    f"WHERE c.hash IN ({','.join('?' * len(part))}) AND e.state IN ('ready', 'corrupt') "
+                    "ORDER BY e.state = 'corrupt'", part).fetchall()
+                for h, eid, f, off in rows:
+                    found.setdefault(h, []).append(LocalCopy(self.entry_path(eid) / f, off, eid))
+        finally:
+            db.close()
+        return lambda h: found.get(h, [])[:3]
 
     # -- space ---------------------------------------------------------------------------
 

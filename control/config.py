@@ -281,7 +281,7 @@ _KEYS: dict[str, tuple[str, Callable[[Any], Any], Callable[[], Any]]] = {
     "store.timeout_s": ("store_timeout_s", _positive(_parse_float), lambda: 30.0),
     "store.retries": ("store_retries", _positive(_parse_int), lambda: 3),
     "pack.chunker": ("pack_chunker", _parse_path, lambda: _default_build_dir() / "thaw-chunk"),
-    "pack.avg_chunk_bytes": ("pack_avg_chunk_bytes", _power_of_two, lambda: 1 << 20),
+    "pack.avg_chunk_bytes": ("pack_avg_chunk_bytes", _power_of_two, lambda: 256 << 10),
     "cache.lock_timeout_s": ("cache_lock_timeout_s", _positive(_parse_float), lambda: 900.0),
     "cache.verify": ("cache_verify", _one_of("stat", "full"), lambda: "stat"),
     "cache.dir": ("cache_dir", _parse_abs_path, lambda: Path("/var/lib/thaw/cache")),

@@ -12,6 +12,7 @@ thawd's, later); the modules below do the parts.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
 from dataclasses import dataclass, field
@@ -120,7 +121,7 @@ def pull(cache: Cache, store: Store | None, key: str, node: CompatTuple, *, work
         m = remote_manifest(store, key, node, reasons)
         if on_total:
             on_total(m.size)
-        entry_id, stats = _fill_and_install(cache, store, m, cache.sources(),
+        entry_id, stats = _fill_and_install(cache, store, m, cache.sources(m.unique_chunks()),
                                             workers=workers, progress=progress)
         for e in cache.entries(key):
             if e.state == "corrupt" and cache.evict(e.id):
@@ -172,11 +173,12 @@ def push(cache: Cache | None, store: Store, directory: Path, key: str, node: Com
          on_total=None) -> PushResult:
     """Publish an image directory under `key` for `node`'s tuple, then make the
     local cache hold exactly the published manifest (ours, or the winner's)."""
-    m = pack.pack(directory, key, node, chunker, avg_chunk)
+    layout = pack.pack(directory, key, node, chunker, avg_chunk)
     if on_total:
-        on_total(m.size)
+        on_total(sum(layout.unique_chunks().values()))   # what the upload progress counts
     store.ensure_bucket()
-    up = transfer.upload(m, directory, store, workers=workers, progress=progress)
+    locations, up = transfer.upload(layout, directory, store, workers=workers, progress=progress)
+    m = dataclasses.replace(layout, locations=locations)
     won = store.put_manifest_if_absent(key, m.tuple_hash, m.to_json())
     final = m
     if not won:
@@ -204,7 +206,7 @@ def _install_published(cache: Cache, store: Store, final: Manifest, directory: P
             # A different image under the same key and tuple (e.g. this node lost a
             # publishing race earlier): the store's manifest is the truth.
             cache.mark_corrupt(e.id)
-        sources = transfer.chain(transfer.dir_sources(ours, directory), cache.sources())
+        sources = transfer.chain(transfer.dir_sources(ours, directory), cache.sources(final.unique_chunks()))
         entry_id, _ = _fill_and_install(cache, store, final, sources, workers=workers, progress=None)
         for e in cache.entries(final.key):
             if e.state == "corrupt":

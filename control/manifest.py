@@ -2,8 +2,11 @@
 
 A manifest names the workload key, the compatibility tuple the image was saved
 under, how the files were chunked, and for every file its size and ordered
-chunk list (SHA-256 and length of each chunk). Chunks live in the store under
-`chunks/<sha256>`; the manifest is the only thing that ties them into files.
+chunk list: SHA-256 and length of each chunk, and where its bytes lie in the
+store (pack object, offset, stored length, codec). Packs (`packs/<sha256>`)
+hold encoded chunks back to back, so a fetch reads long ranges instead of one
+object per chunk (docs/store.md has the measurements); the manifest is the
+only thing that ties chunks into files.
 
 Everything read from outside goes through `parse`, which checks every field
 and raises ManifestError naming the dotted field: an unknown schema version, a
@@ -14,8 +17,11 @@ Schema (version 1), JSON:
     {"schema": "thaw.manifest", "schema_version": 1, "key": K,
      "tuple": {CompatTuple fields}, "tuple_hash": HEX,
      "chunking": {"algorithm": "fastcdc-gear-v1", "hash": "sha256", "min": N, "avg": N, "max": N},
-     "files": [{"name": "checkpoint.img", "size": N, "chunks": [[HEX, LEN], ...]}, ...],
+     "packs": [PACK_SHA256, ...],
+     "files": [{"name": "checkpoint.img", "size": N,
+                "chunks": [[HEX, LEN, PACK_INDEX, OFFSET_IN_PACK, STORED_LEN, CODEC], ...]}, ...],
      "size": N, "creator": {"host": H, "thaw": V, "created": ISO8601}}
+CODEC is "none" (STORED_LEN == LEN) or "zlib".
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ HASH = "sha256"
 MAX_FILES = 16
 MAX_MANIFEST_BYTES = 64 << 20      # a 1 TiB image at 256 KiB chunks is ~ 350 MB of JSON; ours are far smaller
 MAX_CHUNK_BYTES = 64 << 20         # no chunker setting we accept makes larger chunks
+MAX_PACK_BYTES = 1 << 30
+CODECS = ("none", "zlib")          # twin: control/pack.py CODEC_*
 
 # Keys and file names: one path component, no dot-files, safe in S3 keys,
 # file names and SQLite without quoting.
@@ -53,6 +61,15 @@ def validate_key(key: Any, field_name: str = "key") -> str:
 class ChunkRef:
     hash: str      # SHA-256 of the raw bytes, lowercase hex
     length: int
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where a chunk's encoded bytes lie in the store."""
+    pack: str      # pack object name (SHA-256 of the pack)
+    offset: int
+    stored: int    # encoded length
+    codec: str
 
 
 @dataclass(frozen=True)
@@ -84,6 +101,7 @@ class Manifest:
     tuple: CompatTuple
     chunking: Chunking
     files: tuple[FileEntry, ...]
+    locations: dict = field(default_factory=dict)   # hash -> Location
     creator: dict = field(default_factory=dict)
 
     @property
@@ -102,14 +120,28 @@ class Manifest:
                 out[c.hash] = c.length
         return out
 
+    @property
+    def packs(self) -> list[str]:
+        return sorted({loc.pack for loc in self.locations.values()})
+
+    @property
+    def stored_bytes(self) -> int:
+        return sum(loc.stored for loc in self.locations.values())
+
     def to_dict(self) -> dict:
+        packs = self.packs
+        index = {p: i for i, p in enumerate(packs)}
+
+        def ref(c: ChunkRef) -> list:
+            loc = self.locations[c.hash]
+            return [c.hash, c.length, index[loc.pack], loc.offset, loc.stored, loc.codec]
         return {
             "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "key": self.key,
             "tuple": self.tuple.to_dict(), "tuple_hash": self.tuple_hash,
             "chunking": {"algorithm": self.chunking.algorithm, "hash": self.chunking.hash,
                          "min": self.chunking.min, "avg": self.chunking.avg, "max": self.chunking.max},
-            "files": [{"name": f.name, "size": f.size, "chunks": [[c.hash, c.length] for c in f.chunks]}
-                      for f in self.files],
+            "packs": packs,
+            "files": [{"name": f.name, "size": f.size, "chunks": [ref(c) for c in f.chunks]} for f in self.files],
             "size": self.size, "creator": dict(self.creator),
         }
 
@@ -142,7 +174,8 @@ def from_dict(d: Any, source: str | None = None) -> Manifest:
     need(integer(ver), "schema_version", f"must be an integer, got {ver!r}")
     need(ver == SCHEMA_VERSION, "schema_version",
          f"unknown version {ver}; this thaw reads version {SCHEMA_VERSION} (upgrade thaw to read it)")
-    known = {"schema", "schema_version", "key", "tuple", "tuple_hash", "chunking", "files", "size", "creator"}
+    known = {"schema", "schema_version", "key", "tuple", "tuple_hash", "chunking", "packs", "files", "size",
+             "creator"}
     for k in d:
         need(k in known, k, "unknown field")
     key = d.get("key")
@@ -160,6 +193,12 @@ def from_dict(d: Any, source: str | None = None) -> Manifest:
         need(integer(ch.get(k)) and 0 < ch[k] <= MAX_CHUNK_BYTES, f"chunking.{k}",
              f"must be an integer in 1..{MAX_CHUNK_BYTES}")
     chunking = Chunking(ch["algorithm"], ch["min"], ch["avg"], ch["max"])
+
+    packs = d.get("packs")
+    need(isinstance(packs, list) and all(isinstance(p, str) and bool(_HEX.match(p)) for p in packs),
+         "packs", "must be a list of 64-hex-digit pack names")
+    need(len(set(packs)) == len(packs), "packs", "lists a pack twice")
+    locations: dict[str, Location] = {}
 
     files = d.get("files")
     need(isinstance(files, list) and 0 < len(files) <= MAX_FILES, "files", f"must be a list of 1..{MAX_FILES} files")
@@ -184,10 +223,20 @@ def from_dict(d: Any, source: str | None = None) -> Manifest:
         total = 0
         for j, c in enumerate(chunks):
             cw = f"{where}.chunks[{j}]"
-            need(isinstance(c, list) and len(c) == 2, cw, "must be [sha256, length]")
+            need(isinstance(c, list) and len(c) == 6, cw,
+                 "must be [sha256, length, pack index, offset in pack, stored length, codec]")
             need(isinstance(c[0], str) and bool(_HEX.match(c[0])), f"{cw}[0]", "must be 64 lowercase hex digits")
             need(integer(c[1]) and 0 < c[1] <= MAX_CHUNK_BYTES, f"{cw}[1]",
                  f"must be an integer in 1..{MAX_CHUNK_BYTES}")
+            need(integer(c[2]) and 0 <= c[2] < len(packs), f"{cw}[2]", f"pack index must be in 0..{len(packs) - 1}")
+            need(integer(c[3]) and 0 <= c[3] < MAX_PACK_BYTES, f"{cw}[3]", "offset must be a non-negative integer")
+            need(integer(c[4]) and 0 < c[4] <= MAX_CHUNK_BYTES + 1024, f"{cw}[4]",
+                 "stored length must be a positive integer")
+            need(c[5] in CODECS, f"{cw}[5]", f"codec must be one of {', '.join(CODECS)}")
+            need(c[5] != "none" or c[4] == c[1], f"{cw}[4]", "an uncompressed chunk is stored at its own length")
+            loc = Location(packs[c[2]], c[3], c[4], c[5])
+            prev = locations.setdefault(c[0], loc)
+            need(prev == loc, cw, "the same chunk appears with two different locations")
             total += c[1]
             refs.append(ChunkRef(c[0], c[1]))
         need(total == size, f"{where}.chunks",
@@ -199,4 +248,10 @@ def from_dict(d: Any, source: str | None = None) -> Manifest:
     need(isinstance(creator, dict) and all(isinstance(k, str) and isinstance(v, (str, int, float))
                                            for k, v in creator.items()),
          "creator", "must map strings to strings or numbers")
-    return Manifest(key=key, tuple=tup, chunking=chunking, files=tuple(out), creator=dict(creator))
+    lengths: dict[str, int] = {}
+    for f in out:
+        for c in f.chunks:
+            need(lengths.setdefault(c.hash, c.length) == c.length, f"files[{out.index(f)}].chunks",
+                 f"chunk {c.hash[:16]} appears with two different lengths")
+    return Manifest(key=key, tuple=tup, chunking=chunking, files=tuple(out), locations=locations,
+                    creator=dict(creator))

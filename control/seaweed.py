@@ -76,9 +76,10 @@ class Credentials:
 class Seaweed:
     """One `weed server -s3` process on loopback, owning `workdir`."""
 
-    def __init__(self, workdir: Path, volume_size_limit_mb: int = 1024) -> None:
+    def __init__(self, workdir: Path, volume_size_limit_mb: int = 1024, max_volumes: int = 2000) -> None:
         self.workdir = Path(workdir)
         self.volume_size_limit_mb = volume_size_limit_mb
+        self.max_volumes = max_volumes
         self.proc: subprocess.Popen | None = None
         self._log = None
         self.credentials = Credentials("thaw" + secrets.token_hex(8), secrets.token_hex(20))
@@ -108,7 +109,10 @@ class Seaweed:
                 f"-filer.port={filer}", f"-filer.port.grpc={g3}",
                 "-s3", f"-s3.port={s3}", f"-s3.port.grpc={g4}", f"-s3.config={s3conf}",
                 "-s3.port.iceberg=0", "-s3.port.lance=0", f"-s3.localSocket={self.workdir / 's3.sock'}",
-                "-volume.max=0", f"-master.volumeSizeLimitMB={self.volume_size_limit_mb}",
+                # Every bucket is a collection with volumes of its own; "auto" (0)
+                # caps the count at free disk / volume size and ran out after
+                # nine buckets here. Volumes are sparse until written.
+                f"-volume.max={self.max_volumes}", f"-master.volumeSizeLimitMB={self.volume_size_limit_mb}",
                 "-metricsPort=0"]
         log.info("starting SeaweedFS: %s", " ".join(argv))
         self._log = open(self.log_path, "ab")

@@ -1,10 +1,12 @@
-"""Moving chunks: upload an image's chunks to the store, and fill an entry
-directory from local copies and the store.
+"""Moving chunks: upload an image's new chunks to the store in packs, and fill
+an entry directory from local copies and ranged reads of the store's packs.
 
-Both run `workers` threads; each holds at most one chunk (raw and encoded) in
-memory, so a transfer uses about workers x 2 x max chunk size (8 x 2 x 4 MiB
-at the defaults) however large the image. hashlib, zlib, socket reads and
-pread/pwrite release the GIL, so the threads overlap on every core.
+Both run `workers` threads. A fill reads ranges of at most RANGE_BYTES
+(coalescing neighbouring chunks of one pack across gaps up to GAP_BYTES), so
+it holds at most workers x RANGE_BYTES (8 x 16 MiB) plus one decoded chunk
+per worker in memory, however large the image. An upload builds packs of
+PACK_BYTES, one per thread, on at most PACK_WORKERS threads. hashlib, zlib,
+socket reads and pread/pwrite release the GIL, so threads overlap on every core.
 
 Filling writes each chunk straight to its offsets in files created at full
 size: an all-zero chunk is left as a hole (the file is sparse, reads give
@@ -25,7 +27,7 @@ from typing import Callable
 
 from control import pack
 from control.errors import IntegrityError, StoreError
-from control.manifest import Manifest
+from control.manifest import Location, Manifest
 from control.store import Store
 
 Progress = Callable[[int], None]   # called with raw bytes done, from worker threads
@@ -68,6 +70,7 @@ class UploadStats:
     uploaded_bytes: int = 0       # encoded bytes sent
     uploaded_raw_bytes: int = 0
     compressed_chunks: int = 0
+    packs: int = 0
     seconds: float = 0.0
 
     def to_dict(self) -> dict:
@@ -120,6 +123,35 @@ def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
         offset += n
 
 
+_IOV_MAX = 1024
+
+
+def _write_runs(writes: list[tuple[int, int, bytes | memoryview]]) -> None:
+    """Write (fd, offset, data) items, merging neighbours into one pwritev each
+    (a range's chunks are mostly contiguous in the file: one syscall, no copy)."""
+    writes.sort(key=lambda w: (w[0], w[1]))
+    i = 0
+    while i < len(writes):
+        fd, start, first = writes[i]
+        bufs = [first]
+        end = start + len(first)
+        j = i + 1
+        while j < len(writes) and writes[j][0] == fd and writes[j][1] == end and len(bufs) < _IOV_MAX:
+            bufs.append(writes[j][2])
+            end += len(writes[j][2])
+            j += 1
+        done = os.pwritev(fd, bufs, start) if len(bufs) > 1 else 0
+        if done < end - start:   # a short pwritev (or a single buffer): finish buffer by buffer
+            off = start
+            for b in bufs:
+                n = len(b)
+                if off + n > start + done:
+                    skip = max(0, start + done - off)
+                    _pwrite_all(fd, memoryview(b)[skip:], off + skip)
+                off += n
+        i = j
+
+
 def read_local(copy: LocalCopy, length: int) -> bytes | None:
     """The bytes at a local copy, or None if it is gone or short."""
     try:
@@ -133,6 +165,49 @@ def read_local(copy: LocalCopy, length: int) -> bytes | None:
     finally:
         os.close(fd)
     return data if len(data) == length else None
+
+
+# Fetch and pack sizes, chosen by measurement on SeaweedFS (docs/store.md):
+# 8-16 MiB ranges read fastest; 32 MiB packs keep the object count low.
+RANGE_BYTES = 16 << 20
+GAP_BYTES = 1 << 20        # read through a gap this small rather than issue another GET
+PACK_BYTES = 32 << 20
+PACK_WORKERS = 4
+
+
+@dataclass(frozen=True)
+class _Range:
+    pack: str
+    start: int
+    length: int
+    chunks: tuple[tuple[str, Location], ...]
+
+
+def plan_ranges(manifest: Manifest, hashes: list[str], range_bytes: int = RANGE_BYTES,
+                gap_bytes: int = GAP_BYTES) -> list[_Range]:
+    """Ranged GETs that cover `hashes`: per pack, by offset, neighbours merged
+    while the range stays within range_bytes and gaps within gap_bytes."""
+    by_pack: dict[str, list[tuple[str, Location]]] = {}
+    for h in hashes:
+        loc = manifest.locations[h]
+        by_pack.setdefault(loc.pack, []).append((h, loc))
+    out: list[_Range] = []
+    for pack_name, items in by_pack.items():
+        items.sort(key=lambda x: x[1].offset)
+        cur: list[tuple[str, Location]] = []
+        start = end = 0
+        for h, loc in items:
+            if cur and (loc.offset - end > gap_bytes or loc.offset + loc.stored - start > range_bytes
+                        or loc.offset < end):
+                out.append(_Range(pack_name, start, end - start, tuple(cur)))
+                cur = []
+            if not cur:
+                start = loc.offset
+            cur.append((h, loc))
+            end = max(end, loc.offset + loc.stored)
+        if cur:
+            out.append(_Range(pack_name, start, end - start, tuple(cur)))
+    return out
 
 
 def fill(manifest: Manifest, dest: Path, store: Store | None, sources: Sources, *,
@@ -159,55 +234,83 @@ def fill(manifest: Manifest, dest: Path, store: Store | None, sources: Sources, 
                 places.setdefault(c.hash, []).append((fd, off))
                 lengths[c.hash] = c.length
         stats.chunks = len(places)
+        # An all-zero run is cut into max-size chunks (the gear hash of zeros
+        # never meets the mask), except where a file ends; only those lengths
+        # are worth comparing with the hash of zeros.
+        zero_lengths = {manifest.chunking.max} | {f.chunks[-1].length for f in manifest.files if f.chunks}
+        zeros = {pack.zero_hash(n): n for n in zero_lengths}
 
-        def done(h: str, raw_len: int) -> None:
+        def put(h: str, data: bytes | memoryview) -> None:
+            for fd, off in places[h]:
+                _pwrite_all(fd, data, off)
+            with lock:
+                stats.written_bytes += lengths[h] * len(places[h])
             if progress:
-                progress(raw_len * len(places[h]))
+                progress(lengths[h] * len(places[h]))
 
-        def one(h: str) -> None:
+        local, remote = [], []
+        for h, length in lengths.items():
+            if zeros.get(h) == length:
+                stats.zero_chunks += 1
+                stats.zero_bytes += length
+                if progress:
+                    progress(length * len(places[h]))
+            elif sources(h):
+                local.append(h)
+            else:
+                remote.append(h)
+        missed: list[str] = []
+
+        def from_local(h: str) -> None:
             length = lengths[h]
-            if h == pack.zero_hash(length):
-                with lock:
-                    stats.zero_chunks += 1
-                    stats.zero_bytes += length
-                done(h, length)
-                return
-            data = None
             for copy in sources(h):
-                cand = read_local(copy, length)
-                if cand is not None and pack.sha256(cand) == h:
-                    data = cand
+                data = read_local(copy, length)
+                if data is not None and pack.sha256(data) == h:
+                    put(h, data)
                     with lock:
                         stats.local_chunks += 1
                         stats.local_bytes += length
-                    break
+                    return
                 with lock:
                     stats.bad_sources.append(copy.owner)
                 if on_bad_source:
                     on_bad_source(copy.owner)
-            if data is None:
-                if store is None:
-                    raise StoreError("get", h, "chunk is on no local copy and no store is configured")
-                obj = store.get_chunk(h)
+            with lock:
+                missed.append(h)
+
+        _run_pool(workers, local, from_local)
+        remote += missed
+        if remote and store is None:
+            raise StoreError("get", remote[0], "chunk is on no local copy and no store is configured")
+
+        def from_store(r: _Range) -> None:
+            body = memoryview(store.get_range(r.pack, r.start, r.length))
+            writes: list[tuple[int, int, bytes | memoryview]] = []
+            for h, loc in r.chunks:
+                payload = body[loc.offset - r.start:loc.offset - r.start + loc.stored]
                 try:
-                    data = pack.decode(obj.codec, obj.payload, length)
+                    data = pack.decode(loc.codec, payload, lengths[h])
                 except ValueError as e:
-                    raise IntegrityError("store", h, f"cannot decode {store.chunk_name(h)}: {e}") from None
+                    raise IntegrityError("store", h, f"bytes at {store.pack_name(r.pack)} offset {loc.offset} "
+                                                     f"do not decode ({e}): the stored chunk was altered or "
+                                                     "damaged") from None
                 got = pack.sha256(data)
                 if got != h:
-                    raise IntegrityError("store", h, f"{store.chunk_name(h)} hashes to {got}: "
-                                                     "the stored chunk was altered or damaged")
+                    raise IntegrityError("store", h, f"bytes at {store.pack_name(r.pack)} offset {loc.offset} "
+                                                     f"hash to {got}: the stored chunk was altered or damaged")
+                writes += [(fd, off, data) for fd, off in places[h]]
                 with lock:
                     stats.fetched_chunks += 1
-                    stats.fetched_bytes += len(obj.payload)
-                    stats.fetched_raw_bytes += length
-            for fd, off in places[h]:
-                _pwrite_all(fd, data, off)
+                    stats.fetched_bytes += loc.stored
+                    stats.fetched_raw_bytes += lengths[h]
+            _write_runs(writes)
+            n = sum(len(w[2]) for w in writes)
             with lock:
-                stats.written_bytes += length * len(places[h])
-            done(h, length)
+                stats.written_bytes += n
+            if progress:
+                progress(n)
 
-        _run_pool(workers, list(places), one)
+        _run_pool(workers, plan_ranges(manifest, remote), from_store)
         for fd in fds:
             os.fsync(fd)
     finally:
@@ -217,9 +320,10 @@ def fill(manifest: Manifest, dest: Path, store: Store | None, sources: Sources, 
     return stats
 
 
-def upload(manifest: Manifest, src: Path, store: Store, *, workers: int,
-           progress: Progress | None = None) -> UploadStats:
-    """Send every chunk of `manifest` (read from directory `src`) that the store lacks.
+def upload(layout: Manifest, src: Path, store: Store, *, workers: int,
+           progress: Progress | None = None) -> tuple[dict[str, Location], UploadStats]:
+    """Send every chunk of `layout` (read from directory `src`) that the store
+    lacks, in packs, then the chunks' pointers; where every chunk now lies.
 
     Chunks are re-hashed as they are read, so a file changed after packing is
     refused rather than published under a wrong name.
@@ -228,36 +332,63 @@ def upload(manifest: Manifest, src: Path, store: Store, *, workers: int,
     stats = UploadStats()
     lock = threading.Lock()
     first: dict[str, tuple[str, int, int]] = {}
-    for f in manifest.files:
+    for f in layout.files:
         for off, c in f.placed():
             first.setdefault(c.hash, (f.name, off, c.length))
     stats.chunks = len(first)
+    locations: dict[str, Location] = {}
 
-    def one(h: str) -> None:
-        name, off, length = first[h]
-        if store.has_chunk(h):
+    def probe(h: str) -> None:
+        loc = store.chunk_location(h)
+        if loc is not None:
             with lock:
+                locations[h] = loc
                 stats.present_chunks += 1
             if progress:
-                progress(length)
-            return
-        data = read_local(LocalCopy(src / name, off, "source"), length)
-        if data is None or pack.sha256(data) != h:
-            raise IntegrityError("source", h, f"{src / name} at offset {off} no longer holds this chunk "
-                                              "(the image changed after it was packed)")
-        codec, payload = pack.encode(data)
-        store.put_chunk(h, codec, payload, length)
-        with lock:
-            stats.uploaded_chunks += 1
-            stats.uploaded_bytes += len(payload)
-            stats.uploaded_raw_bytes += length
-            stats.compressed_chunks += codec != pack.CODEC_NONE
-        if progress:
-            progress(length)
+                progress(first[h][2])
 
-    _run_pool(workers, list(first), one)
+    _run_pool(workers, list(first), probe)
+    missing = [h for h in first if h not in locations]   # file order: packs hold neighbours
+    groups: list[list[str]] = []
+    size = 0
+    for h in missing:
+        if not groups or size >= PACK_BYTES:
+            groups.append([])
+            size = 0
+        groups[-1].append(h)
+        size += first[h][2]
+
+    def build(group: list[str]) -> None:
+        parts, offs = [], []
+        off = 0
+        for h in group:
+            name, at, length = first[h]
+            data = read_local(LocalCopy(src / name, at, "source"), length)
+            if data is None or pack.sha256(data) != h:
+                raise IntegrityError("source", h, f"{src / name} at offset {at} no longer holds this chunk "
+                                                  "(the image changed after it was packed)")
+            codec, payload = pack.encode(data)
+            parts.append(payload)
+            offs.append((h, off, len(payload), codec))
+            off += len(payload)
+        body = b"".join(parts)
+        pack_name = pack.sha256(body)
+        store.put_pack(pack_name, body)
+        with lock:
+            for h, o, n, codec in offs:
+                locations[h] = Location(pack_name, o, n, codec)
+                stats.uploaded_chunks += 1
+                stats.uploaded_bytes += n
+                stats.uploaded_raw_bytes += first[h][2]
+                stats.compressed_chunks += codec != pack.CODEC_NONE
+            stats.packs += 1
+        if progress:
+            progress(sum(first[h][2] for h in group))
+
+    _run_pool(min(workers, PACK_WORKERS), groups, build)
+    _run_pool(workers, missing, lambda h: store.put_chunk_pointer(h, locations[h], first[h][2]))
     stats.seconds = time.monotonic() - t0
-    return stats
+    return locations, stats
 
 
 def dir_sources(manifest: Manifest, src: Path) -> Sources:

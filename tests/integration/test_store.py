@@ -1,0 +1,349 @@
+"""The store path against real SeaweedFS and real runsc checkpoint images:
+push, pull, ls, verify, gc, and every fault the issue lists (docs/store.md)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from control import images, seaweed
+from control.cache import MANIFEST_FILE
+from control.errors import CacheFull, ManifestError, StoreError, TupleMismatch
+from control.store import Store
+from runsc_hooks.runsc import CreateOptions, GlobalOptions, RestoreOptions, Runsc
+from tests.conftest import REPO
+
+from .conftest import cli_env, make_settings, run_all, store_thaw, store_thaw_json
+
+
+def same_files(a: Path, b: Path) -> None:
+    for f in sorted(a.iterdir()):
+        assert (b / f.name).read_bytes() == f.read_bytes(), f.name
+
+
+def push(s, image, key, node, cache=True):
+    return images.push(images.open_cache(s) if cache else None, Store(s), image, key, node,
+                       chunker=s.pack_chunker, avg_chunk=s.pack_avg_chunk_bytes, workers=s.store_workers)
+
+
+def pull(s, key, node, **kw):
+    return images.pull(images.open_cache(s), Store(s), key, node, workers=s.store_workers, **kw)
+
+
+def other_node(s, scratch, tag):
+    return dataclasses.replace(s, cache_dir=scratch / f"cache-{tag}")
+
+
+# -- the happy path, through the CLI, ending in a real restore -----------------------
+
+def test_cli_push_pull_ls_verify_gc_then_restore(settings, checkpoints, scratch, runsc_bin):
+    img = checkpoints["runtime"]
+    out = store_thaw_json(settings, "push", str(img), "--key", "wl-runtime")
+    assert out["published"] is True and out["upload"]["uploaded_chunks"] > 0 and out["installed"]
+    again = store_thaw_json(settings, "push", str(img), "--key", "wl-runtime", "--no-cache")
+    assert again["published"] is False and again["upload"]["uploaded_chunks"] == 0
+
+    b = other_node(settings, scratch, "b")
+    r = store_thaw(b, "pull", "wl-runtime", "--progress")
+    assert "/s" in r.stderr and "fetched into" in r.stdout
+    pulled = store_thaw_json(b, "pull", "wl-runtime")
+    assert pulled["hit"] is True
+    entry = Path(pulled["path"])
+    same_files(img, entry)
+    assert (entry / MANIFEST_FILE).is_file()
+
+    ls = store_thaw_json(b, "ls")
+    assert [e["key"] for e in ls["local"]] == ["wl-runtime"] and ls["local"][0]["match"]
+    [remote] = ls["remote"]
+    assert remote["key"] == "wl-runtime" and remote["match"] and remote["size"] == ls["local"][0]["size"]
+    assert "wl-runtime" in store_thaw(b, "ls").stdout
+    assert all(row["ok"] for row in store_thaw_json(b, "verify"))
+    assert store_thaw_json(b, "gc")["evicted"] == []
+
+    # What the cache delivers restores: the workload continues where it was saved.
+    base = img.parent
+    boot = json.loads((base / "share" / "ready.jsonl").read_text().splitlines()[0])["boot"]
+    beats = base / "share" / "beats.jsonl"
+    before = len(beats.read_text().splitlines())
+    cache = images.open_cache(b)
+    [e] = cache.entries("wl-runtime")
+    lease = cache.lease(e.id)
+    rs = Runsc(runsc_bin, GlobalOptions(root=scratch / "root", network="none"), timeout_s=120)
+    cid = "t-restore-from-cache"
+    try:
+        rs.restore(cid, RestoreOptions(image_path=lease.path, create=CreateOptions(bundle=base / "bundle")))
+        deadline = time.monotonic() + 30
+        while len(beats.read_text().splitlines()) <= before and time.monotonic() < deadline:
+            time.sleep(0.1)
+        new = [json.loads(x) for x in beats.read_text().splitlines()[before:]]
+        assert new and all(x["boot"] == boot for x in new)
+    finally:
+        try:
+            rs.delete(cid, force=True)
+        finally:
+            lease.release()
+
+
+def test_second_image_fetches_only_what_differs(settings, checkpoints, node, scratch):
+    push(settings, checkpoints["runtime"], "wl-a", node, cache=False)
+    m = push(settings, checkpoints["kv"], "wl-b", node, cache=False)
+    b = other_node(settings, scratch, "b")
+    pull(b, "wl-a", node).lease.release()
+    r = pull(b, "wl-b", node)
+    r.lease.release()
+    assert r.fill.local_chunks > 0 and r.fill.fetched_raw_bytes < m.size
+    same_files(checkpoints["kv"], r.lease.path)
+
+
+def test_concurrent_pulls_download_once(settings, checkpoints, scratch):
+    store_thaw(settings, "push", str(checkpoints["kv"]), "--key", "wl", "--no-cache")
+    b = other_node(settings, scratch, "b")
+    res = run_all([[str(REPO / ".venv/bin/thaw"), "pull", "wl", "--json"]] * 4, [cli_env(b)] * 4)
+    assert all(rc == 0 for rc, _, _ in res), res
+    outs = [json.loads(o) for _, o, _ in res]
+    assert sum(not o["hit"] for o in outs) == 1
+    assert len({o["path"] for o in outs}) == 1
+    same_files(checkpoints["kv"], Path(outs[0]["path"]))
+
+
+def test_conditional_put_has_one_winner(settings):
+    store = Store(settings)
+    wins = []
+    barrier = threading.Barrier(8)
+
+    def put(i):
+        barrier.wait()
+        if store.put_manifest_if_absent("race", "f" * 64, f'{{"writer": {i}}}'.encode()):
+            wins.append(i)
+    ts = [threading.Thread(target=put, args=(i,)) for i in range(8)]
+    [t.start() for t in ts]
+    [t.join() for t in ts]
+    assert len(wins) == 1
+    assert json.loads(store.get_manifest("race", "f" * 64)) == {"writer": wins[0]}
+
+
+# -- faults ---------------------------------------------------------------------------
+
+def test_store_unreachable_mid_download(name, checkpoints, node, scratch):
+    own = seaweed.Seaweed(scratch / "seaweed").start()
+    try:
+        s = make_settings(own, name, scratch / "cache", **{"store.retries": 2, "store.timeout_s": 3})
+        push(s, checkpoints["kv"], "wl-kv", node, cache=False)
+        push(s, checkpoints["runtime"], "wl-rt", node, cache=False)
+        b = other_node(s, scratch, "b")
+        pull(b, "wl-rt", node).lease.release()              # something already cached: must survive
+        killed = []
+
+        def kill_store(_n):
+            if not killed:
+                killed.append(1)
+                own.kill()
+        with pytest.raises(StoreError) as e:
+            pull(b, "wl-kv", node, progress=kill_store)
+        assert killed and "127.0.0.1" in str(e.value)
+        cache = images.open_cache(b)
+        assert [x.key for x in cache.entries()] == ["wl-rt"]
+        assert list((b.cache_dir / "tmp").iterdir()) == []
+        same_files(checkpoints["runtime"], cache.entries()[0].path)
+        # The store comes back (same data, new ports): the pull completes.
+        own.start()
+        b2 = dataclasses.replace(b, store_endpoint=own.endpoint)
+        r = pull(b2, "wl-kv", node)
+        r.lease.release()
+        same_files(checkpoints["kv"], r.lease.path)
+    finally:
+        own.stop()
+
+
+def test_chunk_altered_in_store(settings, checkpoints, node, scratch):
+    r = push(settings, checkpoints["runtime"], "wl", node, cache=False)
+    store = Store(settings)
+    m = images.remote_manifest(store, "wl", node)
+    target = m.files[-1].chunks[len(m.files[-1].chunks) // 2]
+    loc = m.locations[target.hash]
+    name = store.pack_name(loc.pack)
+    body = bytearray(store.client.get_object(Bucket=settings.store_bucket, Key=name)["Body"].read())
+    body[loc.offset + loc.stored // 2] ^= 0x5A
+    store.client.put_object(Bucket=settings.store_bucket, Key=name, Body=bytes(body))
+    b = other_node(settings, scratch, "b")
+    res = store_thaw(b, "pull", "wl", check=False)
+    assert res.returncode == 65 and target.hash in res.stderr and "altered" in res.stderr
+    cache = images.open_cache(b)
+    assert cache.entries() == [] and list((b.cache_dir / "tmp").iterdir()) == []
+    assert r.size == m.size
+
+
+def test_chunk_altered_in_cache(settings, checkpoints, node, scratch):
+    push(settings, checkpoints["runtime"], "wl", node, cache=False)
+    r = pull(settings, "wl", node)
+    r.lease.release()
+    pages = r.lease.path / "pages.img"
+    with open(pages, "r+b") as f:
+        f.seek(12345)
+        f.write(b"\xde\xad\xbe\xef")
+    again = store_thaw_json(settings, "pull", "wl")
+    assert again["hit"] is False and again["fill"]["fetched_chunks"] == 1
+    assert any("corrupt" in n for n in again["notes"])
+    same_files(checkpoints["runtime"], Path(again["path"]))
+    # Silent corruption (mtime kept): only `thaw verify` sees it; it evicts, the next pull refetches.
+    p = Path(again["path"]) / "pages.img"
+    st = p.stat()
+    with open(p, "r+b") as f:
+        f.seek(777)
+        b = f.read(1)
+        f.seek(777)
+        f.write(bytes([b[0] ^ 1]))
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+    v = store_thaw(settings, "verify", "--json", check=False)
+    assert v.returncode == 65
+    [row] = json.loads(v.stdout)
+    assert row["ok"] is False and row["evicted"] is True and "pages.img" in row["problem"]
+    last = store_thaw_json(settings, "pull", "wl")
+    assert last["hit"] is False
+    same_files(checkpoints["runtime"], Path(last["path"]))
+
+
+@pytest.mark.parametrize("mode", ["download", "install"])
+def test_kill9_then_nothing_partial_is_served_and_next_run_recovers(mode, settings, checkpoints, node, scratch):
+    push(settings, checkpoints["kv"], "wl", node, cache=False)
+    marker = scratch / "marker"
+    over = {"store.endpoint": settings.store_endpoint, "store.bucket": settings.store_bucket,
+            "store.credentials_file": str(settings.store_credentials_file), "cache.dir": str(settings.cache_dir),
+            "runsc.path": str(settings.runsc_path), "store.workers": "4"}
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).parent / "hang_pull.py"), json.dumps(over), "wl",
+                             mode, str(marker)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while not marker.exists():
+        assert proc.poll() is None, proc.stdout.read().decode()
+        assert time.monotonic() < deadline, "the pull never reached the hang point"
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    proc.stdout.close()
+    root = settings.cache_dir
+    left = list((root / "tmp").iterdir()) if mode == "download" else list((root / "entries").iterdir())
+    assert left, "the kill should have left something behind"
+    cache = images.open_cache(settings)
+    assert cache.entries() == []                                  # nothing servable
+    assert store_thaw_json(settings, "ls", "--local")["local"] == []
+    r = store_thaw_json(settings, "pull", "wl")                        # recovers
+    assert r["hit"] is False and any("recovered" in n for n in r["notes"])
+    assert not any(p.exists() for p in left)
+    same_files(checkpoints["kv"], Path(r["path"]))
+    assert all(row["ok"] for row in store_thaw_json(settings, "verify"))
+
+
+def test_budget_smaller_than_one_image(settings, checkpoints, node):
+    out = push(settings, checkpoints["runtime"], "wl", node, cache=False)
+    res = store_thaw(settings, "pull", "wl", "--budget", str(out.size - 1), check=False)
+    assert res.returncode == 4 and "larger than the whole cache budget" in res.stderr
+    cache = images.open_cache(settings)
+    assert cache.entries() == [] and list((settings.cache_dir / "tmp").iterdir()) == []
+    with pytest.raises(CacheFull):
+        pull(dataclasses.replace(settings, cache_budget_bytes=out.size - 1), "wl", node)
+
+
+def test_budget_evicts_lru_but_never_a_leased_entry(settings, checkpoints, node):
+    a = push(settings, checkpoints["runtime"], "wl-a", node, cache=False)
+    b = push(settings, checkpoints["kv"], "wl-b", node, cache=False)
+    s = dataclasses.replace(settings, cache_budget_bytes=max(a.size, b.size) + 1024)
+    held = pull(s, "wl-a", node).lease
+    with pytest.raises(CacheFull, match="in use"):
+        pull(s, "wl-b", node)
+    assert [e.key for e in images.open_cache(s).entries()] == ["wl-a"]
+    same_files(checkpoints["runtime"], held.path)
+    held.release()
+    pull(s, "wl-b", node).lease.release()
+    assert [e.key for e in images.open_cache(s).entries()] == ["wl-b"]
+
+
+def test_two_nodes_publish_the_same_key_at_once(settings, checkpoints, scratch):
+    a, b = other_node(settings, scratch, "a"), other_node(settings, scratch, "b")
+    res = run_all([[str(REPO / ".venv/bin/thaw"), "push", str(img), "--key", "wl", "--json"]
+                   for img in (checkpoints["runtime"], checkpoints["kv"])], [cli_env(a), cli_env(b)])
+    assert all(rc == 0 for rc, _, _ in res), res
+    outs = [json.loads(o) for _, o, _ in res]
+    assert sorted(o["published"] for o in outs) == [False, True]
+    store = Store(settings)
+    [(key, th, _)] = list(store.list_manifests())
+    winner = images.manifestmod.parse(store.get_manifest(key, th))
+    for s in (a, b):
+        cache = images.open_cache(s)
+        [e] = cache.entries("wl")
+        assert cache.manifest_of(e).files == winner.files
+        assert cache.check_entry(e, full=True) is None
+    src = checkpoints["runtime"] if outs[0]["published"] else checkpoints["kv"]
+    same_files(src, images.open_cache(b).entries("wl")[0].path)
+
+
+def _put_manifest(s, node, mutate) -> None:
+    store = Store(s)
+    m = images.remote_manifest(store, "wl", node)
+    d = json.loads(m.to_json())
+    mutate(d)
+    store.client.put_object(Bucket=s.store_bucket, Key=store.manifest_name("wl", m.tuple_hash),
+                            Body=json.dumps(d).encode())
+
+
+@pytest.mark.parametrize("mutate,field", [
+    (lambda d: d.update(schema_version=2), "schema_version"),
+    (lambda d: d["files"][0].update(name="../../escaped.img"), "files[0].name"),
+    (lambda d: d["files"][1].update(size=d["files"][1]["size"] + 4096), "files[1].chunks"),
+], ids=["schema-version", "path-traversal", "chunks-dont-add-up"])
+def test_bad_manifest_is_refused_naming_the_field(mutate, field, settings, checkpoints, node, scratch):
+    push(settings, checkpoints["runtime"], "wl", node, cache=False)
+    _put_manifest(settings, node, mutate)
+    b = other_node(settings, scratch, "b")
+    with pytest.raises(ManifestError) as e:
+        pull(b, "wl", node)
+    assert e.value.field == field
+    res = store_thaw(b, "pull", "wl", check=False)
+    assert res.returncode == 2 and f"manifest field {field}" in res.stderr
+    assert images.open_cache(b).entries() == []
+    assert not (scratch / "escaped.img").exists() and not (b.cache_dir / "escaped.img").exists()
+
+
+def test_tuple_mismatch_is_not_served_and_says_why(settings, checkpoints, node, scratch):
+    store_thaw(settings, "push", str(checkpoints["runtime"]), "--key", "wl", "--machine-type", "h200-8x")
+    b = other_node(settings, scratch, "b")
+    res = store_thaw(b, "pull", "wl", "--machine-type", "a100-1x", check=False)
+    assert res.returncode == 3
+    assert "machine_type: image has 'h200-8x', node has 'a100-1x'" in res.stderr
+    assert images.open_cache(b).entries() == []
+    ls = store_thaw_json(b, "ls", "--machine-type", "a100-1x")
+    assert ls["remote"][0]["match"] is False and "machine_type" in ls["remote"][0]["reasons"][0]
+    # The node that pushed it (same machine type) has it cached, and it matches there.
+    assert store_thaw_json(settings, "ls", "--local", "--machine-type", "h200-8x")["local"][0]["match"] is True
+    with pytest.raises(TupleMismatch):
+        pull(b, "wl", dataclasses.replace(node, machine_type="a100-1x"))
+
+
+def test_cpu_feature_superset_restores_subset_does_not(settings, checkpoints, node, scratch):
+    fewer = dataclasses.replace(node, cpu_features=node.cpu_features[1:])
+    push(settings, checkpoints["runtime"], "wl", fewer, cache=False)
+    b = other_node(settings, scratch, "b")
+    r = pull(b, "wl", node)     # this node has every feature the image needs, and one more
+    r.lease.release()
+    c = other_node(settings, scratch, "c")
+    with pytest.raises(TupleMismatch, match=f"lacks 1 CPU feature.*{node.cpu_features[1]}"):
+        pull(c, "wl", dataclasses.replace(node, cpu_features=node.cpu_features[2:]))
+
+
+def test_truncated_pack_is_a_clear_store_error(settings, checkpoints, node, scratch):
+    push(settings, checkpoints["runtime"], "wl", node, cache=False)
+    store = Store(settings)
+    m = images.remote_manifest(store, "wl", node)
+    store.client.put_object(Bucket=settings.store_bucket, Key=store.pack_name(m.packs[0]), Body=b"\0" * 16)
+    b = other_node(settings, scratch, "b")
+    with pytest.raises(StoreError) as e:
+        pull(b, "wl", node)
+    assert m.packs[0] in str(e.value)
+    assert images.open_cache(b).entries() == [] and list((b.cache_dir / "tmp").iterdir()) == []

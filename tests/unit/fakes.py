@@ -1,0 +1,85 @@
+"""Fakes for the store's unit tests: an in-memory store and images chunked in Python."""
+from __future__ import annotations
+
+import hashlib
+import threading
+from pathlib import Path
+
+from control.compat import CompatTuple
+from control.errors import StoreError
+from control.manifest import ChunkRef, Chunking, FileEntry, Location, Manifest
+
+TUPLE = CompatTuple(runsc_version="thaw-gvisor-test", platform="systrap", arch="x86_64",
+                    cpu_features=("avx2", "sse4_2"), gpu_product="", gpu_count=0, driver_version="",
+                    cuda_driver_version="", machine_type="test")
+
+
+def layout(key: str, directory: Path, chunk: int = 4096, tup: CompatTuple = TUPLE) -> Manifest:
+    """A manifest (without locations) of every file in `directory`, fixed-size chunks."""
+    files = []
+    for p in sorted(directory.iterdir()):
+        data = p.read_bytes()
+        refs = tuple(ChunkRef(hashlib.sha256(data[i:i + chunk]).hexdigest(), len(data[i:i + chunk]))
+                     for i in range(0, len(data), chunk))
+        files.append(FileEntry(p.name, len(data), refs))
+    return Manifest(key=key, tuple=tup, chunking=Chunking("fixed-test", chunk, chunk, chunk), files=tuple(files))
+
+
+class FakeStore:
+    """The parts of control.store.Store that transfer and images use, in memory."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, bytes] = {}
+        self.meta: dict[str, dict] = {}
+        self.gets = 0
+        self.fail_gets = False
+        self.lock = threading.Lock()
+        self.endpoint = "fake://"
+
+    def chunk_name(self, h: str) -> str:
+        return f"chunks/{h}"
+
+    def pack_name(self, p: str) -> str:
+        return f"packs/{p}"
+
+    def manifest_name(self, key: str, th: str) -> str:
+        return f"manifests/{key}/{th}.json"
+
+    def ensure_bucket(self) -> None:
+        pass
+
+    def put_pack(self, p: str, body: bytes) -> None:
+        self.objects[self.pack_name(p)] = body
+
+    def get_range(self, p: str, offset: int, length: int) -> bytes:
+        with self.lock:
+            self.gets += 1
+        if self.fail_gets:
+            raise StoreError("get", self.pack_name(p), "connection refused")
+        return self.objects[self.pack_name(p)][offset:offset + length]
+
+    def chunk_location(self, h: str) -> Location | None:
+        m = self.meta.get(self.chunk_name(h))
+        return None if m is None else Location(m["pack"], m["offset"], m["stored"], m["codec"])
+
+    def put_chunk_pointer(self, h: str, loc: Location, length: int) -> None:
+        self.objects[self.chunk_name(h)] = b""
+        self.meta[self.chunk_name(h)] = {"pack": loc.pack, "offset": loc.offset, "stored": loc.stored,
+                                         "codec": loc.codec}
+
+    def put_manifest_if_absent(self, key: str, th: str, body: bytes) -> bool:
+        with self.lock:
+            name = self.manifest_name(key, th)
+            if name in self.objects:
+                return False
+            self.objects[name] = body
+            return True
+
+    def get_manifest(self, key: str, th: str) -> bytes | None:
+        return self.objects.get(self.manifest_name(key, th))
+
+    def list_manifests(self, key: str | None = None):
+        for name, body in sorted(self.objects.items()):
+            if name.startswith("manifests/" + (f"{key}/" if key else "")):
+                k, leaf = name[len("manifests/"):].split("/")
+                yield k, leaf[:-len(".json")], len(body)

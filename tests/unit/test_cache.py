@@ -1,0 +1,274 @@
+"""Cache + transfer + images.pull against an in-memory store."""
+import dataclasses
+import os
+import threading
+
+import pytest
+
+from control import images, transfer
+from control.cache import MANIFEST_FILE, Cache
+from control.errors import CacheFull, IntegrityError, ManifestError, NotFound, StoreError, Timeout, TupleMismatch
+
+from .fakes import TUPLE, FakeStore, layout
+
+
+def publish(store, tmp_path, key, files, chunk=4096, tup=TUPLE):
+    d = tmp_path / f"src-{key}"
+    d.mkdir()
+    for n, data in files.items():
+        (d / n).write_bytes(data)
+    lay = layout(key, d, chunk, tup)
+    locs, _ = transfer.upload(lay, d, store, workers=4)
+    m = dataclasses.replace(lay, locations=locs)
+    assert store.put_manifest_if_absent(key, m.tuple_hash, m.to_json())
+    return m
+
+
+def image(seed: int, n: int = 64 * 1024) -> dict:
+    rnd = bytes((i * seed + (i >> 7)) % 251 for i in range(n))
+    return {"checkpoint.img": rnd[:5000], "pages_meta.img": b"m" * 100,
+            "pages.img": os.urandom(n // 2) + bytes(8192) + rnd}
+
+
+def pull(cache, store, key, **kw):
+    return images.pull(cache, store, key, TUPLE, workers=4, **kw)
+
+
+@pytest.fixture
+def store():
+    return FakeStore()
+
+
+def test_pull_installs_verified_files_and_second_pull_hits(tmp_path, store):
+    files = image(3)
+    publish(store, tmp_path, "k", files)
+    cache = Cache(tmp_path / "c", 1 << 30)
+    r = pull(cache, store, "k")
+    assert not r.hit and r.fill.fetched_chunks > 0
+    for n, data in files.items():
+        assert (r.lease.path / n).read_bytes() == data
+    assert (r.lease.path / MANIFEST_FILE).is_file()
+    r.lease.release()
+    gets = store.gets
+    r2 = pull(cache, store, "k")
+    assert r2.hit and store.gets == gets and r2.lease.path == r.lease.path
+    r2.lease.release()
+
+
+def test_chunks_on_node_are_not_fetched_again(tmp_path, store):
+    a = image(3)
+    b = dict(a)
+    b["pages.img"] = a["pages.img"][:20000] + b"different" * 100 + a["pages.img"][20900:]  # same length: fixed chunks
+    publish(store, tmp_path, "a", a)
+    mb = publish(store, tmp_path, "b", b)
+    cache = Cache(tmp_path / "c", 1 << 30)
+    pull(cache, store, "a").lease.release()
+    r = pull(cache, store, "b")
+    assert r.fill.local_chunks > 0
+    assert r.fill.fetched_raw_bytes < mb.size // 4
+    assert (r.lease.path / "pages.img").read_bytes() == b["pages.img"]
+    r.lease.release()
+
+
+def test_zero_chunks_become_holes(tmp_path, store):
+    files = {"checkpoint.img": b"c" * 10, "pages.img": bytes(4096 * 4) + b"tail"}
+    publish(store, tmp_path, "z", files)
+    r = pull(Cache(tmp_path / "c", 1 << 30), store, "z")
+    assert r.fill.zero_chunks == 1 and r.fill.zero_bytes == 4096
+    assert (r.lease.path / "pages.img").read_bytes() == files["pages.img"]
+    r.lease.release()
+
+
+def test_concurrent_pulls_of_one_key_download_once(tmp_path, store):
+    publish(store, tmp_path, "k", image(5))
+    results, errors = [], []
+
+    def one():
+        try:
+            r = pull(Cache(tmp_path / "c", 1 << 30), store, "k")
+            results.append(r)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+    ts = [threading.Thread(target=one) for _ in range(6)]
+    [t.start() for t in ts]
+    [t.join() for t in ts]
+    assert not errors
+    assert sum(not r.hit for r in results) == 1
+    assert len({r.lease.path for r in results}) == 1
+    for r in results:
+        r.lease.release()
+
+
+def test_store_failure_leaves_nothing_behind(tmp_path, store):
+    publish(store, tmp_path, "k", image(3))
+    store.fail_gets = True
+    cache = Cache(tmp_path / "c", 1 << 30)
+    with pytest.raises(StoreError):
+        pull(cache, store, "k")
+    assert cache.entries() == [] and list((tmp_path / "c" / "tmp").iterdir()) == []
+    assert list((tmp_path / "c" / "entries").iterdir()) == []
+    store.fail_gets = False
+    pull(cache, store, "k").lease.release()
+
+
+def test_altered_store_chunk_is_an_integrity_error(tmp_path, store):
+    m = publish(store, tmp_path, "k", image(3))
+    name = store.pack_name(m.packs[0])
+    body = bytearray(store.objects[name])
+    body[10] ^= 0xFF
+    store.objects[name] = bytes(body)
+    cache = Cache(tmp_path / "c", 1 << 30)
+    with pytest.raises(IntegrityError) as e:
+        pull(cache, store, "k")
+    assert e.value.where == "store"
+    assert cache.entries() == []
+
+
+def test_modified_cache_entry_is_refetched_using_its_good_chunks(tmp_path, store):
+    files = image(3)
+    publish(store, tmp_path, "k", files)
+    cache = Cache(tmp_path / "c", 1 << 30)
+    r = pull(cache, store, "k")
+    r.lease.release()
+    with open(r.lease.path / "pages.img", "r+b") as f:
+        f.seek(100)
+        f.write(b"XXXX")
+    r2 = pull(cache, store, "k")
+    assert not r2.hit and r2.fill.fetched_chunks == 1 and r2.fill.bad_sources
+    assert any("corrupt" in n for n in r2.notes)
+    assert (r2.lease.path / "pages.img").read_bytes() == files["pages.img"]
+    assert [e.state for e in cache.entries()] == ["ready"]
+    r2.lease.release()
+
+
+def test_verify_finds_silent_corruption_and_evicts(tmp_path, store):
+    publish(store, tmp_path, "k", image(3))
+    cache = Cache(tmp_path / "c", 1 << 30)
+    r = pull(cache, store, "k")
+    r.lease.release()
+    p = r.lease.path / "pages.img"
+    st = p.stat()
+    data = bytearray(p.read_bytes())
+    data[5] ^= 1
+    p.write_bytes(bytes(data))
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))   # bit rot: same size, same mtime
+    assert cache.check_entry(cache.entries()[0]) is None
+    rows = images.verify(cache)
+    assert rows[0]["ok"] is False and rows[0]["evicted"] is True
+    assert cache.entries() == []
+    pull(cache, store, "k").lease.release()
+
+
+def test_budget_smaller_than_image(tmp_path, store):
+    m = publish(store, tmp_path, "k", image(3))
+    cache = Cache(tmp_path / "c", m.size - 1)
+    with pytest.raises(CacheFull, match="larger than the whole cache budget"):
+        pull(cache, store, "k")
+    assert store.gets == 0 and cache.entries() == []
+
+
+def test_lru_eviction_skips_leased_entries(tmp_path, store):
+    ma = publish(store, tmp_path, "a", image(3))
+    mb = publish(store, tmp_path, "b", image(4))
+    publish(store, tmp_path, "c", image(5))
+    cache = Cache(tmp_path / "c", ma.size + mb.size + 100)
+    la = pull(cache, store, "a").lease        # held: in use
+    pull(cache, store, "b").lease.release()
+    rc = pull(cache, store, "c")              # must evict b (a is leased)
+    assert {e.key for e in cache.entries()} == {"a", "c"}
+    rc.lease.release()
+    lb = pull(cache, store, "b").lease        # evicts c (a still leased)
+    assert {e.key for e in cache.entries()} == {"a", "b"}
+    with pytest.raises(CacheFull, match="in use"):
+        pull(cache, store, "c")              # a and b both leased
+    la.release()
+    lb.release()
+    pull(cache, store, "c").lease.release()
+    assert "c" in {e.key for e in cache.entries()}
+
+
+def test_crash_leftovers_are_never_served_and_are_cleaned(tmp_path, store):
+    publish(store, tmp_path, "k", image(3))
+    cache = Cache(tmp_path / "c", 1 << 30)
+    part = cache.root / "tmp" / "k@0123456789abcdef@dead.partial"
+    part.mkdir()
+    (part / "pages.img").write_bytes(b"half")
+    orphan = cache.root / "entries" / "k@0123456789abcdef@beef"
+    orphan.mkdir()
+    (orphan / "pages.img").write_bytes(b"installed but never indexed")
+    assert cache.find_locked("k", TUPLE)[0] is None
+    r = pull(cache, store, "k")
+    assert not r.hit and not part.exists() and not orphan.exists()
+    assert sum("recovered" in n for n in r.notes) == 2
+    r.lease.release()
+
+
+def test_dead_process_leases_are_reaped(tmp_path, store):
+    ma = publish(store, tmp_path, "a", image(3))
+    publish(store, tmp_path, "b", image(4))
+    cache = Cache(tmp_path / "c", ma.size + 10)
+    r = pull(cache, store, "a")
+    with cache._tx() as db:   # pretend the lease holder died
+        db.execute("UPDATE leases SET pid = 999999999")
+    pull(cache, store, "b").lease.release()
+    assert [e.key for e in cache.entries()] == ["b"]
+    r.lease.released = True
+
+
+def test_tuple_mismatch_and_not_found(tmp_path, store):
+    other = dataclasses.replace(TUPLE, machine_type="big")
+    publish(store, tmp_path, "k", image(3), tup=other)
+    cache = Cache(tmp_path / "c", 1 << 30)
+    with pytest.raises(TupleMismatch) as e:
+        pull(cache, store, "k")
+    assert any("machine_type: image has 'big', node has 'test'" in r for r in e.value.reasons)
+    with pytest.raises(NotFound):
+        pull(cache, store, "nothing")
+
+
+def test_superset_node_finds_image_by_listing(tmp_path, store):
+    publish(store, tmp_path, "k", image(3))
+    node = dataclasses.replace(TUPLE, cpu_features=TUPLE.cpu_features + ("avx512f",))
+    r = images.pull(Cache(tmp_path / "c", 1 << 30), store, "k", node, workers=2)
+    assert not r.hit
+    r.lease.release()
+
+
+def test_invalid_manifest_in_store(tmp_path, store):
+    m = publish(store, tmp_path, "k", image(3))
+    store.objects[store.manifest_name("k", m.tuple_hash)] = m.to_json().replace(
+        b'"schema_version":1', b'"schema_version":7')
+    with pytest.raises(ManifestError) as e:
+        pull(Cache(tmp_path / "c", 1 << 30), store, "k")
+    assert e.value.field == "schema_version"
+
+
+def test_lock_timeout_names_the_lock(tmp_path, store):
+    cache = Cache(tmp_path / "c", 1 << 30, lock_timeout_s=0.2)
+    with cache.key_lock("k"):
+        other = Cache(tmp_path / "c", 1 << 30, lock_timeout_s=0.2)
+        with pytest.raises(Timeout, match="k.lock"):
+            with other.key_lock("k"):
+                pass
+
+
+def test_push_race_both_nodes_end_with_the_winner(tmp_path, store):
+    a, b = image(3), image(4)
+    da, db_ = tmp_path / "da", tmp_path / "db"
+    for d, files in ((da, a), (db_, b)):
+        d.mkdir()
+        for n, data in files.items():
+            (d / n).write_bytes(data)
+    # Two nodes: each packs its own image under the same key and tuple.
+    ca, cb = Cache(tmp_path / "ca", 1 << 30), Cache(tmp_path / "cb", 1 << 30)
+    orig = images.pack.pack
+    images.pack.pack = lambda d, key, tup, chunker, avg: layout(key, d)
+    try:
+        ra = images.push(ca, store, da, "k", TUPLE, chunker=None, avg_chunk=4096, workers=2)
+        rb = images.push(cb, store, db_, "k", TUPLE, chunker=None, avg_chunk=4096, workers=2)
+    finally:
+        images.pack.pack = orig
+    assert ra.published and not rb.published
+    for c in (ca, cb):
+        [e] = c.entries("k")
+        assert (e.path / "pages.img").read_bytes() == a["pages.img"]

@@ -1,0 +1,110 @@
+import dataclasses
+
+import pytest
+
+from control import compat
+from control.compat import CompatTuple, GpuFacts, check
+from control.config import load
+from control.errors import ManifestError
+
+from .fakes import TUPLE
+
+
+def test_identical_tuples_match():
+    assert check(TUPLE, TUPLE) == []
+
+
+def test_cpu_feature_superset_passes_subset_fails_naming_missing():
+    more = dataclasses.replace(TUPLE, cpu_features=TUPLE.cpu_features + ("avx512f",))
+    assert check(TUPLE, more) == []
+    bad = check(more, TUPLE)
+    assert [m.field for m in bad] == ["cpu_features"]
+    assert "avx512f" in str(bad[0])
+
+
+def test_every_other_field_must_be_equal_and_is_explained():
+    node = dataclasses.replace(TUPLE, runsc_version="other", gpu_count=1, gpu_product="NVIDIA H200",
+                               driver_version="580.159.04", machine_type="big")
+    fields = {m.field: str(m) for m in check(TUPLE, node)}
+    assert set(fields) == {"runsc_version", "gpu_count", "gpu_product", "driver_version", "machine_type"}
+    assert "image has 'test', node has 'big'" in fields["machine_type"]
+
+
+def test_hash_is_stable_and_covers_every_field():
+    h = TUPLE.hash()
+    assert h == CompatTuple.from_dict(TUPLE.to_dict()).hash()
+    assert len(h) == 64
+    for f in dataclasses.fields(CompatTuple):
+        v = getattr(TUPLE, f.name)
+        changed = (v + ("x",)) if isinstance(v, tuple) else (v + 1 if isinstance(v, int) else v + "x")
+        assert dataclasses.replace(TUPLE, **{f.name: changed}).hash() != h, f.name
+
+
+def test_from_dict_names_the_bad_field():
+    d = TUPLE.to_dict()
+    d["gpu_count"] = -1
+    with pytest.raises(ManifestError) as e:
+        CompatTuple.from_dict(d)
+    assert e.value.field == "tuple.gpu_count"
+    d = TUPLE.to_dict()
+    del d["arch"]
+    with pytest.raises(ManifestError, match="tuple.arch"):
+        CompatTuple.from_dict(d)
+    d = TUPLE.to_dict() | {"extra": 1}
+    with pytest.raises(ManifestError, match="tuple.extra"):
+        CompatTuple.from_dict(d)
+
+
+class FakeRunsc:
+    def version(self):
+        return "thaw-gvisor-x"
+
+    def cpu_features(self):
+        return ["sse2", "avx2", "sse2"]
+
+
+def test_node_tuple_without_gpu_is_valid():
+    s = load(environ={}, overrides={"node.machine_type": "m1"})
+    t = compat.node_tuple(s, runsc=FakeRunsc(), gpu=GpuFacts, arch="x86_64")
+    assert t.gpu_count == 0 and t.gpu_product == "" and t.driver_version == ""
+    assert t.cpu_features == ("avx2", "sse2")
+    assert t.machine_type == "m1" and t.runsc_version == "thaw-gvisor-x" and t.platform == "systrap"
+
+
+def test_node_tuple_with_gpu():
+    s = load(environ={})
+    g = lambda: GpuFacts("NVIDIA H200", 8, "580.159.04", "13.0")  # noqa: E731
+    t = compat.node_tuple(s, runsc=FakeRunsc(), gpu=g, arch="x86_64")
+    assert (t.gpu_product, t.gpu_count, t.driver_version, t.cuda_driver_version) == \
+        ("NVIDIA H200", 8, "580.159.04", "13.0")
+
+
+def _pynvml():
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        import pynvml
+    return pynvml
+
+
+def test_nvml_without_driver_is_no_gpu(monkeypatch):
+    pynvml = _pynvml()
+
+    def no_lib():
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+    monkeypatch.setattr(pynvml, "nvmlInit", no_lib)
+    assert compat.nvml_gpu_facts() == GpuFacts()
+
+
+def test_nvml_facts(monkeypatch):
+    pynvml = _pynvml()
+    calls = []
+    monkeypatch.setattr(pynvml, "nvmlInit", lambda: calls.append("init"))
+    monkeypatch.setattr(pynvml, "nvmlShutdown", lambda: calls.append("shutdown"))
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetCount", lambda: 2)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetHandleByIndex", lambda i: i)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetName", lambda h: "NVIDIA H200")
+    monkeypatch.setattr(pynvml, "nvmlSystemGetDriverVersion", lambda: "580.159.04")
+    monkeypatch.setattr(pynvml, "nvmlSystemGetCudaDriverVersion", lambda: 13000)
+    assert compat.nvml_gpu_facts() == GpuFacts("NVIDIA H200", 2, "580.159.04", "13.0")
+    assert calls == ["init", "shutdown"]
