@@ -178,6 +178,14 @@ def serve(settings: Settings, images, tuple_hash: str, ready: threading.Event | 
         settings.thawd_socket.unlink()
     except FileNotFoundError:
         pass
+    # Do not wait for a checkpoint or publish still running in a worker
+    # thread (Python joins executor threads at exit): every step of those is
+    # crash-safe by design (temp names, manifest last, cache install by
+    # rename), so stopping now loses only that work, and SIGTERM must not
+    # wait for a multi-GB upload.
+    for h in logging.getLogger().handlers:
+        h.flush()
+    os._exit(0)
 
 
 def client(settings: Settings, timeout_s: float = 10.0):

@@ -93,7 +93,16 @@ class Stack:
     def stop_thawd(self) -> None:
         if self.thawd and self.thawd.poll() is None:
             self.thawd.send_signal(signal.SIGTERM)
-            self.thawd.wait(20)
+            try:
+                self.thawd.wait(30)
+            except subprocess.TimeoutExpired:
+                self.thawd.kill()
+                self.thawd.wait(10)
+                raise ThawError("thawd did not stop within 30 s of SIGTERM")
+            finally:
+                if getattr(self, "thawd_log", None):
+                    self.thawd_log.close()
+                    self.thawd_log = None
         self.thawd = None
         if getattr(self, "thawd_log", None):
             self.thawd_log.close()
