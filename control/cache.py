@@ -41,6 +41,7 @@ from control.compat import CompatTuple, check
 from control.errors import CacheFull, NotFound, Timeout
 from control.manifest import Manifest
 from control.transfer import LocalCopy, Sources, read_local
+from runsc_hooks import spec as specmod
 
 log = logging.getLogger(__name__)
 
@@ -75,13 +76,6 @@ def _pid_start(pid: int) -> str:
 def _alive(pid: int, start: str) -> bool:
     return start != "" and _pid_start(pid) == start
 
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @dataclass(frozen=True)
@@ -399,10 +393,10 @@ class Cache:
             f.flush()
             os.fsync(f.fileno())
         snapshot = {f.name: (partial / f.name).stat().st_mtime_ns for f in m.files}
-        _fsync_dir(partial)
+        specmod.fsync_path(partial)
         final = self.entry_path(eid)
         os.rename(partial, final)
-        _fsync_dir(final.parent)
+        specmod.fsync_path(final.parent)
         self._commit_locked(eid, m, snapshot)
         return self.entries_by_id(eid)
 

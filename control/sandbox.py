@@ -319,7 +319,7 @@ class Sandboxes:
                                                 cuda_checkpoint_path=cuda_checkpoint_path))
             sizes = {}
             for p in partial.iterdir():
-                _fsync_file(p)  # durable before the rename makes the image visible
+                specmod.fsync_path(p)  # durable before the rename makes the image visible
                 sizes[p.name] = p.stat().st_size
             seconds = time.monotonic() - t0
             meta = {"version": IMAGE_META_VERSION, "sandbox": sid, "spec": spec, "net": rec.net,
@@ -327,9 +327,9 @@ class Sandboxes:
                     "platform": self.settings.runsc_platform, "network": "sandbox" if rec.net else "none",
                     "nvproxy": r.options.nvproxy, "checkpoint_s": seconds, "created_at": time.time()}
             specmod.write_json_atomic(partial / IMAGE_META, meta)
-            _fsync_dir(partial)
+            specmod.fsync_path(partial)
             os.rename(partial, out)
-            _fsync_dir(out.parent)
+            specmod.fsync_path(out.parent)
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)
             # A failed save leaves the sandbox running (runsc resumes it).
@@ -665,19 +665,3 @@ def _wait_runsc_idle(settings: Settings, sid: str, timeout_s: float | None = Non
             return
         time.sleep(0.05)
     log.warning("runsc is still working on %s after %.0fs; recovering anyway", sid, settings.runsc_timeout_s)
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -121,6 +121,15 @@ def write_json_atomic(path: Path, data: Any) -> None:
     write_bytes_atomic(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode())
 
 
+def fsync_path(path: Path) -> None:
+    """fsync a file or a directory (a directory: to make renames in it durable)."""
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if Path(path).is_dir() else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def write_bytes_atomic(path: Path, data: bytes, mode: int | None = None) -> None:
     """Write `data` to a temp file beside `path` (mode 0600 unless `mode`), fsync,
     rename over `path`; the temp file is removed if anything fails."""
