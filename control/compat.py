@@ -16,7 +16,6 @@ import hashlib
 import json
 import logging
 import platform as _platform
-import warnings
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable, Protocol
 
@@ -122,30 +121,12 @@ class GpuFacts:
 
 
 def nvml_gpu_facts() -> GpuFacts:
-    """GPU product, count and driver versions through NVML; no GPU (or no
-    driver library) gives the empty GpuFacts."""
-    with warnings.catch_warnings():
-        # The `pynvml` distribution (13.x) installs an import hook that warns
-        # on `import pynvml` and forwards to nvidia-ml-py, which provides the
-        # module; the module is the one we want, the warning is about packaging.
-        warnings.filterwarnings("ignore", message="The pynvml package is deprecated", category=FutureWarning)
-        import pynvml
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as e:
-        log.debug("NVML unavailable (%s): tuple without GPU", e)
-        return GpuFacts()
-    try:
-        count = pynvml.nvmlDeviceGetCount()
-        if count == 0:
-            return GpuFacts()
-        name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
-        driver = pynvml.nvmlSystemGetDriverVersion()
-        cuda = pynvml.nvmlSystemGetCudaDriverVersion()  # e.g. 13000 for 13.0
-        return GpuFacts(product=_text(name), count=count, driver_version=_text(driver),
-                        cuda_driver_version=f"{cuda // 1000}.{(cuda % 1000) // 10}")
-    finally:
-        pynvml.nvmlShutdown()
+    """GPU product, count and driver versions through NVML (nvproxy/gpu.py, the
+    one NVML reader); no GPU gives the empty GpuFacts, a broken NVML a GpuError."""
+    from nvproxy import gpu
+    c = gpu.probe().compat()
+    return GpuFacts(product=c["gpu_product"], count=c["gpu_count"], driver_version=c["driver_version"],
+                    cuda_driver_version=c["cuda_driver_version"])
 
 
 def _text(v: str | bytes) -> str:

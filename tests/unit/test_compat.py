@@ -96,15 +96,11 @@ def test_nvml_without_driver_is_no_gpu(monkeypatch):
     assert compat.nvml_gpu_facts() == GpuFacts()
 
 
-def test_nvml_facts(monkeypatch):
-    pynvml = _pynvml()
-    calls = []
-    monkeypatch.setattr(pynvml, "nvmlInit", lambda: calls.append("init"))
-    monkeypatch.setattr(pynvml, "nvmlShutdown", lambda: calls.append("shutdown"))
-    monkeypatch.setattr(pynvml, "nvmlDeviceGetCount", lambda: 2)
-    monkeypatch.setattr(pynvml, "nvmlDeviceGetHandleByIndex", lambda i: i)
-    monkeypatch.setattr(pynvml, "nvmlDeviceGetName", lambda h: "NVIDIA H200")
-    monkeypatch.setattr(pynvml, "nvmlSystemGetDriverVersion", lambda: "580.159.04")
-    monkeypatch.setattr(pynvml, "nvmlSystemGetCudaDriverVersion", lambda: 13000)
+def test_nvml_facts_come_from_nvproxy_gpu(monkeypatch):
+    from nvproxy import gpu
+    h200 = [gpu.Gpu(index=i, uuid=f"GPU-{i}", minor=i, product="NVIDIA H200", memory_bytes=143771 << 20,
+                    pci_bus_id=f"0000:0{i}:00.0") for i in range(2)]
+    monkeypatch.setattr(gpu, "probe", lambda: gpu.NodeGpus("580.159.04", "13.0", tuple(h200)))
     assert compat.nvml_gpu_facts() == GpuFacts("NVIDIA H200", 2, "580.159.04", "13.0")
-    assert calls == ["init", "shutdown"]
+    monkeypatch.setattr(gpu, "probe", lambda: gpu.NodeGpus())
+    assert compat.nvml_gpu_facts() == GpuFacts()
