@@ -145,9 +145,34 @@ ExecFn = Callable[[Sequence[str], float], "tuple[int, str]"]
 
 @dataclass(frozen=True)
 class Target:
-    """Where hooks go: the sandbox's address as the node reaches it, and a way to exec in it."""
+    """Where hooks go: the sandbox's address as the node reaches it, and a way to exec in it.
+
+    http_via_exec: send HTTP hooks from inside the sandbox (to its own
+    127.0.0.1) with the workload's python3, through exec_in_sandbox. thawd does
+    this for containers started by containerd, whose address it does not know.
+    """
     host: str = "127.0.0.1"
     exec_in_sandbox: ExecFn | None = None
+    http_via_exec: bool = False
+
+
+# The HTTP client run inside the sandbox for http_via_exec: argv = method, url,
+# body, timeout; prints the status and body, exits 1 on an HTTP error status.
+_IN_SANDBOX_HTTP = (
+    "import sys,urllib.request as u,urllib.error as e\n"
+    "m,url,b,t=sys.argv[1:5]\n"
+    "r=u.Request(url,data=(b.encode() if b or m in ('POST','PUT') else None),method=m)\n"
+    "try:\n"
+    " x=u.urlopen(r,timeout=float(t));print(x.status);print(x.read().decode(errors='replace')[-500:])\n"
+    "except e.HTTPError as h:\n"
+    " print(h.code);print(h.read().decode(errors='replace')[-500:]);sys.exit(1)\n"
+)
+
+
+def http_exec_argv(hook: "HttpHook") -> list[str]:
+    """argv that sends `hook` from inside the sandbox to its own loopback."""
+    return ["python3", "-c", _IN_SANDBOX_HTTP, hook.method, f"http://127.0.0.1:{hook.port}{hook.path}",
+            hook.body, str(hook.timeout_s)]
 
 
 def runsc_exec(runsc: "Runsc", cid: str) -> ExecFn:
@@ -170,7 +195,15 @@ def run_hooks(profile: Profile, phase: str, target: Target) -> list[dict]:
     for i, hook in enumerate(profile.hooks(phase)):
         name = f"{profile.name}/{phase}[{i}] {hook.describe()}"
         t0 = time.monotonic()
-        if isinstance(hook, HttpHook):
+        if isinstance(hook, HttpHook) and target.http_via_exec:
+            if target.exec_in_sandbox is None:
+                raise HookError(name, "http_via_exec needs a way to run a command in the sandbox")
+            rc, text = target.exec_in_sandbox(http_exec_argv(hook), hook.timeout_s + 5)
+            if rc != 0:
+                raise HookError(name, f"in-sandbox HTTP request failed (exit {rc}): {text.strip()[-500:]}")
+            first = text.strip().splitlines()[0] if text.strip() else ""
+            rec = {"hook": hook.describe(), "status": int(first) if first.isdigit() else None}
+        elif isinstance(hook, HttpHook):
             status, text = _http(hook, target.host, name)
             rec = {"hook": hook.describe(), "status": status}
         else:

@@ -246,12 +246,29 @@ class Thawd:
 
     # -- start -----------------------------------------------------------------
 
+    def _run_hooks(self, spec: dict, r: Runsc, cid: str, phase: str) -> None:
+        """The workload profile's hooks (thaw.dev/profile), run inside the sandbox:
+        thawd does not know a containerd sandbox's address, so HTTP hooks go to
+        the sandbox's own loopback from a python3 it runs there."""
+        from control import profiles
+        profile = profiles.for_spec(spec)
+        if not profile.hooks(phase):
+            return
+        records = profiles.run_hooks(profile, phase, profiles.Target(
+            exec_in_sandbox=profiles.runsc_exec(r, cid), http_via_exec=True))
+        log.info("%s hooks of %s (%s): %s", phase, cid, profile.name, records)
+
     def check_health(self, rt: RuntimeRef, key: str) -> tuple[bool, str, float]:
         t0 = time.monotonic()
         spec = specmod.Bundle(rt.bundle).load()
         wl = workloadmod.from_spec(spec)
         probe = wl.health if wl else workloadmod.Probe("delay", "0")
         ok, detail = self._probe(rt, probe, deadline_s=self.s.thawd_health_timeout_s)
+        if ok:
+            try:
+                self._run_hooks(spec, rt.runsc(self.s.runsc_path, 60), rt.container_id, "post_restore")
+            except ThawError as e:
+                ok, detail = False, f"post-restore hook failed: {e}"
         dt = time.monotonic() - t0
         self.metrics.observe("thaw_health_seconds", dt)
         return ok, detail, dt
@@ -362,6 +379,7 @@ class Thawd:
         r = rt.runsc(self.s.runsc_path, self.s.runsc_timeout_s)
         t0 = time.monotonic()
         try:
+            self._run_hooks(spec, r, rt.container_id, "pre_checkpoint")
             cuda = None
             if uses_gpu(spec):
                 from nvproxy import helper

@@ -159,3 +159,30 @@ def test_runsc_exec_runs_hooks_through_runsc_exec(tmp_path):
     rc, out = run(["false"], 5)
     assert rc == 7 and "hook said no" in out
     assert log.read_text().splitlines()[0].endswith("exec sb1 sync")
+
+
+def _local_exec(argv, timeout_s):
+    """Stands in for `runsc exec`: runs the argv here (python3 resolved to this interpreter)."""
+    import subprocess
+    import sys
+    argv = [sys.executable if argv[0] == "python3" else argv[0], *argv[1:]]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+    return p.returncode, p.stdout + p.stderr
+
+
+def test_http_hooks_via_exec_send_the_request_from_inside():
+    with Workload({"/sleep?level=1": (200, "asleep")}) as w:
+        p = profiles.get("vllm").with_port(w.port)
+        recs = profiles.run_hooks(p, "pre_checkpoint", profiles.Target(host="192.0.2.1", exec_in_sandbox=_local_exec,
+                                                                       http_via_exec=True))
+    assert w.requests == [("POST", "/sleep?level=1")]  # reached via loopback, not the (unroutable) host
+    assert recs[0]["status"] == 200 and "asleep" in recs[0]["output"]
+
+
+def test_http_hook_via_exec_error_is_a_hook_error():
+    with Workload({"/thaw/pre-checkpoint": (503, "busy")}) as w:
+        p = profiles.get("pytorch").with_port(w.port)
+        with pytest.raises(HookError, match="exit 1.*503"):
+            profiles.run_hooks(p, "pre_checkpoint", profiles.Target(exec_in_sandbox=_local_exec, http_via_exec=True))
+    with pytest.raises(HookError, match="needs a way to run a command"):
+        profiles.run_hooks(profiles.get("pytorch"), "pre_checkpoint", profiles.Target(http_via_exec=True))
