@@ -1,0 +1,87 @@
+"""thawd's gRPC surface on a real Unix socket: validation, error conversion in
+one place, and one bad request harming no other. The image source is a fake
+(this tier runs no runsc and no store)."""
+from __future__ import annotations
+
+import os
+import stat
+
+import grpc
+import pytest
+
+from control import config, daemon
+from control.rpc import thawd_pb2 as pb
+from runsc_hooks import spec as specmod
+
+
+class NoImages:
+    def pull(self, key):
+        from control.errors import NotFound
+        raise NotFound("image", key)
+
+    def has(self, key):
+        return False
+
+    def entries(self):
+        return []
+
+    def evict(self, key):
+        return False
+
+
+@pytest.fixture
+def thawd(tmp_path):
+    if os.geteuid() != 0:
+        pytest.fail("thawd's socket directory is root-only: run the tests as root", pytrace=False)
+    (tmp_path / "empty.toml").write_text("")
+    s = config.load(environ={"THAW_NODE_STATE_DIR": str(tmp_path / "state"),
+                             "THAW_THAWD_SOCKET": str(tmp_path / "run" / "thawd.sock"),
+                             "THAW_THAWD_METRICS_ADDR": ""}, config_file=tmp_path / "empty.toml")
+    server, t, _ = daemon.build(s, NoImages(), "tuplehash")
+    server.start()
+    ch = grpc.insecure_channel(f"unix:{s.thawd_socket}")
+    from control.rpc import thawd_pb2_grpc as pbg
+    yield pbg.ThawdStub(ch), s, tmp_path
+    ch.close()
+    server.stop(0)
+    t.close()
+
+
+def test_socket_directory_is_root_only(thawd):
+    _, s, _ = thawd
+    assert stat.S_IMODE(os.stat(s.thawd_socket.parent).st_mode) == 0o700
+    assert stat.S_ISSOCK(os.stat(s.thawd_socket).st_mode)
+
+
+def test_bad_requests_get_the_mapped_status_and_the_server_keeps_serving(thawd):
+    stub, _, tmp = thawd
+    with pytest.raises(grpc.RpcError) as e:
+        stub.PrepareRestore(pb.PrepareRestoreRequest(runtime=pb.Runtime(container_id="../x", bundle="/b",
+                                                                        runsc_root="/r")), timeout=5)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "container_id" in e.value.details()
+    with pytest.raises(grpc.RpcError) as e:  # a bundle without config.json: SpecError -> INVALID_ARGUMENT
+        stub.PrepareRestore(pb.PrepareRestoreRequest(runtime=pb.Runtime(container_id="c1", bundle=str(tmp),
+                                                                        runsc_root="/r")), timeout=5)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "config.json" in e.value.details()
+    with pytest.raises(grpc.RpcError) as e:
+        stub.ReportOutcome(pb.ReportOutcomeRequest(runtime=pb.Runtime(container_id="c1", bundle="/b",
+                                                                      runsc_root="/r")), timeout=5)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "outcome" in e.value.details()
+    h = stub.Health(pb.HealthRequest(), timeout=5)
+    assert h.ok and h.tuple_hash == "tuplehash"
+
+
+def test_prepare_answers_cold_with_a_reason(thawd):
+    stub, _, tmp = thawd
+    plain = specmod.Bundle(tmp / "plain")
+    plain.write(specmod.command_spec(["/bin/true"], rootfs="rootfs"))
+    r = stub.PrepareRestore(pb.PrepareRestoreRequest(runtime=pb.Runtime(
+        container_id="c1", bundle=str(plain.path), runsc_root="/r")), timeout=5)
+    assert (r.decision, r.reason) == (pb.PrepareRestoreResponse.COLD, "not-opted-in")
+    opted = specmod.Bundle(tmp / "opted")
+    opted.write(specmod.command_spec(["/bin/true"], rootfs="rootfs", annotations={"thaw.dev/workload": "w"}))
+    r = stub.PrepareRestore(pb.PrepareRestoreRequest(runtime=pb.Runtime(
+        container_id="c2", bundle=str(opted.path), runsc_root="/r")), timeout=5)
+    assert r.decision == pb.PrepareRestoreResponse.COLD and r.reason == "no-image"
+    assert r.workload_key.startswith("default.w.")
+    assert stub.Stats(pb.StatsRequest(), timeout=5).counters['thaw_cold_decisions_total{reason="no-image"}'] == 1
