@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 import logging
 import re
+import shlex
 import shutil
-import subprocess
 import threading
 import time
 import uuid
@@ -274,30 +274,39 @@ class Thawd:
         return ok, detail, dt
 
     def _probe(self, rt: RuntimeRef, probe: workloadmod.Probe, deadline_s: float) -> tuple[bool, str]:
+        """A workload probe (thaw.dev/ready, thaw.dev/health) run by runsc_hooks/health.py's
+        retry loop: the container must be running, then exec/file probes run in it."""
+        from control import profiles
+        from runsc_hooks import health
         r = rt.runsc(self.s.runsc_path, 30)
-        end = time.monotonic() + deadline_s
         if probe.kind == "delay":
             time.sleep(min(float(probe.arg), deadline_s))
-        attempts, last = 0, ""
-        while True:
-            attempts += 1
+        try:
+            status = r.state(rt.container_id).status
+            if status != "running":
+                return False, f"container is {status}"  # it will not come back: do not wait
+        except ThawError:
+            pass  # the running probe below retries runsc state until the deadline
+
+        def running() -> bool:
             try:
-                st = r.state(rt.container_id)
-                if st.status != "running":
-                    return False, f"container is {st.status}"
-                if probe.kind == "delay":
-                    return True, f"running after {probe.arg}s"
-                cmd = probe.arg if probe.kind == "exec" else f"test -e {probe.arg}"
-                p = subprocess.run([*r.argv("exec", rt.container_id, "/bin/sh", "-c", cmd)], capture_output=True,
-                                   text=True, timeout=max(1.0, end - time.monotonic()), stdin=subprocess.DEVNULL)
-                if p.returncode == 0:
-                    return True, f"{probe.kind} probe passed after {attempts} attempt(s)"
-                last = f"exit {p.returncode}: {(p.stderr or p.stdout).strip()[-200:]}"
-            except (ThawError, subprocess.TimeoutExpired) as e:
-                last = str(e)
-            if time.monotonic() >= end:
-                return False, f"{probe.kind} probe failed after {attempts} attempt(s): {last}"
-            time.sleep(min(0.2 * attempts, 1.0))
+                return r.state(rt.container_id).status == "running"
+            except ThawError:
+                return False
+        in_sandbox = profiles.runsc_exec(r, rt.container_id)
+
+        def exec_in(argv: list[str], timeout_s: float) -> tuple[int, str]:
+            try:
+                return in_sandbox(argv, timeout_s)
+            except ThawError as e:  # e.g. the container went away: a failed attempt, retried
+                return -1, str(e)
+        probes: list = [health.RunningProbe()]
+        if probe.kind != "delay":
+            cmd = probe.arg if probe.kind == "exec" else f"test -e {shlex.quote(probe.arg)}"
+            probes.append(health.ExecProbe(("/bin/sh", "-c", cmd)))
+        result = health.check(probes, health.Target(exec=exec_in, running=running),
+                              health.Policy(timeout_s=deadline_s, attempt_timeout_s=deadline_s))
+        return result.healthy, f"{probe.kind} probe: {result.summary()}"
 
     def report_outcome(self, rt: RuntimeRef, key: str, outcome: str, seconds: float, reason: str) -> None:
         log.info("outcome %s key=%s %s %.3fs %s", rt.container_id, key, outcome, seconds, reason)
