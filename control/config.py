@@ -152,6 +152,13 @@ def _dns_label(v: Any) -> str:
     return s
 
 
+def _power_of_two(v: Any) -> int:
+    x = _parse_int(v)
+    if x < 4096 or x & (x - 1):
+        raise ValueError(f"must be a power of two >= 4096, got {v!r}")
+    return x
+
+
 # What each parser accepts, for docs/configuration.md.
 _parse_bool.kind = "boolean"  # type: ignore[attr-defined]
 _parse_int.kind = "integer (k, m, g, t suffixes)"  # type: ignore[attr-defined]
@@ -161,25 +168,14 @@ _parse_path.kind = "path"  # type: ignore[attr-defined]
 _parse_abs_path.kind = "absolute path"  # type: ignore[attr-defined]
 _parse_words.kind = "list of strings"  # type: ignore[attr-defined]
 _dns_label.kind = "DNS label"  # type: ignore[attr-defined]
+_power_of_two.kind = "integer, a power of two >= 4096"  # type: ignore[attr-defined]
+_parse_opt_path.kind = "path or empty"  # type: ignore[attr-defined]
+_parse_ipv4.kind = "IPv4 address"  # type: ignore[attr-defined]
+_parse_mark.kind = "integer packet mark"  # type: ignore[attr-defined]
 
 
 def _kind(parse: Callable[[Any], Any]) -> str:
     return getattr(parse, "kind", "value")
-
-
-def _power_of_two(v: Any) -> int:
-    x = _parse_int(v)
-    if x < 4096 or x & (x - 1):
-        raise ValueError(f"must be a power of two >= 4096, got {v!r}")
-    return x
-
-
-_power_of_two.kind = "integer, a power of two >= 4096"  # type: ignore[attr-defined]
-_parse_opt_path.kind = "path or empty"  # type: ignore[attr-defined]
-
-
-_parse_ipv4.kind = "IPv4 address"  # type: ignore[attr-defined]
-_parse_mark.kind = "integer packet mark"  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
