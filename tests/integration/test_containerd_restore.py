@@ -108,11 +108,21 @@ def test_pass_through_matches_runsc(cs):
     cs.ctrd.run(IMAGE, "pt", ANNOTATIONS)
     cs.state("pt")
     root = str(cs.ctrd.runsc_root / "thaw")
-    for args in (["state", "pt"], ["list", "--format=json"], ["ps", "--format=json", "pt"]):
+
+    def both(*args):
         a = subprocess.run([str(BUILD / "thaw-runsc"), f"--root={root}", *args], capture_output=True, text=True,
                            env={"THAW_REAL_RUNSC": str(BUILD / "runsc"), "PATH": "/usr/bin:/bin"})
         b = subprocess.run([str(BUILD / "runsc"), f"--root={root}", *args], capture_output=True, text=True)
+        return a, b
+
+    for args in (["state", "pt"], ["list", "--format=json"]):
+        a, b = both(*args)
         assert (a.returncode, a.stdout) == (b.returncode, b.stdout), args
+    # The workload forks a `sleep` every 100 ms, so the process list differs between two calls
+    # (CI saw [1,7] vs [1,10]); what must match is the exit status, the format and the init process.
+    a, b = both("ps", "--format=json", "pt")
+    assert a.returncode == b.returncode == 0, (a.stderr, b.stderr)
+    assert 1 in json.loads(a.stdout) and 1 in json.loads(b.stdout), (a.stdout, b.stdout)
     cs.ctrd.remove("pt")
 
 
