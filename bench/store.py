@@ -13,6 +13,7 @@ Dedup: real runsc checkpoints of workloads sharing one runtime
 (bench/workloads.py): bytes the store holds after pushing them all vs their raw
 bytes, and the fraction of image B fetched when image A is already cached.
 
+Before every timed run the page cache is dropped (both sides alike).
 Everything runs on this machine; results say which machine that was.
 """
 
@@ -48,6 +49,46 @@ GiB = 1 << 30
 
 def _sync_and_drop_dirty() -> None:
     os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+PAGE_CACHE_STATES = ("full", "empty")
+
+
+def _settle(work: Path, page_cache: str) -> None:
+    """Put memory in one known state before a timed run, the same for both sides.
+
+    "full": what a node that has run for a while looks like: no free memory,
+    the page cache full of clean pages (a sparse file as large as RAM is read),
+    so a buffered writer reclaims a page for every page it writes. "empty":
+    the page cache dropped, memory free. In both, nothing is dirty, and the
+    store's volumes are read last (see below). Filling also takes the VM's cost
+    of first touching guest pages out of the timed run (docs/store.md).
+    """
+    _sync_and_drop_dirty()
+    if page_cache == "full":
+        ballast = work / "page-cache-ballast"
+        size = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        if not ballast.exists() or ballast.stat().st_size != size:
+            with open(ballast, "wb") as f:
+                f.truncate(size)
+        with open(ballast, "rb", buffering=0) as f:
+            buf = bytearray(16 << 20)
+            while f.readinto(buf):
+                pass
+    elif page_cache != "empty":
+        raise ValueError(page_cache)
+    # The store stands in for a remote one, whose disk is not this node's:
+    # its volumes are read into memory last, so that the timed run does not
+    # read them from the disk it writes to (a buffered writer reclaims the
+    # older ballast pages first).
+    for p in sorted((work / "seaweed").rglob("*")):
+        if p.is_file():
+            with open(p, "rb", buffering=0) as f:
+                buf = bytearray(16 << 20)
+                while f.readinto(buf):
+                    pass
 
 
 def disk_write_rates(path: Path, nbytes: int, reps: int = 3) -> dict:
@@ -94,7 +135,7 @@ def _boto3_client(sw: seaweed.Seaweed):
 
 
 def fetch_bench(base: configmod.Settings, sw: seaweed.Seaweed, work: Path, image: Path, tup: CompatTuple,
-                reps: int, avg: int, workers: int) -> dict:
+                reps: int, avg: int, workers: int, page_cache_states=PAGE_CACHE_STATES) -> dict:
     s = dataclasses.replace(base, pack_avg_chunk_bytes=avg, store_workers=workers)
     bucket = f"fetch-{avg >> 10}k-w{workers}"
     s = dataclasses.replace(s, store_bucket=bucket)
@@ -108,6 +149,29 @@ def fetch_bench(base: configmod.Settings, sw: seaweed.Seaweed, work: Path, image
     files = sorted(image.iterdir())
     for f in files:
         client.upload_file(str(f), bucket, f"plain/{f.name}")
+    runs = {pc: _fetch_runs(store, client, key, tup, bucket, files, work, reps, workers, base.cache_direct_io, pc)
+            for pc in page_cache_states}
+    store.delete_prefix("")
+    client.close()
+    out = {"avg_chunk_bytes": avg, "workers": workers, "image_bytes": size, "chunks": r.upload.chunks,
+           "push_s": round(push_s, 3), "direct_io": base.cache_direct_io}
+    for pc, (thaw_s, boto_s, boto_nofsync_s, fill) in runs.items():
+        best_thaw, best_boto = min(thaw_s), min(boto_s)
+        med_thaw, med_boto = sorted(thaw_s)[len(thaw_s) // 2], sorted(boto_s)[len(boto_s) // 2]
+        out[f"page_cache_{pc}"] = {
+            "thaw_fetch_s": [round(x, 3) for x in thaw_s],
+            "boto3_download_file_s": [round(x, 3) for x in boto_s],
+            "boto3_download_file_without_fsync_s": [round(x, 3) for x in boto_nofsync_s],
+            "thaw_bytes_per_s_median": size / med_thaw, "boto3_bytes_per_s_median": size / med_boto,
+            "thaw_bytes_per_s_best": size / best_thaw, "boto3_bytes_per_s_best": size / best_boto,
+            "speedup_vs_boto3_median": med_boto / med_thaw, "speedup_vs_boto3_best": best_boto / best_thaw,
+            "speedup_vs_boto3_per_rep": [round(b / t, 3) for t, b in zip(thaw_s, boto_s)],
+            "fill": fill.to_dict() if fill else None}
+    return out
+
+
+def _fetch_runs(store: Store, client, key: str, tup: CompatTuple, bucket: str, files: list[Path], work: Path,
+                reps: int, workers: int, direct_io: bool, page_cache: str):
     thaw_s, boto_s, boto_nofsync_s = [], [], []
     fill = None
     # One discarded warm-up pair first: right after the uploads SeaweedFS and
@@ -115,8 +179,8 @@ def fetch_bench(base: configmod.Settings, sw: seaweed.Seaweed, work: Path, image
     for rep in range(-1, reps):
         cache_dir = work / f"cache-{bucket}-{rep}"
         shutil.rmtree(cache_dir, ignore_errors=True)
-        cache = Cache(cache_dir, 64 * GiB)
-        _sync_and_drop_dirty()
+        cache = Cache(cache_dir, 64 * GiB, direct_io=direct_io)
+        _settle(work, page_cache)
         t = time.monotonic()
         res = images.pull(cache, store, key, tup, workers=workers)
         if rep >= 0:
@@ -127,7 +191,7 @@ def fetch_bench(base: configmod.Settings, sw: seaweed.Seaweed, work: Path, image
         dest = work / f"boto3-{rep}"
         shutil.rmtree(dest, ignore_errors=True)
         dest.mkdir()
-        _sync_and_drop_dirty()
+        _settle(work, page_cache)
         t = time.monotonic()
         for f in files:
             client.download_file(bucket, f"plain/{f.name}", str(dest / f.name), Config=TransferConfig())
@@ -140,19 +204,7 @@ def fetch_bench(base: configmod.Settings, sw: seaweed.Seaweed, work: Path, image
             boto_s.append(time.monotonic() - t)
             boto_nofsync_s.append(t_nofsync)
         shutil.rmtree(dest)
-    store.delete_prefix("")
-    client.close()
-    best_thaw, best_boto = min(thaw_s), min(boto_s)
-    med_thaw, med_boto = sorted(thaw_s)[len(thaw_s) // 2], sorted(boto_s)[len(boto_s) // 2]
-    return {"avg_chunk_bytes": avg, "workers": workers, "image_bytes": size, "chunks": r.upload.chunks,
-            "push_s": round(push_s, 3), "thaw_fetch_s": [round(x, 3) for x in thaw_s],
-            "boto3_download_file_s": [round(x, 3) for x in boto_s],
-            "boto3_download_file_without_fsync_s": [round(x, 3) for x in boto_nofsync_s],
-            "thaw_bytes_per_s_median": size / med_thaw, "boto3_bytes_per_s_median": size / med_boto,
-            "thaw_bytes_per_s_best": size / best_thaw, "boto3_bytes_per_s_best": size / best_boto,
-            "speedup_vs_boto3_median": med_boto / med_thaw, "speedup_vs_boto3_best": best_boto / best_thaw,
-            "speedup_vs_boto3_per_rep": [round(b / t, 3) for t, b in zip(thaw_s, boto_s)],
-            "fill": fill.to_dict() if fill else None}
+    return thaw_s, boto_s, boto_nofsync_s, fill
 
 
 def dedup_bench(base: configmod.Settings, work: Path, image_dirs: dict[str, Path], tup: CompatTuple,
@@ -242,21 +294,30 @@ def run(settings: configmod.Settings, *, image_bytes: int, workdir: Path, out: P
                            for name, imgs in sets.items()}
     finally:
         sw.stop()
-    main = result["fetch"][0]
+    main = result["fetch"][0]["page_cache_full"]
+    main_empty = result["fetch"][0]["page_cache_empty"]
     ded = next(d for d in result["dedup"]["finetune"] if d["avg_chunk_bytes"] == settings.pack_avg_chunk_bytes)
     rt = next(d for d in result["dedup"]["runtime"] if d["avg_chunk_bytes"] == settings.pack_avg_chunk_bytes)
     limit = result["disk"]["direct_bytes_per_s"]
-    mixed = result["fetch_mixed"]
+    mixed = result["fetch_mixed"]["page_cache_full"]
+    mixed_empty = result["fetch_mixed"]["page_cache_empty"]
     result["summary"] = {
         # medians over `reps` alternating runs; the ratio is of the medians.
-        # The headline is the random (incompressible) image: the worst case for thaw.
+        # The headline is the random (incompressible) image, the worst case for
+        # thaw, on a node whose page cache is full (its normal state); the
+        # same runs with the page cache empty follow.
         "fetch_speedup_vs_boto3": round(main["speedup_vs_boto3_median"], 3),
+        "fetch_speedup_vs_boto3_empty_page_cache": round(main_empty["speedup_vs_boto3_median"], 3),
         "fetch_speedup_vs_boto3_mixed_image": round(mixed["speedup_vs_boto3_median"], 3),
+        "fetch_speedup_vs_boto3_mixed_image_empty_page_cache": round(mixed_empty["speedup_vs_boto3_median"], 3),
         "fetch_mixed_bytes_per_s": round(mixed["thaw_bytes_per_s_median"]),
         "fetch_bytes_per_s": round(main["thaw_bytes_per_s_median"]),
         "boto3_bytes_per_s": round(main["boto3_bytes_per_s_median"]),
+        "fetch_bytes_per_s_empty_page_cache": round(main_empty["thaw_bytes_per_s_median"]),
+        "boto3_bytes_per_s_empty_page_cache": round(main_empty["boto3_bytes_per_s_median"]),
+        "fetch_direct_io": result["fetch"][0]["direct_io"],
         # the limit: the disk's raw (O_DIRECT) write rate; buffered + fsync
-        # (the path a fetch and download_file take) is in "disk"
+        # (the path download_file takes) is in "disk"
         "disk_write_bytes_per_s": round(limit),
         "fetch_fraction_of_disk_limit": round(main["thaw_bytes_per_s_median"] / limit, 3),
         # "bytes stored vs raw bytes": chunk dedup and per-chunk compression together
@@ -282,9 +343,11 @@ def human(r: dict) -> str:
     return "\n".join([
         f"store benchmark, {r['date']}, {r['machine']}",
         f"fetch {r['fetch_image']['bytes'] / GiB:.2f} GiB: thaw {s['fetch_bytes_per_s'] / mb:.0f} MB/s, "
-        f"boto3 download_file {s['boto3_bytes_per_s'] / mb:.0f} MB/s: {s['fetch_speedup_vs_boto3']:.2f}x; "
+        f"boto3 download_file {s['boto3_bytes_per_s'] / mb:.0f} MB/s: {s['fetch_speedup_vs_boto3']:.2f}x "
+        f"(page cache full; empty: {s['fetch_speedup_vs_boto3_empty_page_cache']:.2f}x); "
         f"disk {s['disk_write_bytes_per_s'] / mb:.0f} MB/s: {s['fetch_fraction_of_disk_limit']:.2f} of it",
-        f"fetch, mixed image (weights, zeroed buffers, state): {s['fetch_speedup_vs_boto3_mixed_image']:.2f}x boto3",
+        f"fetch, mixed image (weights, zeroed buffers, state): {s['fetch_speedup_vs_boto3_mixed_image']:.2f}x boto3 "
+        f"(page cache empty: {s['fetch_speedup_vs_boto3_mixed_image_empty_page_cache']:.2f}x)",
         f"dedup (fine-tunes of one base): {s['dedup_saved_fraction']:.1%} fewer bytes stored than raw "
         f"({s['chunk_dedup_only_saved_fraction']:.1%} by chunk dedup alone); image B fetched "
         f"{s['second_image_fetched_fraction']:.1%} with A cached",

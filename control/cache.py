@@ -120,8 +120,10 @@ class Lease:
 
 
 class Cache:
-    def __init__(self, root: Path, budget_bytes: int, lock_timeout_s: float = 900.0, verify: str = "stat") -> None:
+    def __init__(self, root: Path, budget_bytes: int, lock_timeout_s: float = 900.0, verify: str = "stat",
+                 direct_io: bool = False) -> None:
         self.root = Path(root)
+        self.direct_io = direct_io   # fills write fetched pages with O_DIRECT (transfer.fill)
         self.budget = budget_bytes
         self.lock_timeout_s = lock_timeout_s
         self.verify_mode = verify

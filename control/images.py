@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 def open_cache(settings: Settings) -> Cache:
     return Cache(settings.cache_dir, settings.cache_budget_bytes, settings.cache_lock_timeout_s,
-                 settings.cache_verify)
+                 settings.cache_verify, settings.cache_direct_io)
 
 
 @dataclass
@@ -142,7 +142,7 @@ def _fill_and_install(cache: Cache, store: Store | None, m: Manifest, sources: t
                 if owner != "source":
                     cache.mark_corrupt(owner)
             stats = transfer.fill(m, partial, store, sources, workers=workers, progress=progress,
-                                  on_bad_source=bad)
+                                  on_bad_source=bad, direct_io=cache.direct_io)
             cache.install_locked(entry_id, partial, m)
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)

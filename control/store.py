@@ -113,18 +113,29 @@ class Store:
         except (ClientError, BotoCoreError) as e:
             raise self._fail("put", name, e) from None
 
-    def get_range(self, pack: str, offset: int, length: int) -> bytes:
-        """`length` bytes of a pack from `offset` (one ranged GET)."""
+    def get_range_into(self, pack: str, offset: int, buf: memoryview) -> None:
+        """Fill `buf` with len(buf) bytes of a pack from `offset` (one ranged GET, no copy)."""
         name = self.pack_name(pack)
+        length = len(buf)
+        got = 0
         try:
             r = self.client.get_object(Bucket=self.bucket, Key=name, Range=f"bytes={offset}-{offset + length - 1}")
-            data = r["Body"].read()
+            body = r["Body"]
+            while got < length:
+                n = body.readinto(buf[got:])
+                if not n:
+                    break
+                got += n
+            # Read to the end: botocore then checks Content-Length, and urllib3
+            # returns the connection to its pool instead of dropping it.
+            if got == length and body.readinto(bytearray(1)):
+                got += 1
         except (ClientError, BotoCoreError) as e:
             raise self._fail("get", f"{name} bytes {offset}+{length}", e) from None
-        if len(data) != length:
+        if got != length:
             raise StoreError("get", f"s3://{self.bucket}/{name}", f"asked for {length} bytes at {offset}, "
-                             f"got {len(data)} (the pack is shorter than its manifest says)", self.endpoint)
-        return data
+                             f"got {'more' if got > length else got} (the pack does not match its manifest)",
+                             self.endpoint)
 
     def chunk_location(self, h: str) -> Location | None:
         """Where the store keeps chunk `h` (its pointer's metadata), None if it lacks it."""

@@ -51,12 +51,15 @@ class FakeStore:
     def put_pack(self, p: str, body: bytes) -> None:
         self.objects[self.pack_name(p)] = body
 
-    def get_range(self, p: str, offset: int, length: int) -> bytes:
+    def get_range_into(self, p: str, offset: int, buf: memoryview) -> None:
         with self.lock:
             self.gets += 1
         if self.fail_gets:
             raise StoreError("get", self.pack_name(p), "connection refused")
-        return self.objects[self.pack_name(p)][offset:offset + length]
+        data = self.objects[self.pack_name(p)][offset:offset + len(buf)]
+        if len(data) != len(buf):
+            raise StoreError("get", self.pack_name(p), "short")
+        buf[:] = data
 
     def chunk_location(self, h: str) -> Location | None:
         m = self.meta.get(self.chunk_name(h))
