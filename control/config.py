@@ -346,7 +346,8 @@ _HELP: dict[str, str] = {
     "store.workers": "Parallel chunk transfers; each holds one chunk in memory (the memory bound).",
     "store.timeout_s": "Connect and read timeout of one S3 request.",
     "store.retries": "botocore 'standard' retry attempts per S3 request.",
-    "pack.chunker": "The thaw-chunk binary (FastCDC + BLAKE3, go/cmd/thaw-chunk).",
+    "pack.chunker": "The thaw-chunk binary (FastCDC + SHA-256, go/cmd/thaw-chunk). "
+                    "`thaw provision` writes /opt/thaw/bin/thaw-chunk.",
     "pack.avg_chunk_bytes": "FastCDC average chunk size (min = avg/4, max = avg*4).",
     "cache.lock_timeout_s": "How long a pull waits for another pull of the same key.",
     "cache.verify": "On use: stat (sizes and mtimes) or full (re-hash every chunk).",

@@ -25,6 +25,7 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from control.compat import CompatTuple
 from control.config import RUNSC_VERSION_LABEL, Settings
 from control.errors import ThawError
 from runsc_hooks.runsc import GlobalOptions, Runsc
@@ -120,7 +121,8 @@ def check_platform(platform: str, kvm_present: bool) -> Check:
 
 @dataclass(frozen=True)
 class GpuFacts:
-    """NVIDIA GPUs of this node. Stand-in until nvproxy/gpu.py (GPU identity) lands."""
+    """NVIDIA GPUs of this node, as doctor sees them: NVML, else /proc/driver/nvidia
+    (a privileged pod sees the host's procfs but usually lacks libnvidia-ml)."""
     names: tuple[str, ...] = ()
     minors: tuple[int, ...] = ()
     driver_version: str = ""
@@ -258,22 +260,15 @@ def node_checks(settings: Settings, facts: NodeFacts, runsc_path: Path, cache_di
 
 
 def compatibility_tuple(settings: Settings, facts: NodeFacts) -> dict:
-    """The node's compatibility tuple as far as provisioning knows it.
-
-    Stand-in for control/compat.py (the tuple an image records and restore
-    matches); swap this one function when that module lands.
-    """
-    return {
-        "runsc_version": facts.runsc_version or "",
-        "platform": settings.runsc_platform,
-        "arch": facts.machine,
-        "cpu_features": facts.cpu_features,
-        "gpu_name": sorted(set(facts.gpu.names))[0] if facts.gpu.names else "",
-        "gpu_count": len(facts.gpu.minors) or len(facts.gpu.names),
-        "nvidia_driver_version": facts.gpu.driver_version,
-        "cuda_driver_version": facts.gpu.cuda_driver_version,
-        "machine_type": settings.machine_type,
-    }
+    """The node's compatibility tuple (control/compat.py's: what an image records
+    and a restore matches) from the facts doctor gathered, with its hash."""
+    t = CompatTuple(runsc_version=facts.runsc_version or "", platform=settings.runsc_platform,
+                    arch=facts.machine, cpu_features=tuple(sorted(set(facts.cpu_features))),
+                    gpu_product=facts.gpu.names[0] if facts.gpu.names else "",
+                    gpu_count=len(facts.gpu.minors) or len(facts.gpu.names),
+                    driver_version=facts.gpu.driver_version, cuda_driver_version=facts.gpu.cuda_driver_version,
+                    machine_type=settings.machine_type)
+    return {**t.to_dict(), "hash": t.hash()}
 
 
 def gpu_facts() -> GpuFacts:

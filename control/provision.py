@@ -49,6 +49,7 @@ BINARIES = (
     ("thaw-runsc", False),
     ("thaw-runsc-hooks", False),   # thaw-runsc execs it for create/start/delete; runsc itself when absent
     ("thaw-cuda-checkpoint", False),
+    ("thaw-chunk", True),          # thawd chunks every image it publishes (pack.chunker)
 )
 STANDIN = "thaw-runsc"
 HOOKS = "thaw-runsc-hooks"
@@ -447,6 +448,8 @@ def seed_config(settings: Settings) -> str:
         value = getattr(settings, field_name(key))
         if key == "runsc.path":
             values[key] = settings.install_dir / "bin" / "runsc"
+        elif key == "pack.chunker":
+            values[key] = settings.install_dir / "bin" / "thaw-chunk"
         elif value != default:
             values[key] = value
     lines = ["# thaw configuration, written by `thaw provision` because none existed.",

@@ -121,10 +121,14 @@ def test_compatibility_tuple_fields(tmp_path):
     facts = d.NodeFacts("x86_64", "6.1", 0, V2, False, GPU, None, None,
                         runsc_version=RUNSC_VERSION_LABEL, cpu_features=["avx2", "sse4_2"])
     t = d.compatibility_tuple(s, facts)
+    h = t.pop("hash")
     assert t == {"runsc_version": RUNSC_VERSION_LABEL, "platform": "systrap", "arch": "x86_64",
-                 "cpu_features": ["avx2", "sse4_2"], "gpu_name": "NVIDIA H200", "gpu_count": 1,
-                 "nvidia_driver_version": "580.65.06", "cuda_driver_version": "13.0",
+                 "cpu_features": ["avx2", "sse4_2"], "gpu_product": "NVIDIA H200", "gpu_count": 1,
+                 "driver_version": "580.65.06", "cuda_driver_version": "13.0",
                  "machine_type": "p5.48xlarge"}
+    # the same tuple, and hash, that images record (control/compat.py)
+    from control.compat import CompatTuple
+    assert CompatTuple.from_dict(t).hash() == h
 
 
 def test_nearest_existing(tmp_path):
