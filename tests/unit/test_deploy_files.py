@@ -1,0 +1,25 @@
+"""The DaemonSet's image and configuration carry what provision installs."""
+import re
+import tomllib
+from pathlib import Path
+
+from control import config, provision
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_containerfile_copies_every_binary_provision_installs():
+    text = (REPO / "deploy/Containerfile").read_text()
+    m = re.search(r"for b in ([^;]+); do", text)
+    assert m, "the Containerfile's binary loop"
+    assert m.group(1).split() == [name for name, _ in provision.BINARIES]
+
+
+def test_configmap_points_thaw_at_the_installed_binaries():
+    text = (REPO / "deploy/kubernetes/30-configmap.yaml").read_text()
+    block = text.split("config.toml: |\n", 1)[1]
+    toml_text = "\n".join(line[4:] for line in block.splitlines())
+    cfg = tomllib.loads(toml_text)
+    bindir = config.load(environ={}, default_file=Path("/nonexistent")).install_dir / "bin"
+    assert Path(cfg["runsc"]["path"]) == bindir / "runsc"
+    assert Path(cfg["pack"]["chunker"]) == bindir / "thaw-chunk"
