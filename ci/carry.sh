@@ -9,6 +9,14 @@ mkdir -p .carry
 if [[ ! -f .carry/runsc.xz || "$build/runsc" -nt .carry/runsc.xz ]]; then
   xz -T2 -6 -c "$build/runsc" > .carry/runsc.xz.tmp && mv .carry/runsc.xz.tmp .carry/runsc.xz
 fi
+# Experimental runsc builds (bench/gpu/build-runsc-variant.sh) travel too, when built.
+for v in "$build"/runsc-*; do
+  [[ -f "$v" ]] || continue
+  name=$(basename "$v")
+  if [[ ! -f ".carry/$name.xz" || "$v" -nt ".carry/$name.xz" ]]; then
+    xz -T2 -6 -c "$v" > ".carry/$name.xz.tmp" && mv ".carry/$name.xz.tmp" ".carry/$name.xz"
+  fi
+done
 cp -f "$build/thaw-cuda-checkpoint" .carry/
 # Pure-Python wheels of what bench/gpu needs and the H200 image lacks:
 # pyroute2 (network plumbing for bench/gpu/models.py --channel http), at the

@@ -84,6 +84,14 @@ VARIANTS: dict[str, Variant] = {
 DEFAULT_VARIANTS = tuple(VARIANTS)
 
 
+def split_variant(name: str) -> tuple[str, str | None]:
+    """"thaw@readers8" -> ("thaw", "readers8"): restore with the runsc given as
+    --restore-runsc readers8=PATH (a build of the same pin and label with one
+    change, e.g. bench/gpu/build-runsc-variant.sh), from the same image."""
+    base, _, alt = name.partition("@")
+    return base, alt or None
+
+
 class OutOfTime(Exception):
     pass
 
@@ -108,6 +116,7 @@ class Options:
     cold_timeout_s: float = 300.0         # an 8B cold start took 24 s with a cold page cache (h200-facts)
     restore_timeout_s: float = 180.0
     budget_s: float | None = None         # stop starting new steps after this many seconds (device commands get 600)
+    restore_runsc: dict[str, Path] = field(default_factory=dict)   # "name@alt" variants restore with these
     started: float = field(default_factory=time.monotonic, repr=False)
 
     def time_left(self) -> float:
@@ -117,9 +126,11 @@ class Options:
         bad = [m for m in self.models if m not in MODELS]
         if bad:
             raise SystemExit(f"unknown model(s) {bad}; known: {', '.join(MODELS)}")
-        bad = [v for v in self.variants if v not in VARIANTS]
+        bad = [v for v in self.variants if split_variant(v)[0] not in VARIANTS
+               or (split_variant(v)[1] is not None and split_variant(v)[1] not in self.restore_runsc)]
         if bad:
-            raise SystemExit(f"unknown variant(s) {bad}; known: {', '.join(VARIANTS)}")
+            raise SystemExit(f"unknown variant(s) {bad}; known: {', '.join(VARIANTS)}, each optionally "
+                             "@NAME for a --restore-runsc NAME=PATH")
         if self.device == "cuda" and not self.helper:
             raise SystemExit("--device cuda needs --helper (build/thaw-cuda-checkpoint)")
         if self.channel not in ("file", "http"):
@@ -323,6 +334,8 @@ class ModelBench:
         return info
 
     def restore(self, name: str, variant: Variant, image: dict) -> dict:
+        alt = split_variant(name)[1]
+        runsc = self.runsc if alt is None else Runsc(self.o.restore_runsc[alt], self.runsc.options, timeout_s=600)
         if variant.drop_cache:
             if not self.o.drop_caches:
                 raise RuntimeError("variant needs the page cache dropped; --no-drop-caches was given")
@@ -337,11 +350,12 @@ class ModelBench:
             self.net = network.plumb(*self.net_args)   # same addresses, fresh namespace
         self.channel.reset()
         cid = self.new_id(name)
-        rec: dict = {"about": variant.about, "image": variant.image, "background": variant.background,
+        rec: dict = {"about": variant.about + (f"; restored by runsc {alt}" if alt else ""),
+                     "image": variant.image, "background": variant.background,
                      "page_cache": "dropped" if variant.drop_cache else "warm"}
         t0 = time.monotonic()
         try:
-            self.runsc.restore(cid, RestoreOptions(image_path=Path(image["path"]),
+            runsc.restore(cid, RestoreOptions(image_path=Path(image["path"]),
                                                    create=CreateOptions(bundle=bundle.path), detach=True,
                                                    background=variant.background))
             rec["runsc_restore_s"] = round(time.monotonic() - t0, 4)
@@ -354,7 +368,7 @@ class ModelBench:
             if not rec["identical"]:
                 rec["answer"] = {k: answer.get(k) for k in ("tokens", "digest", "finite")}
             try:
-                self.runsc.wait(cid, timeout_s=self.o.restore_timeout_s, restore=True)
+                runsc.wait(cid, timeout_s=self.o.restore_timeout_s, restore=True)
                 rec["restore_done_s"] = round(time.monotonic() - t0, 4)
             except Exception as e:  # noqa: BLE001 - recorded; the answer already came
                 rec["wait_restore_error"] = str(e)[-300:]
@@ -405,17 +419,18 @@ class ModelBench:
         try:
             self.check_time("model", 60)
             self.make_weights()
-            kinds = [k for k in ("norelease", "release") if any(VARIANTS[v].image == k for v in self.o.variants)]
+            kinds = [k for k in ("norelease", "release")
+                     if any(VARIANTS[split_variant(v)[0]].image == k for v in self.o.variants)]
             for i, kind in enumerate(kinds):
                 if i:
                     cold = self.result["images"][kinds[0]]
                     self.check_time(f"image {kind}", cold["cold_start_s"] + 3 * cold["checkpoint_s"] + 10)
                 image = self.first_image(kind) if i == 0 else self.make_image(kind, first=False)
-                for name in [v for v in self.o.variants if VARIANTS[v].image == kind]:
+                for name in [v for v in self.o.variants if VARIANTS[split_variant(v)[0]].image == kind]:
                     runs = []
                     for _ in range(self.o.repeat):
                         self.check_time(f"variant {name}", 3 * image["checkpoint_s"] + 10)
-                        runs.append(self.restore(name, VARIANTS[name], image))
+                        runs.append(self.restore(name, VARIANTS[split_variant(name)[0]], image))
                     self.result["variants"][name] = runs[0] if len(runs) == 1 else {**runs[0], "runs": runs}
                     self.progress(self.result)
                     print(f"[bench] {self.model} {name}: {json.dumps(_brief(runs))}", flush=True)
@@ -539,12 +554,20 @@ def parse_args(argv: list[str] | None = None) -> Options:
     ap.add_argument("--keep", action="store_true", help="keep images and weights")
     ap.add_argument("--no-drop-caches", dest="drop_caches", action="store_false")
     ap.add_argument("--budget-s", type=float, help="start no new step after this many seconds")
+    ap.add_argument("--restore-runsc", action="append", default=[], metavar="NAME=PATH",
+                    help="another runsc (same pin and label) for variants named VARIANT@NAME")
     a = ap.parse_args(argv)
+    alts = {}
+    for item in a.restore_runsc:
+        n, sep, path = item.partition("=")
+        if not sep or not n or not path:
+            raise SystemExit(f"--restore-runsc wants NAME=PATH, got {item!r}")
+        alts[n] = Path(path)
     return Options(runsc=a.runsc, helper=a.helper, out=a.out, work=a.work,
                    models=[m for m in a.models.split(",") if m], variants=[v for v in a.variants.split(",") if v],
                    device=a.device, backend=a.backend, channel=a.channel, python=a.python, cdi=a.cdi,
                    repeat=a.repeat, runsc_debug=a.runsc_debug, keep=a.keep,
-                   drop_caches=a.drop_caches, budget_s=a.budget_s)
+                   drop_caches=a.drop_caches, budget_s=a.budget_s, restore_runsc=alts)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,12 +35,17 @@ def work(tmp_path):
         subprocess.run(["umount", str(nsfile)], check=False)
 
 
-@pytest.mark.parametrize("channel, variants", [("file", list(models.VARIANTS)), ("http", ["thaw"])])
+@pytest.mark.parametrize("channel, variants", [("file", list(models.VARIANTS) + ["thaw@copy"]), ("http", ["thaw"])])
 def test_restore_variants_answer_identically(runsc_bin, work, tmp_path, channel, variants):
     if channel == "http":
         require(importlib.util.find_spec("pyroute2") is not None, "pyroute2 (make setup installs it)")
+    # "thaw@copy": the same image restored by another runsc binary (here a copy of the same build).
+    copy = tmp_path / "runsc-copy"
+    copy.write_bytes(Path(runsc_bin).read_bytes())
+    copy.chmod(0o755)
     opts = models.Options(runsc=runsc_bin, out=tmp_path / "out", work=work, models=["tiny"], variants=variants,
-                          device="cpu", backend="fake", channel=channel, python=sys.executable)
+                          device="cpu", backend="fake", channel=channel, python=sys.executable,
+                          restore_runsc={"copy": copy})
     result = models.run(opts)
     r = result["models"]["tiny"]
     assert r["errors"] == [], r["errors"]
@@ -55,6 +60,8 @@ def test_restore_variants_answer_identically(runsc_bin, work, tmp_path, channel,
         assert set(img["image_files"]) == {"checkpoint.img", "pages_meta.img", "pages.img"}
         assert img["image_bytes"] > 0 and img["cold_start_s"] > 0
     assert r["identical"] is True and r["restore_s"] == r["variants"]["thaw"]["restore_s"]
+    if "thaw@copy" in variants:
+        assert r["variants"]["thaw@copy"]["about"].endswith("restored by runsc copy")
     assert (tmp_path / "out" / "models.json").is_file()
     assert not (work / "tiny").exists() and not (work / "weights" / "tiny").exists()   # cleaned up
 

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Build an experimental runsc: the pinned gVisor with the background page
+# loader's parallelism (pkg/sentry/state/stateio/pagesfile.go
+# pagesFileFDDefaultMaxParallel, 128 at the pin) set to READERS, stamped with
+# the same version label as build/runsc so that it restores the same images.
+# For the GPU loader-contention experiment (docs/gpu.md, "Where the restore
+# time goes"); not used by thaw itself.
+#   bash bench/gpu/build-runsc-variant.sh 8      -> build/runsc-readers8
+set -euo pipefail
+readers=${1:?usage: build-runsc-variant.sh READERS}
+here=$(cd "$(dirname "$0")/../.." && pwd)
+out="$here/build"
+cd "$here/go"
+gvisor_version=$(go list -m -f '{{.Version}}' gvisor.dev/gvisor)
+label="thaw-gvisor-${gvisor_version##*-}"     # twin: ci/build-go.sh, control/config.py RUNSC_VERSION_LABEL
+mod=$(mktemp -d "$out/.runsc-variant.XXXXXX")
+trap 'rm -rf "$mod"' EXIT
+src=$(go mod download -json "gvisor.dev/gvisor@$gvisor_version" | sed -n 's/.*"Dir": "\(.*\)",*/\1/p')
+cp -r "$src" "$mod/gvisor" && chmod -R u+w "$mod/gvisor"
+f="$mod/gvisor/pkg/sentry/state/stateio/pagesfile.go"
+grep -q 'pagesFileFDDefaultMaxParallel = 128' "$f" || { echo "pagesfile.go changed upstream: $f" >&2; exit 1; }
+sed -i "s/pagesFileFDDefaultMaxParallel = 128/pagesFileFDDefaultMaxParallel = $readers/" "$f"
+go_version=$(awk '$1 == "go" {print $2; exit}' "$mod/gvisor/go.mod")
+mkdir -p "$mod/m"
+cat > "$mod/m/go.mod" <<MOD
+module thaw.dev/runscvariant
+
+go $go_version
+
+require gvisor.dev/gvisor $gvisor_version
+
+replace gvisor.dev/gvisor => ../gvisor
+MOD
+printf 'package runscvariant\n\nimport _ "gvisor.dev/gvisor/runsc"\n' > "$mod/m/tools.go"
+cd "$mod/m"
+go mod tidy >/dev/null 2>&1
+CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X gvisor.dev/gvisor/runsc/version.version=$label" \
+  -o "$out/runsc-readers$readers" gvisor.dev/gvisor/runsc
+echo "built $out/runsc-readers$readers ($("$out/runsc-readers$readers" --version | head -1), $readers background readers)"
