@@ -243,7 +243,7 @@ class ModelBench:
 
     def new_id(self, what: str) -> str:
         self.n += 1
-        return f"tb-{self.model}-{what}-{self.n}"
+        return f"tb-{self.model}-{what.replace('@', '-')}-{self.n}"   # runsc ids: no "@"
 
     def events(self) -> list[dict]:
         p = self.share / "events.jsonl"
@@ -511,7 +511,7 @@ def run(opts: Options) -> dict:
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
         "runsc": runsc.version(),
         "node": node.to_dict() if node else None,
-        "options": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(opts).items()},
+        "options": json.loads(json.dumps(asdict(opts), default=str)),
         "machine": {"cpus": os.cpu_count(), "kernel": os.uname().release,
                     "work_fs": sh("stat", "-f", "-c", "%T", str(opts.work), check=False)},
         "models": {},
