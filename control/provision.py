@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -27,6 +26,7 @@ from control import containerd_config as cc
 from control import doctor
 from control.config import DEFAULT_CONFIG_FILE, Settings, field_name, keys, render_value
 from control.errors import PreconditionError, ProvisionError, ThawError
+from runsc_hooks import spec as specmod
 
 RUNSC_TOML = Path("/etc/thaw/runsc.toml")
 UNIT = Path("/etc/systemd/system/thawd.service")
@@ -602,32 +602,19 @@ def _installed(p: Plan) -> doctor.Check:
 
 
 def write_atomic(path: Path, mode: int, *, data: bytes | None = None, source: Path | None = None) -> None:
-    """Write `data` (or copy `source`) to `path`: temp name, fsync, chmod, rename."""
+    """Write `data` (or copy `source`) to `path` durably: specmod.write_file_atomic, then
+    the directory fsynced so that the rename survives a crash."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.partial-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            if data is not None:
-                f.write(data)
-            else:
-                assert source is not None
-                with open(source, "rb") as src:
-                    shutil.copyfileobj(src, f, 1 << 20)
-            f.flush()
-            os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    dfd = os.open(path.parent, os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+
+    def fill(f) -> None:
+        if data is not None:
+            f.write(data)
+        else:
+            assert source is not None
+            with open(source, "rb") as src:
+                shutil.copyfileobj(src, f, 1 << 20)
+    specmod.write_file_atomic(path, fill, mode)
+    specmod.fsync_path(path.parent)
 
 
 def _sha256(path: Path) -> str:

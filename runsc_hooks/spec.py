@@ -14,7 +14,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, Callable
 
 from control.errors import SpecError
 
@@ -130,17 +130,18 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def write_bytes_atomic(path: Path, data: bytes, mode: int | None = None) -> None:
-    """Write `data` to a temp file beside `path` (mode 0600 unless `mode`), fsync,
-    rename over `path`; the temp file is removed if anything fails."""
+def write_file_atomic(path: Path, fill: Callable[[BinaryIO], None], mode: int | None = None) -> None:
+    """Let `fill` write a temp file beside `path` (mode 0600 unless `mode`),
+    fsync it, rename it over `path`; the temp file is removed if anything fails.
+    Callers that need the rename itself durable fsync the directory after."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.partial-", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            fill(f)
             f.flush()
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)
             os.fsync(f.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -148,6 +149,11 @@ def write_bytes_atomic(path: Path, data: bytes, mode: int | None = None) -> None
         except FileNotFoundError:
             pass
         raise
+
+
+def write_bytes_atomic(path: Path, data: bytes, mode: int | None = None) -> None:
+    """write_file_atomic of `data`."""
+    write_file_atomic(path, lambda f: f.write(data), mode)
 
 
 # Host directories the "host" rootfs layout binds read-only: enough for the
