@@ -397,8 +397,9 @@ def fill(manifest: Manifest, dest: Path, store: Store | None, sources: Sources, 
         use_direct = [any(v is not None for v in direct.values())]
 
         def from_store(r: _Range) -> None:
-            # Place the body so that the first chunk's bytes sit at its file offset modulo ALIGN.
-            h0, loc0 = r.chunks[0]
+            # Place the body so that the first uncompressed chunk's bytes sit at its file
+            # offset modulo ALIGN (decoded chunks are copies: their place in the body is moot).
+            h0, loc0 = next(((h, loc) for h, loc in r.chunks if loc.codec == pack.CODEC_NONE), r.chunks[0])
             pad = (places[h0][0][1] - (loc0.offset - r.start)) % ALIGN
             buf = buffers.get(pad + r.length)
             body = buf[pad:pad + r.length]

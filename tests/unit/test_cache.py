@@ -118,8 +118,11 @@ def test_direct_io_falls_back_to_buffered_writes(tmp_path, store, monkeypatch):
         direct_fds.add(fd)
         return fd
 
+    refused = []
+
     def pwrite(fd, data, off):
         if fd in direct_fds:
+            refused.append(fd)
             raise OSError(22, "Invalid argument")
         return real_pwrite(fd, data, off)
     monkeypatch.setattr(transfer, "_open_direct", open_direct)
@@ -127,6 +130,7 @@ def test_direct_io_falls_back_to_buffered_writes(tmp_path, store, monkeypatch):
     r = pull(Cache(tmp_path / "c", 1 << 30, direct_io=True), store, "f")
     for n, data in files.items():
         assert (r.lease.path / n).read_bytes() == data, n
+    assert None not in direct_fds and len(refused) == 1, "one O_DIRECT write refused, then none tried"
     r.lease.release()
 
 
