@@ -73,10 +73,7 @@ def _settle(work: Path, page_cache: str) -> None:
         if not ballast.exists() or ballast.stat().st_size != size:
             with open(ballast, "wb") as f:
                 f.truncate(size)
-        with open(ballast, "rb", buffering=0) as f:
-            buf = bytearray(16 << 20)
-            while f.readinto(buf):
-                pass
+        _read_through(ballast)
     elif page_cache != "empty":
         raise ValueError(page_cache)
     # The store stands in for a remote one, whose disk is not this node's:
@@ -85,10 +82,15 @@ def _settle(work: Path, page_cache: str) -> None:
     # older ballast pages first).
     for p in sorted((work / "seaweed").rglob("*")):
         if p.is_file():
-            with open(p, "rb", buffering=0) as f:
-                buf = bytearray(16 << 20)
-                while f.readinto(buf):
-                    pass
+            _read_through(p)
+
+
+def _read_through(path: Path) -> None:
+    """Read a file once (into the page cache), keeping nothing."""
+    buf = bytearray(16 << 20)
+    with open(path, "rb", buffering=0) as f:
+        while f.readinto(buf):
+            pass
 
 
 def disk_write_rates(path: Path, nbytes: int, reps: int = 3) -> dict:

@@ -96,7 +96,8 @@ class Node:
         p = subprocess.Popen(argv, env=env, stdout=open(self.work / log, "ab"), stderr=subprocess.STDOUT,
                              stdin=subprocess.DEVNULL, start_new_session=True)
         self.procs.append(p)
-        (self.work / "pids").open("a").write(f"{p.pid}\n")
+        with (self.work / "pids").open("a") as f:
+            f.write(f"{p.pid}\n")
         return p
 
     def ctr(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
