@@ -216,6 +216,7 @@ class Settings:
     store_workers: int          # parallel chunk transfers (each holds one chunk in memory)
     store_timeout_s: float      # connect and read timeout of one S3 request
     store_retries: int          # botocore "standard" retry attempts per request
+    store_fetcher: Path | None  # the thaw-fetch binary (go/cmd/thaw-fetch); None = fetch in-process
     # [pack]
     pack_chunker: Path          # the thaw-chunk binary (go/cmd/thaw-chunk)
     pack_avg_chunk_bytes: int   # FastCDC average chunk size; min = avg/4, max = avg*4
@@ -277,6 +278,7 @@ _KEYS: dict[str, tuple[str, Callable[[Any], Any], Callable[[], Any]]] = {
     "store.workers": ("store_workers", _positive(_parse_int), lambda: 8),
     "store.timeout_s": ("store_timeout_s", _positive(_parse_float), lambda: 30.0),
     "store.retries": ("store_retries", _positive(_parse_int), lambda: 3),
+    "store.fetcher": ("store_fetcher", _parse_opt_path, lambda: _default_build_dir() / "thaw-fetch"),
     "pack.chunker": ("pack_chunker", _parse_path, lambda: _default_build_dir() / "thaw-chunk"),
     "pack.avg_chunk_bytes": ("pack_avg_chunk_bytes", _power_of_two, lambda: 256 << 10),
     "cache.lock_timeout_s": ("cache_lock_timeout_s", _positive(_parse_float), lambda: 900.0),
@@ -346,6 +348,9 @@ _HELP: dict[str, str] = {
     "store.workers": "Parallel chunk transfers; each holds one chunk in memory (the memory bound).",
     "store.timeout_s": "Connect and read timeout of one S3 request.",
     "store.retries": "botocore 'standard' retry attempts per S3 request.",
+    "store.fetcher": "The thaw-fetch binary that runs a pull's ranged GETs, hashing and writes "
+                     "(go/cmd/thaw-fetch; ~1.4x the in-process fetch, docs/store.md); empty: fetch "
+                     "in-process with boto3. `thaw provision` writes /opt/thaw/bin/thaw-fetch.",
     "pack.chunker": "The thaw-chunk binary (FastCDC + SHA-256, go/cmd/thaw-chunk). "
                     "`thaw provision` writes /opt/thaw/bin/thaw-chunk.",
     "pack.avg_chunk_bytes": "FastCDC average chunk size (min = avg/4, max = avg*4).",

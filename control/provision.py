@@ -50,6 +50,7 @@ BINARIES = (
     ("thaw-runsc-hooks", False),   # thaw-runsc execs it for create/start/delete; runsc itself when absent
     ("thaw-cuda-checkpoint", False),
     ("thaw-chunk", True),          # thawd chunks every image it publishes (pack.chunker)
+    ("thaw-fetch", True),          # and fetches every image it pulls (store.fetcher)
 )
 STANDIN = "thaw-runsc"
 HOOKS = "thaw-runsc-hooks"
@@ -450,6 +451,8 @@ def seed_config(settings: Settings) -> str:
             values[key] = settings.install_dir / "bin" / "runsc"
         elif key == "pack.chunker":
             values[key] = settings.install_dir / "bin" / "thaw-chunk"
+        elif key == "store.fetcher" and value is not None:
+            values[key] = settings.install_dir / "bin" / "thaw-fetch"
         elif value != default:
             values[key] = value
     lines = ["# thaw configuration, written by `thaw provision` because none existed.",

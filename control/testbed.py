@@ -59,7 +59,8 @@ class Stack:
             "THAW_RUNSC_ROOT": str(self.base / "thaw-runsc-root"),
             "THAW_STORE_ENDPOINT": self.weed.endpoint, "THAW_STORE_BUCKET": self.name,
             "THAW_STORE_CREDENTIALS_FILE": str(self.base / "aws-credentials"),
-            "THAW_PACK_CHUNKER": str(BUILD / "thaw-chunk"), "THAW_THAWD_HEALTH_TIMEOUT_S": "20",
+            "THAW_PACK_CHUNKER": str(BUILD / "thaw-chunk"), "THAW_STORE_FETCHER": str(BUILD / "thaw-fetch"),
+            "THAW_THAWD_HEALTH_TIMEOUT_S": "20",
             **self.extra_env,
         })
         return env

@@ -28,8 +28,11 @@ a fill"), so it is off by default (cache.direct_io).
 
 from __future__ import annotations
 
+import json
 import mmap
 import os
+import subprocess
+import tempfile
 import threading
 import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
@@ -38,7 +41,7 @@ from pathlib import Path
 from typing import Callable
 
 from control import pack
-from control.errors import IntegrityError, StoreError
+from control.errors import IntegrityError, PreconditionError, StoreError, ThawError
 from control.manifest import Location, Manifest
 from control.store import Store
 
@@ -68,6 +71,9 @@ class FillStats:
     zero_bytes: int = 0
     written_bytes: int = 0       # bytes written to disk (duplicates counted per place)
     bad_sources: list[str] = field(default_factory=list)
+    engine: str = ""             # who fetched: "thaw-fetch" (store.fetcher) or "python"
+    direct_bytes: int = 0        # of written_bytes, written with O_DIRECT (thaw-fetch counts them)
+    retries: int = 0             # GETs retried (thaw-fetch counts them)
     seconds: float = 0.0
 
     def to_dict(self) -> dict:
@@ -321,17 +327,24 @@ def fill(manifest: Manifest, dest: Path, store: Store | None, sources: Sources, 
     """
     t0 = time.monotonic()
     stats = FillStats()
+    fetcher: Path | None = getattr(store, "fetcher", None)
+    stats.engine = "thaw-fetch" if fetcher is not None else "python"
+    if fetcher is not None and not fetcher.is_file():
+        raise PreconditionError(f"thaw-fetch not found at {fetcher}: run `make build`, or set THAW_STORE_FETCHER "
+                                "(empty: fetch in-process)", path=str(fetcher))
     lock = threading.Lock()
     places: dict[str, list[tuple[int, int]]] = {}   # hash -> [(fd, offset)]
     lengths: dict[str, int] = {}
     fds: list[int] = []
     direct: dict[int, int | None] = {}   # buffered fd -> its O_DIRECT twin
+    file_index: dict[int, int] = {}      # buffered fd -> index in manifest.files
     try:
-        for f in manifest.files:
+        for i, f in enumerate(manifest.files):
             fd = os.open(dest / f.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             fds.append(fd)
+            file_index[fd] = i
             os.ftruncate(fd, f.size)
-            direct[fd] = _open_direct(dest / f.name) if direct_io else None
+            direct[fd] = _open_direct(dest / f.name) if direct_io and fetcher is None else None
             if direct[fd] is not None:
                 fds.append(direct[fd])
             for off, c in f.placed():
@@ -443,7 +456,13 @@ def fill(manifest: Manifest, dest: Path, store: Store | None, sources: Sources, 
             if progress:
                 progress(n)
 
-        _run_pool(workers, plan_ranges(manifest, remote), from_store)
+        if remote and fetcher is not None:
+            files = [os.path.abspath(dest / f.name) for f in manifest.files]
+            _fetch_with(fetcher, store, plan_ranges(manifest, remote), files,
+                        {h: [(file_index[fd], off) for fd, off in places[h]] for h in remote}, lengths,
+                        workers=workers, direct_io=direct_io, progress=progress, stats=stats)
+        else:
+            _run_pool(workers, plan_ranges(manifest, remote), from_store)
         for fd in direct:
             os.fsync(fd)
     finally:
@@ -451,6 +470,80 @@ def fill(manifest: Manifest, dest: Path, store: Store | None, sources: Sources, 
             os.close(fd)
     stats.seconds = time.monotonic() - t0
     return stats
+
+
+# Twin: go/cmd/thaw-fetch/plan.go PlanVersion.
+GO_PLAN_VERSION = 1
+
+
+def _fetch_with(fetcher: Path, store: Store, ranges: list[_Range], files: list[str],
+                places: dict[str, list[tuple[int, int]]], lengths: dict[str, int], *, workers: int,
+                direct_io: bool, progress: Progress | None, stats: FillStats) -> None:
+    """Run `ranges` through thaw-fetch (go/cmd/thaw-fetch): ranged GETs of
+    presigned pack URLs, SHA-256 of every chunk, writes to `places` (file index,
+    offset), O_DIRECT where `direct_io`. Same errors as the in-process path."""
+    objects: list[dict] = []
+    index: dict[str, int] = {}
+
+    def obj(p: str) -> int:
+        if p not in index:
+            index[p] = len(objects)
+            objects.append({"url": store.presign_get(p), "name": store.pack_name(p)})
+        return index[p]
+
+    plan = {"version": GO_PLAN_VERSION, "workers": workers, "attempts": store.retries,
+            "timeout_s": store.timeout_s, "direct_io": direct_io, "files": files, "objects": objects,
+            "ranges": [[obj(r.pack), r.start, r.length,
+                        [[h, lengths[h], loc.offset - r.start, loc.stored, loc.codec, places[h]]
+                         for h, loc in r.chunks]] for r in ranges]}
+    env = dict(os.environ)
+    if env.get("AWS_CA_BUNDLE") and not env.get("SSL_CERT_FILE"):
+        env["SSL_CERT_FILE"] = env["AWS_CA_BUNDLE"]   # boto3's CA bundle, for Go's TLS
+    result: dict = {}
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen([str(fetcher)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+                                env=env)
+        try:
+            try:
+                proc.stdin.write(json.dumps(plan, separators=(",", ":")).encode())
+                proc.stdin.close()
+            except BrokenPipeError:
+                pass   # it refused the plan: its exit status and stderr say why
+            done = 0
+            for line in proc.stdout:
+                msg = json.loads(line)
+                if "done" in msg:
+                    if progress and msg["done"] > done:
+                        progress(msg["done"] - done)
+                    done = msg["done"]
+                else:
+                    result = msg
+            rc = proc.wait()
+        finally:
+            if proc.poll() is None:   # interrupted: stop its GETs and writes before the caller removes dest
+                proc.kill()
+                proc.wait()
+            proc.stdout.close()
+        err.seek(0)
+        stderr = err.read().decode(errors="replace").strip()
+    if "stats" in result and rc == 0:
+        st = result["stats"]
+        stats.fetched_chunks += st["fetched_chunks"]
+        stats.fetched_bytes += st["fetched_bytes"]
+        stats.fetched_raw_bytes += st["fetched_raw_bytes"]
+        stats.written_bytes += st["written_bytes"]
+        stats.direct_bytes += st["direct_bytes"]
+        stats.retries += st["retries"]
+        return
+    e = result.get("error")
+    if e and e.get("kind") == "integrity":
+        raise IntegrityError("store", e["chunk"], e["detail"])
+    if e and e.get("kind") == "store":
+        raise StoreError("get", f"{store.uri(e['object'])} bytes {e['offset']}+{e['length']}", e["detail"],
+                         store.endpoint)
+    if e:
+        raise ThawError(f"writing {e['object']} at offset {e['offset']}: {e['detail']}")
+    raise ThawError(f"thaw-fetch failed (exit {rc}): {stderr[-2000:] or 'no message'}")
 
 
 def upload(layout: Manifest, src: Path, store: Store, *, workers: int,

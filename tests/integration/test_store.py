@@ -42,6 +42,15 @@ def other_node(s, scratch, tag):
     return dataclasses.replace(s, cache_dir=scratch / f"cache-{tag}")
 
 
+# Who runs a pull's ranged GETs: thaw-fetch (store.fetcher, the default) or boto3
+# in-process (store.fetcher empty). Faults of the fetch path are tested with both.
+ENGINES = ("thaw-fetch", "python")
+
+
+def with_engine(s, engine):
+    return s if engine == "thaw-fetch" else dataclasses.replace(s, store_fetcher=None)
+
+
 # -- the happy path, through the CLI, ending in a real restore -----------------------
 
 def test_cli_push_pull_ls_verify_gc_then_restore(settings, checkpoints, scratch, runsc_bin):
@@ -92,15 +101,41 @@ def test_cli_push_pull_ls_verify_gc_then_restore(settings, checkpoints, scratch,
             lease.release()
 
 
-def test_second_image_fetches_only_what_differs(settings, checkpoints, node, scratch):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_second_image_fetches_only_what_differs(engine, settings, checkpoints, node, scratch):
     push(settings, checkpoints["runtime"], "wl-a", node, cache=False)
     m = push(settings, checkpoints["kv"], "wl-b", node, cache=False)
-    b = other_node(settings, scratch, "b")
-    pull(b, "wl-a", node).lease.release()
+    b = with_engine(other_node(settings, scratch, "b"), engine)
+    a = pull(b, "wl-a", node)
+    a.lease.release()
+    assert a.fill.engine == engine and a.fill.fetched_raw_bytes == a.fill.written_bytes
+    same_files(checkpoints["runtime"], a.lease.path)
     r = pull(b, "wl-b", node)
     r.lease.release()
-    assert r.fill.local_chunks > 0 and r.fill.fetched_raw_bytes < m.size
+    assert r.fill.engine == engine and r.fill.local_chunks > 0 and r.fill.fetched_raw_bytes < m.size
     same_files(checkpoints["kv"], r.lease.path)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("direct_io", [True, False], ids=["direct", "buffered"])
+def test_fill_with_and_without_o_direct(engine, direct_io, settings, node, scratch):
+    """Incompressible files of sizes that are not page multiples, a run of
+    zeros and a chunk repeated within and across files: every byte lands where
+    it belongs, and thaw-fetch writes whole pages with O_DIRECT only when asked."""
+    img = scratch / "img"
+    img.mkdir()
+    rnd = os.urandom(6 << 20)
+    (img / "pages.img").write_bytes(rnd[:3 << 20] + bytes(5 << 20) + rnd[:3 << 20] + rnd[3 << 20:] + b"x" * 4097)
+    (img / "checkpoint.img").write_bytes(rnd[1000:1000 + (1 << 20) + 123])
+    (img / "pages_meta.img").write_bytes(b"meta" * 333)
+    push(settings, img, "synthetic", node, cache=False)
+    b = dataclasses.replace(with_engine(other_node(settings, scratch, "b"), engine), cache_direct_io=direct_io)
+    r = pull(b, "synthetic", node)
+    r.lease.release()
+    same_files(img, r.lease.path)
+    assert r.fill.engine == engine and r.fill.zero_chunks > 0
+    if engine == "thaw-fetch":   # it reports what went to disk with O_DIRECT (whole pages only)
+        assert (r.fill.direct_bytes > 0) == direct_io and r.fill.direct_bytes % 4096 == 0
 
 
 def test_concurrent_pulls_download_once(settings, checkpoints, scratch):
@@ -132,10 +167,12 @@ def test_conditional_put_has_one_winner(settings):
 
 # -- faults ---------------------------------------------------------------------------
 
-def test_store_unreachable_mid_download(name, checkpoints, node, scratch):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_store_unreachable_mid_download(engine, name, checkpoints, node, scratch):
     own = seaweed.Seaweed(scratch / "seaweed").start()
     try:
-        s = make_settings(own, name, scratch / "cache", **{"store.retries": 2, "store.timeout_s": 3})
+        s = with_engine(make_settings(own, name, scratch / "cache", **{"store.retries": 2, "store.timeout_s": 3}),
+                        engine)
         push(s, checkpoints["kv"], "wl-kv", node, cache=False)
         push(s, checkpoints["runtime"], "wl-rt", node, cache=False)
         b = other_node(s, scratch, "b")
@@ -163,7 +200,8 @@ def test_store_unreachable_mid_download(name, checkpoints, node, scratch):
         own.stop()
 
 
-def test_chunk_altered_in_store(settings, checkpoints, node, scratch):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_chunk_altered_in_store(engine, settings, checkpoints, node, scratch):
     r = push(settings, checkpoints["runtime"], "wl", node, cache=False)
     store = Store(settings)
     m = images.remote_manifest(store, "wl", node)
@@ -174,8 +212,9 @@ def test_chunk_altered_in_store(settings, checkpoints, node, scratch):
     body[loc.offset + loc.stored // 2] ^= 0x5A
     store.client.put_object(Bucket=settings.store_bucket, Key=name, Body=bytes(body))
     b = other_node(settings, scratch, "b")
-    res = store_thaw(b, "pull", "wl", check=False)
+    res = store_thaw(b, "pull", "wl", check=False, **({"THAW_STORE_FETCHER": ""} if engine == "python" else {}))
     assert res.returncode == 65 and target.hash in res.stderr and "altered" in res.stderr
+    assert f"offset {loc.offset}" in res.stderr
     cache = images.open_cache(b)
     assert cache.entries() == [] and list((b.cache_dir / "tmp").iterdir()) == []
     assert r.size == m.size
@@ -337,13 +376,14 @@ def test_cpu_feature_superset_restores_subset_does_not(settings, checkpoints, no
         pull(c, "wl", dataclasses.replace(node, cpu_features=node.cpu_features[2:]))
 
 
-def test_truncated_pack_is_a_clear_store_error(settings, checkpoints, node, scratch):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_truncated_pack_is_a_clear_store_error(engine, settings, checkpoints, node, scratch):
     push(settings, checkpoints["runtime"], "wl", node, cache=False)
     store = Store(settings)
     m = images.remote_manifest(store, "wl", node)
     store.client.put_object(Bucket=settings.store_bucket, Key=store.pack_name(m.packs[0]), Body=b"\0" * 16)
-    b = other_node(settings, scratch, "b")
+    b = with_engine(other_node(settings, scratch, "b"), engine)
     with pytest.raises(StoreError) as e:
         pull(b, "wl", node)
-    assert m.packs[0] in str(e.value)
+    assert m.packs[0] in str(e.value) and "does not match its manifest" in str(e.value)
     assert images.open_cache(b).entries() == [] and list((b.cache_dir / "tmp").iterdir()) == []

@@ -23,3 +23,4 @@ def test_configmap_points_thaw_at_the_installed_binaries():
     bindir = config.load(environ={}, default_file=Path("/nonexistent")).install_dir / "bin"
     assert Path(cfg["runsc"]["path"]) == bindir / "runsc"
     assert Path(cfg["pack"]["chunker"]) == bindir / "thaw-chunk"
+    assert Path(cfg["store"]["fetcher"]) == bindir / "thaw-fetch"

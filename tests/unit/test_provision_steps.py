@@ -19,7 +19,8 @@ def _settings(tmp_path: Path, **env: str) -> config.Settings:
     return config.load(environ=env, default_file=tmp_path / "absent")
 
 
-def _source(tmp_path: Path, names=("runsc", "containerd-shim-runsc-v1", "thaw-cuda-checkpoint", "thaw-chunk")) -> Path:
+def _source(tmp_path: Path, names=("runsc", "containerd-shim-runsc-v1", "thaw-cuda-checkpoint", "thaw-chunk",
+                                   "thaw-fetch")) -> Path:
     src = tmp_path / "build"
     src.mkdir()
     for n in names:

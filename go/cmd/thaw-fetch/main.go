@@ -1,0 +1,102 @@
+// Command thaw-fetch fills an image's files from ranged GETs of the store's
+// packs, verifying every chunk's SHA-256 before a byte of it is written. It
+// is the data path of control/transfer.py's fill: Python plans (which ranges,
+// which chunks, where they go, presigned URLs from boto3, so credentials and
+// endpoints stay configured the boto3 way), this executes. In Python the same
+// work ran at parity with boto3's download_file on a 2-core machine; here it
+// is ~1.4x (docs/store.md, "Why the fetch is in Go").
+//
+// Input, on stdin, one JSON plan (see plan; Twin: control/transfer.py _go_plan):
+//
+//	{"version":1, "workers":8, "attempts":3, "timeout_s":60, "direct_io":true,
+//	 "files":["/abs/dir/pages.img", ...],        created at full size by the caller
+//	 "objects":[{"url":"https://...presigned...", "name":"s3://b/packs/<h>"}, ...],
+//	 "ranges":[[OBJECT, START, LENGTH, [[HASH, RAW_LEN, POS, STORED, CODEC, [[FILE, OFFSET], ...]], ...]], ...]}
+//
+// Output, on stdout, one JSON object a line: {"done":BYTES} as bytes are
+// written (running total), then {"stats":{...}} on success or
+// {"error":{"kind":"integrity"|"store"|"io", ...}} on failure.
+//
+// Exit status 0 on success, 1 after an {"error":...} line, 2 for a plan
+// that cannot be executed (message on stderr).
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+)
+
+func main() {
+	var p plan
+	dec := json.NewDecoder(bufio.NewReaderSize(os.Stdin, 1<<20))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&p); err != nil {
+		fmt.Fprintln(os.Stderr, "thaw-fetch: reading the plan:", err)
+		os.Exit(2)
+	}
+	job, err := newJob(&p)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "thaw-fetch:", err)
+		os.Exit(2)
+	}
+	defer job.close()
+
+	out := &lineWriter{w: bufio.NewWriter(os.Stdout)}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stop := make(chan struct{})
+	var ticker sync.WaitGroup
+	ticker.Add(1)
+	go func() { // progress, at most every 100 ms
+		defer ticker.Done()
+		t := time.NewTicker(100 * time.Millisecond)
+		defer t.Stop()
+		last := int64(-1)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				if d := job.written.Load(); d != last {
+					last = d
+					out.emit(map[string]any{"done": d})
+				}
+			}
+		}
+	}()
+	ferr := job.run(ctx)
+	close(stop)
+	ticker.Wait()
+	out.emit(map[string]any{"done": job.written.Load()})
+	if ferr != nil {
+		out.emit(map[string]any{"error": ferr})
+		out.flush()
+		os.Exit(1)
+	}
+	out.emit(map[string]any{"stats": job.stats()})
+	out.flush()
+}
+
+type lineWriter struct {
+	mu sync.Mutex
+	w  *bufio.Writer
+}
+
+func (l *lineWriter) emit(v any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	b, _ := json.Marshal(v)
+	l.w.Write(append(b, '\n'))
+	l.w.Flush()
+}
+
+func (l *lineWriter) flush() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.w.Flush()
+}
