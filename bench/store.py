@@ -151,45 +151,61 @@ def fetch_bench(base: configmod.Settings, sw: seaweed.Seaweed, work: Path, image
     files = sorted(image.iterdir())
     for f in files:
         client.upload_file(str(f), bucket, f"plain/{f.name}")
-    runs = {pc: _fetch_runs(store, client, key, tup, bucket, files, work, reps, workers, base.cache_direct_io, pc)
+    # The same pull with the in-process engine (boto3 ranged GETs, hashlib, pwrite) for comparison.
+    inproc = Store(dataclasses.replace(s, store_fetcher=None))
+    runs = {pc: _fetch_runs(store, inproc, client, key, tup, bucket, files, work, reps, workers, base.cache_direct_io,
+                            pc)
             for pc in page_cache_states}
     store.delete_prefix("")
     client.close()
     out = {"avg_chunk_bytes": avg, "workers": workers, "image_bytes": size, "chunks": r.upload.chunks,
-           "push_s": round(push_s, 3), "direct_io": base.cache_direct_io}
-    for pc, (thaw_s, boto_s, boto_nofsync_s, fill) in runs.items():
+           "push_s": round(push_s, 3), "direct_io": base.cache_direct_io,
+           "engine": "thaw-fetch" if store.fetcher is not None else "python"}
+    for pc, (thaw_s, inproc_s, boto_s, boto_nofsync_s, fill) in runs.items():
         best_thaw, best_boto = min(thaw_s), min(boto_s)
         med_thaw, med_boto = sorted(thaw_s)[len(thaw_s) // 2], sorted(boto_s)[len(boto_s) // 2]
         out[f"page_cache_{pc}"] = {
             "thaw_fetch_s": [round(x, 3) for x in thaw_s],
+            "thaw_inprocess_fetch_s": [round(x, 3) for x in inproc_s],
             "boto3_download_file_s": [round(x, 3) for x in boto_s],
             "boto3_download_file_without_fsync_s": [round(x, 3) for x in boto_nofsync_s],
             "thaw_bytes_per_s_median": size / med_thaw, "boto3_bytes_per_s_median": size / med_boto,
             "thaw_bytes_per_s_best": size / best_thaw, "boto3_bytes_per_s_best": size / best_boto,
             "speedup_vs_boto3_median": med_boto / med_thaw, "speedup_vs_boto3_best": best_boto / best_thaw,
             "speedup_vs_boto3_per_rep": [round(b / t, 3) for t, b in zip(thaw_s, boto_s)],
+            "inprocess_speedup_vs_boto3_median": med_boto / sorted(inproc_s)[len(inproc_s) // 2],
+            "speedup_vs_inprocess_median": sorted(inproc_s)[len(inproc_s) // 2] / med_thaw,
             "fill": fill.to_dict() if fill else None}
     return out
 
 
-def _fetch_runs(store: Store, client, key: str, tup: CompatTuple, bucket: str, files: list[Path], work: Path,
-                reps: int, workers: int, direct_io: bool, page_cache: str):
-    thaw_s, boto_s, boto_nofsync_s = [], [], []
+def _pull_s(store: Store, cache_dir: Path, key: str, tup: CompatTuple, workers: int, direct_io: bool):
+    shutil.rmtree(cache_dir, ignore_errors=True)
+    cache = Cache(cache_dir, 64 * GiB, direct_io=direct_io)
+    t = time.monotonic()
+    res = images.pull(cache, store, key, tup, workers=workers)
+    took = time.monotonic() - t
+    res.lease.release()
+    shutil.rmtree(cache_dir)
+    return took, res.fill
+
+
+def _fetch_runs(store: Store, inproc: Store, client, key: str, tup: CompatTuple, bucket: str, files: list[Path],
+                work: Path, reps: int, workers: int, direct_io: bool, page_cache: str):
+    thaw_s, inproc_s, boto_s, boto_nofsync_s = [], [], [], []
     fill = None
     # One discarded warm-up pair first: right after the uploads SeaweedFS and
     # the kernel are still writing back gigabytes, which slows whichever runs first.
     for rep in range(-1, reps):
         cache_dir = work / f"cache-{bucket}-{rep}"
-        shutil.rmtree(cache_dir, ignore_errors=True)
-        cache = Cache(cache_dir, 64 * GiB, direct_io=direct_io)
         _settle(work, page_cache)
-        t = time.monotonic()
-        res = images.pull(cache, store, key, tup, workers=workers)
+        took, fill = _pull_s(store, cache_dir, key, tup, workers, direct_io)
         if rep >= 0:
-            thaw_s.append(time.monotonic() - t)
-        fill = res.fill
-        res.lease.release()
-        shutil.rmtree(cache_dir)
+            thaw_s.append(took)
+        _settle(work, page_cache)
+        took, _ = _pull_s(inproc, cache_dir, key, tup, workers, direct_io)
+        if rep >= 0:
+            inproc_s.append(took)
         dest = work / f"boto3-{rep}"
         shutil.rmtree(dest, ignore_errors=True)
         dest.mkdir()
@@ -206,7 +222,7 @@ def _fetch_runs(store: Store, client, key: str, tup: CompatTuple, bucket: str, f
             boto_s.append(time.monotonic() - t)
             boto_nofsync_s.append(t_nofsync)
         shutil.rmtree(dest)
-    return thaw_s, boto_s, boto_nofsync_s, fill
+    return thaw_s, inproc_s, boto_s, boto_nofsync_s, fill
 
 
 def dedup_bench(base: configmod.Settings, work: Path, image_dirs: dict[str, Path], tup: CompatTuple,
@@ -318,6 +334,10 @@ def run(settings: configmod.Settings, *, image_bytes: int, workdir: Path, out: P
         "fetch_bytes_per_s_empty_page_cache": round(main_empty["thaw_bytes_per_s_median"]),
         "boto3_bytes_per_s_empty_page_cache": round(main_empty["boto3_bytes_per_s_median"]),
         "fetch_direct_io": result["fetch"][0]["direct_io"],
+        "fetch_engine": result["fetch"][0]["engine"],
+        # the same pull with the in-process engine (store.fetcher empty), same runs
+        "inprocess_fetch_speedup_vs_boto3": round(main["inprocess_speedup_vs_boto3_median"], 3),
+        "inprocess_fetch_speedup_vs_boto3_empty_page_cache": round(main_empty["inprocess_speedup_vs_boto3_median"], 3),
         # the limit: the disk's raw (O_DIRECT) write rate; buffered + fsync
         # (the path download_file takes) is in "disk"
         "disk_write_bytes_per_s": round(limit),
@@ -346,7 +366,8 @@ def human(r: dict) -> str:
         f"store benchmark, {r['date']}, {r['machine']}",
         f"fetch {r['fetch_image']['bytes'] / GiB:.2f} GiB: thaw {s['fetch_bytes_per_s'] / mb:.0f} MB/s, "
         f"boto3 download_file {s['boto3_bytes_per_s'] / mb:.0f} MB/s: {s['fetch_speedup_vs_boto3']:.2f}x "
-        f"(page cache full; empty: {s['fetch_speedup_vs_boto3_empty_page_cache']:.2f}x); "
+        f"(page cache full; empty: {s['fetch_speedup_vs_boto3_empty_page_cache']:.2f}x; in-process engine "
+        f"{s['inprocess_fetch_speedup_vs_boto3']:.2f}x); "
         f"disk {s['disk_write_bytes_per_s'] / mb:.0f} MB/s: {s['fetch_fraction_of_disk_limit']:.2f} of it",
         f"fetch, mixed image (weights, zeroed buffers, state): {s['fetch_speedup_vs_boto3_mixed_image']:.2f}x boto3 "
         f"(page cache empty: {s['fetch_speedup_vs_boto3_mixed_image_empty_page_cache']:.2f}x)",

@@ -13,15 +13,21 @@ and raises ManifestError naming the dotted field: an unknown schema version, a
 file name that could leave the entry directory, or chunk lengths that do not
 add up to the file size are refused before a byte is fetched.
 
-Schema (version 1), JSON:
-    {"schema": "thaw.manifest", "schema_version": 1, "key": K,
+Schema (version 2), JSON:
+    {"schema": "thaw.manifest", "schema_version": 2, "key": K,
      "tuple": {CompatTuple fields}, "tuple_hash": HEX,
-     "chunking": {"algorithm": "fastcdc-gear-v1", "hash": "sha256", "min": N, "avg": N, "max": N},
+     "chunking": {"algorithm": "fastcdc-gear-v1", "hash": "sha256", "check": "blake3",
+                  "min": N, "avg": N, "max": N},
      "packs": [PACK_SHA256, ...],
      "files": [{"name": "checkpoint.img", "size": N,
-                "chunks": [[HEX, LEN, PACK_INDEX, OFFSET_IN_PACK, STORED_LEN, CODEC], ...]}, ...],
+                "chunks": [[HEX, LEN, PACK_INDEX, OFFSET_IN_PACK, STORED_LEN, CODEC, BLAKE3_HEX], ...]}, ...],
      "size": N, "creator": {"host": H, "thaw": V, "created": ISO8601}}
-CODEC is "none" (STORED_LEN == LEN) or "zlib".
+CODEC is "none" (STORED_LEN == LEN) or "zlib". A chunk is named by its
+SHA-256 (dedup, the node's chunk index, local copies: hashlib checks it);
+BLAKE3_HEX is what thaw-fetch checks fetched bytes against, because it costs
+about half as much CPU per byte (docs/store.md). Version 1 is the same without
+"check" and without the seventh element (fetches then check SHA-256); it is
+still read, and written for a manifest that has no checks.
 """
 
 from __future__ import annotations
@@ -35,8 +41,10 @@ from control.compat import CompatTuple
 from control.errors import ManifestError, UserError
 
 SCHEMA = "thaw.manifest"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+SCHEMA_VERSIONS = (1, 2)            # read; 1 has no per-chunk BLAKE3 check
 HASH = "sha256"
+CHECK = "blake3"                    # twin: go/cmd/thaw-chunk (the "b" field), go/cmd/thaw-fetch
 MAX_FILES = 16
 MAX_MANIFEST_BYTES = 64 << 20      # a 1 TiB image at 256 KiB chunks is ~ 350 MB of JSON; ours are far smaller
 MAX_CHUNK_BYTES = 64 << 20         # no chunker setting we accept makes larger chunks
@@ -61,6 +69,7 @@ def validate_key(key: Any, field_name: str = "key") -> str:
 class ChunkRef:
     hash: str      # SHA-256 of the raw bytes, lowercase hex
     length: int
+    check: str = ""  # BLAKE3-256 of the raw bytes (schema 2), "" where unknown (schema 1)
 
 
 @dataclass(frozen=True)
@@ -93,6 +102,7 @@ class Chunking:
     avg: int
     max: int
     hash: str = HASH
+    check: str = ""   # CHECK when every chunk carries one (schema 2)
 
 
 @dataclass(frozen=True)
@@ -132,14 +142,20 @@ class Manifest:
         packs = self.packs
         index = {p: i for i, p in enumerate(packs)}
 
+        checked = bool(self.chunking.check)
+
         def ref(c: ChunkRef) -> list:
             loc = self.locations[c.hash]
-            return [c.hash, c.length, index[loc.pack], loc.offset, loc.stored, loc.codec]
+            return [c.hash, c.length, index[loc.pack], loc.offset, loc.stored, loc.codec] + ([c.check] if checked
+                                                                                            else [])
+        chunking = {"algorithm": self.chunking.algorithm, "hash": self.chunking.hash,
+                    "min": self.chunking.min, "avg": self.chunking.avg, "max": self.chunking.max}
+        if checked:
+            chunking["check"] = self.chunking.check
         return {
-            "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "key": self.key,
+            "schema": SCHEMA, "schema_version": SCHEMA_VERSION if checked else 1, "key": self.key,
             "tuple": self.tuple.to_dict(), "tuple_hash": self.tuple_hash,
-            "chunking": {"algorithm": self.chunking.algorithm, "hash": self.chunking.hash,
-                         "min": self.chunking.min, "avg": self.chunking.avg, "max": self.chunking.max},
+            "chunking": chunking,
             "packs": packs,
             "files": [{"name": f.name, "size": f.size, "chunks": [ref(c) for c in f.chunks]} for f in self.files],
             "size": self.size, "creator": dict(self.creator),
@@ -172,8 +188,9 @@ def from_dict(d: Any, source: str | None = None) -> Manifest:
     need(d.get("schema") == SCHEMA, "schema", f"must be {SCHEMA!r}, got {d.get('schema')!r}")
     ver = d.get("schema_version")
     need(integer(ver), "schema_version", f"must be an integer, got {ver!r}")
-    need(ver == SCHEMA_VERSION, "schema_version",
-         f"unknown version {ver}; this thaw reads version {SCHEMA_VERSION} (upgrade thaw to read it)")
+    need(ver in SCHEMA_VERSIONS, "schema_version",
+         f"unknown version {ver}; this thaw reads versions {', '.join(map(str, SCHEMA_VERSIONS))} "
+         "(upgrade thaw to read it)")
     known = {"schema", "schema_version", "key", "tuple", "tuple_hash", "chunking", "packs", "files", "size",
              "creator"}
     for k in d:
@@ -189,16 +206,23 @@ def from_dict(d: Any, source: str | None = None) -> Manifest:
     need(isinstance(ch, dict), "chunking", "must be an object")
     need(isinstance(ch.get("algorithm"), str) and ch["algorithm"] != "", "chunking.algorithm", "must be a string")
     need(ch.get("hash") == HASH, "chunking.hash", f"must be {HASH!r}, got {ch.get('hash')!r}")
+    for k in ch:
+        need(k in ("algorithm", "hash", "min", "avg", "max") + (("check",) if ver >= 2 else ()), f"chunking.{k}",
+             "unknown field")
+    if ver >= 2:
+        need(ch.get("check") == CHECK, "chunking.check", f"must be {CHECK!r}, got {ch.get('check')!r}")
+    width = 7 if ver >= 2 else 6
     for k in ("min", "avg", "max"):
         need(integer(ch.get(k)) and 0 < ch[k] <= MAX_CHUNK_BYTES, f"chunking.{k}",
              f"must be an integer in 1..{MAX_CHUNK_BYTES}")
-    chunking = Chunking(ch["algorithm"], ch["min"], ch["avg"], ch["max"])
+    chunking = Chunking(ch["algorithm"], ch["min"], ch["avg"], ch["max"], check=CHECK if ver >= 2 else "")
 
     packs = d.get("packs")
     need(isinstance(packs, list) and all(isinstance(p, str) and bool(_HEX.match(p)) for p in packs),
          "packs", "must be a list of 64-hex-digit pack names")
     need(len(set(packs)) == len(packs), "packs", "lists a pack twice")
     locations: dict[str, Location] = {}
+    checks: dict[str, str] = {}
 
     files = d.get("files")
     need(isinstance(files, list) and 0 < len(files) <= MAX_FILES, "files", f"must be a list of 1..{MAX_FILES} files")
@@ -223,8 +247,9 @@ def from_dict(d: Any, source: str | None = None) -> Manifest:
         total = 0
         for j, c in enumerate(chunks):
             cw = f"{where}.chunks[{j}]"
-            need(isinstance(c, list) and len(c) == 6, cw,
-                 "must be [sha256, length, pack index, offset in pack, stored length, codec]")
+            need(isinstance(c, list) and len(c) == width, cw,
+                 "must be [sha256, length, pack index, offset in pack, stored length, codec"
+                 + (", blake3]" if width == 7 else "]"))
             need(isinstance(c[0], str) and bool(_HEX.match(c[0])), f"{cw}[0]", "must be 64 lowercase hex digits")
             need(integer(c[1]) and 0 < c[1] <= MAX_CHUNK_BYTES, f"{cw}[1]",
                  f"must be an integer in 1..{MAX_CHUNK_BYTES}")
@@ -237,8 +262,14 @@ def from_dict(d: Any, source: str | None = None) -> Manifest:
             loc = Location(packs[c[2]], c[3], c[4], c[5])
             prev = locations.setdefault(c[0], loc)
             need(prev == loc, cw, "the same chunk appears with two different locations")
+            check = ""
+            if width == 7:
+                need(isinstance(c[6], str) and bool(_HEX.match(c[6])), f"{cw}[6]", "must be 64 lowercase hex digits")
+                check = c[6]
+                need(checks.setdefault(c[0], check) == check, cw,
+                     "the same chunk appears with two different blake3 checks")
             total += c[1]
-            refs.append(ChunkRef(c[0], c[1]))
+            refs.append(ChunkRef(c[0], c[1], check))
         need(total == size, f"{where}.chunks",
              f"chunk lengths add up to {total} bytes, but {where}.size is {size}")
         out.append(FileEntry(name, size, tuple(refs)))

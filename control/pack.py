@@ -23,7 +23,7 @@ from pathlib import Path
 
 from control.compat import CompatTuple
 from control.errors import ImageError, PreconditionError, ThawError
-from control.manifest import (_NAME, MAX_FILES, Chunking, ChunkRef, FileEntry, Manifest,
+from control.manifest import (_NAME, CHECK, MAX_FILES, Chunking, ChunkRef, FileEntry, Manifest,
                               validate_key)
 
 # Twin: go/cmd/thaw-chunk/fastcdc.go Algorithm and gearSeed.
@@ -77,8 +77,9 @@ def chunk_files(paths: list[Path], chunker: Path, avg: int) -> tuple[Chunking, l
                         argv=argv)
     lines = proc.stdout.decode().splitlines()
     head = json.loads(lines[0])
-    if head.get("algorithm") != ALGORITHM or head.get("hash") != "sha256":
-        raise ThawError(f"thaw-chunk speaks {head}, thaw expects {ALGORITHM}/sha256: rebuild with `make build`")
+    if head.get("algorithm") != ALGORITHM or head.get("hash") != "sha256" or head.get("check") != CHECK:
+        raise ThawError(f"thaw-chunk speaks {head}, thaw expects {ALGORITHM}/sha256/{CHECK}: "
+                        "rebuild with `make build`")
     chunks: list[list[ChunkRef]] = [[] for _ in paths]
     sizes: dict[int, int] = {}
     for line in lines[1:]:
@@ -86,13 +87,13 @@ def chunk_files(paths: list[Path], chunker: Path, avg: int) -> tuple[Chunking, l
         if "size" in rec:
             sizes[rec["f"]] = rec["size"]
         else:
-            chunks[rec["f"]].append(ChunkRef(rec["h"], rec["n"]))
+            chunks[rec["f"]].append(ChunkRef(rec["h"], rec["n"], rec["b"]))
     entries = []
     for i, p in enumerate(paths):
         if i not in sizes or sum(c.length for c in chunks[i]) != sizes[i]:
             raise ThawError(f"thaw-chunk output for {p} is incomplete")
         entries.append(FileEntry(p.name, sizes[i], tuple(chunks[i])))
-    return Chunking(ALGORITHM, mn, av, mx), entries
+    return Chunking(ALGORITHM, mn, av, mx, check=CHECK), entries
 
 
 def pack(directory: Path, key: str, tup: CompatTuple, chunker: Path, avg: int) -> Manifest:

@@ -460,6 +460,7 @@ def fill(manifest: Manifest, dest: Path, store: Store | None, sources: Sources, 
             files = [os.path.abspath(dest / f.name) for f in manifest.files]
             _fetch_with(fetcher, store, plan_ranges(manifest, remote), files,
                         {h: [(file_index[fd], off) for fd, off in places[h]] for h in remote}, lengths,
+                        {c.hash: c.check for f in manifest.files for c in f.chunks if c.check},
                         workers=workers, direct_io=direct_io, progress=progress, stats=stats)
         else:
             _run_pool(workers, plan_ranges(manifest, remote), from_store)
@@ -473,15 +474,17 @@ def fill(manifest: Manifest, dest: Path, store: Store | None, sources: Sources, 
 
 
 # Twin: go/cmd/thaw-fetch/plan.go PlanVersion.
-GO_PLAN_VERSION = 1
+GO_PLAN_VERSION = 2
 
 
 def _fetch_with(fetcher: Path, store: Store, ranges: list[_Range], files: list[str],
-                places: dict[str, list[tuple[int, int]]], lengths: dict[str, int], *, workers: int,
+                places: dict[str, list[tuple[int, int]]], lengths: dict[str, int], checks: dict[str, str], *,
+                workers: int,
                 direct_io: bool, progress: Progress | None, stats: FillStats) -> None:
     """Run `ranges` through thaw-fetch (go/cmd/thaw-fetch): ranged GETs of
-    presigned pack URLs, SHA-256 of every chunk, writes to `places` (file index,
-    offset), O_DIRECT where `direct_io`. Same errors as the in-process path."""
+    presigned pack URLs, every chunk checked (its BLAKE3 from `checks` where the
+    manifest has one, else its SHA-256), writes to `places` (file index, offset),
+    O_DIRECT where `direct_io`. Same errors as the in-process path."""
     objects: list[dict] = []
     index: dict[str, int] = {}
 
@@ -494,7 +497,7 @@ def _fetch_with(fetcher: Path, store: Store, ranges: list[_Range], files: list[s
     plan = {"version": GO_PLAN_VERSION, "workers": workers, "attempts": store.retries,
             "timeout_s": store.timeout_s, "direct_io": direct_io, "files": files, "objects": objects,
             "ranges": [[obj(r.pack), r.start, r.length,
-                        [[h, lengths[h], loc.offset - r.start, loc.stored, loc.codec, places[h]]
+                        [[h, lengths[h], loc.offset - r.start, loc.stored, loc.codec, places[h], checks.get(h, "")]
                          for h, loc in r.chunks]] for r in ranges]}
     env = dict(os.environ)
     if env.get("AWS_CA_BUNDLE") and not env.get("SSL_CERT_FILE"):

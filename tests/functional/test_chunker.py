@@ -65,3 +65,16 @@ def test_bad_arguments_and_empty_files(tmp_path, chunker):
     e = tmp_path / "empty"
     e.write_bytes(b"")
     assert chunks_of(chunker, e, 4096).chunks == ()
+
+
+def test_every_chunk_carries_its_blake3_check(tmp_path, chunker):
+    # BLAKE3("abc"), the published test vector; hashlib has no BLAKE3 to compare with.
+    (tmp_path / "abc").write_bytes(b"abc")
+    [one] = pack.chunk_files([tmp_path / "abc"], chunker, 1 << 16)[1][0].chunks
+    assert one.hash == hashlib.sha256(b"abc").hexdigest()
+    assert one.check == "6437b3ac38465133ffb63b75273a8db548c558465d79db03fd359c6cd5bd9d85"
+    data = random.Random(7).randbytes(3 << 20)
+    (tmp_path / "r").write_bytes(data)
+    chunking, [entry] = pack.chunk_files([tmp_path / "r"], chunker, 1 << 16)
+    assert chunking.check == "blake3" and len(entry.chunks) > 10
+    assert len({c.check for c in entry.chunks}) == len(entry.chunks)

@@ -16,7 +16,7 @@ import pytest
 
 from control import images, seaweed
 from control.cache import MANIFEST_FILE
-from control.errors import CacheFull, ManifestError, StoreError, TupleMismatch
+from control.errors import CacheFull, IntegrityError, ManifestError, StoreError, TupleMismatch
 from control.store import Store
 from runsc_hooks.runsc import CreateOptions, GlobalOptions, RestoreOptions, Runsc
 from tests.conftest import REPO
@@ -220,6 +220,43 @@ def test_chunk_altered_in_store(engine, settings, checkpoints, node, scratch):
     assert r.size == m.size
 
 
+def test_fetch_checks_blake3_where_the_manifest_has_it_and_sha256_where_not(settings, checkpoints, node, scratch):
+    """thaw-fetch checks the manifest's BLAKE3 (schema 2): a manifest whose check
+    for one chunk is wrong is refused though the bytes match the chunk's SHA-256
+    name; the same image described by a schema-1 manifest (no checks) is fetched
+    and checked by SHA-256."""
+    push(settings, checkpoints["runtime"], "wl", node, cache=False)
+    store = Store(settings)
+    m = images.remote_manifest(store, "wl", node)
+    name = store.manifest_name("wl", m.tuple_hash)
+    good = json.loads(store.client.get_object(Bucket=settings.store_bucket, Key=name)["Body"].read())
+    assert good["schema_version"] == 2
+    target = good["files"][-1]["chunks"][0][0]
+    bad = json.loads(json.dumps(good))
+    for f in bad["files"]:
+        for c in f["chunks"]:
+            if c[0] == target:
+                c[6] = "0" * 64
+    store.client.put_object(Bucket=settings.store_bucket, Key=name, Body=json.dumps(bad).encode())
+    b = other_node(settings, scratch, "b")
+    with pytest.raises(IntegrityError) as e:
+        pull(b, "wl", node)
+    assert e.value.chunk == target and "blake3" in str(e.value) and "0" * 64 in str(e.value)
+    assert images.open_cache(b).entries() == [] and list((b.cache_dir / "tmp").iterdir()) == []
+
+    v1 = json.loads(json.dumps(good))
+    v1["schema_version"] = 1
+    del v1["chunking"]["check"]
+    for f in v1["files"]:
+        for c in f["chunks"]:
+            c.pop()
+    store.client.put_object(Bucket=settings.store_bucket, Key=name, Body=json.dumps(v1).encode())
+    r = pull(b, "wl", node)
+    r.lease.release()
+    assert r.fill.engine == "thaw-fetch"
+    same_files(checkpoints["runtime"], r.lease.path)
+
+
 def test_chunk_altered_in_cache(settings, checkpoints, node, scratch):
     push(settings, checkpoints["runtime"], "wl", node, cache=False)
     r = pull(settings, "wl", node)
@@ -333,7 +370,7 @@ def _put_manifest(s, node, mutate) -> None:
 
 
 @pytest.mark.parametrize("mutate,field", [
-    (lambda d: d.update(schema_version=2), "schema_version"),
+    (lambda d: d.update(schema_version=3), "schema_version"),
     (lambda d: d["files"][0].update(name="../../escaped.img"), "files[0].name"),
     (lambda d: d["files"][1].update(size=d["files"][1]["size"] + 4096), "files[1].chunks"),
 ], ids=["schema-version", "path-traversal", "chunks-dont-add-up"])

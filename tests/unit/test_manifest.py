@@ -42,10 +42,44 @@ def test_round_trip():
 
 def test_unknown_schema_version_is_refused_by_name():
     d = doc()
-    d["schema_version"] = 2
+    d["schema_version"] = 3
     with pytest.raises(ManifestError) as e:
         parse(d)
-    assert e.value.field == "schema_version" and "unknown version 2" in str(e.value)
+    assert e.value.field == "schema_version" and "unknown version 3" in str(e.value)
+
+
+B1, B2 = "d" * 64, "e" * 64
+
+
+def good_v2() -> Manifest:
+    g = good()
+    return Manifest(key=g.key, tuple=g.tuple, chunking=Chunking("fastcdc-gear-v1", 64, 256, 1024, check="blake3"),
+                    files=(FileEntry("checkpoint.img", 300, (ChunkRef(H1, 100, B1), ChunkRef(H2, 200, B2))),
+                           FileEntry("pages.img", 100, (ChunkRef(H1, 100, B1),))),
+                    locations=g.locations, creator=g.creator)
+
+
+def test_schema_2_carries_a_blake3_check_per_chunk_and_round_trips():
+    d = json.loads(good_v2().to_json())
+    assert d["schema_version"] == 2 and d["chunking"]["check"] == "blake3"
+    assert d["files"][0]["chunks"][1] == [H2, 200, 0, 100, 50, "zlib", B2]
+    assert parse(d) == good_v2()
+    # A manifest without checks is still written, and read, as version 1.
+    assert doc()["schema_version"] == 1 and len(doc()["files"][0]["chunks"][0]) == 6
+
+
+@pytest.mark.parametrize("mutate,fld", [
+    (lambda d: d["files"][0]["chunks"][0].__setitem__(6, "X" * 64), "files[0].chunks[0][6]"),
+    (lambda d: d["files"][0]["chunks"][0].pop(), "files[0].chunks[0]"),            # six elements in version 2
+    (lambda d: d["files"][1]["chunks"][0].__setitem__(6, B2), "files[1].chunks[0]"),  # one chunk, two checks
+    (lambda d: d["chunking"].pop("check"), "chunking.check"),
+    (lambda d: d["chunking"].__setitem__("check", "md5"), "chunking.check"),
+    (lambda d: d.__setitem__("schema_version", 1), "chunking.check"),                # version 1 has no check
+])
+def test_schema_2_checks_are_validated(mutate, fld):
+    d = json.loads(good_v2().to_json())
+    mutate(d)
+    assert field_of(d) == fld
 
 
 @pytest.mark.parametrize("name", ["../pages.img", "a/b", "/etc/passwd", ".hidden", "..", "", "x" * 200, "a\x00b"])

@@ -1,17 +1,20 @@
 // Command thaw-fetch fills an image's files from ranged GETs of the store's
-// packs, verifying every chunk's SHA-256 before a byte of it is written. It
-// is the data path of control/transfer.py's fill: Python plans (which ranges,
-// which chunks, where they go, presigned URLs from boto3, so credentials and
-// endpoints stay configured the boto3 way), this executes. In Python the same
-// work ran at parity with boto3's download_file on a 2-core machine; here it
-// is ~1.4x (docs/store.md, "Why the fetch is in Go").
+// packs, verifying every chunk before a byte of it is written: its BLAKE3
+// where the manifest has one (schema 2), else its SHA-256. It is the data
+// path of control/transfer.py's fill: Python plans (which ranges, which
+// chunks, where they go, presigned URLs from boto3, so credentials and
+// endpoints stay configured the boto3 way), this executes. The same work in
+// Python ran at parity with boto3's download_file on a 2-core machine
+// (docs/store.md, "Why the fetch is in Go").
 //
-// Input, on stdin, one JSON plan (see plan; Twin: control/transfer.py _go_plan):
+// Input, on stdin, one JSON plan (see plan; twin: control/transfer.py _fetch_with):
 //
-//	{"version":1, "workers":8, "attempts":3, "timeout_s":60, "direct_io":true,
+//	{"version":2, "workers":8, "attempts":3, "timeout_s":60, "direct_io":true,
 //	 "files":["/abs/dir/pages.img", ...],        created at full size by the caller
-//	 "objects":[{"url":"https://...presigned...", "name":"s3://b/packs/<h>"}, ...],
-//	 "ranges":[[OBJECT, START, LENGTH, [[HASH, RAW_LEN, POS, STORED, CODEC, [[FILE, OFFSET], ...]], ...]], ...]}
+//	 "objects":[{"url":"https://...presigned...", "name":"packs/<h>"}, ...],
+//	 "ranges":[[OBJECT, START, LENGTH, [[HASH, RAW_LEN, POS, STORED, CODEC, [[FILE, OFFSET], ...], CHECK], ...]], ...]}
+//
+// CHECK is the chunk's BLAKE3-256 in hex, or "" (check the SHA-256 HASH).
 //
 // Output, on stdout, one JSON object a line: {"done":BYTES} as bytes are
 // written (running total), then {"stats":{...}} on success or

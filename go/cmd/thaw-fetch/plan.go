@@ -9,7 +9,7 @@ import (
 
 // PlanVersion is the plan format this binary executes.
 // Twin: control/transfer.py GO_PLAN_VERSION.
-const PlanVersion = 1
+const PlanVersion = 2
 
 // Codecs a stored chunk may use. Twin: control/pack.py CODEC_NONE, CODEC_ZLIB.
 const (
@@ -40,12 +40,14 @@ type place struct {
 }
 
 type chunk struct {
-	sum    [32]byte
-	raw    int // decoded length
-	pos    int // offset of its stored bytes in the range
-	stored int
-	codec  string
-	places []place
+	sum      [32]byte // SHA-256, the chunk's name
+	check    [32]byte // BLAKE3-256 from a schema-2 manifest; what is verified when hasCheck
+	hasCheck bool
+	raw      int // decoded length
+	pos      int // offset of its stored bytes in the range
+	stored   int
+	codec    string
+	places   []place
 }
 
 type rng struct {
@@ -55,7 +57,8 @@ type rng struct {
 	chunks []chunk
 }
 
-// UnmarshalJSON reads [OBJECT, START, LENGTH, [[HASH, RAW, POS, STORED, CODEC, [[FILE, OFF], ...]], ...]]:
+// UnmarshalJSON reads [OBJECT, START, LENGTH, [[HASH, RAW, POS, STORED, CODEC, [[FILE, OFF], ...], CHECK], ...]]
+// (CHECK: the chunk's BLAKE3-256, or "" to verify SHA-256):
 // positional arrays keep a plan for hundreds of thousands of chunks small.
 func (r *rng) UnmarshalJSON(b []byte) error {
 	var raw []json.RawMessage
@@ -70,14 +73,23 @@ func (r *rng) UnmarshalJSON(b []byte) error {
 		return fmt.Errorf("range chunks: %v", err)
 	}
 	for _, c := range chunks {
-		if len(c) != 6 {
-			return fmt.Errorf("a chunk is [hash, raw, pos, stored, codec, places]")
+		if len(c) != 7 {
+			return fmt.Errorf("a chunk is [hash, raw, pos, stored, codec, places, check]")
 		}
-		var h string
+		var h, check string
 		var pl [][2]int64
 		var ch chunk
-		if err := unmarshalAll(c, &h, &ch.raw, &ch.pos, &ch.stored, &ch.codec, &pl); err != nil {
+		if err := unmarshalAll(c, &h, &ch.raw, &ch.pos, &ch.stored, &ch.codec, &pl, &check); err != nil {
 			return err
+		}
+		if check != "" {
+			if len(check) != 64 {
+				return fmt.Errorf("chunk check %q is not 64 hex digits", check)
+			}
+			if _, err := hex.Decode(ch.check[:], []byte(check)); err != nil {
+				return fmt.Errorf("chunk check %q: %v", check, err)
+			}
+			ch.hasCheck = true
 		}
 		if len(h) != 64 {
 			return fmt.Errorf("chunk hash %q is not 64 hex digits", h)
