@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"compress/zlib"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -20,6 +19,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/klauspost/compress/zlib" // inflates ~1.25x faster than compress/zlib here (docs/store.md)
 	"github.com/zeebo/blake3"
 )
 
