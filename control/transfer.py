@@ -13,17 +13,23 @@ size, with the extents it will write allocated up front (see _preallocate): an
 all-zero chunk is left as a hole (the file is sparse, reads give
 zeros, its hash is known), a chunk already on this node (another entry, or
 the directory being pushed) is copied after its hash is checked, and only the
-rest is fetched. Every byte written has been hashed against the manifest.
+rest is fetched. Every byte written has been checked against the manifest.
 
-With `direct_io`, a fetched range is read into a page-aligned buffer placed so
-that its bytes sit at their file offset modulo ALIGN; runs of uncompressed
-chunks that are contiguous in the pack and in the file then go to disk with
-O_DIRECT for their whole pages, and only the partial pages at their ends (and
-decoded or local chunks) through the page cache. A page written with O_DIRECT
-is covered by that one run, so no buffered write ever touches it. It saves the
-page-cache copy, reclaim and writeback, and leaves the node's page cache alone;
-with a settled page cache it measured no faster here (docs/store.md, "Writing
-a fill"), so it is off by default (cache.direct_io).
+The fetched rest goes to thaw-fetch (go/cmd/thaw-fetch, `store.fetcher`) when
+the store has one: this module plans the ranges, presigns one URL per pack
+and hands both over (_fetch_with); the Go side GETs, checks each chunk's
+BLAKE3 (schema 2) or SHA-256 and writes. Without a fetcher the same plan runs
+here, in threads (from_store in fill). docs/store.md, "Why the fetch is in Go".
+
+With `direct_io` (cache.direct_io, on by default), a fetched range is read
+into a page-aligned buffer placed so that its bytes sit at their file offset
+modulo ALIGN; runs of uncompressed chunks that are contiguous in the pack and
+in the file then go to disk with O_DIRECT for their whole pages, and only the
+partial pages at their ends (and decoded or local chunks) through the page
+cache. A page written with O_DIRECT is covered by that one run, so no
+buffered write ever touches it. It saves the page-cache copy, reclaim and
+writeback, and leaves the node's page cache alone (docs/store.md, "Writing a
+fill").
 """
 
 from __future__ import annotations
