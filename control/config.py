@@ -349,9 +349,9 @@ _HELP: dict[str, str] = {
     "store.timeout_s": "Connect and read timeout of one S3 request.",
     "store.retries": "botocore 'standard' retry attempts per S3 request.",
     "store.fetcher": "The thaw-fetch binary that runs a pull's ranged GETs, hashing and writes "
-                     "(go/cmd/thaw-fetch; ~1.4x the in-process fetch, docs/store.md); empty: fetch "
+                     "(go/cmd/thaw-fetch; ~1.2x the in-process fetch here, docs/store.md); empty: fetch "
                      "in-process with boto3. `thaw provision` writes /opt/thaw/bin/thaw-fetch.",
-    "pack.chunker": "The thaw-chunk binary (FastCDC + SHA-256, go/cmd/thaw-chunk). "
+    "pack.chunker": "The thaw-chunk binary (FastCDC, SHA-256 + BLAKE3, go/cmd/thaw-chunk). "
                     "`thaw provision` writes /opt/thaw/bin/thaw-chunk.",
     "pack.avg_chunk_bytes": "FastCDC average chunk size (min = avg/4, max = avg*4).",
     "cache.lock_timeout_s": "How long a pull waits for another pull of the same key.",
@@ -362,7 +362,7 @@ _HELP: dict[str, str] = {
     "cache.direct_io": "Write fetched pages with O_DIRECT (whole pages; the file system's refusal falls "
                        "back to buffered writes): no page-cache copy or reclaim, and the node's cached files "
                        "are not evicted; the first restore then reads the image from disk. With thaw-fetch "
-                       "it made the fetch ~1.3x faster than buffered here (docs/store.md).",
+                       "it made a 2 GiB fetch ~1.2x faster than buffered writes here (docs/store.md).",
     "cache.min_free_bytes": "provision and doctor fail when the cache file system has less free space.",
     "checkpoint.compression": "runsc checkpoint --compression.",
     "checkpoint.restore_background": "runsc restore --background (the app runs while pages still load).",
