@@ -301,9 +301,17 @@ def test_kill9_then_nothing_partial_is_served_and_next_run_recovers(mode, settin
         assert proc.poll() is None, proc.stdout.read().decode()
         assert time.monotonic() < deadline, "the pull never reached the hang point"
         time.sleep(0.05)
+    fetchers = _children_named(proc.pid, "thaw-fetch")
+    assert fetchers or mode == "install", "the download should be in thaw-fetch"
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(10)
     proc.stdout.close()
+    # No orphan keeps writing into the partial entry: thaw-fetch dies with its parent (PR_SET_PDEATHSIG),
+    # and a progress line into the closed pipe would end it too (SIGPIPE) unless it is stalled.
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{pid}").exists() for pid in fetchers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(Path(f"/proc/{pid}").exists() for pid in fetchers), "thaw-fetch outlived the pull"
     root = settings.cache_dir
     left = list((root / "tmp").iterdir()) if mode == "download" else list((root / "entries").iterdir())
     assert left, "the kill should have left something behind"
@@ -315,6 +323,20 @@ def test_kill9_then_nothing_partial_is_served_and_next_run_recovers(mode, settin
     assert not any(p.exists() for p in left)
     same_files(checkpoints["kv"], Path(r["path"]))
     assert all(row["ok"] for row in store_thaw_json(settings, "verify"))
+
+
+def _children_named(ppid: int, comm: str) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+            if name == comm and int(rest[1]) == ppid:
+                out.append(int(d.name))
+    return out
 
 
 def test_budget_smaller_than_one_image(settings, checkpoints, node):

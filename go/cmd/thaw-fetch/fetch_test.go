@@ -122,7 +122,7 @@ func TestFillPlacesEveryChunk(t *testing.T) {
 			cc.pos = 0
 			p := &plan{Version: PlanVersion, Workers: 2, Attempts: 1, TimeoutS: 5, DirectIO: direct, Files: fs,
 				Objects: []object{{URL: srv.URL + "/pack", Name: "packs/x"}},
-				Ranges: []rng{{0, 0, split, []chunk{ca, cz}}, {0, int64(split), len(c), []chunk{cc}}}}
+				Ranges:  []rng{{0, 0, split, []chunk{ca, cz}}, {0, int64(split), len(c), []chunk{cc}}}}
 			j, err := run(t, p)
 			if err != nil {
 				t.Fatalf("direct=%v check=%v: %v", direct, withCheck, err)

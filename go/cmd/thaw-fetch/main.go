@@ -31,10 +31,18 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"syscall"
 	"time"
 )
 
 func main() {
+	// Die with the process that started us (thawd, `thaw pull`): a fetch
+	// nobody waits for would keep writing into a partial entry that the next
+	// pull's recovery removes. The starting thread blocks in wait() until we
+	// exit (control/transfer.py), so its exit means its process is gone.
+	// (No getppid() == 1 check for a parent that died before this line: in a
+	// container thawd may itself be pid 1.)
+	syscall.RawSyscall(syscall.SYS_PRCTL, syscall.PR_SET_PDEATHSIG, uintptr(syscall.SIGKILL), 0)
 	var p plan
 	dec := json.NewDecoder(bufio.NewReaderSize(os.Stdin, 1<<20))
 	dec.DisallowUnknownFields()
