@@ -3,7 +3,9 @@ download_file, and the store (SeaweedFS's process) under each, on a 2 GiB
 checkpoint of random memory, page cache full before every run (bench/store.py
 _settle), 3 rounds. Answers "where does the fetch's CPU go" (docs/store.md).
 
-    .venv/bin/python bench/store_cpu.py > bench/results/store-cpu-<date>.json
+    .venv/bin/python bench/store_cpu.py [ballast|mixed] > bench/results/store-cpu-<date>.json
+
+ballast (default): random memory; mixed: bench/workloads.py's mixed image.
 """
 import dataclasses
 import json
@@ -37,7 +39,8 @@ def me():
 out = {"thaw-fetch": [], "in-process": [], "boto3": []}
 try:
     base = sb._settings(sw, work, "bench")
-    img = workloads.make_checkpoint(settings.runsc_path, work / "wl", "ballast", ["ballast", "2048"], timeout_s=600)
+    kind = sys.argv[1] if len(sys.argv) > 1 else "ballast"
+    img = workloads.make_checkpoint(settings.runsc_path, work / "wl", kind, [kind, "2048"], timeout_s=600)
     size = sum(p.stat().st_size for p in img.iterdir())
     s = dataclasses.replace(base, store_bucket="cpu-bucket")
     st = Store(s); inproc = Store(dataclasses.replace(s, store_fetcher=None))
@@ -73,7 +76,7 @@ try:
                 shutil.rmtree(work / "b")
     print(json.dumps({"benchmark": "store-cpu", "date": time.strftime("%Y-%m-%d"),
                       "machine": "2-core VM, 24 GiB, x86_64, no GPU (the development/CI machine)",
-                      "store": "SeaweedFS on 127.0.0.1, same machine", "bytes": size,
+                      "store": "SeaweedFS on 127.0.0.1, same machine", "image": kind, "bytes": size,
                       "cpu": "process user+system seconds (os.times, children included) per GB moved",
                       "runs": out}, indent=1))
 finally:
