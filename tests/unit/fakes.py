@@ -35,6 +35,9 @@ class FakeStore:
         self.fail_gets = False
         self.lock = threading.Lock()
         self.endpoint = "fake://"
+        self.fetcher = None        # in-process fills, unless a test points it at a fetcher
+        self.retries = 1
+        self.timeout_s = 1.0
 
     def chunk_name(self, h: str) -> str:
         return f"chunks/{h}"
@@ -47,6 +50,12 @@ class FakeStore:
 
     def ensure_bucket(self) -> None:
         pass
+
+    def presign_get(self, p: str) -> str:
+        return f"http://fake.invalid/{self.pack_name(p)}"
+
+    def uri(self, name: str) -> str:
+        return f"s3://fake/{name}"
 
     def put_pack(self, p: str, body: bytes) -> None:
         self.objects[self.pack_name(p)] = body

@@ -1,13 +1,15 @@
 """Cache + transfer + images.pull against an in-memory store."""
 import dataclasses
 import os
+import sys
 import threading
 
 import pytest
 
 from control import images, transfer
 from control.cache import MANIFEST_FILE, Cache
-from control.errors import CacheFull, IntegrityError, ManifestError, NotFound, StoreError, Timeout, TupleMismatch
+from control.errors import (CacheFull, IntegrityError, ManifestError, NotFound, PreconditionError, StoreError,
+                            ThawError, Timeout, TupleMismatch)
 
 from .fakes import TUPLE, FakeStore, layout
 
@@ -327,3 +329,59 @@ def test_push_race_both_nodes_end_with_the_winner(tmp_path, store):
     for c in (ca, cb):
         [e] = c.entries("k")
         assert (e.path / "pages.img").read_bytes() == a["pages.img"]
+
+
+def test_a_configured_fetcher_that_is_missing_is_a_clear_error_and_nothing_is_kept(tmp_path, store):
+    publish(store, tmp_path, "k", image(5))
+    store.fetcher = tmp_path / "no-such-thaw-fetch"
+    cache = Cache(tmp_path / "c", 1 << 30)
+    with pytest.raises(PreconditionError) as e:
+        pull(cache, store, "k")
+    assert "thaw-fetch not found" in str(e.value) and str(store.fetcher) in str(e.value)
+    assert cache.entries() == [] and list((tmp_path / "c" / "tmp").iterdir()) == []
+
+
+FAKE_FETCHER = r'''#!{python}
+import json, sys
+plan = json.load(sys.stdin)
+assert plan["version"] == 2 and plan["objects"][0]["url"].startswith("http://fake.invalid/packs/")
+first = plan["ranges"][0]
+chunk = first[3][0]
+assert len(chunk) == 7 and chunk[6] == "" and plan["direct_io"] is True
+print(json.dumps({{"done": 4096}}), flush=True)
+mode = sys.argv[0].rsplit("-", 1)[1]
+if mode == "integrity":
+    print(json.dumps({{"error": {{"kind": "integrity", "chunk": chunk[0], "object": plan["objects"][0]["name"],
+                                 "offset": first[1], "detail": "bytes have sha256 x, not y: altered"}}}}))
+    sys.exit(1)
+if mode == "store":
+    print(json.dumps({{"error": {{"kind": "store", "object": plan["objects"][0]["name"], "offset": first[1],
+                                 "length": first[2], "detail": "HTTP 503"}}}}))
+    sys.exit(1)
+sys.stderr.write("thaw-fetch: a crash with no JSON\n")
+sys.exit(2)
+'''
+
+
+@pytest.mark.parametrize("mode", ["integrity", "store", "crash"])
+def test_fetcher_answers_become_the_same_errors_and_nothing_is_kept(tmp_path, store, mode):
+    """transfer._fetch_with's side of the thaw-fetch protocol (its Go side: go test ./cmd/thaw-fetch;
+    both together: tests/integration/test_store.py). A stand-in fetcher answers each way."""
+    m = publish(store, tmp_path, "k", image(6))
+    fetcher = tmp_path / f"fetcher-{mode}"
+    fetcher.write_text(FAKE_FETCHER.format(python=sys.executable))
+    fetcher.chmod(0o755)
+    store.fetcher = fetcher
+    cache = Cache(tmp_path / "c", 1 << 30, direct_io=True)
+    done = []
+    want = {"integrity": IntegrityError, "store": StoreError, "crash": ThawError}[mode]
+    with pytest.raises(want) as e:
+        pull(cache, store, "k", progress=done.append)
+    assert done[-1] == 4096   # the fetcher's progress reached the caller (earlier: the zero chunk)
+    if mode == "integrity":
+        assert e.value.chunk in m.locations and "altered" in str(e.value)
+    elif mode == "store":
+        assert str(e.value).startswith("store get s3://fake/packs/") and "HTTP 503" in str(e.value)
+    else:
+        assert "exit 2" in str(e.value) and "a crash with no JSON" in str(e.value)
+    assert cache.entries() == [] and list((tmp_path / "c" / "tmp").iterdir()) == []
