@@ -341,6 +341,7 @@ def fill(manifest: Manifest, dest: Path, store: Store | None, sources: Sources, 
     lock = threading.Lock()
     places: dict[str, list[tuple[int, int]]] = {}   # hash -> [(fd, offset)]
     lengths: dict[str, int] = {}
+    checks: dict[str, str] = {}                     # hash -> BLAKE3 (schema 2), for thaw-fetch
     fds: list[int] = []
     direct: dict[int, int | None] = {}   # buffered fd -> its O_DIRECT twin
     file_index: dict[int, int] = {}      # buffered fd -> index in manifest.files
@@ -356,6 +357,8 @@ def fill(manifest: Manifest, dest: Path, store: Store | None, sources: Sources, 
             for off, c in f.placed():
                 places.setdefault(c.hash, []).append((fd, off))
                 lengths[c.hash] = c.length
+                if c.check:
+                    checks[c.hash] = c.check
         stats.chunks = len(places)
         # An all-zero run is cut into max-size chunks (the gear hash of zeros
         # never meets the mask), except where a file ends; only those lengths
@@ -465,8 +468,7 @@ def fill(manifest: Manifest, dest: Path, store: Store | None, sources: Sources, 
         if remote and fetcher is not None:
             files = [os.path.abspath(dest / f.name) for f in manifest.files]
             _fetch_with(fetcher, store, plan_ranges(manifest, remote), files,
-                        {h: [(file_index[fd], off) for fd, off in places[h]] for h in remote}, lengths,
-                        {c.hash: c.check for f in manifest.files for c in f.chunks if c.check},
+                        {h: [(file_index[fd], off) for fd, off in places[h]] for h in remote}, lengths, checks,
                         workers=workers, direct_io=direct_io, progress=progress, stats=stats)
         else:
             _run_pool(workers, plan_ranges(manifest, remote), from_store)
