@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from control.testbed import ANNOTATIONS, BUILD, IMAGE, Stack  # noqa: E402
+from control.dev.testbed import ANNOTATIONS, BUILD, IMAGE, Stack  # noqa: E402
 
 
 def first_answer(s: Stack, cid: str, annotations: dict | None, env: dict) -> tuple[float, float, str]:

@@ -14,7 +14,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import workloads  # noqa: E402
 
-from control import config, pack  # noqa: E402
+from control import config
+
+from control.images import chunk as pack  # noqa: E402
 
 CHUNK = 256 << 10
 

@@ -54,12 +54,12 @@ if str(REPO) not in sys.path:
 
 from control import config as configmod  # noqa: E402
 from control.errors import ThawError, UnhealthyRestore  # noqa: E402
-from control.sandbox import Mitigations, Sandboxes  # noqa: E402
+from control.lifecycle.sandbox import Mitigations, Sandboxes  # noqa: E402
 from runsc_hooks import network as netmod  # noqa: E402
 from runsc_hooks import spec as specmod  # noqa: E402
 from runsc_hooks.runsc import remove_root  # noqa: E402
 
-WORKLOAD = REPO / "control" / "workloads" / "epoll_server.py"
+WORKLOAD = REPO / "control" / "dev" / "workloads" / "epoll_server.py"
 SANDBOX_PORT = 8080
 ANSWER_BUDGET_MS = 200.0      # the bar: every restore answers within 200 ms of ready
 ANSWER_DEADLINE_S = 5.0       # no answer by then: the restore is broken

@@ -39,10 +39,11 @@ from boto3.s3.transfer import TransferConfig  # noqa: E402
 
 import workloads  # noqa: E402
 from control import config as configmod  # noqa: E402
-from control import images, seaweed  # noqa: E402
-from control.cache import Cache  # noqa: E402
-from control.compat import CompatTuple, node_tuple  # noqa: E402
-from control.store import Store  # noqa: E402
+from control.images import image as images
+from control.dev import seaweed  # noqa: E402
+from control.images.cache import Cache  # noqa: E402
+from control.node.compat import CompatTuple, node_tuple  # noqa: E402
+from control.images.store import Store  # noqa: E402
 
 GiB = 1 << 30
 

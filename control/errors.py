@@ -213,44 +213,18 @@ class RunscError(ThawError):
     """
 
     def __init__(self, argv: list[str], returncode: int | None, stderr: str,
-                 runsc_message: str = "", duration_s: float = 0.0) -> None:
+                 runsc_message: str = "", duration_s: float = 0.0, subcommand: str = "") -> None:
         tail = stderr.strip()[-2000:]
         msg = runsc_message or (tail.splitlines()[-1] if tail else "no output")
         rc = "timed out" if returncode is None else f"exit {returncode}"
-        super().__init__(f"runsc {_subcommand(argv)} failed ({rc}): {msg}\n  command: {shlex.join(argv)}",
-                         argv=argv, returncode=returncode, runsc_message=msg)
+        super().__init__(f"runsc {subcommand or 'command'} failed ({rc}): {msg}\n  command: {shlex.join(argv)}",
+                         argv=argv, returncode=returncode, runsc_message=msg, subcommand=subcommand)
         self.facts = _CommandFacts(argv, returncode, tail, duration_s)
         self.argv = argv
         self.returncode = returncode
         self.runsc_message = msg
         self.stderr_tail = tail
 
-
-def _subcommand(argv: list[str]) -> str:
-    """The runsc subcommand in argv: the first word after the global flags."""
-    skip_next = False
-    for word in argv[1:]:
-        if skip_next:
-            skip_next = False
-            continue
-        if word.startswith("-"):
-            # Global flags given as "--flag value" take the next word.
-            skip_next = "=" not in word and word.lstrip("-") in _VALUE_FLAGS
-            continue
-        return word
-    return "?"
-
-
-# runsc global flags that take a separate value word (runsc/config/flags.go).
-_VALUE_FLAGS = frozenset({
-    "root", "log", "log-format", "debug-log", "debug-log-format", "panic-log", "coverage-report",
-    "platform", "network", "file-access", "overlay2", "log-fd", "debug-log-fd", "panic-log-fd",
-    "profile-block", "profile-cpu", "profile-heap", "profile-mutex", "trace", "nvproxy-driver-version",
-    "nvproxy-allowed-driver-capabilities", "sidecar-usage-policy", "sidecar-release-enforcement-policy",
-    "gso", "host-uds", "host-fifo", "watchdog-action", "panic-signal", "metric-server", "cgroupfs",
-    "net-disconnect-ok", "reproduce-nftables", "pcap-log", "strace-syscalls", "strace-log-size",
-    "tpuproxy", "restore-spec-validation", "systrap-init-scheme",
-})
 
 # The CLI's exit codes by class, most specific first. 1 is "any other thaw error".
 EXIT_CODE: list[tuple[type[ThawError], int]] = [

@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from control.errors import NotFound, PreconditionError, SpecError
 from nvproxy.gpu import NodeGpus
-from runsc_hooks.spec import write_json_atomic
+from control.files import write_json_atomic
 
 CDI_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))   # later wins (CDI: dynamic over static)
 NVIDIA_KIND = "nvidia.com/gpu"

@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 from control.errors import PreconditionError, SpecError
+from control.files import write_bytes_atomic
 from runsc_hooks import spec as specmod
 
 # Where the helper is in every GPU sandbox. The directory is mounted, not the
@@ -67,7 +68,7 @@ def stage(binary: Path, directory: Path) -> Path:
                                 path=str(binary))
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    specmod.write_bytes_atomic(directory / HELPER_NAME, binary.read_bytes(), mode=0o755)
+    write_bytes_atomic(directory / HELPER_NAME, binary.read_bytes(), mode=0o755)
     return directory / HELPER_NAME
 
 

@@ -24,6 +24,34 @@ from control.errors import NotFound, PreconditionError, RunscError
 
 log = logging.getLogger(__name__)
 
+
+def subcommand_of(argv: list[str]) -> str:
+    """The runsc subcommand in argv: the first word after the global flags."""
+    skip_next = False
+    for word in argv[1:]:
+        if skip_next:
+            skip_next = False
+            continue
+        if word.startswith("-"):
+            # Global flags given as "--flag value" take the next word.
+            skip_next = "=" not in word and word.lstrip("-") in _VALUE_FLAGS
+            continue
+        return word
+    return "?"
+
+
+# runsc global flags that take a separate value word (runsc/config/flags.go).
+_VALUE_FLAGS = frozenset({
+    "root", "log", "log-format", "debug-log", "debug-log-format", "panic-log", "coverage-report",
+    "platform", "network", "file-access", "overlay2", "log-fd", "debug-log-fd", "panic-log-fd",
+    "profile-block", "profile-cpu", "profile-heap", "profile-mutex", "trace", "nvproxy-driver-version",
+    "nvproxy-allowed-driver-capabilities", "sidecar-usage-policy", "sidecar-release-enforcement-policy",
+    "gso", "host-uds", "host-fifo", "watchdog-action", "panic-signal", "metric-server", "cgroupfs",
+    "net-disconnect-ok", "reproduce-nftables", "pcap-log", "strace-syscalls", "strace-log-size",
+    "tpuproxy", "restore-spec-validation", "systrap-init-scheme",
+})
+
+
 # Files runsc checkpoint writes into --image-path when uncompressed
 # (runsc/cmd/checkpoint.go; docs/gvisor-facts.md). Compressed images hold
 # checkpoint.img only.
@@ -183,7 +211,8 @@ class Runsc:
             except subprocess.TimeoutExpired:
                 dt = time.monotonic() - t0
                 log.warning("runsc timed out after %.1fs: %s", dt, shlex.join(argv))
-                raise RunscError(argv, None, _read(err), f"no answer within {deadline:g} s", dt) from None
+                raise RunscError(argv, None, _read(err), f"no answer within {deadline:g} s", dt,
+                                 subcommand=args[0]) from None
             proc = subprocess.CompletedProcess(argv, rc, _read(out), _read(err))
         dt = time.monotonic() - t0
         log.debug("runsc exit=%d %.3fs: %s", proc.returncode, dt, shlex.join(argv))
@@ -191,7 +220,7 @@ class Runsc:
             message = self._error_message(proc.stderr)
             if check_id is not None and _is_not_found(message, check_id):
                 raise NotFound("container", check_id, f"runsc --root={self.options.root} has no such sandbox")
-            raise RunscError(argv, proc.returncode, proc.stderr, message, dt)
+            raise RunscError(argv, proc.returncode, proc.stderr, message, dt, subcommand=args[0])
         return proc
 
     def _error_message(self, stderr: str) -> str:
@@ -238,7 +267,8 @@ class Runsc:
         try:
             return ContainerState.from_json(json.loads(out))
         except ValueError:
-            raise RunscError(self.argv("state", cid), 0, out, "runsc state printed no JSON") from None
+            raise RunscError(self.argv("state", cid), 0, out, "runsc state printed no JSON",
+                             subcommand="state") from None
 
     def kill(self, cid: str, sig: int = _signal.SIGTERM, all_processes: bool = False) -> None:
         args = ["kill"] + (["--all"] if all_processes else []) + [cid, str(int(sig))]
@@ -275,7 +305,8 @@ class Runsc:
         try:
             data = json.loads(out) if out.strip() else []
         except ValueError:
-            raise RunscError(self.argv("list", "--format=json"), 0, out, "runsc list printed no JSON") from None
+            raise RunscError(self.argv("list", "--format=json"), 0, out, "runsc list printed no JSON",
+                             subcommand="list") from None
         return [ContainerState.from_json(d) for d in (data or [])]
 
     def cpu_features(self) -> list[str]:

@@ -11,12 +11,12 @@ from __future__ import annotations
 import copy
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Callable
+from typing import Any
 
 from control.errors import SpecError
+from control.files import write_json_atomic
 
 OCI_VERSION = "1.0.2"
 _NAMESPACES = {"pid", "network", "mount", "ipc", "uts", "user", "cgroup", "time"}
@@ -114,46 +114,6 @@ class Bundle:
     def rootfs(self, spec: dict) -> Path:
         p = Path(spec["root"]["path"])
         return p if p.is_absolute() else self.path / p
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON to a temp file beside `path`, fsync, rename over `path`."""
-    write_bytes_atomic(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode())
-
-
-def fsync_path(path: Path) -> None:
-    """fsync a file or a directory (a directory: to make renames in it durable)."""
-    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if Path(path).is_dir() else 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_file_atomic(path: Path, fill: Callable[[BinaryIO], None], mode: int | None = None) -> None:
-    """Let `fill` write a temp file beside `path` (mode 0600 unless `mode`),
-    fsync it, rename it over `path`; the temp file is removed if anything fails.
-    Callers that need the rename itself durable fsync the directory after."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.partial-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            fill(f)
-            f.flush()
-            if mode is not None:
-                os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
-def write_bytes_atomic(path: Path, data: bytes, mode: int | None = None) -> None:
-    """write_file_atomic of `data`."""
-    write_file_atomic(path, lambda f: f.write(data), mode)
 
 
 # Host directories the "host" rootfs layout binds read-only: enough for the

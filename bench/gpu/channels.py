@@ -18,7 +18,7 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
-from control import profiles
+from control.lifecycle import profiles
 
 SERVER_PORT = 8000   # twin: bench/gpu/server.py --port default
 

@@ -42,7 +42,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from control import profiles  # noqa: E402
+from control.lifecycle import profiles  # noqa: E402
 from nvproxy import cdi, gpu, helper  # noqa: E402
 from runsc_hooks import spec as specmod  # noqa: E402
 from runsc_hooks.runsc import (CheckpointOptions, CreateOptions, GlobalOptions,  # noqa: E402

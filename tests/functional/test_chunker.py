@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from control import pack
+from control.images import chunk as pack
 from tests.conftest import BUILD
 
 CHUNKER = BUILD / "thaw-chunk"

@@ -9,8 +9,10 @@ import stat
 import grpc
 import pytest
 
-from control import config, daemon
-from control.rpc import thawd_pb2 as pb
+from control import config
+
+from control.thawd import server as daemon
+from control.thawd.rpc import thawd_pb2 as pb
 from runsc_hooks import spec as specmod
 
 
@@ -40,7 +42,7 @@ def thawd(tmp_path):
     server, t, _ = daemon.build(s, NoImages(), "tuplehash")
     server.start()
     ch = grpc.insecure_channel(f"unix:{s.thawd_socket}")
-    from control.rpc import thawd_pb2_grpc as pbg
+    from control.thawd.rpc import thawd_pb2_grpc as pbg
     yield pbg.ThawdStub(ch), s, tmp_path
     ch.close()
     server.stop(0)

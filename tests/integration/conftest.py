@@ -12,9 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from control import compat, config, seaweed
+from control.node import compat
+
+from control import config
+
+from control.dev import seaweed
 from control import config as configmod
-from control.store import Store
+from control.images.store import Store
 from runsc_hooks import network as netmod
 from runsc_hooks.runsc import remove_root
 

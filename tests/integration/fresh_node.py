@@ -35,8 +35,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from control import ocibuild  # noqa: E402
-from control.testbed import ANNOTATIONS, COUNTER, IMAGE  # noqa: E402
+from control.dev import ocibuild  # noqa: E402
+from control.dev.testbed import ANNOTATIONS, COUNTER, IMAGE  # noqa: E402
 
 BUILD = REPO / "build"
 THAW = Path(sys.executable).parent / "thaw"

@@ -12,9 +12,13 @@ import sys
 import time
 from pathlib import Path
 
-from control import compat, config, images
-from control.cache import Cache
-from control.store import Store
+from control.node import compat
+
+from control import config
+
+from control.images import image as images
+from control.images.cache import Cache
+from control.images.store import Store
 
 overrides, key, mode, marker = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], Path(sys.argv[4])
 settings = config.load(overrides=overrides, environ={})

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from control import config
-from control import containerd_config as cc
+from control.node import containerd_config as cc
 from tests.conftest import REPO, require
 
 GVISOR = "gvisor.dev/gvisor@v0.0.0-20260905035102-160fafc42237"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from control.testbed import ANNOTATIONS, IMAGE, Stack
+from control.dev.testbed import ANNOTATIONS, IMAGE, Stack
 
 from tests.conftest import BUILD, require
 

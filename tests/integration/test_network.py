@@ -24,7 +24,7 @@ import pytest
 from bench import network_flood as flood
 from control import config as configmod
 from control.errors import RunscError, UnhealthyRestore
-from control.sandbox import Mitigations, Sandboxes, State
+from control.lifecycle.sandbox import Mitigations, Sandboxes, State
 from runsc_hooks import gate as gatemod
 from runsc_hooks import health as healthmod
 from runsc_hooks import network as netmod

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from control import demo
+from control.dev import demo
 from control.errors import AlreadyExists, ImageError, NotFound, RunscError
-from control.sandbox import IMAGE_META, Sandboxes
+from control.lifecycle.sandbox import IMAGE_META, Sandboxes
 
 from tests.integration.conftest import THAW, leftovers, settings_for, thaw_env
 

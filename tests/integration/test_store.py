@@ -14,10 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from control import images, seaweed
-from control.cache import MANIFEST_FILE
+from control.images import image as images
+
+from control.dev import seaweed
+from control.images.cache import MANIFEST_FILE
 from control.errors import CacheFull, IntegrityError, ManifestError, StoreError, TupleMismatch
-from control.store import Store
+from control.images.store import Store
 from runsc_hooks.runsc import CreateOptions, GlobalOptions, RestoreOptions, Runsc
 from tests.conftest import REPO
 

@@ -5,9 +5,9 @@ import hashlib
 import threading
 from pathlib import Path
 
-from control.compat import CompatTuple
+from control.node.compat import CompatTuple
 from control.errors import StoreError
-from control.manifest import ChunkRef, Chunking, FileEntry, Location, Manifest
+from control.images.manifest import ChunkRef, Chunking, FileEntry, Location, Manifest
 
 TUPLE = CompatTuple(runsc_version="thaw-gvisor-test", platform="systrap", arch="x86_64",
                     cpu_features=("avx2", "sse4_2"), gpu_product="", gpu_count=0, driver_version="",
@@ -26,7 +26,7 @@ def layout(key: str, directory: Path, chunk: int = 4096, tup: CompatTuple = TUPL
 
 
 class FakeStore:
-    """The parts of control.store.Store that transfer and images use, in memory."""
+    """The parts of control.images.store.Store that transfer and images use, in memory."""
 
     def __init__(self) -> None:
         self.objects: dict[str, bytes] = {}

@@ -6,8 +6,10 @@ import threading
 
 import pytest
 
-from control import images, transfer
-from control.cache import MANIFEST_FILE, Cache
+from control.images import image as images
+
+from control.images import transfer
+from control.images.cache import MANIFEST_FILE, Cache
 from control.errors import (CacheFull, IntegrityError, ManifestError, NotFound, PreconditionError, StoreError,
                             ThawError, Timeout, TupleMismatch)
 

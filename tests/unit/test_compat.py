@@ -2,8 +2,8 @@ import dataclasses
 
 import pytest
 
-from control import compat
-from control.compat import CompatTuple, GpuFacts, check
+from control.node import compat
+from control.node.compat import CompatTuple, GpuFacts, check
 from control.config import load
 from control.errors import ManifestError
 

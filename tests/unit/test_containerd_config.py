@@ -1,4 +1,4 @@
-"""control.containerd_config: generated TOML and the one-line imports edit."""
+"""control.node.containerd_config: generated TOML and the one-line imports edit."""
 from __future__ import annotations
 
 import tomllib
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from control import config
-from control import containerd_config as cc
+from control.node import containerd_config as cc
 from control.errors import ConfigError, UserError
 
 MAIN = Path("/etc/containerd/config.toml")

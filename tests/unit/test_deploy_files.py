@@ -3,7 +3,9 @@ import re
 import tomllib
 from pathlib import Path
 
-from control import config, provision
+from control import config
+
+from control.node import provision
 
 REPO = Path(__file__).resolve().parents[2]
 

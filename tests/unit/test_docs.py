@@ -20,7 +20,7 @@ def test_thaw_config_markdown_prints_the_table():
     from click.testing import CliRunner
 
     from control import config
-    from control.cli import main
+    from control.cli.main import main
     r = CliRunner().invoke(main, ["config", "--markdown"])
     assert r.exit_code == 0, r.output
     assert r.output == config.markdown_table()

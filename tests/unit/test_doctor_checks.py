@@ -1,4 +1,4 @@
-"""control.doctor: the checks as pure functions of made-up facts."""
+"""control.node.doctor: the checks as pure functions of made-up facts."""
 from __future__ import annotations
 
 import socket
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from control import doctor as d
+from control.node import doctor as d
 from control.config import RUNSC_VERSION_LABEL
 
 V2 = "cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid 0 0\n"
@@ -127,7 +127,7 @@ def test_compatibility_tuple_fields(tmp_path):
                  "driver_version": "580.65.06", "cuda_driver_version": "13.0",
                  "machine_type": "p5.48xlarge"}
     # the same tuple, and hash, that images record (control/compat.py)
-    from control.compat import CompatTuple
+    from control.node.compat import CompatTuple
     assert CompatTuple.from_dict(t).hash() == h
 
 

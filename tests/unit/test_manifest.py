@@ -2,9 +2,9 @@ import json
 
 import pytest
 
-from control import manifest as m
+from control.images import manifest as m
 from control.errors import ManifestError, UserError
-from control.manifest import ChunkRef, Chunking, FileEntry, Location, Manifest
+from control.images.manifest import ChunkRef, Chunking, FileEntry, Location, Manifest
 
 from .fakes import TUPLE
 

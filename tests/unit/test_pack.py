@@ -3,7 +3,7 @@ import zlib
 
 import pytest
 
-from control import pack
+from control.images import chunk as pack
 from control.errors import ImageError
 
 
@@ -75,7 +75,7 @@ def test_image_files(tmp_path):
 
 
 def test_write_runs_merges_neighbours_and_survives_short_writes(tmp_path, monkeypatch):
-    from control import transfer
+    from control.images import transfer
     p = tmp_path / "f"
     fd = os.open(p, os.O_RDWR | os.O_CREAT)
     try:

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from control import profiles
+from control.lifecycle import profiles
 from control.errors import HookError, NotFound, SpecError
 from runsc_hooks import spec as specmod
 

@@ -1,4 +1,4 @@
-"""control.provision's step engine on a temp tree with dummy binaries (no root,
+"""control.node.provision's step engine on a temp tree with dummy binaries (no root,
 no runsc: the node checks are exercised by tests/integration)."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from control import config
-from control import provision as prov
+from control.node import provision as prov
 from control.errors import ProvisionError, ThawError
 
 

@@ -1,7 +1,8 @@
 from pathlib import Path
 
-from control.errors import RunscError, _subcommand
-from runsc_hooks.runsc import (CheckpointOptions, CreateOptions, GlobalOptions, RestoreOptions, Runsc)
+from control.errors import RunscError
+from runsc_hooks.runsc import (CheckpointOptions, CreateOptions, GlobalOptions, RestoreOptions, Runsc,
+                                subcommand_of)
 
 
 def test_global_options_render_in_order():
@@ -22,7 +23,7 @@ def test_create_checkpoint_restore_argv():
     assert RestoreOptions(image_path=Path("/i"), detach=False).argv() == ["--image-path=/i"]
 
 
-def test_full_argv_puts_global_flags_before_subcommand():
+def test_full_argv_puts_global_flags_beforesubcommand_of():
     r = Runsc(Path("/bin/runsc"), GlobalOptions(root=Path("/r")))
     argv = r.argv("state", "c1")
     assert argv[0] == "/bin/runsc" and argv[-2:] == ["state", "c1"]
@@ -30,18 +31,18 @@ def test_full_argv_puts_global_flags_before_subcommand():
 
 
 def test_subcommand_skips_global_flags_with_separate_values():
-    assert _subcommand(["runsc", "--root", "/r", "--debug", "checkpoint", "--image-path=/i", "c"]) == "checkpoint"
-    assert _subcommand(["runsc", "--root=/r", "restore", "c"]) == "restore"
-    assert _subcommand(["runsc"]) == "?"
+    assert subcommand_of(["runsc", "--root", "/r", "--debug", "checkpoint", "--image-path=/i", "c"]) == "checkpoint"
+    assert subcommand_of(["runsc", "--root=/r", "restore", "c"]) == "restore"
+    assert subcommand_of(["runsc"]) == "?"
 
 
 def test_runsc_error_carries_message_and_command():
     e = RunscError(["runsc", "--root=/r", "start", "c1"], 128, "W1129 11:00:00.0 noise\nboom: it broke\n",
-                   "boom: it broke")
+                   "boom: it broke", subcommand="start")
     assert "runsc start failed (exit 128): boom: it broke" in str(e)
     assert "command: runsc --root=/r start c1" in str(e)
     assert e.returncode == 128 and e.argv[-1] == "c1"
-    t = RunscError(["runsc", "wait", "c"], None, "", "no answer within 5 s")
+    t = RunscError(["runsc", "wait", "c"], None, "", "no answer within 5 s", subcommand="wait")
     assert "timed out" in str(t)
 
 

@@ -1,11 +1,9 @@
-"""Sandbox records, mitigations, owner liveness and the network settings (no runsc)."""
-import os
-
+"""Sandbox records, mitigations and the network settings (no runsc)."""
 import pytest
 
 from control import config as configmod
 from control.errors import ConfigError, UnhealthyRestore, exit_code
-from control.sandbox import TRANSITIONAL, Mitigations, Record, State, _owner, _owner_alive, _proc_start
+from control.lifecycle.sandbox import TRANSITIONAL, Mitigations, Record, State
 
 
 def test_mitigations_on_by_default_and_all_off():
@@ -20,18 +18,6 @@ def test_record_round_trip_and_old_records():
     old = Record.from_dict({"id": "a", "state": "running", "bundle": "/b"})
     assert old.probes == [] and old.health is None and old.owner is None
     assert State.RUNNING not in TRANSITIONAL and State.RESTORING in TRANSITIONAL
-
-
-def test_owner_is_this_process_until_it_is_gone():
-    me = _owner()
-    assert me["pid"] == os.getpid() and _owner_alive(me)
-    assert not _owner_alive({**me, "start": me["start"] + 1})  # a recycled pid is not the owner
-    assert not _owner_alive(None) and not _owner_alive({"pid": "x"})
-    pid = os.fork()
-    if pid == 0:
-        os._exit(0)
-    os.waitpid(pid, 0)
-    assert _proc_start(pid) is None and not _owner_alive({"pid": pid, "start": 1})
 
 
 def test_network_settings_parse_and_name_their_key():

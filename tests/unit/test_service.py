@@ -12,7 +12,7 @@ import pytest
 
 from control import config
 from control.errors import NotFound, TupleMismatch, UserError
-from control.service import ORIG_CONFIG, RuntimeRef, Thawd
+from control.thawd.service import ORIG_CONFIG, RuntimeRef, Thawd
 from runsc_hooks import spec as specmod
 
 

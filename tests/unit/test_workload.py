@@ -1,6 +1,6 @@
 import pytest
 
-from control import workload
+from control.lifecycle import workload
 from control.errors import UserError
 from runsc_hooks import spec as specmod
 

@@ -1,5 +1,5 @@
-"""thawd: the gRPC server on a root-only Unix socket (`thaw serve`), and the
-client the CLI uses.
+"""thawd: the gRPC server on a root-only Unix socket (`thaw serve`).
+The client is control/thawd/client.py.
 
 Errors are converted once, here: a ThawError becomes the gRPC status its
 class maps to in control.errors.GRPC_STATUS; anything else is logged with
@@ -26,10 +26,10 @@ import grpc
 from control import errors as errmod
 from control.config import Settings
 from control.errors import PreconditionError, ThawError
-from control.metrics import Metrics, serve as serve_metrics
-from control.rpc import thawd_pb2 as pb
-from control.rpc import thawd_pb2_grpc as pbg
-from control.service import RuntimeRef, Thawd
+from control.thawd.metrics import Metrics, serve as serve_metrics
+from control.thawd.rpc import thawd_pb2 as pb
+from control.thawd.rpc import thawd_pb2_grpc as pbg
+from control.thawd.service import RuntimeRef, Thawd
 
 log = logging.getLogger("thawd")
 VERSION = "0.1.0"
@@ -186,15 +186,3 @@ def serve(settings: Settings, images, tuple_hash: str, ready: threading.Event | 
     for h in logging.getLogger().handlers:
         h.flush()
     os._exit(0)
-
-
-def client(settings: Settings, timeout_s: float = 10.0):
-    """A stub for thawd's socket; PreconditionError if thawd is not running."""
-    if not settings.thawd_socket.exists():
-        raise PreconditionError(f"thawd is not running: no socket at {settings.thawd_socket} (start `thaw serve`)")
-    channel = grpc.insecure_channel(f"unix:{settings.thawd_socket}")
-    try:
-        grpc.channel_ready_future(channel).result(timeout=timeout_s)
-    except grpc.FutureTimeoutError:
-        raise PreconditionError(f"thawd at {settings.thawd_socket} does not answer") from None
-    return pbg.ThawdStub(channel), channel

@@ -10,12 +10,12 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from control import images
-from control.cache import Lease
-from control.compat import CompatTuple, node_tuple
+from control.images import image as images
+from control.images.cache import Lease
+from control.node.compat import CompatTuple, node_tuple
 from control.config import Settings
 from control.errors import NotFound, StoreError, TupleMismatch
-from control.store import Store
+from control.images.store import Store
 
 log = logging.getLogger(__name__)
 

@@ -18,15 +18,16 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from control import manifest as manifestmod
-from control import pack, transfer
-from control.cache import Cache, Lease
-from control.compat import CompatTuple, check
+from control.images import manifest as manifestmod
+from control.images import chunk as pack
+from control.images import transfer
+from control.images.cache import Cache, Lease
+from control.node.compat import CompatTuple, check
 from control.config import Settings
 from control.errors import ManifestError, NotFound, TupleMismatch
-from control.manifest import Manifest
-from control.store import Store
-from control.transfer import Progress
+from control.images.manifest import Manifest
+from control.images.store import Store
+from control.images.transfer import Progress
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from control.compat import CompatTuple
+from control.node.compat import CompatTuple
 from control.config import RUNSC_VERSION_LABEL, Settings
 from control.errors import ThawError
 from runsc_hooks.runsc import GlobalOptions, Runsc

@@ -46,10 +46,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from control import pack
+from control.images import chunk as pack
 from control.errors import IntegrityError, PreconditionError, StoreError, ThawError
-from control.manifest import Location, Manifest
-from control.store import Store
+from control.images.manifest import Location, Manifest
+from control.images.store import Store
 
 Progress = Callable[[int], None]   # called with raw bytes done, from worker threads
 

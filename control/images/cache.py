@@ -35,13 +35,13 @@ from typing import Callable, Iterable, Iterator
 from filelock import FileLock
 from filelock import Timeout as LockTimeout
 
-from control import manifest as manifestmod
-from control import pack
-from control.compat import CompatTuple, check
+from control.images import manifest as manifestmod
+from control.images import chunk as pack
+from control.node.compat import CompatTuple, check
 from control.errors import CacheFull, NotFound, Timeout
-from control.manifest import Manifest
-from control.transfer import LocalCopy, Sources, read_local
-from runsc_hooks import spec as specmod
+from control.images.manifest import Manifest
+from control.images.transfer import LocalCopy, Sources, read_local
+from control.files import Owner, fsync_path, process_start
 
 log = logging.getLogger(__name__)
 
@@ -64,17 +64,6 @@ CREATE TABLE IF NOT EXISTS reservations (id INTEGER PRIMARY KEY AUTOINCREMENT, k
 """
 
 
-def _pid_start(pid: int) -> str:
-    """The start time of a process (field 22 of /proc/PID/stat), '' if it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return ""
-    return stat.rsplit(")", 1)[1].split()[19]
-
-
-def _alive(pid: int, start: str) -> bool:
-    return start != "" and _pid_start(pid) == start
 
 
 
@@ -201,7 +190,7 @@ class Cache:
     def _live_leases(self, db: sqlite3.Connection) -> dict[str, int]:
         out: dict[str, int] = {}
         for entry, pid, start in db.execute("SELECT entry, pid, pid_start FROM leases").fetchall():
-            if _alive(pid, start):
+            if Owner(pid, start).alive():
                 out[entry] = out.get(entry, 0) + 1
         return out
 
@@ -241,7 +230,7 @@ class Cache:
                 return None
             now = time.time()
             cur = db.execute("INSERT INTO leases (entry, pid, pid_start, created) VALUES (?, ?, ?, ?)",
-                             (entry_id, os.getpid(), _pid_start(os.getpid()), now))
+                             (entry_id, os.getpid(), Owner.me().start, now))
             db.execute("UPDATE entries SET last_used = ? WHERE id = ?", (now, entry_id))
             lease_id = cur.lastrowid
         return Lease(self, lease_id, self._row_entry(row, 1))
@@ -339,7 +328,7 @@ class Cache:
                 db.execute("UPDATE entries SET state = 'evicting' WHERE id = ?", (eid,))
             me = os.getpid()
             rid = db.execute("INSERT INTO reservations (key, bytes, pid, pid_start) VALUES (?, ?, ?, ?)",
-                             (key, need, me, _pid_start(me))).lastrowid
+                             (key, need, me, process_start(me))).lastrowid
         for eid in victims:
             self._remove(eid)
         return rid
@@ -352,7 +341,7 @@ class Cache:
         """Drop leases and reservations of dead processes (inside a transaction)."""
         for table in ("leases", "reservations"):
             for rid, pid, start in db.execute(f"SELECT id, pid, pid_start FROM {table}").fetchall():
-                if not _alive(pid, start):
+                if not Owner(pid, start).alive():
                     db.execute(f"DELETE FROM {table} WHERE id = ?", (rid,))
 
     def _remove(self, entry_id: str) -> None:
@@ -395,10 +384,10 @@ class Cache:
             f.flush()
             os.fsync(f.fileno())
         snapshot = {f.name: (partial / f.name).stat().st_mtime_ns for f in m.files}
-        specmod.fsync_path(partial)
+        fsync_path(partial)
         final = self.entry_path(eid)
         os.rename(partial, final)
-        specmod.fsync_path(final.parent)
+        fsync_path(final.parent)
         self._commit_locked(eid, m, snapshot)
         return self.entries_by_id(eid)
 

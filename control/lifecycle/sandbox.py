@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from control.config import Settings
+from control.files import Owner, fsync_path, write_json_atomic
 from control.errors import (AlreadyExists, ImageError, InvalidTransition, NotFound, PreconditionError,
                             RunscError, ThawError, UnhealthyRestore, UserError)
 from runsc_hooks import gate as gatemod
@@ -202,7 +203,7 @@ class Sandboxes:
 
     def _save(self, rec: Record) -> None:
         self.records_dir.mkdir(parents=True, exist_ok=True)
-        specmod.write_json_atomic(self._record_path(rec.id), rec.to_dict())
+        write_json_atomic(self._record_path(rec.id), rec.to_dict())
 
     def _move(self, rec: Record, wanted: State) -> None:
         check_transition(rec.id, rec.state, wanted)
@@ -271,7 +272,7 @@ class Sandboxes:
         self._check_ports(sid, ports)
         check_transition(sid, None, State.CREATED)
         bundle = specmod.Bundle(self.bundles_dir / sid)
-        rec = Record(id=sid, state=State.CREATED, bundle=str(bundle.path), probes=probe_texts, owner=_owner())
+        rec = Record(id=sid, state=State.CREATED, bundle=str(bundle.path), probes=probe_texts, owner=Owner.me().to_dict())
         try:
             self._save(rec)  # first: whatever a crash leaves from here on, `recover` finds by this record
             net = None
@@ -307,7 +308,7 @@ class Sandboxes:
         r.state(sid)  # NotFound if runsc lost it
         spec = specmod.Bundle(Path(rec.bundle)).load()
         gated = bool(rec.net) and mitigations.gate
-        rec.owner = _owner()
+        rec.owner = Owner.me().to_dict()
         self._move(rec, State.CHECKPOINTING)
         partial = out.parent / f".{out.name}.partial-{uuid.uuid4().hex[:8]}"
         t0 = time.monotonic()
@@ -319,17 +320,17 @@ class Sandboxes:
                                                 cuda_checkpoint_path=cuda_checkpoint_path))
             sizes = {}
             for p in partial.iterdir():
-                specmod.fsync_path(p)  # durable before the rename makes the image visible
+                fsync_path(p)  # durable before the rename makes the image visible
                 sizes[p.name] = p.stat().st_size
             seconds = time.monotonic() - t0
             meta = {"version": IMAGE_META_VERSION, "sandbox": sid, "spec": spec, "net": rec.net,
                     "probes": rec.probes, "files": sizes, "runsc_version": r.version(),
                     "platform": self.settings.runsc_platform, "network": "sandbox" if rec.net else "none",
                     "nvproxy": r.options.nvproxy, "checkpoint_s": seconds, "created_at": time.time()}
-            specmod.write_json_atomic(partial / IMAGE_META, meta)
-            specmod.fsync_path(partial)
+            write_json_atomic(partial / IMAGE_META, meta)
+            fsync_path(partial)
             os.rename(partial, out)
-            specmod.fsync_path(out.parent)
+            fsync_path(out.parent)
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)
             # A failed save leaves the sandbox running (runsc resumes it).
@@ -371,7 +372,7 @@ class Sandboxes:
         check_transition(sid, None, State.RESTORING)
         bundle = specmod.Bundle(self.bundles_dir / sid)
         rec = Record(id=sid, state=State.RESTORING, bundle=str(bundle.path), restored_from=str(image),
-                     probes=[str(p) for p in probe_list], owner=_owner())
+                     probes=[str(p) for p in probe_list], owner=Owner.me().to_dict())
         saved = meta.get("net")
         gated = bool(saved) and mitigations.gate
         t0 = time.monotonic()
@@ -510,7 +511,7 @@ class Sandboxes:
         actions = []
         for rec in self.list_records():
             if rec.state in TRANSITIONAL:
-                if _owner_alive(rec.owner):
+                if (o := Owner.from_dict(rec.owner)) is not None and o.alive():
                     continue
                 reason = f"{rec.state.value} by pid {(rec.owner or {}).get('pid')}, which is gone"
                 _wait_runsc_idle(self.settings, rec.id)  # runsc children outlive a killed owner
@@ -617,27 +618,6 @@ def _status(r: Runsc, sid: str) -> str:
         return "absent"
     except RunscError as e:
         return f"unknown ({e.runsc_message})"
-
-
-def _proc_start(pid: int) -> int | None:
-    """Start time of process `pid` in clock ticks since boot (/proc/PID/stat field 22), None if gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
-
-
-def _owner() -> dict:
-    return {"pid": os.getpid(), "start": _proc_start(os.getpid())}
-
-
-def _owner_alive(owner: dict | None) -> bool:
-    """The owner process still exists (the same one: pid and start time match)."""
-    if not owner or not isinstance(owner.get("pid"), int):
-        return False
-    start = _proc_start(owner["pid"])
-    return start is not None and start == owner.get("start")
 
 
 # runsc subcommands that may still be working on a container after the thaw

@@ -1,6 +1,6 @@
 """The demo: cold start vs restore of a real model server in a runsc sandbox.
 
-1. run the demo server (control/workloads/demo_server.py) in a sandbox and
+1. run the demo server (control/dev/workloads/demo_server.py) in a sandbox and
    time it to its first correct answer (cold start);
 2. send a few requests, read its state (boot id, request counter, a digest
    of its in-memory model recomputed from live memory);
@@ -24,8 +24,8 @@ from pathlib import Path
 from control import config as configmod
 from control.config import Settings
 from control.errors import ThawError, Timeout
-from control.progress import Progress
-from control.sandbox import Sandboxes
+from control.cli.progress import Progress
+from control.lifecycle.sandbox import Sandboxes
 from runsc_hooks import spec as specmod
 
 WORKLOAD = Path(__file__).resolve().parent / "workloads" / "demo_server.py"

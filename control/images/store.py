@@ -32,7 +32,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from control.config import Settings
 from control.errors import StoreError
-from control.manifest import CODECS, Location
+from control.images.manifest import CODECS, Location
 
 log = logging.getLogger(__name__)
 

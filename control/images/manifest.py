@@ -37,7 +37,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from control.compat import CompatTuple
+from control.node.compat import CompatTuple
 from control.errors import ManifestError, UserError
 
 SCHEMA = "thaw.manifest"

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from control import containerd_config
+from control.node import containerd_config
 from control.config import Settings
 from control.errors import PreconditionError, ThawError, Timeout
 from runsc_hooks.runsc import remove_root

@@ -1,4 +1,4 @@
-"""`thaw provision` and `thaw doctor`: options → control.provision."""
+"""`thaw provision` and `thaw doctor`: options → control.node.provision."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import click
 
 from control import config as configmod
-from control import doctor as doctormod
-from control import provision as prov
-from control.cli import Context, handle_errors, json_option
+from control.node import doctor as doctormod
+from control.node import provision as prov
+from control.cli.common import Context, handle_errors, json_option
 from control.errors import PreconditionError, ProvisionError, exit_code
 
 _root_option = click.option(
@@ -23,7 +23,7 @@ _root_option = click.option(
 def _thaw_command() -> tuple[str, ...]:
     """How the systemd unit runs this thaw: its console script, else the module."""
     script = Path(sys.executable).parent / "thaw"
-    return (str(script),) if script.is_file() else (sys.executable, "-m", "control.cli")
+    return (str(script),) if script.is_file() else (sys.executable, "-m", "control.cli.main")
 
 
 def _has_serve() -> bool:

@@ -20,10 +20,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from control import workload as workloadmod
+from control.lifecycle import workload as workloadmod
 from control.config import Settings
 from control.errors import NotFound, ThawError, UserError
-from control.metrics import Metrics
+from control.thawd.metrics import Metrics
+from control.thawd.quarantine import Quarantine
 from runsc_hooks import spec as specmod
 from runsc_hooks.runsc import CheckpointOptions, GlobalOptions, Runsc
 
@@ -35,22 +36,6 @@ _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,255}$")
 ORIG_CONFIG = "config.json.thaw-orig"
 # Installed beside runsc (build/ or <node.install_dir>/bin). Twin: control/provision.py CUDA_HELPER.
 CUDA_HELPER_BINARY = "thaw-cuda-checkpoint"
-
-
-def quarantine_path(settings: Settings) -> Path:
-    return settings.state_dir / "thawd" / "quarantine.json"
-
-
-def read_quarantine(settings: Settings) -> dict[str, str]:
-    """Quarantined workload keys and why (thawd keeps this file; `thaw ls` reads it)."""
-    try:
-        data = json.loads(quarantine_path(settings).read_text())
-        return {str(k): str(v) for k, v in data.items()}
-    except FileNotFoundError:
-        return {}
-    except (ValueError, AttributeError) as e:
-        log.warning("quarantine list %s unreadable (%s); treating it as empty", quarantine_path(settings), e)
-        return {}
 
 
 def uses_gpu(spec: dict) -> bool:
@@ -109,29 +94,16 @@ class Thawd:
         self._leases: dict[tuple[str, str], object] = {}        # (root, id) -> lease
         self._fetches: dict[str, Future] = {}                    # key -> background pull
         self._checkpointing: set[str] = set()
-        self._failures: dict[str, int] = {}
-        self._quarantine = read_quarantine(settings)
+        self.quarantine = Quarantine(settings)
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="thawd")
 
     # -- quarantine ------------------------------------------------------------
 
     def quarantined(self) -> dict[str, str]:
-        with self._lock:
-            return dict(self._quarantine)
-
-    def _quarantine_key(self, key: str, reason: str) -> None:
-        with self._lock:
-            self._quarantine[key] = reason
-            specmod.write_json_atomic(quarantine_path(self.s), self._quarantine)
-        self.metrics.inc("thaw_quarantined_total")
-        log.warning("quarantined %s: %s", key, reason)
+        return self.quarantine.items()
 
     def unquarantine(self, key: str) -> bool:
-        with self._lock:
-            found = self._quarantine.pop(key, None) is not None
-            specmod.write_json_atomic(quarantine_path(self.s), self._quarantine)
-            self._failures.pop(key, None)
-        return found
+        return self.quarantine.lift(key)
 
     # -- create ------------------------------------------------------------------
 
@@ -152,7 +124,7 @@ class Thawd:
         if wl is None:
             return Decision(False, "not-opted-in")
         self._prepare_gpu_spec(rt, spec)
-        why = self.quarantined().get(wl.key)
+        why = self.quarantine.reason(wl.key)
         if why is not None:
             return Decision(False, f"quarantined: {why}", wl.key)
         fut = self._fetch(wl.key)
@@ -250,7 +222,7 @@ class Thawd:
         """The workload profile's hooks (thaw.dev/profile), run inside the sandbox:
         thawd does not know a containerd sandbox's address, so HTTP hooks go to
         the sandbox's own loopback from a python3 it runs there."""
-        from control import profiles
+        from control.lifecycle import profiles
         profile = profiles.for_spec(spec)
         if not profile.hooks(phase):
             return
@@ -276,7 +248,7 @@ class Thawd:
     def _probe(self, rt: RuntimeRef, probe: workloadmod.Probe, deadline_s: float) -> tuple[bool, str]:
         """A workload probe (thaw.dev/ready, thaw.dev/health) run by runsc_hooks/health.py's
         retry loop: the container must be running, then exec/file probes run in it."""
-        from control import profiles
+        from control.lifecycle import profiles
         from runsc_hooks import health
         r = rt.runsc(self.s.runsc_path, 30)
         if probe.kind == "delay":
@@ -313,21 +285,18 @@ class Thawd:
         if outcome == "RESTORED":
             self.metrics.inc("thaw_restores_total")
             self.metrics.observe("thaw_restore_seconds", seconds)
-            with self._lock:
-                self._failures.pop(key, None)
+            self.quarantine.succeeded(key)
         elif outcome == "RESTORE_FAILED":
             self.metrics.inc("thaw_fallbacks_total", reason=reason.split(":")[0])
-            with self._lock:
-                n = self._failures[key] = self._failures.get(key, 0) + 1
             self._release(rt)
-            if key and n >= self.s.thawd_quarantine_after:
-                self._quarantine_key(key, f"{n} restores in a row failed; last: {reason}")
+            if key and self.quarantine.failed(key, reason):
+                self.metrics.inc("thaw_quarantined_total")
         elif outcome == "COLD_STARTED":
             self.metrics.inc("thaw_cold_starts_total")
             self._maybe_auto_checkpoint(rt, key)
 
     def _maybe_auto_checkpoint(self, rt: RuntimeRef, key: str) -> None:
-        if not self.s.thawd_auto_checkpoint or not key or key in self.quarantined():
+        if not self.s.thawd_auto_checkpoint or not key or self.quarantine.reason(key) is not None:
             return
         try:
             if self.images.has(key):

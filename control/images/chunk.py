@@ -21,9 +21,9 @@ import zlib
 from datetime import datetime, timezone
 from pathlib import Path
 
-from control.compat import CompatTuple
+from control.node.compat import CompatTuple
 from control.errors import ImageError, PreconditionError, ThawError
-from control.manifest import (_NAME, CHECK, MAX_FILES, Chunking, ChunkRef, FileEntry, Manifest,
+from control.images.manifest import (_NAME, CHECK, MAX_FILES, Chunking, ChunkRef, FileEntry, Manifest,
                               validate_key)
 
 # Twin: go/cmd/thaw-chunk/fastcdc.go Algorithm and gearSeed.

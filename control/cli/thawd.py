@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from control.cli import Context, handle_errors, json_option
+from control.cli.common import Context, handle_errors, json_option
 
 
 @click.command("serve")
@@ -15,8 +15,8 @@ def serve_cmd(obj: Context, socket_path: str | None) -> None:
     from pathlib import Path
 
     from control import config as configmod
-    from control import daemon
-    from control.image_source import ImageSource
+    from control.thawd import server as daemon
+    from control.thawd.image_source import ImageSource
     s = obj.settings
     if socket_path:
         s = configmod.replace(s, thawd_socket=Path(socket_path))
@@ -24,7 +24,7 @@ def serve_cmd(obj: Context, socket_path: str | None) -> None:
     # rules, records whose owner died) goes first, as after a node reboot.
     import logging
 
-    from control.sandbox import Sandboxes
+    from control.lifecycle.sandbox import Sandboxes
     for row in Sandboxes(s).recover():
         logging.getLogger("thawd").info("recovered sandbox leftovers: %s", row)
     images = ImageSource(s)
@@ -37,14 +37,9 @@ def serve_cmd(obj: Context, socket_path: str | None) -> None:
 @handle_errors
 def stats_cmd(obj: Context) -> None:
     """thawd's counters and cache entries (with quarantine reasons)."""
-    from control import daemon
-    from control.rpc import thawd_pb2 as pb
-    stub, ch = daemon.client(obj.settings)
-    with ch:
-        r = stub.Stats(pb.StatsRequest(), timeout=10)
-    data = {"counters": dict(r.counters), "entries": [
-        {"key": e.workload_key, "tuple_hash": e.tuple_hash, "bytes": e.bytes, "leases": e.leases,
-         "state": e.state, "reason": e.reason} for e in r.entries]}
+    from control.thawd.client import Client
+    with Client(obj.settings) as c:
+        data = c.stats()
 
     def human(d: dict) -> str:
         lines = [f"{k:<48} {v:g}" for k, v in sorted(d["counters"].items())]
@@ -61,12 +56,10 @@ def stats_cmd(obj: Context) -> None:
 @handle_errors
 def evict_cmd(obj: Context, key: str) -> None:
     """Evict KEY's local cache entries through thawd and lift its quarantine."""
-    from control import daemon
-    from control.rpc import thawd_pb2 as pb
-    stub, ch = daemon.client(obj.settings)
-    with ch:
-        r = stub.Evict(pb.EvictRequest(workload_key=key), timeout=30)
-    obj.emit({"key": key, "evicted": r.evicted}, f"{key}: {'evicted' if r.evicted else 'nothing to evict'}")
+    from control.thawd.client import Client
+    with Client(obj.settings) as c:
+        evicted = c.evict(key)
+    obj.emit({"key": key, "evicted": evicted}, f"{key}: {'evicted' if evicted else 'nothing to evict'}")
 
 
 COMMANDS = [serve_cmd, stats_cmd, evict_cmd]

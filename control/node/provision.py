@@ -22,11 +22,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from control import containerd_config as cc
-from control import doctor
+from control.node import containerd_config as cc
+from control.node import doctor
 from control.config import DEFAULT_CONFIG_FILE, Settings, field_name, keys, render_value
 from control.errors import PreconditionError, ProvisionError, ThawError
-from runsc_hooks import spec as specmod
+from control.files import write_file_atomic
 
 RUNSC_TOML = Path("/etc/thaw/runsc.toml")
 UNIT = Path("/etc/systemd/system/thawd.service")
@@ -605,7 +605,7 @@ def _installed(p: Plan) -> doctor.Check:
 
 
 def write_atomic(path: Path, mode: int, *, data: bytes | None = None, source: Path | None = None) -> None:
-    """Write `data` (or copy `source`) to `path` durably: specmod.write_file_atomic, then
+    """Write `data` (or copy `source`) to `path` durably: control.files.write_file_atomic, then
     the directory fsynced so that the rename survives a crash."""
     path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -616,8 +616,7 @@ def write_atomic(path: Path, mode: int, *, data: bytes | None = None, source: Pa
             assert source is not None
             with open(source, "rb") as src:
                 shutil.copyfileobj(src, f, 1 << 20)
-    specmod.write_file_atomic(path, fill, mode)
-    specmod.fsync_path(path.parent)
+    write_file_atomic(path, fill, mode, durable_rename=True)
 
 
 def _sha256(path: Path) -> str:

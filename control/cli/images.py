@@ -12,9 +12,11 @@ from typing import Any, Callable
 
 import click
 
-from control import compat, images
-from control.cli import Context, handle_errors, json_option
-from control.store import Store
+from control.node import compat
+
+from control.images import image as images
+from control.cli.common import Context, handle_errors, json_option
+from control.images.store import Store
 
 
 def store_options(f: Callable) -> Callable:
@@ -148,7 +150,7 @@ def ls_cmd(obj: Context, local_only: bool) -> None:
     """Images in this node's cache and in the store, with sizes and whether this node can restore them."""
     s = obj.settings
     d = images.listing(images.open_cache(s), None if local_only else Store(s), _node(obj))
-    from control.service import read_quarantine
+    from control.thawd.quarantine import read_quarantine
     quarantined = read_quarantine(s)
     for e in d["local"]:
         e["quarantined"] = quarantined.get(e["key"])

@@ -14,10 +14,10 @@ import time
 from pathlib import Path
 
 from control import config as configmod
-from control import ocibuild
-from control.containerd import PrivateContainerd
+from control.dev import ocibuild
+from control.dev.containerd import PrivateContainerd
 from control.errors import PreconditionError, ThawError, Timeout
-from control.seaweed import Seaweed
+from control.dev.seaweed import Seaweed
 
 BUILD = configmod.REPO_ROOT / "build"
 THAW = Path(sys.executable).parent / "thaw"
