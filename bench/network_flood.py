@@ -360,13 +360,13 @@ def _boot_id(node_port: int) -> str | None:
 
 def _diagnose(sb: Sandboxes, sid: str) -> dict:
     """What still works on a sandbox that stopped answering through the published port."""
-    from runsc_hooks import health as healthmod
-    target = healthmod.Target(address=sb.address(sid), mark=sb.settings.network_probe_mark)
+    from runsc_hooks import probe as probemod
+    target = probemod.Target(address=sb.address(sid), mark=sb.settings.network_probe_mark)
     out = {}
     for probe in (f"tcp:{SANDBOX_PORT}", f"http:{SANDBOX_PORT}/state"):
         try:
-            out[probe] = healthmod.parse(probe).attempt(target, 3.0)
-        except healthmod.ProbeFailed as e:
+            out[probe] = probemod.parse(probe).attempt(target, 3.0)
+        except probemod.ProbeFailed as e:
             out[probe] = f"failed: {e}"
     return out
 

@@ -189,6 +189,20 @@ class UnhealthyRestore(ThawError):
         self.health = health
 
 
+class CheckpointFailed(ThawError):
+    """A checkpoint did not produce an image. `workload` is the sandbox's state
+    afterwards: thaw saves with the workload left running, so it is normally
+    still "running" (serving), and nothing of the image is kept."""
+
+    def __init__(self, sandbox: str, reason: str, workload: str) -> None:
+        after = "the workload is still running" if workload == "running" else f"the workload is {workload}"
+        super().__init__(f"checkpoint of {sandbox} failed: {reason} ({after}; no image was kept)",
+                         sandbox=sandbox, reason=reason, workload=workload)
+        self.sandbox = sandbox
+        self.reason = reason
+        self.workload = workload
+
+
 class Timeout(ThawError):
     """An operation did not finish within its deadline."""
 

@@ -136,6 +136,38 @@ def _ipr():
     return IPRoute()
 
 
+def namespace_address(netns_path: str | None) -> tuple[str | None, str | None]:
+    """(sandbox address the node reaches, gate name) of a container whose network
+    namespace is `netns_path` (its OCI spec's), for probes and the gate of the
+    containerd door. A namespace thaw plumbed (/var/run/netns/thaw-<name>, e.g. a
+    `ctr run --with-ns network:...` container) has both: its address is the other
+    end of the host veth's /30. Any other namespace: its first global IPv4 address
+    (read before runsc takes the interface over), and no gate, since thaw does not
+    know the host side of someone else's plumbing. No namespace: (None, None),
+    and probes run inside the sandbox."""
+    if not netns_path:
+        return None, None
+    path = Path(netns_path)
+    if path.parent == NETNS_DIR and path.name.startswith(NETNS_PREFIX):
+        name = path.name[len(NETNS_PREFIX):]
+        with _ipr() as ipr:
+            idx = ipr.link_lookup(ifname=host_if_name(name))
+            for addr in ipr.get_addr(family=2, index=idx[0]) if idx else []:
+                host_ip = ipaddress.IPv4Address(addr.get_attr("IFA_ADDRESS"))
+                return str(host_ip + 1), name  # slot_addresses: host .1, sandbox .2 of the /30
+        return None, name
+    try:
+        from pyroute2 import NetNS
+        with NetNS(str(path)) as ns:
+            for addr in ns.get_addr(family=2):
+                ip = addr.get_attr("IFA_ADDRESS")
+                if ip and not ipaddress.IPv4Address(ip).is_loopback:
+                    return ip, None
+    except Exception as e:  # noqa: BLE001 - an unreadable namespace: probes go inside instead
+        log.info("no address in network namespace %s: %s", netns_path, e)
+    return None, None
+
+
 def addresses_in_use() -> set[str]:
     """IPv4 addresses on this node's host-side thaw interfaces."""
     used = set()

@@ -226,6 +226,14 @@ def command_spec(args: list[str], *, rootfs: str, readonly_root: bool = True,
     return validate(spec)
 
 
+def netns_path(spec: dict) -> str | None:
+    """The network namespace path a spec joins; None when it names none."""
+    for ns in (spec.get("linux") or {}).get("namespaces") or []:
+        if ns.get("type") == "network":
+            return ns.get("path") or None
+    return None
+
+
 def with_netns(spec: dict, netns_path: str | None) -> dict:
     """A copy of spec whose network namespace is `netns_path` (None: none given)."""
     out = copy.deepcopy(spec)

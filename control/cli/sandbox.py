@@ -20,7 +20,7 @@ from control.cli.progress import Progress
 from control.lifecycle.sandbox import Sandboxes
 from runsc_hooks import network as netmod
 from runsc_hooks import spec as specmod
-from runsc_hooks import health as healthmod
+from runsc_hooks import probe as probemod
 
 
 def _sandboxes(obj: Context, debug: bool = False) -> Sandboxes:
@@ -121,8 +121,8 @@ def checkpoint_cmd(obj: Context, sid: str, out: Path, leave_running: bool) -> No
 @handle_errors
 def restore_cmd(obj: Context, image: Path, sid: str, probes: tuple[str, ...], cold_fallback: bool) -> None:
     """Restore an image directory as a new sandbox; traffic is let in once it is healthy."""
-    from runsc_hooks import health as healthmod
-    parsed = [healthmod.parse(p) for p in probes] or None
+    from runsc_hooks import probe as probemod
+    parsed = [probemod.parse(p) for p in probes] or None
     sb = _sandboxes(obj)
     with Progress(not obj.json).step(f"restore {image} as {sid}"):
         if cold_fallback:
@@ -208,9 +208,9 @@ class HealthOptions:
 
 
 def health(obj: Context, o: HealthOptions) -> dict:
-    probes = [healthmod.parse(p) for p in o.probes] or None  # parse at the edge: a bad probe is a UserError
+    probes = [probemod.parse(p) for p in o.probes] or None  # parse at the edge: a bad probe is a UserError
     result, gate_closed = Sandboxes(obj.settings).health(o.id, probes,
-                                                         healthmod.Policy(o.timeout_s, o.attempt_timeout_s))
+                                                         probemod.Policy(o.timeout_s, o.attempt_timeout_s))
     gate = None if gate_closed is None else ("closed" if gate_closed else "open")
     return {"id": o.id, "ready": result.healthy and gate != "closed", "gate": gate, **result.to_dict()}
 

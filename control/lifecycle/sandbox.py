@@ -32,15 +32,17 @@ import re
 import shutil
 import time
 import uuid
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from control.config import Settings
 from control.files import Owner, fsync_path, write_json_atomic
+from control.lifecycle.engine import Engine, Handle, status as engine_status
 from control.errors import (AlreadyExists, ImageError, InvalidTransition, NotFound, PreconditionError,
                             RunscError, ThawError, UnhealthyRestore, UserError)
 from runsc_hooks import gate as gatemod
-from runsc_hooks import health as healthmod
+from runsc_hooks import probe as probemod
 from runsc_hooks import network as netmod
 from runsc_hooks import spec as specmod
 from runsc_hooks.runsc import (IMAGE_FILES, CheckpointOptions, CreateOptions, GlobalOptions, RestoreOptions,
@@ -51,6 +53,22 @@ log = logging.getLogger(__name__)
 IMAGE_META = "thaw.json"
 IMAGE_META_VERSION = 1
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+# runsc at the pin resolves a container id by prefix and fails when it is the
+# prefix of another id (runsc/container/state_file.go findContainerID: `web`
+# is ambiguous beside `web-2`; an exact match does not win). thaw's sandbox ids
+# cannot contain "+", which runsc ids may: `<id>+` is never a prefix of another
+# `<id>+`, so every runsc call names exactly one sandbox.
+RUNSC_ID_SUFFIX = "+"
+
+
+def runsc_id(sid: str) -> str:
+    """The runsc container id of thaw sandbox `sid`."""
+    return sid + RUNSC_ID_SUFFIX
+
+
+def sandbox_id(cid: str) -> str | None:
+    """The thaw sandbox id of runsc container `cid`; None for a container thaw did not make."""
+    return cid[:-len(RUNSC_ID_SUFFIX)] if cid.endswith(RUNSC_ID_SUFFIX) and _ID_RE.match(cid[:-1]) else None
 
 
 class State(enum.Enum):
@@ -142,7 +160,7 @@ class RestoreResult:
     seconds: float                       # the whole restore: plumbing, runsc, health check, gate
     sandbox_ip: str | None
     runsc_s: float = 0.0                 # `runsc restore` alone
-    health: healthmod.HealthResult | None = None
+    health: probemod.HealthResult | None = None
     ready_at: float = 0.0                # time.monotonic() when traffic was let in (the gate opened)
     gate_dropped: int | None = None      # packets the gate held off during the restore
 
@@ -253,6 +271,12 @@ class Sandboxes:
 
     # -- operations -------------------------------------------------------------
 
+    def handle(self, rec: Record, r: Runsc | None = None) -> Handle:
+        """The engine's view of sandbox `rec`: exact runsc id, bundle, address, gate."""
+        r = r or self.runsc("sandbox" if rec.net else "none")
+        return Handle(runsc_id(rec.id), r, Path(rec.bundle), address=(rec.net or {}).get("sandbox_ip"),
+                      gate=rec.id if rec.net else None, mark=self.settings.network_probe_mark)
+
     def run(self, sid: str, spec: dict, network: bool = True, nvproxy: bool = False, probes: tuple = (),
             ports: tuple[netmod.Port, ...] = (), address: tuple[str, str, int] | None = None) -> Record:
         """Create and start a sandbox from `spec` (its netns is replaced by thaw's).
@@ -262,17 +286,18 @@ class Sandboxes:
         """
         validate_id(sid)
         specmod.validate(spec)
-        probe_texts = [str(healthmod.parse(p) if isinstance(p, str) else p) for p in probes]
+        probe_texts = [str(p) for p in probemod.parse_all(probes)]
         ports = tuple(ports)
         if ports and not network:
             raise UserError("published ports need the sandbox network (--network)")
         r = self.runsc("sandbox" if network else "none", nvproxy)
-        if self.get(sid) is not None or r.exists(sid):
+        if self.get(sid) is not None or r.exists(runsc_id(sid)):
             raise AlreadyExists("sandbox", sid, "delete it first or pick another id")
         self._check_ports(sid, ports)
         check_transition(sid, None, State.CREATED)
         bundle = specmod.Bundle(self.bundles_dir / sid)
-        rec = Record(id=sid, state=State.CREATED, bundle=str(bundle.path), probes=probe_texts, owner=Owner.me().to_dict())
+        rec = Record(id=sid, state=State.CREATED, bundle=str(bundle.path), probes=probe_texts,
+                     owner=Owner.me().to_dict())
         try:
             self._save(rec)  # first: whatever a crash leaves from here on, `recover` finds by this record
             net = None
@@ -281,8 +306,8 @@ class Sandboxes:
                 rec.net = net.to_dict()
                 self._save(rec)
             bundle.write(specmod.with_netns(spec, net.netns_path if net else None))
-            r.create(sid, CreateOptions(bundle=bundle.path, pid_file=bundle.path / "init.pid"))
-            r.start(sid)
+            r.create(runsc_id(sid), CreateOptions(bundle=bundle.path, pid_file=bundle.path / "init.pid"))
+            r.start(runsc_id(sid))
             rec.owner = None
             self._move(rec, State.RUNNING)
         except BaseException:
@@ -291,12 +316,13 @@ class Sandboxes:
         return rec
 
     def checkpoint(self, sid: str, out: Path, leave_running: bool = False,
-                   cuda_checkpoint_path: str | None = None,
                    mitigations: Mitigations = Mitigations()) -> CheckpointResult:
         """Save sandbox `sid` into the new directory `out` (atomically: all or nothing).
 
-        The sandbox's gate is closed before the save; with `leave_running` it
-        opens again once the image is written.
+        The engine saves with the workload left running (GPU sandboxes with the
+        CUDA helper), so a failed save never loses the workload: the record goes
+        back to running and CheckpointFailed says so. Without `leave_running` the
+        sandbox is removed only after the image is complete and renamed into place.
         """
         rec = self._require(sid)
         out = Path(out)
@@ -305,57 +331,49 @@ class Sandboxes:
         if not out.parent.is_dir():
             raise NotFound("directory", str(out.parent), "the image directory's parent must exist")
         r = self.runsc("sandbox" if rec.net else "none")
-        r.state(sid)  # NotFound if runsc lost it
-        spec = specmod.Bundle(Path(rec.bundle)).load()
-        gated = bool(rec.net) and mitigations.gate
+        st = _status(r, runsc_id(sid))
+        if st != "running":
+            raise UserError(f"sandbox {sid!r} is {st}, not running: nothing to checkpoint", id=sid)
+        h = self.handle(rec, r)
+        if not (rec.net and mitigations.gate):
+            h = dataclasses.replace(h, gate=None)
+        spec = h.spec()
         rec.owner = Owner.me().to_dict()
         self._move(rec, State.CHECKPOINTING)
         partial = out.parent / f".{out.name}.partial-{uuid.uuid4().hex[:8]}"
         t0 = time.monotonic()
         try:
-            if gated:
-                gatemod.close(sid, self.settings.network_probe_mark, "checkpoint")
-            r.checkpoint(sid, CheckpointOptions(image_path=partial, leave_running=leave_running,
-                                                compression=self.settings.checkpoint_compression,
-                                                cuda_checkpoint_path=cuda_checkpoint_path))
-            sizes = {}
-            for p in partial.iterdir():
-                fsync_path(p)  # durable before the rename makes the image visible
-                sizes[p.name] = p.stat().st_size
-            seconds = time.monotonic() - t0
+            saved = Engine(self.settings).checkpoint(h, partial)
             meta = {"version": IMAGE_META_VERSION, "sandbox": sid, "spec": spec, "net": rec.net,
-                    "probes": rec.probes, "files": sizes, "runsc_version": r.version(),
+                    "probes": rec.probes, "files": saved.files, "runsc_version": r.version(),
                     "platform": self.settings.runsc_platform, "network": "sandbox" if rec.net else "none",
-                    "nvproxy": r.options.nvproxy, "checkpoint_s": seconds, "created_at": time.time()}
+                    "nvproxy": r.options.nvproxy or saved.gpu, "gpu": _gpu_needs(spec),
+                    "rootfs": _rootfs_layout(spec, self.settings), "checkpoint_s": saved.seconds,
+                    "created_at": time.time()}
             write_json_atomic(partial / IMAGE_META, meta)
             fsync_path(partial)
             os.rename(partial, out)
             fsync_path(out.parent)
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)
-            # A failed save leaves the sandbox running (runsc resumes it).
-            running = _running(r, sid)
-            if gated and running:
-                gatemod.open(sid, "checkpoint failed; the sandbox runs on")
+            # The engine saved with --leave-running: the workload runs on unless it died by itself.
             rec.owner = None
+            running = _status(r, runsc_id(sid)) == "running"
             self._move(rec, State.RUNNING if running else State.STOPPED)
             raise
         rec.owner = None
-        gate_closed_s = dropped = None
-        if leave_running:
-            if gated:
-                dropped = gatemod.open(sid, "image written")
-                gate_closed_s = time.monotonic() - t0
-            self._move(rec, State.RUNNING)
-        else:
-            if gated:  # the gate goes with the sandbox's plumbing
-                dropped = gatemod.state(sid).dropped_packets
+        self._move(rec, State.RUNNING)
+        dropped = saved.gate_dropped
+        if not leave_running:
+            # Only now, with the image complete and in place, does the workload go.
+            if h.gate is not None:
+                gatemod.close(sid, self.settings.network_probe_mark, "checkpointed; stopping")
             self._move(rec, State.STOPPED)
             self.delete(sid, force=True)
-        return CheckpointResult(out, seconds, sum(sizes.values()), gate_closed_s, dropped)
+        return CheckpointResult(out, saved.seconds, saved.bytes, time.monotonic() - t0 if h.gate else None, dropped)
 
     def restore(self, image: Path, sid: str, probes: list | None = None,
-                mitigations: Mitigations = Mitigations(), policy: healthmod.Policy | None = None) -> RestoreResult:
+                mitigations: Mitigations = Mitigations(), policy: probemod.Policy | None = None) -> RestoreResult:
         """Restore the image directory `image` as a new sandbox `sid`.
 
         With the gate closed: plumb the checkpoint's address, `runsc restore`,
@@ -365,10 +383,10 @@ class Sandboxes:
         validate_id(sid)
         meta = read_image(Path(image))
         r = self.runsc(meta["network"], meta.get("nvproxy", False))
-        if self.get(sid) is not None or r.exists(sid):
+        if self.get(sid) is not None or r.exists(runsc_id(sid)):
             raise AlreadyExists("sandbox", sid, "restore creates a new sandbox")
-        probe_list = [healthmod.parse(p) if isinstance(p, str) else p
-                      for p in (meta.get("probes") or [] if probes is None else probes)]
+        probe_list = probemod.parse_all(meta.get("probes") or [] if probes is None else probes)
+        spec = _spec_for_node(meta, self.settings, sid)
         check_transition(sid, None, State.RESTORING)
         bundle = specmod.Bundle(self.bundles_dir / sid)
         rec = Record(id=sid, state=State.RESTORING, bundle=str(bundle.path), restored_from=str(image),
@@ -397,30 +415,30 @@ class Sandboxes:
                 net = self._plumb(sid, *addr, ports)
                 rec.net = net.to_dict()
                 self._save(rec)
-            bundle.write(specmod.with_netns(meta["spec"], net.netns_path if net else None))
-            t1 = time.monotonic()
-            r.restore(sid, RestoreOptions(image_path=Path(image), create=CreateOptions(
-                bundle=bundle.path, pid_file=bundle.path / "init.pid"), detach=True,
-                background=self.settings.restore_background))
-            runsc_s = time.monotonic() - t1
-            result = None
-            if mitigations.health_check:
-                result = healthmod.check(probe_list, self._target(r, rec), policy or self._policy())
-                rec.health = result.to_dict()
-                if not result.healthy:
-                    raise UnhealthyRestore(sid, str(image), rec.health, result.summary())
+            bundle.write(specmod.with_netns(spec, net.netns_path if net else None))
+            h = self.handle(rec, r)
+            if not gated:
+                h = dataclasses.replace(h, gate=None)
+            done = Engine(self.settings).restore(
+                h, Path(image), probe_list, policy=policy, health_check=mitigations.health_check,
+                opts=RestoreOptions(image_path=Path(image), create=CreateOptions(
+                    bundle=bundle.path, pid_file=bundle.path / "init.pid"), detach=True,
+                    background=self.settings.restore_background))
+            if done.health is not None:
+                rec.health = done.health.to_dict()
             rec.owner = None
             self._move(rec, State.RUNNING)
-            # Last: from here on traffic gets in (ready_at is what "answers within N ms of the gate
-            # opening" is measured from; bench/network_flood.py).
-            dropped = gatemod.open(sid, "restored and healthy") if gated else None
-            ready_at = time.monotonic()
-        except BaseException:
+            ready_at = time.monotonic()  # the gate opened (bench/network_flood.py measures from here)
+        except BaseException as e:
+            from control.errors import UnhealthyRestore
+            if isinstance(e, UnhealthyRestore):
+                rec.health = e.health
             self._undo(r, rec)
             raise
-        log.info("restored %s from %s in %.3fs (runsc %.3fs%s)", sid, image, ready_at - t0, runsc_s,
-                 f", health {result.seconds:.3f}s" if result else "")
-        return RestoreResult(sid, ready_at - t0, net.sandbox_ip if net else None, runsc_s, result, ready_at, dropped)
+        log.info("restored %s from %s in %.3fs (runsc %.3fs%s)", sid, image, ready_at - t0, done.runsc_s,
+                 f", health {done.health.seconds:.3f}s" if done.health else "")
+        return RestoreResult(sid, ready_at - t0, net.sandbox_ip if net else None, done.runsc_s, done.health,
+                             ready_at, done.gate_dropped)
 
     def warm_start(self, image: Path, sid: str, probes: list | None = None) -> StartResult:
         """Restore `image` as `sid`; when that fails for any reason the image's
@@ -444,21 +462,20 @@ class Sandboxes:
         addr = (saved["host_ip"], saved["sandbox_ip"], saved["prefixlen"]) if saved else None
         if addr and (addr[0] in netmod.addresses_in_use()):
             addr = None
-        rec = self.run(sid, meta["spec"], network=meta["network"] == "sandbox", nvproxy=meta.get("nvproxy", False),
+        rec = self.run(sid, _spec_for_node(meta, self.settings, sid), network=meta["network"] == "sandbox",
+                       nvproxy=meta.get("nvproxy", False),
                        probes=tuple(meta.get("probes") or [] if probes is None else probes),
                        ports=tuple(netmod.Port.parse(p) for p in saved.get("ports", [])), address=addr)
         return StartResult(sid, "cold", time.monotonic() - t0, (rec.net or {}).get("sandbox_ip"),
                            fallback_reason=reason)
 
     def health(self, sid: str, probes: list | None = None,
-               policy: healthmod.Policy | None = None) -> tuple[healthmod.HealthResult, bool | None]:
+               policy: probemod.Policy | None = None) -> tuple[probemod.HealthResult, bool | None]:
         """Run the sandbox's health check now (probes default to its own); (result,
-        gate closed?). The result is recorded in the sandbox's record."""
+        gate closed?). Fails at once when the workload has exited. The result is
+        recorded in the sandbox's record."""
         rec = self._require(sid)
-        r = self.runsc("sandbox" if rec.net else "none")
-        probe_list = [healthmod.parse(p) if isinstance(p, str) else p
-                      for p in (rec.probes if probes is None else probes)]
-        result = healthmod.check(probe_list, self._target(r, rec), policy or self._policy())
+        result = Engine(self.settings).check(self.handle(rec), rec.probes if probes is None else probes, policy)
         closed = gatemod.is_closed(sid) if rec.net else None
         current = self.get(sid)
         if current is not None:
@@ -467,23 +484,29 @@ class Sandboxes:
         return result, closed
 
     def delete(self, sid: str, force: bool = False) -> None:
+        validate_id(sid)
         rec = self.get(sid)
         r = self.runsc("sandbox" if (rec is None or rec.net) else "none")
-        if rec is None and not r.exists(sid):
+        if rec is None and not r.exists(runsc_id(sid)):
             raise NotFound("sandbox", sid)
-        if rec is not None and rec.state is State.RUNNING and not force:
+        if rec is not None and rec.state is State.RUNNING and not force \
+                and _status(r, runsc_id(sid)) in ("running", "paused"):
             raise UserError(f"sandbox {sid!r} is running; use --force to kill and delete it", id=sid)
         self._undo(r, rec or Record(id=sid, state=State.STOPPED, bundle=str(self.bundles_dir / sid)))
 
     def ps(self) -> list[dict]:
-        """Records joined with runsc's view (runsc may know sandboxes thaw does not)."""
+        """Records joined with runsc's view (runsc may know sandboxes thaw does not).
+        A record whose workload exited shows as stopped, whatever the record said."""
         r = self.runsc()
         live = {c.id: c for c in r.list()}
         closed = set(gatemod.closed_gates())
         rows = []
         for rec in self.list_records():
-            c = live.pop(rec.id, None)
-            rows.append({"id": rec.id, "state": rec.state.value, "runsc_status": c.status if c else "absent",
+            c = live.pop(runsc_id(rec.id), None)
+            state = rec.state.value
+            if rec.state is State.RUNNING and (c is None or c.status == "stopped"):
+                state = State.STOPPED.value
+            rows.append({"id": rec.id, "state": state, "runsc_status": c.status if c else "absent",
                          "pid": c.pid if c else 0, "address": (rec.net or {}).get("sandbox_ip"),
                          "ports": (rec.net or {}).get("ports", []),
                          "gate": ("closed" if rec.id in closed else "open") if rec.net else None,
@@ -500,7 +523,9 @@ class Sandboxes:
 
         - a sandbox in a transitional state whose owner process is gone: removed
           (a checkpoint whose sandbox still runs goes back to running, gate open);
-        - a running or stopped record whose runsc container is not running: removed;
+        - a running or stopped record whose runsc container is gone (runsc knows
+          no such id): removed. A container runsc cannot answer about is left
+          alone: only proof that it is gone removes a record and its network;
         - with `orphans`, thaw network objects (netns, veth, nftables rules) of
           sandbox names this node has no record of (only names starting with
           `prefix`, when given: other thaw instances may share the node).
@@ -511,14 +536,18 @@ class Sandboxes:
         actions = []
         for rec in self.list_records():
             if rec.state in TRANSITIONAL:
-                if (o := Owner.from_dict(rec.owner)) is not None and o.alive():
+                owner = Owner.from_dict(rec.owner)
+                if owner is not None and owner.alive():
                     continue
                 reason = f"{rec.state.value} by pid {(rec.owner or {}).get('pid')}, which is gone"
-                _wait_runsc_idle(self.settings, rec.id)  # runsc children outlive a killed owner
+                _wait_runsc_idle(self.settings, runsc_id(rec.id))  # runsc children outlive a killed owner
             else:
                 reason = ""
-            status = _status(r, rec.id)
-            if rec.state is State.RUNNING and status in ("running", "paused"):
+            status = _status(r, runsc_id(rec.id))
+            if status.startswith("unknown"):
+                log.warning("recover: leaving %s alone: runsc cannot tell its state (%s)", rec.id, status)
+                continue
+            if rec.state in (State.RUNNING, State.STOPPED) and status in ("running", "paused", "stopped"):
                 continue
             if rec.state is State.CHECKPOINTING and status == "running":
                 if rec.net:
@@ -552,24 +581,11 @@ class Sandboxes:
             raise NotFound("sandbox", sid, "`thaw ps` lists the sandboxes thaw manages")
         return rec
 
-    def _policy(self) -> healthmod.Policy:
-        return healthmod.Policy(self.settings.health_timeout_s, self.settings.health_attempt_timeout_s)
-
-    def _target(self, r: Runsc, rec: Record) -> healthmod.Target:
-        def run_exec(argv: list[str], timeout_s: float) -> tuple[int, str]:
-            try:
-                return 0, r.exec(rec.id, argv, timeout_s=timeout_s).stdout
-            except RunscError as e:
-                return (124 if e.returncode is None else e.returncode), e.stderr_tail or e.runsc_message
-
-        return healthmod.Target(address=(rec.net or {}).get("sandbox_ip"), mark=self.settings.network_probe_mark,
-                                exec=run_exec, running=lambda: _running(r, rec.id))
-
     def _undo(self, r: Runsc, rec: Record) -> None:
         """Remove every trace of `rec`: runsc container, netns, veth, gate and NAT rules, bundle, record."""
         try:
-            if r.exists(rec.id):
-                r.delete(rec.id, force=True)
+            if r.exists(runsc_id(rec.id)):
+                r.delete(runsc_id(rec.id), force=True)
         except ThawError as e:
             log.warning("runsc delete %s during cleanup: %s", rec.id, e)
         netmod.unplumb(rec.id)  # whatever of it exists; a gate closed before plumbing too
@@ -607,17 +623,62 @@ def read_image(image: Path) -> dict:
     return meta
 
 
-def _running(r: Runsc, sid: str) -> bool:
-    return _status(r, sid) == "running"
+def _rootfs_layout(spec: dict, settings: Settings) -> dict:
+    """How the image's root filesystem is found on the restoring node (thaw.json "rootfs").
+
+    "host": an empty directory thaw made under <state_dir>/rootfs for a command
+    sandbox (`thaw run -- CMD`), whose content is the node's own system
+    directories, bound read-only; a restore makes a fresh one. "path": a root
+    filesystem the user gave (`--bundle`): node-local, it must exist at the same
+    place (runsc accepts another root.path; thaw does not move user files).
+    """
+    root = Path((spec.get("root") or {}).get("path", ""))
+    host_dir = settings.state_dir / "rootfs"
+    if root.is_absolute() and host_dir in root.parents:
+        return {"layout": "host"}
+    return {"layout": "path", "path": str(root)}
 
 
-def _status(r: Runsc, sid: str) -> str:
+def _gpu_needs(spec: dict) -> dict | None:
+    """What a restore of this image needs in GPUs (thaw.json "gpu"): count and the
+    node's product and driver when it was saved; None for a CPU image."""
+    from control.lifecycle.engine import uses_gpu
+    if not uses_gpu(spec):
+        return None
+    from nvproxy import cdi
+    need = {"count": len(cdi.gpu_nodes(spec)), "product": "", "driver_version": ""}
     try:
-        return r.state(sid).status
-    except NotFound:
-        return "absent"
-    except RunscError as e:
-        return f"unknown ({e.runsc_message})"
+        from nvproxy import gpu
+        node = gpu.probe()
+        need.update(product=node.compat()["gpu_product"], driver_version=node.compat()["driver_version"])
+    except ThawError as e:  # the image stays restorable; its metadata just says less
+        log.warning("GPU facts for the image metadata: %s", e)
+    return need
+
+
+def _spec_for_node(meta: dict, settings: Settings, sid: str) -> dict:
+    """The image's saved spec made to run on this node as sandbox `sid`: a fresh
+    host-layout rootfs, and every host path it binds checked, so a missing one is
+    a clear ImageError instead of runsc's "client sync file: EOF"."""
+    import copy
+    spec = copy.deepcopy(meta["spec"])
+    layout = (meta.get("rootfs") or {}).get("layout")
+    if layout == "host":
+        spec["root"]["path"] = str(specmod.prepare_host_rootfs(settings.state_dir / "rootfs" / sid))
+    root = Path(spec["root"]["path"])
+    if not root.is_dir():
+        raise ImageError(str(root), "the image's root filesystem is not on this node (it was a node-local "
+                         "directory when the image was saved); restore it where that directory exists")
+    missing = [m["source"] for m in spec.get("mounts") or []
+               if m.get("type") == "bind" and str(m.get("source", "")).startswith("/")
+               and not os.path.exists(m["source"])]
+    if missing:
+        raise ImageError(", ".join(missing), "host path(s) the image's sandbox binds are missing on this node")
+    return spec
+
+
+def _status(r: Runsc, cid: str) -> str:
+    return engine_status(r, cid)
 
 
 # runsc subcommands that may still be working on a container after the thaw

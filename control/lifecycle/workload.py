@@ -10,11 +10,15 @@ Annotations (twins: go/internal/standin/standin.go for the opt-in one):
   thaw.dev/workload   opt-in and workload name (required to involve thaw)
   thaw.dev/tenant     tenant (default "default")
   thaw.dev/key-env    comma-separated env var names that belong in the key
-  thaw.dev/ready      readiness probe before the automatic checkpoint
+  thaw.dev/ready      readiness probe: thawd checkpoints a cold-started workload
+                      automatically only once it passes. No default: a workload that
+                      declares none is never checkpointed automatically (a fixed delay
+                      would save a model server before its model has loaded).
   thaw.dev/health     health probe after a restore (default: the readiness probe, but a
                       delay probe becomes "running")
-  thaw.dev/profile    a workload profile name (control/profiles.py, where present)
-Probes: "exec:<shell command>", "file:<path in container>", "delay:<seconds>".
+  thaw.dev/profile    a workload profile name (control/lifecycle/profiles.py)
+Probes use the one grammar of runsc_hooks/probe.py: running, tcp:, http:, gpu:,
+exec:, file:, delay:.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import re
 from dataclasses import dataclass
 
 from control.errors import UserError
+from runsc_hooks import probe as probemod
 
 ANNOTATION_WORKLOAD = "thaw.dev/workload"
 ANNOTATION_TENANT = "thaw.dev/tenant"
@@ -36,30 +41,14 @@ ANNOTATION_PROFILE = "thaw.dev/profile"
 # Image identity as runtimes pass it (runsc itself never sees the image name).
 _IMAGE_ANNOTATIONS = ("io.kubernetes.cri.image-name", "io.containerd.image.name", "org.opencontainers.image.ref.name")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@+-]{0,199}$")
-DEFAULT_READY = "delay:2"
 
 
-@dataclass(frozen=True)
-class Probe:
-    kind: str    # exec | file | delay
-    arg: str
-
-    @classmethod
-    def parse(cls, text: str, field: str) -> "Probe":
-        kind, sep, arg = text.partition(":")
-        if not sep or kind not in ("exec", "file", "delay") or not arg:
-            raise UserError(f"annotation {field}={text!r}: expected exec:<cmd>, file:<path> or delay:<seconds>",
-                            field=field)
-        if kind == "delay":
-            try:
-                if not 0 <= float(arg) <= 3600:
-                    raise ValueError
-            except ValueError:
-                raise UserError(f"annotation {field}: delay must be 0..3600 seconds, got {arg!r}",
-                                field=field) from None
-        if kind == "file" and not arg.startswith("/"):
-            raise UserError(f"annotation {field}: file probe needs an absolute path", field=field)
-        return cls(kind, arg)
+def parse_probe(text: str, field: str):
+    """A probe from an annotation; UserError naming the annotation when bad."""
+    try:
+        return probemod.parse(text)
+    except UserError as e:
+        raise UserError(f"annotation {field}: {e.message}", field=field) from None
 
 
 @dataclass(frozen=True)
@@ -67,9 +56,8 @@ class Workload:
     name: str
     tenant: str
     key: str
-    ready: Probe
-    health: Probe
-    profile: str | None
+    ready: "probemod.Probe | None"   # None: never checkpointed automatically
+    health: "probemod.Probe"
 
 
 def opted_in(spec: dict) -> bool:
@@ -88,15 +76,16 @@ def from_spec(spec: dict) -> Workload | None:
     tenant = ann.get(ANNOTATION_TENANT, "default")
     if not _NAME_RE.match(tenant):
         raise UserError(f"annotation {ANNOTATION_TENANT}={tenant!r} is not a valid tenant", field=ANNOTATION_TENANT)
-    ready = Probe.parse(ann.get(ANNOTATION_READY, DEFAULT_READY), ANNOTATION_READY)
+    ready = parse_probe(ann[ANNOTATION_READY], ANNOTATION_READY) if ANNOTATION_READY in ann else None
     if ANNOTATION_HEALTH in ann:
-        health = Probe.parse(ann[ANNOTATION_HEALTH], ANNOTATION_HEALTH)
+        health = parse_probe(ann[ANNOTATION_HEALTH], ANNOTATION_HEALTH)
+    elif ready is not None and not isinstance(ready, probemod.DelayProbe):
+        health = ready
     else:
-        # A restored workload was ready when it was saved: re-run a real probe,
-        # but never wait out a readiness delay again (that would only add to the restore).
-        health = ready if ready.kind != "delay" else Probe("delay", "0")
-    return Workload(name=name, tenant=tenant, key=workload_key(spec), ready=ready, health=health,
-                    profile=ann.get(ANNOTATION_PROFILE))
+        # A restored workload was ready when it was saved: never wait out a
+        # readiness delay again (that would only add to the restore).
+        health = probemod.RunningProbe()
+    return Workload(name=name, tenant=tenant, key=workload_key(spec), ready=ready, health=health)
 
 
 def workload_key(spec: dict) -> str:

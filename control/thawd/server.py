@@ -82,32 +82,29 @@ class ThawdServicer(pbg.ThawdServicer):
         d = self.t.prepare_restore(_rt(request.runtime))
         return pb.PrepareRestoreResponse(
             decision=pb.PrepareRestoreResponse.RESTORE if d.restore else pb.PrepareRestoreResponse.COLD,
-            reason=d.reason, workload_key=d.key, image_path=d.image_path, lease_id=d.lease_id,
-            background=d.background)
+            reason=d.reason, workload_key=d.key, restore_timeout_ms=int(d.restore_timeout_s * 1000))
 
     @_rpc
-    def CheckHealth(self, request, context):
-        ok, detail, secs = self.t.check_health(_rt(request.runtime), request.workload_key)
-        return pb.CheckHealthResponse(healthy=ok, detail=detail, seconds=secs)
+    def Restore(self, request, context):
+        # The stand-in waits for this answer; when it dies (SIGKILL) or its
+        # deadline passes, the RPC is cancelled, and a restore nobody will
+        # report to containerd must not keep running (issue 14: the task and
+        # containerd's view must agree).
+        ok, detail, secs = self.t.restore(_rt(request.runtime), cancelled=lambda: not context.is_active())
+        return pb.RestoreResponse(restored=ok, detail=detail, seconds=secs)
 
     @_rpc
     def ReportOutcome(self, request, context):
-        outcome = pb.ReportOutcomeRequest.Outcome.Name(request.outcome)
-        if outcome == "OUTCOME_UNSPECIFIED":
-            raise errmod.UserError("outcome must be RESTORED, RESTORE_FAILED or COLD_STARTED", field="outcome")
-        self.t.report_outcome(_rt(request.runtime), request.workload_key, outcome, request.restore_seconds,
-                              request.reason)
+        names = {v: k for k, v in pb.ReportOutcomeRequest.Outcome.items()}
+        outcome = names.get(request.outcome, str(request.outcome))
+        if len(request.reason) > 4096:
+            raise errmod.UserError("reason is longer than 4096 bytes", field="reason")
+        self.t.report_outcome(_rt(request.runtime), outcome, request.reason)
         return pb.ReportOutcomeResponse()
 
     @_rpc
     def Release(self, request, context):
         return pb.ReleaseResponse(released=self.t.release(request.container_id, request.runsc_root))
-
-    @_rpc
-    def Checkpoint(self, request, context):
-        r = self.t.checkpoint(_rt(request.runtime), leave_running=request.leave_running)
-        return pb.CheckpointResponse(workload_key=r["workload_key"], image_path=r["image_path"],
-                                     image_bytes=r["image_bytes"], seconds=r["seconds"], published=r["published"])
 
     @_rpc
     def Stats(self, request, context):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import shlex
 import shutil
 import threading
 import time
@@ -25,8 +24,12 @@ from control.config import Settings
 from control.errors import NotFound, ThawError, UserError
 from control.thawd.metrics import Metrics
 from control.thawd.quarantine import Quarantine
+from control.lifecycle import profiles
+from control.lifecycle.engine import Engine, Handle, uses_gpu
+from runsc_hooks import gate as gatemod
+from runsc_hooks import network as netmod
 from runsc_hooks import spec as specmod
-from runsc_hooks.runsc import CheckpointOptions, GlobalOptions, Runsc
+from runsc_hooks.runsc import GlobalOptions, RestoreOptions, Runsc
 
 log = logging.getLogger("thawd")
 
@@ -36,11 +39,6 @@ _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,255}$")
 ORIG_CONFIG = "config.json.thaw-orig"
 # Installed beside runsc (build/ or <node.install_dir>/bin). Twin: control/provision.py CUDA_HELPER.
 CUDA_HELPER_BINARY = "thaw-cuda-checkpoint"
-
-
-def uses_gpu(spec: dict) -> bool:
-    """nvproxy is on for specs listing /dev/nvidiactl (docs/gvisor-facts.md)."""
-    return any(d.get("path") == "/dev/nvidiactl" for d in (spec.get("linux") or {}).get("devices") or [])
 
 
 @dataclass(frozen=True)
@@ -78,8 +76,7 @@ class Decision:
     reason: str
     key: str = ""
     image_path: str = ""
-    lease_id: str = ""
-    background: bool = False
+    restore_timeout_s: float = 0.0   # the stand-in's deadline for the Restore call
 
 
 class Thawd:
@@ -137,7 +134,6 @@ class Thawd:
         except ThawError as e:
             reason = "tuple-mismatch" if type(e).__name__ == "TupleMismatch" else "fetch-failed"
             return Decision(False, f"{reason}: {e}", wl.key)
-        lease_id = uuid.uuid4().hex
         k = (str(rt.runsc_root), rt.container_id)
         with self._lock:  # claim the fetched lease, unless another container already did
             shared = any(v is lease for v in self._leases.values())
@@ -156,7 +152,16 @@ class Thawd:
         if old is not None:
             old.release()
         self.metrics.inc("thaw_cache_hits_total" if getattr(lease, "hit", True) else "thaw_cache_misses_total")
-        return Decision(True, "image-ready", wl.key, str(lease.path), lease_id, self.s.restore_background)
+        h = self._handle(rt, spec)
+        if h.gate is not None:  # no packet reaches the sandbox until the restore is healthy
+            gatemod.close(h.gate, self.s.network_probe_mark, f"restore of {rt.container_id}")
+        return Decision(True, "image-ready", wl.key, str(lease.path), self.restore_deadline_s(spec))
+
+    def restore_deadline_s(self, spec: dict) -> float:
+        """How long a Restore call may take: runsc restore, the health check, the
+        post-restore hooks (the stand-in's deadline; PrepareRestore tells it)."""
+        hooks = sum(h.timeout_s + 5 for h in profiles.for_spec(spec).hooks("post_restore"))
+        return self.s.runsc_timeout_s + self.s.thawd_health_timeout_s + hooks + 5.0
 
     def _prepare_gpu_spec(self, rt: RuntimeRef, spec: dict) -> None:
         """A GPU container gets the CUDA checkpoint helper mounted at its fixed
@@ -218,80 +223,74 @@ class Thawd:
 
     # -- start -----------------------------------------------------------------
 
-    def _run_hooks(self, spec: dict, r: Runsc, cid: str, phase: str) -> None:
-        """The workload profile's hooks (thaw.dev/profile), run inside the sandbox:
-        thawd does not know a containerd sandbox's address, so HTTP hooks go to
-        the sandbox's own loopback from a python3 it runs there."""
-        from control.lifecycle import profiles
-        profile = profiles.for_spec(spec)
-        if not profile.hooks(phase):
-            return
-        records = profiles.run_hooks(profile, phase, profiles.Target(
-            exec_in_sandbox=profiles.runsc_exec(r, cid), http_via_exec=True))
-        log.info("%s hooks of %s (%s): %s", phase, cid, profile.name, records)
+    def _handle(self, rt: RuntimeRef, spec: dict, timeout_s: float | None = None) -> Handle:
+        """The engine's view of a container the shim runs: its runsc root and flags,
+        and, when its network namespace is one thaw plumbed, its address and gate."""
+        address, gate = netmod.namespace_address(specmod.netns_path(spec))
+        return Handle(rt.container_id, rt.runsc(self.s.runsc_path, timeout_s or self.s.runsc_timeout_s),
+                      rt.bundle, address=address, gate=gate, mark=self.s.network_probe_mark)
 
-    def check_health(self, rt: RuntimeRef, key: str) -> tuple[bool, str, float]:
+    def restore(self, rt: RuntimeRef, cancelled=lambda: False) -> tuple[bool, str, float]:
+        """start of a container PrepareRestore answered RESTORE to: runsc restore,
+        health check, post-restore hooks, gate open; the outcome is recorded here.
+        Not restored: the sandbox is removed and the caller starts it cold.
+        `cancelled()` tells whether the stand-in gave up (it was killed, or its
+        deadline passed): a restore nobody will report to containerd is undone."""
         t0 = time.monotonic()
+        k = (str(rt.runsc_root), rt.container_id)
+        with self._lock:
+            lease = self._leases.get(k)
+        if lease is None:
+            return False, "thawd holds no restore decision for this container (thawd restarted?)", 0.0
         spec = specmod.Bundle(rt.bundle).load()
         wl = workloadmod.from_spec(spec)
-        probe = wl.health if wl else workloadmod.Probe("delay", "0")
-        ok, detail = self._probe(rt, probe, deadline_s=self.s.thawd_health_timeout_s)
-        if ok:
-            try:
-                self._run_hooks(spec, rt.runsc(self.s.runsc_path, 60), rt.container_id, "post_restore")
-            except ThawError as e:
-                ok, detail = False, f"post-restore hook failed: {e}"
-        dt = time.monotonic() - t0
-        self.metrics.observe("thaw_health_seconds", dt)
-        return ok, detail, dt
-
-    def _probe(self, rt: RuntimeRef, probe: workloadmod.Probe, deadline_s: float) -> tuple[bool, str]:
-        """A workload probe (thaw.dev/ready, thaw.dev/health) run by runsc_hooks/health.py's
-        retry loop: the container must be running, then exec/file probes run in it."""
-        from control.lifecycle import profiles
-        from runsc_hooks import health
-        r = rt.runsc(self.s.runsc_path, 30)
-        if probe.kind == "delay":
-            time.sleep(min(float(probe.arg), deadline_s))
+        key = wl.key if wl else ""
+        h = self._handle(rt, spec)
+        image = Path(lease.path)
         try:
-            status = r.state(rt.container_id).status
-            if status != "running":
-                return False, f"container is {status}"  # it will not come back: do not wait
-        except ThawError:
-            pass  # the running probe below retries runsc state until the deadline
+            done = Engine(self.s).restore(h, image, [wl.health] if wl else [], opts=RestoreOptions(
+                image_path=image, detach=True, background=self.s.restore_background))
+        except ThawError as e:
+            reason = f"{type(e).__name__}: {e.message}"
+            self._undo_restore(h, rt, key, reason)
+            return False, reason, time.monotonic() - t0
+        if cancelled():
+            self._undo_restore(h, rt, key, "the stand-in gave up before the restore finished")
+            return False, "cancelled", time.monotonic() - t0
+        secs = time.monotonic() - t0
+        log.info("outcome %s key=%s RESTORED %.3fs (runsc %.3fs, health %s)", rt.container_id, key, secs,
+                 done.runsc_s, done.health.summary() if done.health else "-")
+        self.metrics.inc("thaw_restores_total")
+        self.metrics.observe("thaw_restore_seconds", secs)
+        self.metrics.observe("thaw_health_seconds", done.health.seconds if done.health else 0.0)
+        self.quarantine.succeeded(key)
+        return True, done.health.summary() if done.health else "", secs
 
-        def running() -> bool:
-            try:
-                return r.state(rt.container_id).status == "running"
-            except ThawError:
-                return False
-        in_sandbox = profiles.runsc_exec(r, rt.container_id)
+    def _undo_restore(self, h: Handle, rt: RuntimeRef, key: str, reason: str) -> None:
+        """A restore that will not be used: kill and delete the sandbox (the stand-in
+        creates it again, cold), open the gate, release the lease, count the failure."""
+        try:
+            if h.runsc.exists(h.id):
+                h.runsc.delete(h.id, force=True)
+        except ThawError as e:
+            log.warning("removing the failed restore of %s: %s", rt.container_id, e)
+        if h.gate is not None:
+            gatemod.open(h.gate, f"restore of {rt.container_id} failed; starting cold")
+        self.report_outcome(rt, "RESTORE_FAILED", reason, key=key)
 
-        def exec_in(argv: list[str], timeout_s: float) -> tuple[int, str]:
-            try:
-                return in_sandbox(argv, timeout_s)
-            except ThawError as e:  # e.g. the container went away: a failed attempt, retried
-                return -1, str(e)
-        probes: list = [health.RunningProbe()]
-        if probe.kind != "delay":
-            cmd = probe.arg if probe.kind == "exec" else f"test -e {shlex.quote(probe.arg)}"
-            probes.append(health.ExecProbe(("/bin/sh", "-c", cmd)))
-        result = health.check(probes, health.Target(exec=exec_in, running=running),
-                              health.Policy(timeout_s=deadline_s, attempt_timeout_s=deadline_s))
-        return result.healthy, f"{probe.kind} probe: {result.summary()}"
-
-    def report_outcome(self, rt: RuntimeRef, key: str, outcome: str, seconds: float, reason: str) -> None:
-        log.info("outcome %s key=%s %s %.3fs %s", rt.container_id, key, outcome, seconds, reason)
-        if outcome == "RESTORED":
-            self.metrics.inc("thaw_restores_total")
-            self.metrics.observe("thaw_restore_seconds", seconds)
-            self.quarantine.succeeded(key)
-        elif outcome == "RESTORE_FAILED":
+    def report_outcome(self, rt: RuntimeRef, outcome: str, reason: str, key: str | None = None) -> None:
+        if outcome not in ("RESTORE_FAILED", "COLD_STARTED"):
+            raise UserError(f"outcome {outcome!r}: expected RESTORE_FAILED or COLD_STARTED", field="outcome")
+        if key is None:
+            wl = workloadmod.from_spec(specmod.Bundle(rt.bundle).load())
+            key = wl.key if wl else ""
+        log.info("outcome %s key=%s %s %s", rt.container_id, key, outcome, reason)
+        if outcome == "RESTORE_FAILED":
             self.metrics.inc("thaw_fallbacks_total", reason=reason.split(":")[0])
             self._release(rt)
             if key and self.quarantine.failed(key, reason):
                 self.metrics.inc("thaw_quarantined_total")
-        elif outcome == "COLD_STARTED":
+        else:
             self.metrics.inc("thaw_cold_starts_total")
             self._maybe_auto_checkpoint(rt, key)
 
@@ -313,10 +312,19 @@ class Thawd:
 
     def _auto_checkpoint(self, rt: RuntimeRef, key: str) -> None:
         try:
-            wl = workloadmod.from_spec(specmod.Bundle(rt.bundle).load())
-            ok, detail = self._probe(rt, wl.ready, deadline_s=self.s.thawd_ready_timeout_s)
-            if not ok:
-                log.warning("auto-checkpoint of %s skipped: never ready (%s)", rt.container_id, detail)
+            spec = specmod.Bundle(rt.bundle).load()
+            wl = workloadmod.from_spec(spec)
+            if wl.ready is None:
+                log.warning("auto-checkpoint of %s skipped: the workload declares no readiness probe "
+                            "(annotation %s); thaw does not guess when it is warm", rt.container_id,
+                            workloadmod.ANNOTATION_READY)
+                self.metrics.inc("thaw_auto_checkpoints_total", result="no-ready-probe")
+                return
+            engine = Engine(self.s)
+            h = self._handle(rt, spec)
+            ready = engine.check(h, [wl.ready], engine.policy(self.s.thawd_ready_timeout_s))
+            if not ready.healthy:
+                log.warning("auto-checkpoint of %s skipped: never ready (%s)", rt.container_id, ready.summary())
                 self.metrics.inc("thaw_auto_checkpoints_total", result="not-ready")
                 return
             res = self.checkpoint(rt, leave_running=self.s.thawd_leave_running)
@@ -347,6 +355,9 @@ class Thawd:
         return True
 
     def checkpoint(self, rt: RuntimeRef, leave_running: bool = True) -> dict:
+        """Checkpoint a running container and publish the image. The engine saves
+        with the workload left running: a failed save never loses it; without
+        `leave_running` it is stopped only after the image is complete."""
         spec = specmod.Bundle(rt.bundle).load()
         wl = workloadmod.from_spec(spec)
         if wl is None:
@@ -354,25 +365,14 @@ class Thawd:
         staging = self.s.state_dir / "thawd" / "staging"
         staging.mkdir(parents=True, exist_ok=True)
         out = staging / f"{rt.container_id}-{uuid.uuid4().hex[:8]}"
-        r = rt.runsc(self.s.runsc_path, self.s.runsc_timeout_s)
-        t0 = time.monotonic()
         try:
-            self._run_hooks(spec, r, rt.container_id, "pre_checkpoint")
-            cuda = None
-            if uses_gpu(spec):
-                from nvproxy import helper
-                cuda = helper.HELPER_PATH
-            r.checkpoint(rt.container_id, CheckpointOptions(image_path=out, leave_running=leave_running,
-                                                            compression=self.s.checkpoint_compression,
-                                                            cuda_checkpoint_path=cuda))
-            seconds = time.monotonic() - t0
-            size = sum(p.stat().st_size for p in out.iterdir())
+            saved = Engine(self.s).checkpoint(self._handle(rt, spec), out, stop_after=not leave_running)
             published = self.images.publish(out, wl.key)
         finally:
             shutil.rmtree(out, ignore_errors=True)
         self.metrics.inc("thaw_checkpoints_total")
-        self.metrics.observe("thaw_checkpoint_seconds", seconds)
-        return {"workload_key": wl.key, "image_path": "", "image_bytes": size, "seconds": seconds,
+        self.metrics.observe("thaw_checkpoint_seconds", saved.seconds)
+        return {"workload_key": wl.key, "image_bytes": saved.bytes, "seconds": saved.seconds,
                 "published": published}
 
     def stats(self) -> dict:

@@ -26,7 +26,7 @@ from control import config as configmod
 from control.errors import RunscError, UnhealthyRestore
 from control.lifecycle.sandbox import Mitigations, Sandboxes, State
 from runsc_hooks import gate as gatemod
-from runsc_hooks import health as healthmod
+from runsc_hooks import probe as probemod
 from runsc_hooks import network as netmod
 from runsc_hooks import nft
 
@@ -35,7 +35,7 @@ from tests.integration.conftest import THAW, leftovers, settings_for, thaw_env
 # Not TEST_SUBNET: other suites (and other worktrees' runs) use that one.
 NET_SUBNET = "10.215.0.0/20"
 PORT = flood.SANDBOX_PORT
-POLICY = healthmod.Policy(timeout_s=3.0, attempt_timeout_s=0.5)
+POLICY = probemod.Policy(timeout_s=3.0, attempt_timeout_s=0.5)
 
 
 def net_settings(base: Path) -> configmod.Settings:

@@ -84,7 +84,9 @@ def test_no_image_then_image(env):
     assert (d.restore, d.reason) == (False, "no-image") and d.key.startswith("default.web.")
     images.available[d.key] = True
     d2 = t.prepare_restore(rt)
-    assert d2.restore and d2.image_path == str(tmp / d.key) and d2.lease_id
+    assert d2.restore and d2.image_path == str(tmp / d.key)
+    # The stand-in's deadline for Restore: runsc + health check (+ hooks), from thawd's settings.
+    assert d2.restore_timeout_s == t.s.runsc_timeout_s + t.s.thawd_health_timeout_s + 5.0
 
 
 def test_tuple_mismatch_and_store_errors_are_cold_with_reason(env):
@@ -132,12 +134,12 @@ def test_consecutive_failures_quarantine_and_persist(env):
     rt = bundle(tmp, "c1", OPT_IN)
     key = t.prepare_restore(rt).key
     images.available[key] = True
-    t.report_outcome(rt, key, "RESTORE_FAILED", 0, "runsc restore failed: boom")
+    t.report_outcome(rt, "RESTORE_FAILED", "runsc restore failed: boom")
     assert t.prepare_restore(rt).restore  # one failure is not enough (quarantine_after = 2)
-    t.report_outcome(rt, key, "RESTORED", 1.0, "")
-    t.report_outcome(rt, key, "RESTORE_FAILED", 0, "x")
+    t.quarantine.succeeded(key)  # what a healthy Restore records (tests/functional/test_thawd_restore.py)
+    t.report_outcome(rt, "RESTORE_FAILED", "x")
     assert t.prepare_restore(rt).restore  # a success in between resets the count
-    t.report_outcome(rt, key, "RESTORE_FAILED", 0, "unhealthy after restore: exit 1")
+    t.report_outcome(rt, "RESTORE_FAILED", "unhealthy after restore: exit 1")
     d = t.prepare_restore(rt)
     assert not d.restore and d.reason.startswith("quarantined: 2 restores in a row failed")
     saved = json.loads((tmp / "state" / "thawd" / "quarantine.json").read_text())
@@ -164,6 +166,23 @@ def test_gpu_container_gets_the_helper_mount_and_the_original_is_kept(env):
     spec = json.loads((rt.bundle / "config.json").read_text())
     assert len([m for m in spec["mounts"] if m["destination"] == "/thaw/bin"]) == 1
     assert (rt.bundle / ORIG_CONFIG).read_text() == original
+
+
+def test_outcomes_are_validated_and_restore_needs_a_decision(env):
+    t, images, tmp = env
+    rt = bundle(tmp, "c1", OPT_IN)
+    with pytest.raises(UserError):
+        t.report_outcome(rt, "RESTORED", "")  # thawd records restores itself, in Restore
+    ok, detail, _ = t.restore(rt)
+    assert not ok and "no restore decision" in detail
+
+
+def test_no_readiness_probe_means_no_auto_checkpoint(env):
+    t, images, tmp = env
+    rt = bundle(tmp, "c1", OPT_IN)
+    key = t.prepare_restore(rt).key
+    t._auto_checkpoint(rt, key)
+    assert t.metrics.counters().get('thaw_auto_checkpoints_total{result="no-ready-probe"}') == 1
 
 
 @pytest.mark.parametrize("cid, bundle_path, root, flags", [

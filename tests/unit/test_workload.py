@@ -2,6 +2,7 @@ import pytest
 
 from control.lifecycle import workload
 from control.errors import UserError
+from runsc_hooks import probe
 from runsc_hooks import spec as specmod
 
 
@@ -36,18 +37,25 @@ def test_env_counts_only_when_listed():
 
 
 def test_probes_and_their_defaults():
+    # No readiness probe: never checkpointed automatically; a restore checks it runs.
     w = workload.from_spec(spec({"thaw.dev/workload": "web"}))
-    assert (w.ready.kind, w.health) == ("delay", workload.Probe("delay", "0"))
+    assert (w.ready, w.health) == (None, probe.RunningProbe())
     w = workload.from_spec(spec({"thaw.dev/workload": "web", "thaw.dev/ready": "file:/tmp/ready"}))
-    assert w.health == w.ready == workload.Probe("file", "/tmp/ready")
+    assert w.health == w.ready == probe.FileProbe("/tmp/ready")
+    # The one grammar: http/gpu/tcp probes work in annotations too.
+    w = workload.from_spec(spec({"thaw.dev/workload": "web", "thaw.dev/ready": "http:8000/health"}))
+    assert w.health == w.ready == probe.HttpProbe(8000, "/health")
+    w = workload.from_spec(spec({"thaw.dev/workload": "web", "thaw.dev/ready": "delay:5"}))
+    assert (w.ready, w.health) == (probe.DelayProbe(5.0), probe.RunningProbe())
     w = workload.from_spec(spec({"thaw.dev/workload": "web", "thaw.dev/health": "exec:true"}))
-    assert w.health == workload.Probe("exec", "true")
+    assert w.health == probe.ExecProbe(("true",))
 
 
 @pytest.mark.parametrize("ann, field", [
     ({"thaw.dev/workload": "bad name!"}, "thaw.dev/workload"),
     ({"thaw.dev/workload": "w", "thaw.dev/tenant": ""}, "thaw.dev/tenant"),
-    ({"thaw.dev/workload": "w", "thaw.dev/ready": "http:80"}, "thaw.dev/ready"),
+    ({"thaw.dev/workload": "w", "thaw.dev/ready": "http:/x"}, "thaw.dev/ready"),
+    ({"thaw.dev/workload": "w", "thaw.dev/ready": "ftp:21"}, "thaw.dev/ready"),
     ({"thaw.dev/workload": "w", "thaw.dev/ready": "delay:soon"}, "thaw.dev/ready"),
     ({"thaw.dev/workload": "w", "thaw.dev/health": "file:relative"}, "thaw.dev/health"),
 ])

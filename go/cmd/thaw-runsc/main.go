@@ -24,7 +24,6 @@ func main() {
 	if target == "" {
 		target = filepath.Join(dir, "runsc") // twin: standin.LoadConfig
 	}
-	argv := os.Args
 	switch runscargv.Parse(os.Args[1:]).Command {
 	case "create", "start", "delete":
 		// Without the hooks binary thaw can only get out of the way: a
@@ -32,11 +31,8 @@ func main() {
 		if hooks := filepath.Join(dir, "thaw-runsc-hooks"); isExecutable(hooks) {
 			target = hooks
 		}
-		argv = append([]string{target}, os.Args[1:]...)
-	default:
-		argv = append([]string{target}, os.Args[1:]...)
 	}
-	err := syscall.Exec(target, argv, os.Environ())
+	err := syscall.Exec(target, append([]string{target}, os.Args[1:]...), os.Environ())
 	fmt.Fprintf(os.Stderr, "thaw-runsc: exec %s: %v\n", target, err)
 	os.Exit(128)
 }

@@ -116,14 +116,3 @@ func (a Argv) ContainerID() string {
 	}
 	return last
 }
-
-// Has reports whether a boolean subcommand flag (e.g. "force") is set.
-func (a Argv) Has(name string) bool {
-	for _, w := range a.Args {
-		n := strings.TrimLeft(w, "-")
-		if n == name || n == name+"=true" {
-			return true
-		}
-	}
-	return false
-}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"syscall"
 	"time"
@@ -35,7 +36,6 @@ type Config struct {
 	StateDir       string        // THAW_STANDIN_STATE: create -> start markers
 	LogPath        string        // THAW_STANDIN_LOG: one JSON line per decision
 	PrepareTimeout time.Duration // THAW_PREPARE_TIMEOUT_MS: create's deadline for thawd
-	HealthTimeout  time.Duration // THAW_HEALTH_TIMEOUT_MS: start's deadline for the health check
 }
 
 // DefaultSocket is thawd's socket. Twin: control/config.py "thawd.socket".
@@ -48,7 +48,6 @@ func LoadConfig() Config {
 		StateDir:       envOr("THAW_STANDIN_STATE", "/run/thaw/standin"),
 		LogPath:        envOr("THAW_STANDIN_LOG", "/var/log/thaw/standin.log"),
 		PrepareTimeout: envMillis("THAW_PREPARE_TIMEOUT_MS", 5000),
-		HealthTimeout:  envMillis("THAW_HEALTH_TIMEOUT_MS", 30000),
 	}
 	c.RealRunsc = os.Getenv("THAW_REAL_RUNSC")
 	if c.RealRunsc == "" {
@@ -81,10 +80,11 @@ type marker struct {
 	Key        string  `json:"workload_key"`
 	Decision   string  `json:"decision"` // restore | cold
 	Reason     string  `json:"reason,omitempty"`
-	Image      string  `json:"image_path,omitempty"`
-	Lease      string  `json:"lease_id,omitempty"`
-	Background bool    `json:"background,omitempty"`
-	PidFile    string  `json:"pid_file,omitempty"`
+	// How long start may wait for thawd's Restore: thawd's own settings bound
+	// it (PrepareRestoreResponse.restore_timeout_ms), so no stand-in constant
+	// can drift from them.
+	RestoreTimeoutMs uint32  `json:"restore_timeout_ms,omitempty"`
+	PidFile          string  `json:"pid_file,omitempty"`
 	Created    float64 `json:"created"`
 }
 
@@ -109,8 +109,9 @@ func Main(argv []string) int {
 		return s.start()
 	case "delete":
 		return s.delete()
+	default: // thaw-runsc sends only these three here; anything else is runsc's
+		return s.execRunsc(argv[1:])
 	}
-	return s.execRunsc(argv[1:])
 }
 
 // execRunsc replaces this process with the real runsc (no extra process).
@@ -119,16 +120,30 @@ func (s *Standin) execRunsc(args []string) int {
 	return s.fail(fmt.Sprintf("thaw stand-in: exec %s: %v", s.cfg.RealRunsc, err))
 }
 
+// runscCmd is the real runsc as a child that dies with this process: when the
+// shim's call is killed (SIGKILL, a timeout), a `runsc create` it started must
+// not finish on its own and leave a sandbox nothing reclaims; plain runsc
+// killed at the same moment takes its half-made sandbox with it (issue 14).
+// Pdeathsig fires when the thread that forked the child exits, so the fork
+// happens on a locked OS thread that lives as long as the process does.
+func (s *Standin) runscCmd(args ...string) *exec.Cmd {
+	cmd := exec.Command(s.cfg.RealRunsc, append(append([]string{}, s.a.Global...), args...)...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	return cmd
+}
+
 // runRunsc runs the real runsc as a child with this process's stdio.
 func (s *Standin) runRunsc(args ...string) error {
-	cmd := exec.Command(s.cfg.RealRunsc, append(append([]string{}, s.a.Global...), args...)...)
+	runtime.LockOSThread() // never unlocked: Pdeathsig watches the forking thread
+	cmd := s.runscCmd(args...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	return cmd.Run()
 }
 
 // runRunscQuiet runs the real runsc with /dev/null as stdio.
 func (s *Standin) runRunscQuiet(args ...string) error {
-	cmd := exec.Command(s.cfg.RealRunsc, append(append([]string{}, s.a.Global...), args...)...)
+	runtime.LockOSThread()
+	cmd := s.runscCmd(args...)
 	null, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
 	if err != nil {
 		return err
@@ -229,9 +244,9 @@ func (s *Standin) create() int {
 	resp, err := s.prepare(rt)
 	switch {
 	case err != nil:
-		m.Reason = "thawd-unavailable: " + err.Error()
+		m.Reason = "thawd-unavailable: " + describe(err)
 	case resp.Decision == pb.PrepareRestoreResponse_RESTORE:
-		m.Decision, m.Key, m.Image, m.Lease, m.Background = "restore", resp.WorkloadKey, resp.ImagePath, resp.LeaseId, resp.Background
+		m.Decision, m.Key, m.RestoreTimeoutMs = "restore", resp.WorkloadKey, resp.RestoreTimeoutMs
 	default:
 		m.Key, m.Reason = resp.WorkloadKey, resp.Reason
 	}
@@ -252,13 +267,19 @@ func (s *Standin) create() int {
 	return 0
 }
 
-// coldAgain puts the original spec back and records a cold decision.
+// coldAgain puts the original spec back, tells thawd the restore could not
+// even be tried, and records a cold decision.
 func (s *Standin) coldAgain(m *marker, reason string) {
+	s.report(m, pb.ReportOutcomeRequest_RESTORE_FAILED, reason)
+	s.coldAgainQuiet(m, reason)
+}
+
+// coldAgainQuiet is coldAgain when thawd already knows (its Restore said no).
+func (s *Standin) coldAgainQuiet(m *marker, reason string) {
 	orig := filepath.Join(m.Bundle, origConfigName)
 	if _, err := os.Stat(orig); err == nil {
 		os.Rename(orig, filepath.Join(m.Bundle, "config.json"))
 	}
-	s.report(m, pb.ReportOutcomeRequest_RESTORE_FAILED, 0, reason)
 	m.Decision, m.Reason = "cold-fallback", reason
 	s.saveMarker(m)
 }
@@ -274,7 +295,7 @@ func (s *Standin) prepare(rt *pb.Runtime) (*pb.PrepareRestoreResponse, error) {
 	return c.PrepareRestore(ctx, &pb.PrepareRestoreRequest{Runtime: rt})
 }
 
-func (s *Standin) report(m *marker, outcome pb.ReportOutcomeRequest_Outcome, secs float64, reason string) {
+func (s *Standin) report(m *marker, outcome pb.ReportOutcomeRequest_Outcome, reason string) {
 	c, closer, err := s.dial()
 	if err != nil {
 		return
@@ -282,9 +303,11 @@ func (s *Standin) report(m *marker, outcome pb.ReportOutcomeRequest_Outcome, sec
 	defer closer()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	rt := &pb.Runtime{ContainerId: m.ID, Bundle: m.Bundle, RunscRoot: m.Root, GlobalFlags: s.a.Global}
-	c.ReportOutcome(ctx, &pb.ReportOutcomeRequest{Runtime: rt, WorkloadKey: m.Key, LeaseId: m.Lease,
-		Outcome: outcome, RestoreSeconds: secs, Reason: reason})
+	c.ReportOutcome(ctx, &pb.ReportOutcomeRequest{Runtime: s.runtimeOf(m), Outcome: outcome, Reason: reason})
+}
+
+func (s *Standin) runtimeOf(m *marker) *pb.Runtime {
+	return &pb.Runtime{ContainerId: m.ID, Bundle: m.Bundle, RunscRoot: m.Root, GlobalFlags: s.a.Global}
 }
 
 func (s *Standin) start() int {
@@ -299,32 +322,23 @@ func (s *Standin) start() int {
 			return exitCode(err)
 		}
 		if m.Key != "" {
-			s.report(m, pb.ReportOutcomeRequest_COLD_STARTED, 0, m.Reason)
+			s.report(m, pb.ReportOutcomeRequest_COLD_STARTED, m.Reason)
 		}
 		s.log.Write("start", m, "started-cold", m.Reason, t0)
 		return 0
 	}
-	args := []string{"restore", "--image-path=" + m.Image, "--detach"}
-	if m.Background {
-		args = append(args, "--background")
-	}
-	err := s.runRunsc(append(args, id)...)
-	reason := ""
-	if err != nil {
-		reason = "runsc restore failed: " + err.Error()
-	} else if ok, detail := s.health(m); !ok {
-		reason = "unhealthy after restore: " + detail
-	}
-	secs := time.Since(t0).Seconds()
-	if reason == "" {
-		s.report(m, pb.ReportOutcomeRequest_RESTORED, secs, "")
+	// thawd runs `runsc restore`, the health check, the post-restore hooks and
+	// the network gate, and records the outcome (one lifecycle for every door:
+	// control/lifecycle/engine.py). Not restored: thawd removed the sandbox.
+	ok, reason := s.restore(m)
+	if ok {
 		s.log.Write("start", m, "restored", "", t0)
 		return 0
 	}
 	// Fall back: the container must start, cold.
 	s.log.Write("start", m, "restore-failed", reason, t0)
 	s.runRunscQuiet("delete", "--force", id)
-	s.coldAgain(m, reason)
+	s.coldAgainQuiet(m, reason)
 	createArgs := []string{"create", "--bundle=" + m.Bundle}
 	if m.PidFile != "" {
 		createArgs = append(createArgs, "--pid-file="+m.PidFile)
@@ -342,22 +356,33 @@ func (s *Standin) start() int {
 	return 0
 }
 
-func (s *Standin) health(m *marker) (bool, string) {
+// restore asks thawd to restore the container it prepared. Without thawd (it
+// went away after create) nothing can restore: the caller starts cold.
+func (s *Standin) restore(m *marker) (bool, string) {
 	c, closer, err := s.dial()
 	if err != nil {
-		// thawd went away after create: runsc's own view decides.
-		return s.runRunsc("state", m.ID) == nil, "thawd unavailable; runsc state answered"
+		return false, "thawd unavailable at start: " + err.Error()
 	}
 	defer closer()
-	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.HealthTimeout)
-	defer cancel()
-	rt := &pb.Runtime{ContainerId: m.ID, Bundle: m.Bundle, RunscRoot: m.Root, GlobalFlags: s.a.Global}
-	r, err := c.CheckHealth(ctx, &pb.CheckHealthRequest{Runtime: rt, WorkloadKey: m.Key})
-	if err != nil {
-		return false, "health check: " + err.Error()
+	timeout := time.Duration(m.RestoreTimeoutMs) * time.Millisecond
+	if timeout <= 0 {
+		timeout = defaultRestoreTimeout
 	}
-	return r.Healthy, r.Detail
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	r, err := c.Restore(ctx, &pb.RestoreRequest{Runtime: s.runtimeOf(m)})
+	if err != nil {
+		return false, "thawd Restore: " + describe(err)
+	}
+	if !r.Restored {
+		return false, r.Detail
+	}
+	return true, ""
 }
+
+// defaultRestoreTimeout is used only for a marker written by an older stand-in
+// that did not record thawd's deadline.
+const defaultRestoreTimeout = 150 * time.Second
 
 func (s *Standin) delete() int {
 	t0 := time.Now()

@@ -2,7 +2,7 @@
 import pytest
 
 from control.errors import UserError
-from runsc_hooks import health as h
+from runsc_hooks import probe as h
 
 
 @pytest.mark.parametrize("text, probe", [

@@ -1,15 +1,29 @@
-"""The restore health check: per-workload probes with timeouts and retries.
+"""Probes: the one grammar of readiness and health checks, with timeouts and retries.
 
+Every door uses it: `thaw run --probe`, `thaw health`, `thaw restore`, and the
+annotations of containers under containerd (`thaw.dev/ready`, `thaw.dev/health`).
 A restored sandbox gets traffic only after its health check passes (the gate,
 `gate.py`, opens then); an unhealthy restore is torn down and the caller starts
-the container cold. Probes, in their text form (CLI `--probe`, records, images):
+the container cold. A workload is checkpointed automatically only after its
+readiness probe passes. Probes, in their text form (flags, annotations, records,
+images):
 
     running                       the sandbox's container is running (the default)
     tcp:PORT                      a TCP connect to the sandbox address succeeds
     http:PORT/PATH[=STATUS][~BODY] GET answers STATUS (default 200), body contains BODY
     gpu:PORT/PATH[#FIELD]         GET answers 200 with a JSON body whose FIELD (default
                                   "gpu") is present and truthy: proof the GPU answered
-    exec:COMMAND ARGS...          `runsc exec` in the sandbox exits 0
+    exec:COMMAND ARGS...          `runsc exec` in the sandbox exits 0 (split like a shell
+                                  would; use exec:/bin/sh -c '...' for shell syntax)
+    file:/PATH                    the file exists inside the sandbox (`runsc exec test -e`)
+    delay:SECONDS                 passes SECONDS after the check started (0..3600): a
+                                  last resort for workloads that can say nothing else
+
+Where the sandbox has no address the node can reach (a container under
+containerd without a network namespace thaw knows), tcp/http/gpu probes run
+inside the sandbox instead: the request is made from the sandbox's own
+loopback by `runsc exec` of busybox-style `wget` (or python3), see
+`_exec_http`.
 
 TCP is the weakest: netstack completes a handshake for a listener whose
 application is stuck, so prefer http (or exec) where the workload allows.
@@ -23,6 +37,7 @@ timeout. The result records attempts and timings per probe.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 import socket
@@ -35,6 +50,7 @@ from control.errors import UserError
 BACKOFF_FIRST_S = 0.01
 BACKOFF_MAX_S = 0.25
 MAX_RESPONSE_BYTES = 1 << 20
+GONE_CHECK_S = 0.5       # how often a failing check asks whether the workload still exists
 
 
 class ProbeFailed(Exception):
@@ -48,6 +64,8 @@ class Target:
     mark: int | None = None                                      # SO_MARK for probe sockets
     exec: Callable[[list[str], float], tuple[int, str]] | None = None  # argv, timeout -> (rc, output)
     running: Callable[[], bool] | None = None
+    started: float | None = None                                 # clock() when the check began (delay:)
+    gone: Callable[[], bool] | None = None                       # the workload has exited or was deleted
 
 
 class Probe(Protocol):
@@ -88,6 +106,9 @@ class TcpProbe:
     port: int
 
     def attempt(self, target: Target, timeout_s: float) -> str:
+        if not target.address and target.exec is not None:
+            _exec_http(target, self.port, "/", timeout_s, connect_only=True)
+            return "connected (from inside the sandbox)"
         _connect(target, self.port, timeout_s).close()
         return "connected"
 
@@ -96,7 +117,10 @@ class TcpProbe:
 
 
 def http_get(target: Target, port: int, path: str, timeout_s: float) -> tuple[int, bytes]:
-    """A minimal HTTP/1.1 GET over a marked socket: (status, body)."""
+    """A minimal HTTP/1.1 GET over a marked socket: (status, body). Without an
+    address, the GET runs inside the sandbox (`_exec_http`)."""
+    if not target.address and target.exec is not None:
+        return _exec_http(target, port, path, timeout_s)
     deadline = time.monotonic() + timeout_s
     s = _connect(target, port, timeout_s)
     try:
@@ -122,6 +146,34 @@ def http_get(target: Target, port: int, path: str, timeout_s: float) -> tuple[in
     if not sep or len(parts) < 2 or not parts[0].startswith(b"HTTP/") or not parts[1].isdigit():
         raise ProbeFailed(f"GET {path}: not an HTTP response: {buf[:80]!r}")
     return int(parts[1]), body
+
+
+# A GET from inside the sandbox, to its own loopback: python3 when the image has
+# it (status and body), else busybox/GNU wget (wget exits non-zero on any status
+# >= 400 without saying which, so a 200 is all it can report).
+_PY_GET = ("import sys,urllib.request as u,urllib.error as e\n"
+           "try:\n r=u.urlopen(sys.argv[1],timeout=float(sys.argv[2])); s=r.status; b=r.read(1<<20)\n"
+           "except e.HTTPError as x:\n s=x.code; b=x.read(1<<20)\n"
+           "sys.stdout.write(str(s)+chr(10)+b.decode('utf-8','replace'))")
+
+
+def _exec_http(target: Target, port: int, path: str, timeout_s: float,
+               connect_only: bool = False) -> tuple[int, bytes]:
+    url = f"http://127.0.0.1:{port}{path}"
+    t = f"{max(timeout_s, 0.001):.3f}"
+    rc, out = target.exec(["python3", "-c", _PY_GET, url, t], timeout_s + 1)
+    if rc == 0:
+        status, _, body = out.partition("\n")
+        if status.strip().isdigit():
+            return int(status), body.encode()
+    elif rc in (126, 127) or "executable file not found" in out or "no such file" in out.lower():
+        secs = str(max(1, int(timeout_s + 0.999)))
+        rc, out = target.exec(["wget", "-q", "-T", secs, "-O", "-", url], timeout_s + 1)
+        if rc == 0:
+            return 200, out.encode()
+        if connect_only and "refused" not in out.lower():
+            return 0, b""  # something answered the connection (wget says nothing else)
+    raise ProbeFailed(f"GET {url} from inside the sandbox failed (exit {rc}): {out.strip()[-200:]}")
 
 
 def _content_length(head: bytes) -> int | None:
@@ -192,6 +244,43 @@ class ExecProbe:
         return "exec:" + shlex.join(self.argv)
 
 
+@dataclass(frozen=True)
+class FileProbe:
+    """A file the workload creates when it is ready, checked inside the sandbox."""
+    path: str
+
+    def attempt(self, target: Target, timeout_s: float) -> str:
+        if target.exec is None:
+            raise ProbeFailed("no way to exec in the sandbox")
+        rc, out = target.exec(["test", "-e", self.path], timeout_s)
+        if rc != 0:
+            raise ProbeFailed(f"{self.path} does not exist (test exited {rc}{': ' + out.strip()[-120:] if out.strip() else ''})")
+        return "exists"
+
+    def __str__(self) -> str:
+        return f"file:{self.path}"
+
+
+@dataclass(frozen=True)
+class DelayProbe:
+    """Passes once `seconds` have gone by since the check started."""
+    seconds: float
+
+    def attempt(self, target: Target, timeout_s: float) -> str:
+        if target.started is None:
+            raise ProbeFailed("no start time for a delay probe")
+        left = target.started + self.seconds - time.monotonic()
+        if left > 0:
+            time.sleep(min(left, timeout_s))
+            left = target.started + self.seconds - time.monotonic()
+        if left > 0:
+            raise ProbeFailed(f"{left:.1f} s of {self.seconds:g} s to go")
+        return f"{self.seconds:g} s passed"
+
+    def __str__(self) -> str:
+        return f"delay:{self.seconds:g}"
+
+
 def parse(text: str) -> Probe:
     """A probe from its text form (module docstring); UserError naming the probe when bad."""
     kind, sep, rest = str(text).partition(":")
@@ -207,6 +296,15 @@ def parse(text: str) -> Probe:
             if not argv:
                 raise ValueError("exec needs a command")
             return ExecProbe(argv)
+        if kind == "file":
+            if not rest.startswith("/") or "\0" in rest:
+                raise ValueError("file needs an absolute path inside the sandbox")
+            return FileProbe(rest)
+        if kind == "delay":
+            secs = float(rest)
+            if not 0 <= secs <= 3600:
+                raise ValueError(f"delay must be 0..3600 seconds, got {rest!r}")
+            return DelayProbe(secs)
         if kind in ("http", "gpu"):
             port_s, slash, path = rest.partition("/")
             path = "/" + path if slash else "/"
@@ -219,9 +317,23 @@ def parse(text: str) -> Probe:
             if not 100 <= st <= 599:
                 raise ValueError(f"status {st} is not an HTTP status")
             return HttpProbe(_port(port_s), path, st, body if "~" in rest else None)
-        raise ValueError(f"unknown kind {kind!r}: use running, tcp, http, gpu or exec")
+        raise ValueError(f"unknown kind {kind!r}: use running, tcp, http, gpu, exec, file or delay")
     except ValueError as e:
         raise UserError(f"probe {text!r}: {e}", probe=str(text)) from None
+
+
+def _gone(target: Target) -> bool:
+    if target.gone is None:
+        return False
+    try:
+        return bool(target.gone())
+    except Exception:  # noqa: BLE001 - a state query that fails is not proof the workload is gone
+        return False
+
+
+def parse_all(texts) -> list:
+    """Probes from their text forms (a flag's values, an annotation's comma-free list)."""
+    return [parse(t) if isinstance(t, str) else t for t in texts]
 
 
 def _port(s: str) -> int:
@@ -264,10 +376,16 @@ class HealthResult:
 
 def check(probes: list[Probe], target: Target, policy: Policy = Policy(),
           clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> HealthResult:
-    """Run `probes` in order, each retried until it passes or the deadline passes."""
+    """Run `probes` in order, each retried until it passes or the deadline passes.
+    When the container stops running the check fails at once: a workload that is
+    gone will not come back, so waiting out the deadline would only delay the
+    caller's cold start."""
     t0 = clock()
+    if target.started is None:
+        target = dataclasses.replace(target, started=time.monotonic())  # DelayProbe reads the real clock
     deadline = t0 + policy.timeout_s
     results = []
+    next_gone_check = t0  # asking runsc costs ~10 ms: at most every GONE_CHECK_S
     for probe in probes or [RunningProbe()]:
         attempts, backoff, detail, ok = 0, BACKOFF_FIRST_S, "", False
         while True:
@@ -279,6 +397,11 @@ def check(probes: list[Probe], target: Target, policy: Policy = Policy(),
                 break
             except ProbeFailed as e:
                 detail = str(e)
+            if clock() >= next_gone_check:
+                next_gone_check = clock() + GONE_CHECK_S
+                if _gone(target):
+                    detail = f"{detail}; the workload is gone (exited or deleted), not waiting for it"
+                    break
             left = deadline - clock()
             if left <= 0:
                 break

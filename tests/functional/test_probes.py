@@ -7,7 +7,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from runsc_hooks import health as h
+from runsc_hooks import probe as h
 
 
 class Handler(BaseHTTPRequestHandler):

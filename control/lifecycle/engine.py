@@ -1,0 +1,260 @@
+"""The one sandbox lifecycle: checkpoint, restore, probe, with the network gate,
+the workload profile's hooks and the GPU helper, whichever door asked.
+
+Two doors drive it and differ only in how they are asked:
+- the CLI (`thaw run/checkpoint/restore/health`, control/lifecycle/sandbox.py),
+  for sandboxes thaw runs itself under its own runsc root;
+- thawd (control/thawd/service.py), for containers containerd's shim runs,
+  asked by the Go stand-in over gRPC (PrepareRestore, Restore, ReportOutcome).
+
+A `Handle` names one sandbox as runsc knows it (root, global flags, exact id,
+bundle) and how the node reaches it (address, gate name). The engine never
+plumbs networks, never keeps records and never decides restore-or-cold: the
+doors do that around it.
+
+Checkpoint never loses the workload: `runsc checkpoint` always runs with
+`--leave-running`, so a failed save (ENOSPC, a GPU sandbox without the CUDA
+helper, a driver error) leaves the workload serving; a sandbox that was asked
+to stop after the save is stopped only once the image is complete and its
+files checked (docs/gvisor-facts.md: without --leave-running a failed save
+kills the workload, seen on the H200). GPU sandboxes get the CUDA helper
+(`--cuda-checkpoint-path`) because their spec lists /dev/nvidiactl, in every
+door.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from control.config import Settings
+from control.errors import CheckpointFailed, HookError, NotFound, RunscError, SpecError, ThawError
+from control.files import fsync_path
+from control.lifecycle import profiles
+from runsc_hooks import gate as gatemod
+from runsc_hooks import probe as probemod
+from runsc_hooks import spec as specmod
+from runsc_hooks.runsc import IMAGE_FILES, CheckpointOptions, RestoreOptions, Runsc
+
+log = logging.getLogger(__name__)
+
+# The image file runsc cannot restore without (docs/gvisor-facts.md: the
+# sentry refuses an empty checkpoint.img).
+REQUIRED_IMAGE_FILE = "checkpoint.img"
+
+
+def uses_gpu(spec: dict) -> bool:
+    """nvproxy is on for specs listing /dev/nvidiactl (docs/gvisor-facts.md)."""
+    return any(d.get("path") == "/dev/nvidiactl" for d in (spec.get("linux") or {}).get("devices") or [])
+
+
+def cuda_helper_path(spec: dict) -> str | None:
+    """The in-sandbox path of the CUDA checkpoint helper for a GPU spec; None for a CPU spec.
+    SpecError for a GPU spec without the helper mounted: runsc could not save its GPU state."""
+    if not uses_gpu(spec):
+        return None
+    from nvproxy import helper
+    if not any(m.get("destination") == helper.HELPER_DIR for m in spec.get("mounts") or []):
+        raise SpecError("mounts", f"GPU sandbox without the CUDA checkpoint helper at {helper.HELPER_DIR}: "
+                        "runsc cannot save its GPU memory (start it with `thaw run --gpus` or under thawd)")
+    return helper.HELPER_PATH
+
+
+@dataclass(frozen=True)
+class Handle:
+    """One sandbox, as runsc and the node's network see it."""
+    id: str                          # the runsc container id, exact
+    runsc: Runsc                     # root and global flags the sandbox runs under
+    bundle: Path                     # its OCI bundle (config.json)
+    address: str | None = None       # the sandbox address the node reaches; None: probes run inside it
+    gate: str | None = None          # the name its ingress gate is kept under; None: no gate
+    mark: int | None = None          # SO_MARK of probes (they pass a closed gate)
+
+    def spec(self) -> dict:
+        return specmod.Bundle(self.bundle).load()
+
+
+@dataclass(frozen=True)
+class Saved:
+    """What a checkpoint wrote."""
+    image: Path
+    seconds: float                   # runsc checkpoint (hooks excluded)
+    files: dict[str, int]            # file name -> bytes
+    gpu: bool
+    hooks: list[dict] = field(default_factory=list)
+    gate_dropped: int | None = None  # packets held off while the gate was closed
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.files.values())
+
+
+@dataclass(frozen=True)
+class Restored:
+    seconds: float                   # runsc restore + health check + hooks
+    runsc_s: float                   # runsc restore alone
+    health: probemod.HealthResult | None
+    hooks: list[dict] = field(default_factory=list)
+    gate_dropped: int | None = None
+
+
+def status(r: Runsc, cid: str) -> str:
+    """runsc's view of container `cid`: created/running/paused/stopped, "absent", or "unknown (...)"."""
+    try:
+        return r.state(cid).status
+    except NotFound:
+        return "absent"
+    except RunscError as e:
+        return f"unknown ({e.runsc_message})"
+
+
+class Engine:
+    def __init__(self, settings: Settings) -> None:
+        self.s = settings
+
+    # -- probes ----------------------------------------------------------------
+
+    def target(self, h: Handle) -> probemod.Target:
+        r = h.runsc
+
+        def run_exec(argv: list[str], timeout_s: float) -> tuple[int, str]:
+            try:
+                proc = r.exec(h.id, argv, timeout_s=timeout_s)
+                return 0, proc.stdout + proc.stderr
+            except RunscError as e:
+                return (124 if e.returncode is None else e.returncode), e.stderr_tail or e.runsc_message
+            except ThawError as e:  # the container went away: a failed attempt
+                return -1, str(e)
+
+        return probemod.Target(address=h.address, mark=h.mark, exec=run_exec,
+                               running=lambda: status(r, h.id) == "running",
+                               gone=lambda: status(r, h.id) in ("stopped", "absent"))
+
+    def policy(self, timeout_s: float | None = None) -> probemod.Policy:
+        return probemod.Policy(self.s.health_timeout_s if timeout_s is None else timeout_s,
+                               self.s.health_attempt_timeout_s)
+
+    def check(self, h: Handle, probes: list, policy: probemod.Policy | None = None) -> probemod.HealthResult:
+        """Run `probes` (text or parsed) against the sandbox until they pass or the deadline passes;
+        fails at once when the workload has exited."""
+        return probemod.check(probemod.parse_all(probes), self.target(h), policy or self.policy())
+
+    # -- hooks -----------------------------------------------------------------
+
+    def hooks(self, h: Handle, spec: dict, phase: str) -> list[dict]:
+        """The workload profile's hooks for `phase` (thaw.dev/profile), run against the sandbox.
+        HTTP hooks go to the sandbox's address, or from inside it when the node has none."""
+        profile = profiles.for_spec(spec)
+        if not profile.hooks(phase):
+            return []
+        target = profiles.Target(host=h.address or "127.0.0.1", exec_in_sandbox=profiles.runsc_exec(h.runsc, h.id),
+                                 http_via_exec=h.address is None)
+        records = profiles.run_hooks(profile, phase, target)
+        log.info("%s hooks of %s (%s): %s", phase, h.id, profile.name, records)
+        return records
+
+    # -- checkpoint ------------------------------------------------------------
+
+    def checkpoint(self, h: Handle, out: Path, stop_after: bool = False, timeout_s: float | None = None) -> Saved:
+        """Save sandbox `h` into the new directory `out` (created by runsc; its parent must exist).
+
+        The gate is closed from before the pre-checkpoint hooks until the image is
+        written. runsc always leaves the workload running; with `stop_after`, it is
+        killed once the image is complete (the caller removes what is left). On any
+        failure the workload is still serving (its gate open again) and
+        CheckpointFailed says so; `out` is removed.
+        """
+        spec = h.spec()
+        cuda = cuda_helper_path(spec)  # before anything happens: a clear error, nothing closed
+        gated = h.gate is not None and gatemod.close(h.gate, h.mark or self.s.network_probe_mark, "checkpoint")
+        t0 = time.monotonic()
+        hooks: list[dict] = []
+        try:
+            hooks = self.hooks(h, spec, "pre_checkpoint")
+            t1 = time.monotonic()
+            h.runsc.checkpoint(h.id, CheckpointOptions(image_path=out, leave_running=True,
+                                                       compression=self.s.checkpoint_compression,
+                                                       cuda_checkpoint_path=cuda), timeout_s)
+            seconds = time.monotonic() - t1
+            files = check_image_files(out)
+        except BaseException as e:
+            _remove_tree(out)
+            st = status(h.runsc, h.id)
+            dropped = gatemod.open(h.gate, "checkpoint failed; the workload runs on") if gated else None
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
+            reason = e.message if isinstance(e, ThawError) else f"{type(e).__name__}: {e}"
+            if isinstance(e, HookError):
+                reason = f"pre-checkpoint hook: {reason}"
+            log.warning("checkpoint of %s failed after %.2fs (workload %s, %s packets held off): %s",
+                        h.id, time.monotonic() - t0, st, dropped, reason)
+            raise CheckpointFailed(h.id, reason, st) from e
+        dropped = None
+        if stop_after:
+            _stop(h)
+            if gated:
+                dropped = gatemod.state(h.gate).dropped_packets
+        elif gated:
+            dropped = gatemod.open(h.gate, "image written")
+        log.info("checkpoint of %s: %d bytes in %.2fs%s", h.id, sum(files.values()), seconds,
+                 " (GPU, CUDA helper)" if cuda else "")
+        return Saved(out, seconds, files, cuda is not None, hooks, dropped)
+
+    # -- restore ---------------------------------------------------------------
+
+    def restore(self, h: Handle, image: Path, probes: list, *, opts: RestoreOptions,
+                policy: probemod.Policy | None = None, health_check: bool = True,
+                timeout_s: float | None = None) -> Restored:
+        """`runsc restore` image into `h` (created by `opts.create` or already by a
+        `runsc create`), then the health check and post-restore hooks; the gate
+        (closed by the caller before the sandbox's network existed) opens only when
+        both pass. Raises UnhealthyRestore / HookError / RunscError, leaving the
+        sandbox for the caller to remove (it knows what else to undo)."""
+        from control.errors import UnhealthyRestore
+        t0 = time.monotonic()
+        h.runsc.restore(h.id, opts, timeout_s)
+        runsc_s = time.monotonic() - t0
+        result = None
+        if health_check:
+            result = self.check(h, probes, policy)
+            if not result.healthy:
+                raise UnhealthyRestore(h.id, str(image), result.to_dict(), result.summary())
+        try:
+            hooks = self.hooks(h, h.spec(), "post_restore")
+        except HookError as e:
+            raise UnhealthyRestore(h.id, str(image), result.to_dict() if result else {},
+                                   f"post-restore hook failed: {e.message}") from None
+        dropped = gatemod.open(h.gate, "restored and healthy") if h.gate is not None else None
+        return Restored(time.monotonic() - t0, runsc_s, result, hooks, dropped)
+
+
+def check_image_files(image: Path) -> dict[str, int]:
+    """Sizes of a runsc image directory's files, made durable; ImageError-free by
+    design: a missing or empty checkpoint.img raises CheckpointFailed's cause."""
+    files: dict[str, int] = {}
+    for p in sorted(Path(image).iterdir()):
+        if p.name in IMAGE_FILES:
+            fsync_path(p)
+            files[p.name] = p.stat().st_size
+    if not files.get(REQUIRED_IMAGE_FILE):
+        raise ThawError(f"runsc wrote no {REQUIRED_IMAGE_FILE} into {image} (or an empty one)")
+    fsync_path(image)
+    return files
+
+
+def _stop(h: Handle) -> None:
+    """Kill the workload after a complete save (the caller deletes the container)."""
+    import signal
+    try:
+        h.runsc.kill(h.id, signal.SIGKILL, all_processes=True)
+    except ThawError as e:
+        log.warning("stopping %s after its checkpoint: %s", h.id, e)
+
+
+def _remove_tree(p: Path) -> None:
+    import shutil
+    if os.path.lexists(p):
+        shutil.rmtree(p, ignore_errors=True)
