@@ -247,15 +247,18 @@ class Registry:
             raise NotFound("CDI device", qualified, f"known: {known} (from {where})") from None
 
 
-def load_dirs(dirs: Iterable[Path] = CDI_DIRS) -> Registry:
-    """Every spec file in `dirs` (missing directories are fine), later overriding earlier."""
+def load_dirs(dirs: Iterable[Path] = CDI_DIRS, exclude: Iterable[Path] = ()) -> Registry:
+    """Every spec file in `dirs` (missing directories are fine), later overriding
+    earlier; files in `exclude` are not read (provision leaves out the spec it
+    owns and may rewrite)."""
     reg = Registry()
+    skip = {Path(p) for p in exclude}
     for d in dirs:
         d = Path(d)
         if not d.is_dir():
             continue
         for p in sorted(d.iterdir()):
-            if p.suffix in (".json", ".yaml", ".yml") and p.is_file():
+            if p.suffix in (".json", ".yaml", ".yml") and p.is_file() and p not in skip:
                 reg.add(load_file(p))
     return reg
 
@@ -344,12 +347,14 @@ def generate(node: NodeGpus, lib_dirs: Iterable[Path] = DEFAULT_LIB_DIRS,
     return doc
 
 
-def write_spec(doc: dict, directory: Path = Path("/var/run/cdi"), name: str = "thaw-nvidia.json") -> Path:
-    """Write a generated spec atomically (temp file, fsync, rename)."""
+def write_spec(doc: dict, directory: Path = Path("/var/run/cdi"), name: str = "thaw-nvidia.json",
+               mode: int = 0o644) -> Path:
+    """Write a generated spec atomically (temp file, fsync, rename), world-readable
+    like the NVIDIA container toolkit's specs: it names no secret."""
     parse(doc)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(directory / name, doc)
+    write_json_atomic(directory / name, doc, mode)
     return directory / name
 
 

@@ -7,6 +7,17 @@ subset of the restoring CPU's (docs/gvisor-facts.md). The tuple records those
 facts, plus what thaw adds (GPU product and count, CUDA driver version,
 machine type), and `check` explains a mismatch field by field.
 
+`node_tuple` is the one builder of a node's tuple: thawd (which publishes
+images under it and matches them against it), `thaw doctor` and `thaw
+provision` (which print it) all call it, and its GPU half comes from the one
+GPU reader, nvproxy/gpu.py `probe` (NVML, else /proc/driver/nvidia). So doctor
+prints the hash thawd serves (its Health RPC) on the same node.
+
+GPU product rule: `gpu_product` is the node's distinct GPU product names,
+sorted and joined by "," (`NodeGpus.compat`): "NVIDIA H200" on an 8 x H200
+node, "NVIDIA A100-SXM4-80GB,NVIDIA H200" on a mixed one. Count and order of
+enumeration do not enter it; `gpu_count` carries the count.
+
 No GPU is a valid tuple: product "", count 0, driver and CUDA versions "".
 """
 
@@ -17,10 +28,11 @@ import json
 import logging
 import platform as _platform
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from control.config import Settings
 from control.errors import ManifestError
+from nvproxy import gpu as gpumod
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +43,7 @@ class CompatTuple:
     platform: str                 # runsc --platform (systrap, kvm, ptrace)
     arch: str                     # uname -m
     cpu_features: tuple[str, ...]  # `runsc cpu-features`, sorted
-    gpu_product: str              # NVML device name of GPU 0; "" without GPU
+    gpu_product: str              # distinct GPU product names, sorted, ","-joined; "" without GPU
     gpu_count: int
     driver_version: str           # NVIDIA driver, e.g. 580.159.04; "" without GPU
     cuda_driver_version: str      # CUDA version the driver supports, e.g. 13.0; "" without GPU
@@ -112,37 +124,19 @@ class _RunscFacts(Protocol):
     def cpu_features(self) -> list[str]: ...
 
 
-@dataclass(frozen=True)
-class GpuFacts:
-    product: str = ""
-    count: int = 0
-    driver_version: str = ""
-    cuda_driver_version: str = ""
-
-
-def nvml_gpu_facts() -> GpuFacts:
-    """GPU product, count and driver versions through NVML (nvproxy/gpu.py, the
-    one NVML reader); no GPU gives the empty GpuFacts, a broken NVML a GpuError."""
-    from nvproxy import gpu
-    c = gpu.probe().compat()
-    return GpuFacts(product=c["gpu_product"], count=c["gpu_count"], driver_version=c["driver_version"],
-                    cuda_driver_version=c["cuda_driver_version"])
-
-
-def _text(v: str | bytes) -> str:
-    return v.decode() if isinstance(v, bytes) else v
-
-
 def node_tuple(settings: Settings, runsc: _RunscFacts | None = None,
-               gpu: Callable[[], GpuFacts] = nvml_gpu_facts, arch: str | None = None) -> CompatTuple:
-    """This node's tuple: asks runsc (version, CPU features) and NVML."""
+               gpus: gpumod.NodeGpus | None = None, arch: str | None = None) -> CompatTuple:
+    """This node's tuple. `runsc` (default: the configured runsc) answers the
+    version and CPU features; `gpus` (default: nvproxy.gpu.probe(), whose
+    GpuError on a broken driver propagates) the GPU half; `arch` defaults to
+    uname -m. Callers that already hold these facts (doctor) pass them in."""
     if runsc is None:
         from runsc_hooks.runsc import GlobalOptions, Runsc
         runsc = Runsc(settings.runsc_path, GlobalOptions(root=settings.runsc_root,
                                                          platform=settings.runsc_platform),
                       timeout_s=settings.runsc_timeout_s)
-    g = gpu()
+    g = (gpumod.probe() if gpus is None else gpus).compat()
     return CompatTuple(runsc_version=runsc.version(), platform=settings.runsc_platform,
                        arch=arch or _platform.machine(), cpu_features=tuple(sorted(set(runsc.cpu_features()))),
-                       gpu_product=g.product, gpu_count=g.count, driver_version=g.driver_version,
-                       cuda_driver_version=g.cuda_driver_version, machine_type=settings.machine_type)
+                       gpu_product=g["gpu_product"], gpu_count=g["gpu_count"], driver_version=g["driver_version"],
+                       cuda_driver_version=g["cuda_driver_version"], machine_type=settings.machine_type)

@@ -2,8 +2,10 @@
 what `thaw doctor` reports (pass / warn / fail per line).
 
 A check is a pure function of facts; the facts come from the host through the
-small readers at the bottom (os.uname, /proc, the runsc binary, NVML), so unit
-tests feed the checks made-up facts and integration tests run them for real.
+small readers at the bottom (os.uname, /proc, the runsc binary) and, for GPUs,
+through nvproxy/gpu.py `probe` (NVML, else /proc/driver/nvidia), the reader
+thawd's compatibility tuple uses too. Unit tests feed the checks made-up facts;
+integration tests run them for real.
 
 Status policy (docs/provision.md "doctor"):
 - fail: the node cannot run thaw as configured (wrong arch, old kernel, not
@@ -21,13 +23,14 @@ import re
 import shutil
 import socket
 import subprocess
-import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from control.node.compat import CompatTuple
 from control.config import RUNSC_VERSION_LABEL, Settings
 from control.errors import ThawError
+from control.node import compat
+from nvproxy import gpu as gpumod
+from nvproxy.gpu import NodeGpus
 from runsc_hooks.runsc import GlobalOptions, Runsc
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
@@ -119,38 +122,28 @@ def check_platform(platform: str, kvm_present: bool) -> Check:
     return Check("platform", PASS, platform)
 
 
-@dataclass(frozen=True)
-class GpuFacts:
-    """NVIDIA GPUs of this node, as doctor sees them: NVML, else /proc/driver/nvidia
-    (a privileged pod sees the host's procfs but usually lacks libnvidia-ml)."""
-    names: tuple[str, ...] = ()
-    minors: tuple[int, ...] = ()
-    driver_version: str = ""
-    cuda_driver_version: str = ""
-    source: str = "none"        # nvml | procfs | none
-
-    @property
-    def present(self) -> bool:
-        return bool(self.names) or bool(self.minors)
-
-
-def gpu_wanted(setting: str, gpu: GpuFacts) -> bool:
+def gpu_wanted(setting: str, gpu: NodeGpus) -> bool:
     """Does this node run GPU sandboxes (nvproxy on, CDI spec, CUDA helper)?"""
-    return setting == "yes" or (setting == "auto" and gpu.present)
+    return setting == "yes" or (setting == "auto" and bool(gpu))
 
 
-def check_gpu(setting: str, gpu: GpuFacts) -> Check:
+def check_gpu(setting: str, gpu: NodeGpus, error: str = "") -> Check:
+    """`error`: why the GPU facts could not be read (a broken NVML). That fails
+    whatever node.gpu says: thawd reads the same facts for its compatibility
+    tuple and does not start without them."""
+    if error:
+        return Check("gpu", FAIL, f"{error}; thawd cannot compute this node's compatibility tuple")
     if setting == "no":
         return Check("gpu", PASS, "node.gpu = no: CPU node, nvproxy off")
-    if gpu.present:
-        names = ", ".join(sorted(set(gpu.names))) or "unknown model"
-        return Check("gpu", PASS, f"{len(gpu.minors) or len(gpu.names)} x {names} ({gpu.source})")
+    if gpu:
+        names = ", ".join(sorted({g.product for g in gpu.gpus})) or "unknown model"
+        return Check("gpu", PASS, f"{len(gpu.gpus)} x {names} ({gpu.source})")
     if setting == "yes":
         return Check("gpu", FAIL, "node.gpu = yes but no NVIDIA GPU was found")
     return Check("gpu", WARN, "no NVIDIA GPU: CPU node, only CPU workloads restore here")
 
 
-def check_driver(gpu: GpuFacts, wanted: bool, supported: list[str] | None) -> Check:
+def check_driver(gpu: NodeGpus, wanted: bool, supported: list[str] | None) -> Check:
     if not gpu.driver_version:
         if wanted:
             return Check("nvidia-driver", FAIL, "no NVIDIA driver loaded (/proc/driver/nvidia/version)")
@@ -208,13 +201,14 @@ class NodeFacts:
     euid: int
     mounts: str
     kvm: bool
-    gpu: GpuFacts
+    gpu: NodeGpus
     containerd_binary: Path | None
     containerd_version: str | None
     runsc_version: str | None = None
     runsc_error: str = ""
     supported_drivers: list[str] | None = None
     cpu_features: list[str] = field(default_factory=list)
+    gpu_error: str = ""        # nvproxy.gpu.probe failed (a broken NVML); gpu is then empty
 
 
 def runsc_client(path: Path, settings: Settings) -> Runsc:
@@ -227,9 +221,13 @@ def gather(settings: Settings, runsc_path: Path, root: Path = Path("/")) -> Node
     (containerd is looked for in its PATH directories)."""
     u = os.uname()
     binary, version = find_containerd(root)
+    try:
+        gpus, gpu_error = gpumod.probe(), ""
+    except ThawError as e:   # GpuError (broken NVML) or pynvml missing: a failed check, not a crash
+        gpus, gpu_error = NodeGpus(), str(e)
     facts = NodeFacts(machine=u.machine, kernel=u.release, euid=os.geteuid(),
                       mounts=_read("/proc/self/mounts"), kvm=Path("/dev/kvm").exists(),
-                      gpu=gpu_facts(), containerd_binary=binary, containerd_version=version)
+                      gpu=gpus, containerd_binary=binary, containerd_version=version, gpu_error=gpu_error)
     if runsc_path.is_file() and os.access(runsc_path, os.X_OK):
         r = runsc_client(runsc_path, settings)
         try:
@@ -251,7 +249,7 @@ def node_checks(settings: Settings, facts: NodeFacts, runsc_path: Path, cache_di
         check_cgroups(facts.mounts),
         check_runsc(runsc_path, facts.runsc_version, facts.runsc_error),
         check_platform(settings.runsc_platform, facts.kvm),
-        check_gpu(settings.gpu, facts.gpu),
+        check_gpu(settings.gpu, facts.gpu, facts.gpu_error),
         check_driver(facts.gpu, gpu_wanted(settings.gpu, facts.gpu), facts.supported_drivers),
         check_containerd(facts.containerd_binary, facts.containerd_version),
         check_space(free_at, shutil.disk_usage(free_at).free, settings.cache_budget_bytes,
@@ -259,59 +257,27 @@ def node_checks(settings: Settings, facts: NodeFacts, runsc_path: Path, cache_di
     ]
 
 
+class _GatheredRunsc:
+    """compat._RunscFacts from what gather() already asked runsc."""
+
+    def __init__(self, facts: NodeFacts) -> None:
+        self.facts = facts
+
+    def version(self) -> str:
+        return self.facts.runsc_version or ""
+
+    def cpu_features(self) -> list[str]:
+        return self.facts.cpu_features
+
+
 def compatibility_tuple(settings: Settings, facts: NodeFacts) -> dict:
-    """The node's compatibility tuple (control/compat.py's: what an image records
-    and a restore matches) from the facts doctor gathered, with its hash."""
-    t = CompatTuple(runsc_version=facts.runsc_version or "", platform=settings.runsc_platform,
-                    arch=facts.machine, cpu_features=tuple(sorted(set(facts.cpu_features))),
-                    gpu_product=facts.gpu.names[0] if facts.gpu.names else "",
-                    gpu_count=len(facts.gpu.minors) or len(facts.gpu.names),
-                    driver_version=facts.gpu.driver_version, cuda_driver_version=facts.gpu.cuda_driver_version,
-                    machine_type=settings.machine_type)
+    """The node's compatibility tuple, built by compat.node_tuple (the builder
+    thawd uses) from the facts doctor gathered, with its hash. Without GPU
+    facts (a broken NVML) there is no tuple: thawd would not start either."""
+    if facts.gpu_error:
+        return {"error": facts.gpu_error}
+    t = compat.node_tuple(settings, runsc=_GatheredRunsc(facts), gpus=facts.gpu, arch=facts.machine)
     return {**t.to_dict(), "hash": t.hash()}
-
-
-def gpu_facts() -> GpuFacts:
-    """NVML when it loads, else /proc/driver/nvidia (a privileged pod sees the
-    host's procfs but usually lacks libnvidia-ml)."""
-    try:
-        with warnings.catch_warnings():
-            # pynvml 13 is a redirector to nvidia-ml-py that warns on import.
-            warnings.simplefilter("ignore", FutureWarning)
-            import pynvml  # type: ignore[import-untyped]
-        pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - no library, no driver: fall back to procfs
-        return _gpu_facts_procfs()
-    try:
-        n = pynvml.nvmlDeviceGetCount()
-        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(n)]
-        names = tuple(_text(pynvml.nvmlDeviceGetName(h)) for h in handles)
-        minors = tuple(int(pynvml.nvmlDeviceGetMinorNumber(h)) for h in handles)
-        driver = _text(pynvml.nvmlSystemGetDriverVersion())
-        cuda = pynvml.nvmlSystemGetCudaDriverVersion_v2()
-        return GpuFacts(names, minors, driver, f"{cuda // 1000}.{cuda % 1000 // 10}", "nvml")
-    except Exception:  # noqa: BLE001
-        return _gpu_facts_procfs()
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001
-            pass
-
-
-def _gpu_facts_procfs() -> GpuFacts:
-    version = _read("/proc/driver/nvidia/version")
-    m = re.search(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+\.\d+(?:\.\d+)?)", version)
-    names, minors = [], []
-    for info in sorted(Path("/proc/driver/nvidia/gpus").glob("*/information")):
-        text = _read(str(info))
-        model = re.search(r"^Model:\s*(.+)$", text, re.M)
-        minor = re.search(r"^Device Minor:\s*(\d+)", text, re.M)
-        names.append(model.group(1).strip() if model else "unknown")
-        if minor:
-            minors.append(int(minor.group(1)))
-    return GpuFacts(tuple(names), tuple(minors), m.group(1) if m else "", "",
-                    "procfs" if (m or names) else "none")
 
 
 def find_containerd(root: Path = Path("/")) -> tuple[Path | None, str | None]:
@@ -357,6 +323,3 @@ def _read(path: str) -> str:
     except OSError:
         return ""
 
-
-def _text(v: object) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)

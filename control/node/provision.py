@@ -27,15 +27,15 @@ from control.node import doctor
 from control.config import DEFAULT_CONFIG_FILE, Settings, field_name, keys, render_value
 from control.errors import PreconditionError, ProvisionError, ThawError
 from control.files import write_file_atomic
+from nvproxy import cdi
+from nvproxy.gpu import NodeGpus
 
 RUNSC_TOML = Path("/etc/thaw/runsc.toml")
 UNIT = Path("/etc/systemd/system/thawd.service")
 UNIT_WANTS = Path("/etc/systemd/system/multi-user.target.wants/thawd.service")
-# CDI's default spec directories (tags.cncf.io/container-device-interface pkg/cdi
-# DefaultStaticDir, DefaultDynamicDir).
-CDI_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
-CDI_SPEC = Path("/etc/cdi/thaw-nvidia.json")
-CDI_KIND = "nvidia.com/gpu"
+# The CDI spec provision writes when no spec defines nvidia.com/gpu: in the
+# static directory (cdi.CDI_DIRS[0]), which outlives a reboot (/var/run does not).
+CDI_SPEC = cdi.CDI_DIRS[0] / "thaw-nvidia.json"
 
 CREATE, UPDATE, NONE, SKIP, RUN = "create", "update", "none", "skip", "run"
 
@@ -76,6 +76,7 @@ class Plan:
     action: str                # create | update | none | skip | run
     detail: str = ""
     warning: bool = False      # a skip the operator should know about
+    error: str = ""            # the step cannot be planned: provision changes nothing, doctor fails it
     result: str = ""           # after apply: created | updated | unchanged | skipped | ran
 
     def to_dict(self) -> dict:
@@ -285,6 +286,56 @@ class Skip(Step):
         pass
 
 
+class CdiSpec(Step):
+    """The node's CDI spec for its GPUs (nvproxy/cdi.py): left alone when a spec
+    in the CDI directories other than ours defines nvidia.com/gpu (the NVIDIA
+    container toolkit's, say); else ours, generated from the GPUs and the
+    driver files on this node and kept in step with them.
+
+    `generate` is nvproxy.cdi.generate (a seam for tests: its driver
+    directories and device-node test)."""
+
+    name = "cdi spec"
+
+    def __init__(self, layout: Layout, gpus: NodeGpus,
+                 generate: Callable[[NodeGpus], dict] = cdi.generate) -> None:
+        self.layout, self.gpus, self.generate = layout, gpus, generate
+        self.target = layout.host(CDI_SPEC)
+        self.doc: dict | None = None
+
+    def plan(self, earlier: list[Plan]) -> Plan:
+        t = str(self.target)
+        try:
+            reg = cdi.load_dirs([self.layout.host(d) for d in cdi.CDI_DIRS], exclude=[self.target])
+        except ThawError as e:
+            why = f"cannot read the CDI specs already there: {e}"
+            return Plan(self.name, t, SKIP, why, warning=True, error=why)
+        theirs = [s.path for s in reg.specs if s.kind == cdi.NVIDIA_KIND]
+        if theirs:
+            return Plan(self.name, theirs[-1], SKIP, f"{cdi.NVIDIA_KIND} spec exists: {theirs[-1]}")
+        try:
+            self.doc = self.generate(self.gpus)
+        except ThawError as e:
+            why = f"cannot generate a CDI spec: {e}"
+            return Plan(self.name, t, SKIP, why, warning=True, error=why)
+        if not self.target.exists():
+            return Plan(self.name, t, CREATE, "generated from this node's GPUs and driver files, mode 0644")
+        try:
+            same = json.loads(self.target.read_text()) == self.doc
+        except (OSError, ValueError):
+            same = False
+        if not same:
+            return Plan(self.name, t, UPDATE, "differs from this node's GPUs and driver files")
+        have = self.target.stat().st_mode & 0o7777
+        if have != 0o644:
+            return Plan(self.name, t, UPDATE, f"mode {have:04o} -> 0644")
+        return Plan(self.name, t, NONE, "up to date, mode 0644")
+
+    def apply(self, plan: Plan) -> None:
+        assert self.doc is not None
+        cdi.write_spec(self.doc, self.target.parent, self.target.name, mode=0o644)
+
+
 # -- the plan -------------------------------------------------------------------
 
 def systemd_running(root: Path) -> bool:
@@ -292,9 +343,9 @@ def systemd_running(root: Path) -> bool:
     return root == Path("/") and Path("/run/systemd/system").is_dir()
 
 
-def steps(settings: Settings, opts: Options, gpu: bool, minors: tuple[int, ...] = ()) -> list[Step]:
+def steps(settings: Settings, opts: Options, gpu: bool, gpus: NodeGpus = NodeGpus()) -> list[Step]:
     """Every step, in order, for this node. gpu: a GPU node (doctor.gpu_wanted);
-    minors: its GPUs' device minors (for the CDI spec)."""
+    gpus: its GPUs, from nvproxy.gpu.probe (for the CDI spec)."""
     lay = Layout(opts.root)
     bindir = settings.install_dir / "bin"
     out: list[Step] = [MakeDir("install-dir", lay, bindir, 0o755)]
@@ -325,7 +376,8 @@ def steps(settings: Settings, opts: Options, gpu: bool, minors: tuple[int, ...] 
                          content=cc.containerd_dropin(settings.runtime_handler,
                                                       bindir / "containerd-shim-runsc-v1", RUNSC_TOML)))
     out.append(ContainerdImports(lay, settings.containerd_config, settings.containerd_dropin_dir))
-    out.append(cdi_step(lay, gpu, minors))
+    out.append(CdiSpec(lay, gpus) if gpu else
+               Skip("cdi spec", str(lay.host(CDI_SPEC)), "CPU node: no CDI spec needed", warning=False))
     out += [MakeDir("state dir", lay, settings.state_dir, 0o711),
             MakeDir("cache dir", lay, settings.cache_dir, 0o700),
             MakeDir("log dir", lay, settings.log_dir, 0o750),
@@ -370,75 +422,6 @@ def _start_thawd(earlier: list[Plan], opts: Options, live: bool) -> tuple[bool, 
     if active and not changed:
         return False, "thawd is running"
     return True, "not running" if not active else "changed: " + ", ".join(changed)
-
-
-def cdi_step(lay: Layout, gpu: bool, minors: tuple[int, ...] = ()) -> Step:
-    """Write a CDI spec for the GPUs if the node has none.
-
-    MINIMAL STAND-IN for nvproxy/cdi.py (another branch): device nodes and the
-    driver libraries found by ldconfig. Replace `cdi_spec` / this step when
-    that module lands.
-    """
-    if not gpu:
-        return Skip("cdi spec", str(lay.host(CDI_SPEC)), "CPU node: no CDI spec needed", warning=False)
-    for spec in existing_cdi_specs(lay):
-        if spec != lay.host(CDI_SPEC):
-            return Skip("cdi spec", str(spec), f"{CDI_KIND} spec exists: {spec}", warning=False)
-    return WriteFile("cdi spec", lay, CDI_SPEC, 0o644,
-                     content=json.dumps(cdi_spec(minors, driver_files()), indent=2) + "\n")
-
-
-def existing_cdi_specs(lay: Layout) -> list[Path]:
-    found = []
-    for d in CDI_DIRS:
-        for f in sorted(lay.host(d).glob("*")):
-            if f.suffix not in (".json", ".yaml", ".yml") or not f.is_file():
-                continue
-            text = f.read_text(errors="replace")
-            if CDI_KIND in text and ("kind" in text):
-                found.append(f)
-    return found
-
-
-def cdi_spec(minors: tuple[int, ...], files: list[Path]) -> dict:
-    """A CDI spec (cdiVersion 0.6.0) for NVIDIA GPUs: one device per GPU plus
-    "all"; the control nodes and driver files for every device."""
-    def node(m: int) -> dict:
-        return {"path": f"/dev/nvidia{m}"}
-    devices = [{"name": str(i), "containerEdits": {"deviceNodes": [node(m)]}}
-               for i, m in enumerate(sorted(minors))]
-    devices.append({"name": "all", "containerEdits": {"deviceNodes": [node(m) for m in sorted(minors)]}})
-    return {
-        "cdiVersion": "0.6.0",
-        "kind": CDI_KIND,
-        "devices": devices,
-        "containerEdits": {
-            "deviceNodes": [{"path": p} for p in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")],
-            "mounts": [{"hostPath": str(f), "containerPath": str(f), "options": ["ro", "nosuid", "nodev", "bind"]}
-                       for f in files],
-        },
-    }
-
-
-# Driver user-space files a CUDA container needs (nvidia-container-toolkit's
-# "utility,compute" set, reduced).
-DRIVER_LIBS = ("libcuda.so.1", "libnvidia-ml.so.1", "libnvidia-ptxjitcompiler.so.1",
-               "libnvidia-nvvm.so.4", "libcudadebugger.so.1", "libnvidia-gpucomp.so")
-
-
-def driver_files() -> list[Path]:
-    try:
-        out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        out = ""
-    found: dict[str, Path] = {}
-    for line in out.splitlines():
-        name, _, path = line.strip().partition(" => ")
-        base = name.split(" ")[0]
-        if "x86-64" in name and any(base.startswith(lib) for lib in DRIVER_LIBS) and base not in found:
-            found[base] = Path(path)
-    smi = shutil.which("nvidia-smi")
-    return sorted(found.values()) + ([Path(smi)] if smi else [])
 
 
 def seed_config(settings: Settings) -> str:
@@ -521,7 +504,7 @@ def make_plan(settings: Settings, opts: Options) -> tuple[Report, list[Step]]:
     gpu = doctor.gpu_wanted(settings.gpu, facts.gpu)
     checks = doctor.node_checks(settings, facts, runsc_src, lay.host(settings.cache_dir))
     checks.append(check_binaries(opts, settings, gpu))
-    todo = steps(settings, opts, gpu, facts.gpu.minors)
+    todo = steps(settings, opts, gpu, facts.gpu)
     plans: list[Plan] = []
     for step in todo:
         plans.append(step.plan(plans))
@@ -541,6 +524,13 @@ def provision(settings: Settings, opts: Options) -> Report:
         failed = "; ".join(f"{c.name}: {c.detail}" for c in report.failed_checks)
         err = PreconditionError(f"node checks failed, nothing was changed: {failed}",
                                 failed=[c.name for c in report.failed_checks])
+        err.report = report  # type: ignore[attr-defined]
+        raise err
+    unplanned = [p for p in report.plans if p.error]
+    if unplanned:
+        err = PreconditionError("steps cannot be done, nothing was changed: "
+                                + "; ".join(f"{p.step}: {p.error}" for p in unplanned),
+                                failed=[p.step for p in unplanned])
         err.report = report  # type: ignore[attr-defined]
         raise err
     if opts.dry_run:
@@ -576,7 +566,7 @@ def doctor_checks(settings: Settings, opts: Options) -> tuple[list[doctor.Check]
     gpu = doctor.gpu_wanted(settings.gpu, facts.gpu)
     checks = doctor.node_checks(settings, facts, runsc_path, lay.host(settings.cache_dir))
     plans: list[Plan] = []
-    for step in steps(settings, opts, gpu, facts.gpu.minors):
+    for step in steps(settings, opts, gpu, facts.gpu):
         plans.append(step.plan(plans))
     for p in plans:
         if p.action == RUN or (p.action == SKIP and p.step in ("systemd reload", "start thawd",
@@ -589,6 +579,8 @@ def doctor_checks(settings: Settings, opts: Options) -> tuple[list[doctor.Check]
 
 
 def _installed(p: Plan) -> doctor.Check:
+    if p.error:
+        return doctor.Check(p.step, doctor.FAIL, f"{p.target}: {p.error}")
     if p.action == NONE:
         return doctor.Check(p.step, doctor.PASS, f"{p.target}: {p.detail}")
     if p.action == SKIP:

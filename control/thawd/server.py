@@ -159,7 +159,7 @@ def serve(settings: Settings, images, tuple_hash: str, ready: threading.Event | 
     os.chmod(settings.thawd_socket, 0o600)
     msrv = serve_metrics(metrics, settings.thawd_metrics_addr) if settings.thawd_metrics_addr else None
     log.info("thawd %s serving on %s (metrics %s, tuple %s)", VERSION, settings.thawd_socket,
-             settings.thawd_metrics_addr or "off", tuple_hash[:12])
+             settings.thawd_metrics_addr or "off", tuple_hash)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -3,9 +3,10 @@ import dataclasses
 import pytest
 
 from control.node import compat
-from control.node.compat import CompatTuple, GpuFacts, check
+from control.node.compat import CompatTuple, check
 from control.config import load
 from control.errors import ManifestError
+from nvproxy import gpu
 
 from .fakes import TUPLE
 
@@ -63,9 +64,15 @@ class FakeRunsc:
         return ["sse2", "avx2", "sse2"]
 
 
+def _gpus(*products: str) -> gpu.NodeGpus:
+    return gpu.NodeGpus("580.159.04", "13.0", tuple(
+        gpu.Gpu(index=i, product=p, uuid=f"GPU-{i}", minor=i, memory_bytes=143771 << 20,
+                pci_bus_id=f"0000:0{i}:00.0") for i, p in enumerate(products)), source="nvml")
+
+
 def test_node_tuple_without_gpu_is_valid():
     s = load(environ={}, overrides={"node.machine_type": "m1"})
-    t = compat.node_tuple(s, runsc=FakeRunsc(), gpu=GpuFacts, arch="x86_64")
+    t = compat.node_tuple(s, runsc=FakeRunsc(), gpus=gpu.NodeGpus(), arch="x86_64")
     assert t.gpu_count == 0 and t.gpu_product == "" and t.driver_version == ""
     assert t.cpu_features == ("avx2", "sse2")
     assert t.machine_type == "m1" and t.runsc_version == "thaw-gvisor-x" and t.platform == "systrap"
@@ -73,34 +80,27 @@ def test_node_tuple_without_gpu_is_valid():
 
 def test_node_tuple_with_gpu():
     s = load(environ={})
-    g = lambda: GpuFacts("NVIDIA H200", 8, "580.159.04", "13.0")  # noqa: E731
-    t = compat.node_tuple(s, runsc=FakeRunsc(), gpu=g, arch="x86_64")
+    t = compat.node_tuple(s, runsc=FakeRunsc(), gpus=_gpus(*["NVIDIA H200"] * 8), arch="x86_64")
     assert (t.gpu_product, t.gpu_count, t.driver_version, t.cuda_driver_version) == \
         ("NVIDIA H200", 8, "580.159.04", "13.0")
 
 
-def _pynvml():
-    import warnings
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        import pynvml
-    return pynvml
+def test_gpu_product_is_the_sorted_distinct_names_joined():
+    # The one rule (compat.py docstring, docs/gpu.md): not GPU 0's name, not
+    # dependent on enumeration order.
+    s = load(environ={})
+    a = compat.node_tuple(s, runsc=FakeRunsc(), gpus=_gpus("NVIDIA H200", "NVIDIA A100-SXM4-80GB", "NVIDIA H200"),
+                          arch="x86_64")
+    b = compat.node_tuple(s, runsc=FakeRunsc(), gpus=_gpus("NVIDIA A100-SXM4-80GB", "NVIDIA H200", "NVIDIA H200"),
+                          arch="x86_64")
+    assert a.gpu_product == "NVIDIA A100-SXM4-80GB,NVIDIA H200" and a.gpu_count == 3
+    assert a.hash() == b.hash()
 
 
-def test_nvml_without_driver_is_no_gpu(monkeypatch):
-    pynvml = _pynvml()
-
-    def no_lib():
-        raise pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
-    monkeypatch.setattr(pynvml, "nvmlInit", no_lib)
-    assert compat.nvml_gpu_facts() == GpuFacts()
-
-
-def test_nvml_facts_come_from_nvproxy_gpu(monkeypatch):
-    from nvproxy import gpu
-    h200 = [gpu.Gpu(index=i, uuid=f"GPU-{i}", minor=i, product="NVIDIA H200", memory_bytes=143771 << 20,
-                    pci_bus_id=f"0000:0{i}:00.0") for i in range(2)]
-    monkeypatch.setattr(gpu, "probe", lambda: gpu.NodeGpus("580.159.04", "13.0", tuple(h200)))
-    assert compat.nvml_gpu_facts() == GpuFacts("NVIDIA H200", 2, "580.159.04", "13.0")
+def test_node_tuple_reads_gpus_through_nvproxy_gpu_probe(monkeypatch):
+    s = load(environ={})
+    monkeypatch.setattr(gpu, "probe", lambda: _gpus("NVIDIA H200", "NVIDIA H200"))
+    t = compat.node_tuple(s, runsc=FakeRunsc(), arch="x86_64")
+    assert (t.gpu_product, t.gpu_count, t.driver_version) == ("NVIDIA H200", 2, "580.159.04")
     monkeypatch.setattr(gpu, "probe", lambda: gpu.NodeGpus())
-    assert compat.nvml_gpu_facts() == GpuFacts()
+    assert compat.node_tuple(s, runsc=FakeRunsc(), arch="x86_64").gpu_count == 0

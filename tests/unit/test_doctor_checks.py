@@ -8,12 +8,13 @@ import pytest
 
 from control.node import doctor as d
 from control.config import RUNSC_VERSION_LABEL
+from nvproxy.gpu import Gpu, NodeGpus
 
 V2 = "cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid 0 0\n"
 V1 = ("cgroup /sys/fs/cgroup/cpu cgroup rw,cpu 0 0\n"
       "cgroup /sys/fs/cgroup/memory cgroup rw,memory 0 0\n"
       "cgroup2 /sys/fs/cgroup/unified cgroup2 rw 0 0\n")
-GPU = d.GpuFacts(("NVIDIA H200",), (0,), "580.65.06", "13.0", "nvml")
+GPU = NodeGpus("580.65.06", "13.0", (Gpu(0, "NVIDIA H200", "GPU-0", 0, 150 << 30, "0000:01:00.0"),), "nvml")
 SUPPORTED = ["570.124.06", "580.65.06", "580.105.08"]
 
 
@@ -52,9 +53,9 @@ def test_platform():
 
 
 @pytest.mark.parametrize("setting, gpu, status", [
-    ("auto", d.GpuFacts(), d.WARN),      # CPU node: warn, not fail
+    ("auto", NodeGpus(), d.WARN),      # CPU node: warn, not fail
     ("auto", GPU, d.PASS),
-    ("yes", d.GpuFacts(), d.FAIL),
+    ("yes", NodeGpus(), d.FAIL),
     ("yes", GPU, d.PASS),
     ("no", GPU, d.PASS),
 ])
@@ -62,18 +63,30 @@ def test_gpu(setting, gpu, status):
     assert d.check_gpu(setting, gpu).status == status
 
 
+def test_unreadable_gpu_facts_fail_whatever_node_gpu_says():
+    for setting in ("auto", "yes", "no"):
+        c = d.check_gpu(setting, NodeGpus(), "NVML nvmlInit failed: RM has detected an NVIDIA/NVIDIA driver mismatch")
+        assert c.status == d.FAIL and "mismatch" in c.detail and "thawd" in c.detail
+
+
+def test_gpu_detail_names_the_models_and_the_source():
+    two = NodeGpus("580.65.06", "", (GPU.gpus[0], Gpu(1, "NVIDIA A100-SXM4-80GB", "GPU-1", 1, 0, "0000:02:00.0")),
+                   "procfs")
+    assert d.check_gpu("auto", two).detail == "2 x NVIDIA A100-SXM4-80GB, NVIDIA H200 (procfs)"
+
+
 def test_gpu_wanted():
-    assert d.gpu_wanted("auto", GPU) and not d.gpu_wanted("auto", d.GpuFacts())
-    assert d.gpu_wanted("yes", d.GpuFacts()) and not d.gpu_wanted("no", GPU)
+    assert d.gpu_wanted("auto", GPU) and not d.gpu_wanted("auto", NodeGpus())
+    assert d.gpu_wanted("yes", NodeGpus()) and not d.gpu_wanted("no", GPU)
 
 
 def test_driver():
     assert d.check_driver(GPU, True, SUPPORTED).status == d.PASS
-    old = d.GpuFacts(("X",), (0,), "580.1.2")
+    old = NodeGpus("580.1.2", "", GPU.gpus, "procfs")
     c = d.check_driver(old, True, SUPPORTED)
     assert c.status == d.FAIL and "580.65.06" in c.detail and "570" not in c.detail
-    assert d.check_driver(d.GpuFacts(), False, SUPPORTED).status == d.PASS
-    assert d.check_driver(d.GpuFacts(), True, SUPPORTED).status == d.FAIL
+    assert d.check_driver(NodeGpus(), False, SUPPORTED).status == d.PASS
+    assert d.check_driver(NodeGpus(), True, SUPPORTED).status == d.FAIL
     assert d.check_driver(GPU, True, None).status == d.FAIL
 
 
@@ -129,6 +142,52 @@ def test_compatibility_tuple_fields(tmp_path):
     # the same tuple, and hash, that images record (control/compat.py)
     from control.node.compat import CompatTuple
     assert CompatTuple.from_dict(t).hash() == h
+
+
+def test_no_tuple_without_gpu_facts(tmp_path):
+    from control import config
+    s = config.load(environ={}, default_file=tmp_path / "absent")
+    facts = d.NodeFacts("x86_64", "6.1", 0, V2, False, NodeGpus(), None, None,
+                        runsc_version=RUNSC_VERSION_LABEL, gpu_error="NVML nvmlInit failed: Unknown Error")
+    assert d.compatibility_tuple(s, facts) == {"error": "NVML nvmlInit failed: Unknown Error"}
+
+
+FAKE_RUNSC = f"""#!/bin/sh
+# Answers what doctor and compat.node_tuple ask runsc; anything else fails.
+for a in "$@"; do
+  case "$a" in
+    --version) echo "runsc version {RUNSC_VERSION_LABEL}"; echo "spec: 1.1.0"; exit 0;;
+    cpu-features) echo "sse4_2,avx2,fpu"; exit 0;;
+    list-supported-drivers) echo "580.159.04"; exit 0;;
+  esac
+done
+exit 1
+"""
+
+
+def test_doctor_prints_the_tuple_thawd_builds(tmp_path, monkeypatch):
+    # One fake NVML (a mixed node, GPU 0 an H200) feeds both paths: doctor's
+    # gather + compatibility_tuple, and compat.node_tuple as thawd calls it at
+    # start (control/thawd/image_source.py). Same tuple, same hash; the GPU
+    # product is the sorted distinct names, not GPU 0's.
+    from control import config
+    from control.node import compat
+    from nvproxy import gpu
+    from tests.unit.test_gpu import FakeNvml
+    runsc = tmp_path / "runsc"
+    runsc.write_text(FAKE_RUNSC)
+    runsc.chmod(0o755)
+    s = config.load(environ={"THAW_RUNSC_PATH": str(runsc), "THAW_NODE_MACHINE_TYPE": "mixed-2"},
+                    default_file=tmp_path / "absent")
+    devices = [{"name": n, "uuid": f"GPU-{i}", "minor": i, "mem": 1 << 30, "bus": f"0000:0{i}:00.0"}
+               for i, n in enumerate(("NVIDIA H200", "NVIDIA A100-SXM4-80GB"))]
+    monkeypatch.setattr(gpu, "_pynvml", lambda: FakeNvml(devices))
+
+    printed = d.compatibility_tuple(s, d.gather(s, s.runsc_path))
+    served = compat.node_tuple(s)
+    assert printed == {**served.to_dict(), "hash": served.hash()}
+    assert printed["gpu_product"] == "NVIDIA A100-SXM4-80GB,NVIDIA H200" and printed["gpu_count"] == 2
+    assert printed["cpu_features"] == ["avx2", "fpu", "sse4_2"] and printed["machine_type"] == "mixed-2"
 
 
 def test_nearest_existing(tmp_path):

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pynvml
 import pytest
 
-from control.errors import GpuError, NotFound
+from control.errors import GpuError, NotFound, PreconditionError
 from nvproxy import gpu
 
 
@@ -87,10 +87,64 @@ def test_bytes_names_from_old_bindings_are_decoded():
 
 
 @pytest.mark.parametrize("err", [pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, pynvml.NVML_ERROR_DRIVER_NOT_LOADED])
-def test_no_gpu_is_a_normal_answer(err):
-    node = gpu.probe(FakeNvml(init_error=err))
-    assert not node
+def test_no_gpu_is_a_normal_answer(err, tmp_path):
+    node = gpu.probe(FakeNvml(init_error=err), procfs=tmp_path / "absent")
+    assert not node and node.source == ""
     assert node.compat() == {"gpu_product": "", "gpu_count": 0, "driver_version": "", "cuda_driver_version": ""}
+
+
+# /proc/driver/nvidia as the 580 open kernel module writes it (nv-procfs.c).
+VERSION = ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  "
+           "(dvs-builder@U22-I3-AF03-09-1)  Thu Jul 31 22:03:01 UTC 2025\n"
+           "GCC version:  gcc version 12.3.0 (Ubuntu 12.3.0-1ubuntu1~22.04)\n")
+
+
+def _information(model, uuid, minor, bus, excluded="No"):
+    return (f"Model: \t\t {model}\nIRQ:   \t\t 0\nGPU UUID: \t {uuid}\nVideo BIOS: \t 96.00.a5.00.01\n"
+            f"Bus Type: \t PCIe\nDMA Size: \t 52 bits\nDMA Mask: \t 0xfffffffffffff\n"
+            f"Bus Location: \t {bus}\nDevice Minor: \t {minor}\nGPU Excluded:\t {excluded}\n")
+
+
+@pytest.fixture
+def procfs(tmp_path):
+    root = tmp_path / "nvidia"
+    for bus, text in (("0000:1b:00.0", _information("NVIDIA H200", "GPU-b", 1, "0000:1b:00.0")),
+                      ("0000:18:00.0", _information("NVIDIA H200", "GPU-a", 0, "0000:18:00.0")),
+                      ("0000:2a:00.0", _information("NVIDIA H200", "GPU-x", 2, "0000:2a:00.0", "Yes"))):
+        (root / "gpus" / bus).mkdir(parents=True)
+        (root / "gpus" / bus / "information").write_text(text)
+    (root / "version").write_text(VERSION)
+    return root
+
+
+def test_without_nvml_the_kernel_modules_procfs_answers(procfs):
+    # A privileged pod: the host's /proc, no libnvidia-ml.
+    node = gpu.probe(FakeNvml(init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND), procfs=procfs)
+    assert node.source == "procfs" and node.driver_version == "580.159.04" and node.cuda_driver_version == ""
+    # PCI bus id order (NVML's), the excluded GPU left out as NVML leaves it out.
+    assert [(g.index, g.uuid, g.minor, g.pci_bus_id, g.product) for g in node.gpus] == [
+        (0, "GPU-a", 0, "0000:18:00.0", "NVIDIA H200"), (1, "GPU-b", 1, "0000:1b:00.0", "NVIDIA H200")]
+    assert node.compat() == {"gpu_product": "NVIDIA H200", "gpu_count": 2, "driver_version": "580.159.04",
+                             "cuda_driver_version": ""}
+
+
+def test_nvml_wins_over_procfs(procfs):
+    node = gpu.probe(FakeNvml(H200), procfs=procfs)
+    assert node.source == "nvml" and [g.uuid for g in node.gpus] == ["GPU-0aaa", "GPU-1aaa"]
+
+
+def test_procfs_driver_without_gpus_and_proprietary_version_line(tmp_path):
+    (tmp_path / "version").write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  Sun Jul 27 "
+                                      "06:58:55 UTC 2025\n")
+    node = gpu.from_procfs(tmp_path)
+    assert not node and node.driver_version == "580.65.06" and node.source == "procfs"
+
+
+def test_procfs_gpu_without_a_minor_is_an_error(procfs):
+    info = procfs / "gpus" / "0000:18:00.0" / "information"
+    info.write_text(info.read_text().replace("Device Minor", "Minor"))
+    with pytest.raises(PreconditionError, match="0000:18:00.0/information: no 'Device Minor' line"):
+        gpu.from_procfs(procfs)
 
 
 def test_zero_devices_is_a_normal_answer():

@@ -2,6 +2,7 @@
 no runsc: the node checks are exercised by tests/integration)."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 import stat
@@ -12,7 +13,9 @@ import pytest
 
 from control import config
 from control.node import provision as prov
-from control.errors import ProvisionError, ThawError
+from control.errors import PreconditionError, ProvisionError, ThawError
+from nvproxy import cdi
+from nvproxy.gpu import Gpu, NodeGpus
 
 
 def _settings(tmp_path: Path, **env: str) -> config.Settings:
@@ -173,23 +176,94 @@ def test_unit_and_enable_link(tmp_path, tree):
     assert os.readlink(link) == "/etc/systemd/system/thawd.service"
 
 
-def test_cdi_spec_shape():
-    spec = prov.cdi_spec((1, 0), [Path("/usr/lib/x86_64-linux-gnu/libcuda.so.1")])
-    assert spec["kind"] == "nvidia.com/gpu" and spec["cdiVersion"] == "0.6.0"
-    assert [dev["name"] for dev in spec["devices"]] == ["0", "1", "all"]
-    assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [{"path": "/dev/nvidia0"}]
-    assert {"path": "/dev/nvidiactl"} in spec["containerEdits"]["deviceNodes"]
-    assert spec["containerEdits"]["mounts"][0]["containerPath"] == "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
-    json.dumps(spec)
+DRIVER = "580.159.04"
+NODE = NodeGpus(DRIVER, "13.0", tuple(Gpu(i, "NVIDIA H200", f"GPU-{i}", m, 150 << 30, f"0000:0{i}:00.0")
+                                       for i, m in enumerate((3, 1))), "nvml")
 
 
-def test_existing_cdi_spec_is_respected(tmp_path):
+@pytest.fixture
+def driver(tmp_path):
+    """Driver files as a node has them: real libraries plus their symlinks, nvidia-smi;
+    `generate` is nvproxy.cdi.generate pointed at them."""
+    lib, bin_ = tmp_path / "driver/lib", tmp_path / "driver/bin"
+    lib.mkdir(parents=True)
+    bin_.mkdir()
+    for name in ("libcuda", "libnvidia-ml"):
+        (lib / f"{name}.so.{DRIVER}").write_bytes(b"\x7fELF")
+        (lib / f"{name}.so.1").symlink_to(f"{name}.so.{DRIVER}")
+    (bin_ / "nvidia-smi").write_bytes(b"\x7fELF")
+    return functools.partial(cdi.generate, lib_dirs=[lib], bin_dirs=[bin_], exists=lambda p: True)
+
+
+def test_cdi_spec_is_nvproxy_cdis_and_kept_in_step(tmp_path, driver):
+    root = tmp_path / "root"
+    step = prov.CdiSpec(prov.Layout(root), NODE, generate=driver)
+    plan = step.plan([])
+    assert (plan.action, plan.target, plan.error) == (prov.CREATE, str(root / "etc/cdi/thaw-nvidia.json"), "")
+    step.apply(plan)
+    path = root / "etc/cdi/thaw-nvidia.json"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    assert json.loads(path.read_text()) == driver(NODE)
+    reg = cdi.load_dirs([root / "etc/cdi"])
+    assert reg.names() == ["nvidia.com/gpu=0", "nvidia.com/gpu=1", "nvidia.com/gpu=GPU-0", "nvidia.com/gpu=GPU-1",
+                           "nvidia.com/gpu=all"]
+    assert [n.path for n in reg.resolve("nvidia.com/gpu=0")[1].edits.device_nodes] == ["/dev/nvidia3"]
+    # A second run changes nothing; a GPU gone from the node rewrites it.
+    assert prov.CdiSpec(prov.Layout(root), NODE, generate=driver).plan([]).action == prov.NONE
+    one = NodeGpus(DRIVER, "13.0", NODE.gpus[:1], "nvml")
+    again = prov.CdiSpec(prov.Layout(root), one, generate=driver)
+    plan = again.plan([])
+    assert plan.action == prov.UPDATE
+    again.apply(plan)
+    assert "nvidia.com/gpu=1" not in cdi.load_dirs([root / "etc/cdi"]).names()
+    path.chmod(0o600)
+    assert prov.CdiSpec(prov.Layout(root), one, generate=driver).plan([]).detail == "mode 0600 -> 0644"
+
+
+def test_an_existing_nvidia_spec_is_respected_and_ours_is_not_read(tmp_path, driver):
     root = tmp_path / "root"
     (root / "etc/cdi").mkdir(parents=True)
-    (root / "etc/cdi/nvidia.yaml").write_text("cdiVersion: 0.5.0\nkind: nvidia.com/gpu\n")
-    step = prov.cdi_step(prov.Layout(root), gpu=True)
-    assert isinstance(step, prov.Skip) and "nvidia.yaml" in step.reason
-    assert isinstance(prov.cdi_step(prov.Layout(root), gpu=False), prov.Skip)
+    (root / "etc/cdi/thaw-nvidia.json").write_text("{ not json")     # ours, left half-written: rewritten
+    assert prov.CdiSpec(prov.Layout(root), NODE, generate=driver).plan([]).action == prov.UPDATE
+    (root / "var/run/cdi").mkdir(parents=True)
+    (root / "var/run/cdi/nvidia.yaml").write_text(
+        "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: all\n  containerEdits:\n"
+        "    deviceNodes:\n    - path: /dev/nvidia0\n")
+    plan = prov.CdiSpec(prov.Layout(root), NODE, generate=driver).plan([])
+    assert (plan.action, plan.target) == (prov.SKIP, str(root / "var/run/cdi/nvidia.yaml"))
+    assert not plan.warning and not plan.error
+    # Another vendor's spec is no reason to skip ours.
+    (root / "var/run/cdi/nvidia.yaml").unlink()
+    (root / "etc/cdi/acme.json").write_text(json.dumps({"cdiVersion": "0.6.0", "kind": "acme.com/fpga", "devices": [
+        {"name": "0", "containerEdits": {"deviceNodes": [{"path": "/dev/fpga0"}]}}]}))
+    assert prov.CdiSpec(prov.Layout(root), NODE, generate=driver).plan([]).action == prov.UPDATE
+
+
+def test_cpu_node_gets_no_cdi_spec(tmp_path, tree):
+    root, opts = tree
+    steps = {s.name: s for s in prov.steps(_settings(tmp_path), opts, gpu=False)}
+    assert isinstance(steps["cdi spec"], prov.Skip)
+    steps = {s.name: s for s in prov.steps(_settings(tmp_path), opts, gpu=True, gpus=NODE)}
+    assert isinstance(steps["cdi spec"], prov.CdiSpec) and steps["cdi spec"].gpus == NODE
+
+
+def test_a_cdi_spec_that_cannot_be_made_stops_provision_before_any_change(tmp_path, tree, monkeypatch):
+    root, opts = tree
+    # No driver libraries where nvproxy.cdi looks: its PreconditionError becomes the plan's error.
+    nolibs = functools.partial(cdi.generate, lib_dirs=[tmp_path / "nolibs"], bin_dirs=[], exists=lambda p: True)
+    plan = prov.CdiSpec(prov.Layout(root), NODE, generate=nolibs).plan([])
+    assert plan.action == prov.SKIP and plan.warning and "libcuda.so.580.159.04" in plan.error
+    assert prov._installed(plan).status == "fail"          # doctor fails the line
+    # A broken spec someone else wrote: named, and we cannot tell whether it defines the GPUs.
+    (root / "etc/cdi").mkdir(parents=True)
+    (root / "etc/cdi/broken.json").write_text('{"cdiVersion": "0.6.0", "kind": "nvidia.com/gpu"}')
+    plan = prov.CdiSpec(prov.Layout(root), NODE, generate=nolibs).plan([])
+    assert "broken.json" in plan.error and "devices" in plan.error
+
+    monkeypatch.setattr(prov, "make_plan", lambda s, o: (prov.Report([], [plan], {}), [None]))
+    with pytest.raises(PreconditionError, match="cdi spec: cannot read the CDI specs") as e:
+        prov.provision(_settings(tmp_path), opts)
+    assert e.value.report.plans[0].result == ""
 
 
 def test_layout_requires_absolute_paths(tmp_path):
