@@ -17,13 +17,10 @@ import click
 from control.cli.common import Context, handle_errors, json_option
 from control.errors import UserError
 from control.cli.progress import Progress
-from control.lifecycle.sandbox import Sandboxes
-from runsc_hooks import network as netmod
-from runsc_hooks import spec as specmod
-from runsc_hooks import probe as probemod
 
 
 def _sandboxes(obj: Context, debug: bool = False) -> Sandboxes:
+    from control.lifecycle.sandbox import Sandboxes
     return Sandboxes(obj.settings, debug_log=debug)
 
 
@@ -40,6 +37,8 @@ class RunOptions:
 
 
 def run_sandbox(obj: Context, o: RunOptions) -> dict:
+    from runsc_hooks import network as netmod
+    from runsc_hooks import spec as specmod
     if bool(o.bundle) == bool(o.command):
         raise UserError("give either --bundle DIR or a command after --, not both or neither")
     sb = _sandboxes(obj)
@@ -121,6 +120,7 @@ def checkpoint_cmd(obj: Context, sid: str, out: Path, leave_running: bool) -> No
 @handle_errors
 def restore_cmd(obj: Context, image: Path, sid: str, probes: tuple[str, ...], cold_fallback: bool) -> None:
     """Restore an image directory as a new sandbox; traffic is let in once it is healthy."""
+    from runsc_hooks import probe as probemod
     from runsc_hooks import probe as probemod
     parsed = [probemod.parse(p) for p in probes] or None
     sb = _sandboxes(obj)
@@ -208,6 +208,8 @@ class HealthOptions:
 
 
 def health(obj: Context, o: HealthOptions) -> dict:
+    from control.lifecycle.sandbox import Sandboxes
+    from runsc_hooks import probe as probemod
     probes = [probemod.parse(p) for p in o.probes] or None  # parse at the edge: a bad probe is a UserError
     result, gate_closed = Sandboxes(obj.settings).health(o.id, probes,
                                                          probemod.Policy(o.timeout_s, o.attempt_timeout_s))
