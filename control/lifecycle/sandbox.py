@@ -553,7 +553,7 @@ class Sandboxes:
         return rec
 
     def _policy(self) -> healthmod.Policy:
-        return healthmod.Policy(self.settings.health_timeout_s, self.settings.health_attempt_timeout_s)
+        return healthmod.Policy(self.settings.thawd_health_timeout_s, self.settings.thawd_health_attempt_timeout_s)
 
     def _target(self, r: Runsc, rec: Record) -> healthmod.Target:
         def run_exec(argv: list[str], timeout_s: float) -> tuple[int, str]:

@@ -1,6 +1,7 @@
 """The Go packages' own unit tests (`go test`), so that the README's one test
 command runs them too. thaw-fetch's test the fetch engine against an
-in-process HTTP server (retries, errors, O_DIRECT placement, checks)."""
+in-process HTTP server (retries, errors, O_DIRECT placement, checks); the
+stand-in's test how it reads thaw's configuration."""
 from __future__ import annotations
 
 import os
@@ -13,7 +14,23 @@ from tests.conftest import REPO
 def test_go_unit_tests_pass():
     go = shutil.which("go")
     assert go, "go not on PATH: the Go toolchain builds thaw (ci/build-go.sh) and runs these tests"
-    r = subprocess.run([go, "test", "-count=1", "./cmd/thaw-fetch/"], cwd=REPO / "go", capture_output=True,
-                       text=True, timeout=600, env={**os.environ, "CGO_ENABLED": "0"})
+    r = subprocess.run([go, "test", "-count=1", "./cmd/thaw-fetch/", "./internal/standin/"], cwd=REPO / "go",
+                       capture_output=True, text=True, timeout=600, env={**os.environ, "CGO_ENABLED": "0"})
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     assert "ok" in r.stdout
+
+
+def test_thaw_runsc_imports_no_grpc_and_no_toml():
+    """thaw-runsc runs on every runsc call the shim makes: Go runs every
+    imported package's initializers first, so it must not pull in what the
+    stand-in's hooks use (gRPC, the TOML reader of go/internal/standin/config.go)."""
+    go = shutil.which("go")
+    assert go
+    r = subprocess.run([go, "list", "-deps", "./cmd/thaw-runsc"], cwd=REPO / "go", capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "CGO_ENABLED": "0"})
+    assert r.returncode == 0, r.stderr
+    deps = r.stdout.split()
+    assert "thaw.dev/thaw/go/internal/runscargv" in deps
+    heavy = [d for d in deps if d.startswith(("google.golang.org/grpc", "github.com/pelletier/",
+                                               "github.com/BurntSushi/", "thaw.dev/thaw/go/internal/standin"))]
+    assert heavy == []
