@@ -575,7 +575,19 @@ def doctor_checks(settings: Settings, opts: Options) -> tuple[list[doctor.Check]
         checks.append(_installed(p))
     ok, why = doctor.thawd_reachable(lay.host(settings.thawd_socket))
     checks.append(doctor.check_thawd(settings.thawd_socket, ok, why))
+    checks.append(standin_config_check(settings, lay))
     return checks, doctor.compatibility_tuple(settings, facts)
+
+
+def standin_config_check(settings: Settings, lay: Layout) -> doctor.Check:
+    """What the stand-in reads (the node's config file, no THAW_* variables:
+    containerd's environment) against what this thaw runs with."""
+    node_file = lay.host(DEFAULT_CONFIG_FILE)
+    try:
+        seen = config.load(environ={}, default_file=node_file)
+    except ThawError as e:
+        return doctor.check_standin_config(settings, node_file, None, str(e))
+    return doctor.check_standin_config(settings, node_file, seen)
 
 
 def _installed(p: Plan) -> doctor.Check:
