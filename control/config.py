@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping
 
 from control.errors import ConfigError
 
-DEFAULT_CONFIG_FILE = Path("/etc/thaw/config.toml")
+DEFAULT_CONFIG_FILE = Path("/etc/thaw/config.toml")  # twin: go/internal/standin/config.go DefaultConfigFile
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUILD_DIR = REPO_ROOT / "build"
 
@@ -366,7 +366,7 @@ KEYS: tuple[Key, ...] = (
     Key("thawd.metrics_addr", STR, "127.0.0.1:9464", "host:port of thawd's Prometheus /metrics endpoint; empty: off."),
     Key("thawd.prepare_timeout_s", SECONDS, 4.0,
         "How long create waits for an image fetch before answering cold (the fetch goes on). The stand-in "
-        "gives thawd this plus 1 s to answer.", range=(0.5, 60), standin=True),
+        "gives thawd this plus 1 s to answer (go/internal/standin prepareSlack).", range=(0.5, 60), standin=True),
     Key("thawd.health_timeout_s", SECONDS, 30.0,
         "Deadline of a health check, all attempts: thawd's check after a restore under containerd (an "
         "unhealthy restore starts cold; the stand-in waits as long), and `thaw restore`'s and `thaw health`'s.",

@@ -23,7 +23,8 @@ var defaultConfigFile = DefaultConfigFile // tests point it elsewhere
 
 // prepareSlack is how much longer than thawd.prepare_timeout_s create waits
 // for thawd's answer: thawd waits that long for a fetch and then still has
-// to load the bundle and answer.
+// to load the bundle and answer. Twin: the help of thawd.prepare_timeout_s in
+// control/config.py, and tests/functional/test_standin_config.py.
 const prepareSlack = time.Second
 
 // printConfigCommand, as the only argument, makes thaw-runsc-hooks print the
