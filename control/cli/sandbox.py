@@ -231,19 +231,20 @@ def _human(d: dict) -> str:
 @click.option("--probe", "probes", multiple=True,
               help="running | tcp:PORT | http:PORT/PATH[=STATUS][~BODY] | gpu:PORT/PATH[#FIELD] | exec:CMD "
                    "(repeatable; default: the sandbox's own probes).")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.01), default=None,
-              help="Deadline of the whole check in seconds [health.timeout_s].")
-@click.option("--attempt-timeout", "attempt_timeout_s", type=click.FloatRange(min=0.001), default=None,
-              help="Deadline of one probe attempt in seconds [health.attempt_timeout_s].")
+@click.option("--timeout", "timeout_s", type=float, default=None,
+              help="Deadline of the whole check in seconds [thawd.health_timeout_s].")
+@click.option("--attempt-timeout", "attempt_timeout_s", type=float, default=None,
+              help="Deadline of one probe attempt in seconds [thawd.health_attempt_timeout_s].")
 @json_option
 @click.pass_obj
 @handle_errors
 def health_cmd(obj: Context, sid: str, probes: tuple[str, ...], timeout_s: float | None,
                attempt_timeout_s: float | None) -> None:
     """Check sandbox SID now; exit 0 only when it is healthy and its gate is open."""
+    obj.override("thawd.health_timeout_s", timeout_s)  # validated against the key's range
+    obj.override("thawd.health_attempt_timeout_s", attempt_timeout_s)
     s = obj.settings
-    out = health(obj, HealthOptions(sid, probes, s.health_timeout_s if timeout_s is None else timeout_s,
-                                    s.health_attempt_timeout_s if attempt_timeout_s is None else attempt_timeout_s))
+    out = health(obj, HealthOptions(sid, probes, s.thawd_health_timeout_s, s.thawd_health_attempt_timeout_s))
     obj.emit(out, _human)
     sys.exit(EXIT_READY if out["ready"] else EXIT_NOT_READY)
 

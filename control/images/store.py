@@ -39,12 +39,6 @@ log = logging.getLogger(__name__)
 _NOT_FOUND = {"404", "NoSuchKey", "NotFound"}
 
 
-# A fill's presigned URLs live this long: hours of margin for a large image on
-# a slow link. SigV4 allows up to 7 days; with temporary credentials a URL
-# stops working when they expire, whichever comes first.
-PRESIGN_EXPIRES_S = 6 * 3600
-
-
 class Store:
     """One bucket (and key prefix) of an S3 endpoint."""
 
@@ -73,6 +67,7 @@ class Store:
         self.fetcher = settings.store_fetcher   # transfer.fill hands ranged reads to it when set
         self.timeout_s = settings.store_timeout_s
         self.retries = settings.store_retries
+        self.presign_expires_s = settings.store_presign_expires_s
 
     # -- names -------------------------------------------------------------
 
@@ -122,12 +117,13 @@ class Store:
         except (ClientError, BotoCoreError) as e:
             raise self._fail("put", name, e) from None
 
-    def presign_get(self, pack: str, expires_s: int = PRESIGN_EXPIRES_S) -> str:
-        """A URL that GETs a pack (any byte range) without credentials until it expires.
+    def presign_get(self, pack: str) -> str:
+        """A URL that GETs a pack (any byte range) without credentials for
+        store.presign_expires_s (or until temporary credentials expire).
         Signed locally by boto3, so endpoint, addressing and credentials stay configured
         the boto3 way for the fetcher that uses it (go/cmd/thaw-fetch)."""
         try:
-            return self.client.generate_presigned_url("get_object", ExpiresIn=expires_s,
+            return self.client.generate_presigned_url("get_object", ExpiresIn=self.presign_expires_s,
                                                       Params={"Bucket": self.bucket, "Key": self.pack_name(pack)})
         except (ClientError, BotoCoreError) as e:
             raise self._fail("presign", self.pack_name(pack), e) from None

@@ -92,7 +92,7 @@ class Thawd:
         self._fetches: dict[str, Future] = {}                    # key -> background pull
         self._checkpointing: set[str] = set()
         self.quarantine = Quarantine(settings)
-        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="thawd")
+        self._pool = ThreadPoolExecutor(max_workers=settings.thawd_workers, thread_name_prefix="thawd")
 
     # -- quarantine ------------------------------------------------------------
 
