@@ -37,10 +37,11 @@ sys.path.insert(0, str(REPO))
 
 import workloads  # noqa: E402
 from control import config as configmod  # noqa: E402
-from control import images, seaweed  # noqa: E402
-from control.compat import node_tuple  # noqa: E402
+from control.dev import seaweed  # noqa: E402
 from control.errors import ThawError  # noqa: E402
-from control.store import Store  # noqa: E402
+from control.images import image as images  # noqa: E402
+from control.images.store import Store  # noqa: E402
+from control.node.compat import node_tuple  # noqa: E402
 from tests.integration.faults.s3proxy import S3Proxy  # noqa: E402
 
 WINDOW_S = 10

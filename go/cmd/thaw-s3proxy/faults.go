@@ -11,7 +11,7 @@ import (
 	"time"
 )
 
-// Fault kinds (docs/faults.md, "thaw-s3proxy").
+// Fault kinds (docs/s3proxy.md).
 const (
 	kindError    = "error"    // answer status (500/502/503) with S3's error body instead of forwarding
 	kindRefuse   = "refuse"   // close the listening socket: connections are refused; open ones are reset

@@ -7,7 +7,7 @@
 // 5xx answers with S3's error body (503 SlowDown, 500 InternalError, 502),
 // a full outage (connections refused, or reset), stalls, a bandwidth limit
 // on response bodies, and corrupted bytes in responses for chosen keys.
-// docs/faults.md, "thaw-s3proxy", has the API.
+// docs/s3proxy.md has the API.
 //
 //	thaw-s3proxy -upstream http://127.0.0.1:8333 [-listen 127.0.0.1:0] [-control 127.0.0.1:0]
 //

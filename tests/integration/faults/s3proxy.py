@@ -1,6 +1,6 @@
 """Drives thaw-s3proxy (go/cmd/thaw-s3proxy), the fault proxy that fault tests
 and bench/faults_store.py put in front of a real S3 endpoint (SeaweedFS).
-Its control API is in docs/faults.md, "thaw-s3proxy"."""
+Its control API is in docs/s3proxy.md."""
 from __future__ import annotations
 
 import json

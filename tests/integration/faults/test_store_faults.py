@@ -21,9 +21,9 @@ import pytest
 from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 
-from control import images
 from control.errors import IntegrityError
-from control.store import Store
+from control.images import image as images
+from control.images.store import Store
 from tests.conftest import BUILD, require
 from tests.integration.conftest import store_thaw
 
