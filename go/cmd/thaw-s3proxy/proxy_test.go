@@ -359,27 +359,38 @@ func streams(t *testing.T, s *server, obj []byte, total int64) float64 {
 }
 
 // The throttle holds the sum of every response's body rate to rate_bps,
-// within 5 % at 200 MB/s and at 1 GB/s (2 s of transfer by 4 streams), where
-// the machine can move more than that unthrottled (measured first, in the
-// same process: stand-in upstream, proxy and client share its cores).
+// within 5 % at 200 MB/s and at 1 GB/s (2 s of transfer by 4 streams). It
+// must never run faster; it may run slower only where the machine cannot move
+// more (unthrottled, measured just before, in the same process: stand-in
+// upstream, proxy and client share its cores). Other work on a shared machine
+// can take cores away mid-run, so a short run is measured again, up to 3
+// times; a fast one fails at once.
 func TestThrottleIsAccurate(t *testing.T) {
 	if testing.Short() {
-		t.Skip("moves ~6 GB through loopback")
+		t.Skip("moves ~10 GB through loopback")
 	}
 	obj := object(64 << 20)
 	up, _ := upstream(t, obj)
 	s := startProxy(t, up.URL)
-	free := streams(t, s, obj, 2e9)
-	t.Logf("unthrottled: %.1f MB/s", free/1e6)
 	for _, rate := range []float64{200e6, 1e9} {
-		id := addFault(t, s, fmt.Sprintf(`{"kind":"throttle","rate_bps":%g}`, rate))
-		got := streams(t, s, obj, int64(2*rate))
-		t.Logf("throttle %.0f MB/s: measured %.1f MB/s (%+.2f %%)", rate/1e6, got/1e6, (got/rate-1)*100)
-		if got > rate*1.05 || got < min(rate, free)*0.95 {
-			t.Errorf("throttle %.0f MB/s: measured %.1f MB/s (unthrottled %.1f)", rate/1e6, got/1e6, free/1e6)
+		for try := 1; ; try++ {
+			free := streams(t, s, obj, 2e9)
+			id := addFault(t, s, fmt.Sprintf(`{"kind":"throttle","rate_bps":%g}`, rate))
+			got := streams(t, s, obj, int64(2*rate))
+			req, _ := http.NewRequest(http.MethodDelete, fmt.Sprintf("http://%s/faults/%d", s.ctl.Addr(), id), nil)
+			http.DefaultClient.Do(req)
+			t.Logf("throttle %.0f MB/s: measured %.1f MB/s (%+.2f %%), unthrottled %.1f MB/s", rate/1e6, got/1e6,
+				(got/rate-1)*100, free/1e6)
+			if got > rate*1.05 {
+				t.Fatalf("throttle %.0f MB/s: ran at %.1f MB/s", rate/1e6, got/1e6)
+			}
+			if got >= min(rate, free)*0.95 {
+				break
+			}
+			if try == 3 {
+				t.Fatalf("throttle %.0f MB/s: measured %.1f MB/s (unthrottled %.1f)", rate/1e6, got/1e6, free/1e6)
+			}
 		}
-		req, _ := http.NewRequest(http.MethodDelete, fmt.Sprintf("http://%s/faults/%d", s.ctl.Addr(), id), nil)
-		http.DefaultClient.Do(req)
 	}
 }
 
