@@ -334,13 +334,13 @@ var xmlField = regexp.MustCompile(`<(Code|Message)>([^<]*)</`)
 
 // getOnce is one try. On failure it says what happened as far as retrying
 // cares (retry.go classify).
-func (j *job) getOnce(ctx context.Context, url string, start int64, body []byte) (error, failure) {
+func (j *job) getOnce(ctx context.Context, rawURL string, start int64, body []byte) (error, failure) {
 	// Deadline: the configured timeout plus the time to move the range at 1 MB/s.
 	limit := time.Duration(j.p.TimeoutS*float64(time.Second)) + time.Duration(len(body))*time.Microsecond
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	transport := failure{transport: true, retryAfter: -1}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, rawURL, nil)
 	if err != nil {
 		return err, failure{final: true}
 	}
