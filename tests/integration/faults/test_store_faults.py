@@ -2,9 +2,8 @@
 thaw-s3proxy (go/cmd/thaw-s3proxy) between the node and a real SeaweedFS,
 pulls of real runsc checkpoint images through thaw-fetch.
 
-The in-process engine (store.fetcher = "") is not driven here: it retries
-through botocore alone until control/images/retry.py (the twin of
-go/cmd/thaw-fetch/retry.go) carries the same budget; then it joins ENGINES.
+Both fetch engines ride out the windows: thaw-fetch (go/cmd/thaw-fetch/retry.go)
+and the in-process one (store.fetcher = "", control/images/retry.py, its twin).
 bench/faults_store.py runs the 20-pull counts."""
 from __future__ import annotations
 
@@ -29,7 +28,7 @@ from tests.integration.conftest import store_thaw
 
 from .s3proxy import S3Proxy
 
-ENGINES = ("thaw-fetch",)
+ENGINES = ("thaw-fetch", "python")
 WINDOW_S = 10   # issue 14: "survive a 10 s SlowDown or 5xx window"
 
 
@@ -47,9 +46,11 @@ def pull(s, key, node, **kw):
     return images.pull(images.open_cache(s), Store(s), key, node, workers=s.store_workers, **kw)
 
 
-def through(proxy: S3Proxy, s, scratch: Path, tag: str):
-    """Another node (its own cache) whose store endpoint is the proxy."""
-    return dataclasses.replace(s, store_endpoint=proxy.endpoint, cache_dir=scratch / f"cache-{tag}")
+def through(proxy: S3Proxy, s, scratch: Path, tag: str, engine: str = "thaw-fetch"):
+    """Another node (its own cache) whose store endpoint is the proxy; `engine`
+    "python" fetches in-process (store.fetcher empty)."""
+    return dataclasses.replace(s, store_endpoint=proxy.endpoint, cache_dir=scratch / f"cache-{tag}",
+                               **({"store_fetcher": None} if engine == "python" else {}))
 
 
 @pytest.fixture
@@ -110,7 +111,7 @@ def test_pull_rides_out_a_10s_window(window, engine, settings, checkpoints, node
     503 SlowDown (or 502), opening at the pull's first pack GET, is ridden out
     with the default retry policy; the image arrives whole."""
     push(settings, checkpoints["runtime"], "wl", node)
-    b = through(proxy, settings, scratch, "b")
+    b = through(proxy, settings, scratch, "b", engine)
     fid = proxy.add(**WINDOWS[window], duration_s=WINDOW_S, start="first", key="/packs/")
     t0 = time.monotonic()
     r = pull(b, "wl", node)
