@@ -17,3 +17,14 @@ def test_go_unit_tests_pass():
                        text=True, timeout=600, env={**os.environ, "CGO_ENABLED": "0"})
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     assert "ok" in r.stdout
+
+
+def test_go_image_writer_tests_pass():
+    """go/internal/ociimage (thaw-image, the DaemonSet image's writer): layout,
+    digests, reproducibility and bad specs, against archives it writes."""
+    go = shutil.which("go")
+    assert go, "go not on PATH"
+    r = subprocess.run([go, "test", "-count=1", "./internal/ociimage/"], cwd=REPO / "go", capture_output=True,
+                       text=True, timeout=600, env={**os.environ, "CGO_ENABLED": "0"})
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    assert "ok" in r.stdout
