@@ -2,7 +2,7 @@
 # Builds the DaemonSet's image (deploy/Containerfile's contents) without a
 # container daemon or registry: an OCI image archive at
 # $THAW_BUILD_DIR/thaw-daemonset.oci.tar, named ghcr.io/thaw-dev/thaw:<version>,
-# that `ctr images import` (and `docker load`) read. Four layers:
+# that `ctr images import` reads (it carries docker's manifest.json too). Four layers:
 #   1. Debian <suite> minbase + python3 + ca-certificates (mmdebstrap; util-linux,
 #      essential in Debian, brings nsenter for --restart-containerd)
 #   2. thaw's Python dependencies (pyproject.toml), wheels for the image's

@@ -1,6 +1,7 @@
 // Command thaw-image writes a container image from a JSON spec without a
 // container daemon or registry: an OCI image layout archive that
-// `ctr images import` and `docker load` read (go/internal/ociimage).
+// `ctr images import` reads, with docker's manifest.json for `docker load`
+// (go/internal/ociimage).
 //
 // Usage:
 //

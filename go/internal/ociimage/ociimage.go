@@ -1,6 +1,7 @@
 // Package ociimage writes a container image without a container daemon: an
 // OCI image layout (image-spec v1.1) as a tar archive that `ctr images
-// import` and `docker load` both read, or as a directory.
+// import` reads (plus docker's manifest.json, for `docker load`: not tried
+// here, there is no docker daemon), or as a directory.
 //
 // An image is described by a Spec: layers built from host files (single
 // files, whole directory trees, symlinks, inline data, empty directories)
@@ -263,7 +264,8 @@ func Write(s *Spec, archivePath, layoutDir string) (*Result, error) {
 	if err := writeJSON(filepath.Join(scratch, v1.ImageLayoutFile), v1.ImageLayout{Version: v1.ImageLayoutVersion}); err != nil {
 		return nil, err
 	}
-	// docker load reads manifest.json (its own format) and ignores the rest.
+	// docker load reads manifest.json (its own format; moby image/tarexport)
+	// and ignores the rest.
 	dm := dockerManifest{Config: blobPath(cfgDesc.Digest)}
 	if tagged(s.Ref) {
 		dm.RepoTags = []string{s.Ref}
