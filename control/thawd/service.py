@@ -91,6 +91,7 @@ class Thawd:
         self._leases: dict[tuple[str, str], object] = {}        # (root, id) -> lease
         self._fetches: dict[str, Future] = {}                    # key -> background pull
         self._checkpointing: set[str] = set()
+        self._networks: dict[tuple[str, str], tuple[str, list]] = {}   # (root, id) -> netns config before restore
         self.quarantine = Quarantine(settings)
         self._pool = ThreadPoolExecutor(max_workers=settings.thawd_workers, thread_name_prefix="thawd")
 
@@ -155,6 +156,7 @@ class Thawd:
         h = self._handle(rt, spec)
         if h.gate is not None:  # no packet reaches the sandbox until the restore is healthy
             gatemod.close(h.gate, self.s.network_probe_mark, f"restore of {rt.container_id}")
+        self._remember_network(k, spec)
         return Decision(True, "image-ready", wl.key, str(lease.path), self.restore_deadline_s(spec))
 
     def restore_deadline_s(self, spec: dict) -> float:
@@ -258,6 +260,8 @@ class Thawd:
             self._undo_restore(h, rt, key, "the stand-in gave up before the restore finished")
             return False, "cancelled", time.monotonic() - t0
         secs = time.monotonic() - t0
+        with self._lock:
+            self._networks.pop(k, None)
         log.info("outcome %s key=%s RESTORED %.3fs (runsc %.3fs, health %s)", rt.container_id, key, secs,
                  done.runsc_s, done.health.summary() if done.health else "-")
         self.metrics.inc("thaw_restores_total")
@@ -266,14 +270,36 @@ class Thawd:
         self.quarantine.succeeded(key)
         return True, done.health.summary() if done.health else "", secs
 
+    def _remember_network(self, k: tuple[str, str], spec: dict) -> None:
+        """Keep the container's network namespace configuration from before runsc
+        takes it over, for a cold start after a failed restore (network.snapshot)."""
+        path = specmod.netns_path(spec)
+        if not path:
+            return
+        try:
+            snap = netmod.snapshot(path)
+        except Exception as e:  # noqa: BLE001 - a namespace thaw cannot read: nothing to put back later
+            log.warning("network of %s not recorded: %s", k[1], e)
+            return
+        with self._lock:
+            self._networks[k] = (path, snap)
+
     def _undo_restore(self, h: Handle, rt: RuntimeRef, key: str, reason: str) -> None:
         """A restore that will not be used: kill and delete the sandbox (the stand-in
-        creates it again, cold), open the gate, release the lease, count the failure."""
+        creates it again, cold), put the namespace's addresses and routes back
+        (runsc removed them), open the gate, release the lease, count the failure."""
         try:
             if h.runsc.exists(h.id):
                 h.runsc.delete(h.id, force=True)
         except ThawError as e:
             log.warning("removing the failed restore of %s: %s", rt.container_id, e)
+        with self._lock:
+            net = self._networks.pop((str(rt.runsc_root), rt.container_id), None)
+        if net is not None:
+            try:
+                netmod.reapply(*net)
+            except Exception as e:  # noqa: BLE001 - the cold start goes on; it may lack its network
+                log.warning("network of %s not put back after its failed restore: %s", rt.container_id, e)
         if h.gate is not None:
             gatemod.open(h.gate, f"restore of {rt.container_id} failed; starting cold")
         self.report_outcome(rt, "RESTORE_FAILED", reason, key=key)
@@ -349,6 +375,7 @@ class Thawd:
     def _release_key(self, k: tuple[str, str]) -> bool:
         with self._lock:
             lease = self._leases.pop(k, None)
+            self._networks.pop(k, None)
         if lease is None:
             return False
         lease.release()
