@@ -351,25 +351,23 @@ class Thawd:
         wl = workloadmod.from_spec(spec)
         if wl is None:
             raise UserError(f"container {rt.container_id} did not opt in (annotation {workloadmod.ANNOTATION_WORKLOAD})")
-        staging = self.s.state_dir / "thawd" / "staging"
-        staging.mkdir(parents=True, exist_ok=True)
-        out = staging / f"{rt.container_id}-{uuid.uuid4().hex[:8]}"
         r = rt.runsc(self.s.runsc_path, self.s.runsc_timeout_s)
         t0 = time.monotonic()
-        try:
+        # runsc writes the image straight into a partial directory of the node
+        # cache; publishing chunks and uploads it from there and the cache adopts
+        # the directory by rename: one copy of the image, hashed once.
+        with self.images.staged(wl.key) as image:
             self._run_hooks(spec, r, rt.container_id, "pre_checkpoint")
             cuda = None
             if uses_gpu(spec):
                 from nvproxy import helper
                 cuda = helper.HELPER_PATH
-            r.checkpoint(rt.container_id, CheckpointOptions(image_path=out, leave_running=leave_running,
+            r.checkpoint(rt.container_id, CheckpointOptions(image_path=image.path, leave_running=leave_running,
                                                             compression=self.s.checkpoint_compression,
                                                             cuda_checkpoint_path=cuda))
             seconds = time.monotonic() - t0
-            size = sum(p.stat().st_size for p in out.iterdir())
-            published = self.images.publish(out, wl.key)
-        finally:
-            shutil.rmtree(out, ignore_errors=True)
+            size = sum(p.stat().st_size for p in image.path.iterdir())
+            published = self.images.publish(image)
         self.metrics.inc("thaw_checkpoints_total")
         self.metrics.observe("thaw_checkpoint_seconds", seconds)
         return {"workload_key": wl.key, "image_path": "", "image_bytes": size, "seconds": seconds,
