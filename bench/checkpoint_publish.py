@@ -24,7 +24,10 @@ is deduplicated against an earlier run). Before each run nothing is dirty (sync)
 
 Timed inside the run (monotonic clock): the runsc checkpoint, chunking, upload,
 the manifest's conditional put ("published"), and the whole call ("done": the
-image is also in the node cache). Counted: bytes Python read (pread) and wrote
+image is also in the node cache), and the upload's three phases (HEAD of every
+chunk pointer, PUT of the packs, PUT of the new pointers: the span from the first
+call's start to the last call's end, and the time summed over threads).
+Counted: bytes Python read (pread) and wrote
 (pwrite/pwritev/copy_file_range) from files, bytes SHA-256-hashed in Python by
 thaw (chunk.sha256, which every image hash of both versions goes through) and by
 botocore (SigV4 payload signing: S3SigV4Auth hashes every PUT body unless the
@@ -95,6 +98,27 @@ def side(cfg: dict) -> dict:
         count["thaw_chunk_bytes"] += sum(os.stat(p).st_size for p in paths)
 
     timed(Runsc, "checkpoint", "checkpoint")
+    # Where the upload's time goes: its three phases run one after the other (HEAD of
+    # every chunk pointer, then the packs, then the new pointers), each on several threads.
+    calls: dict[str, dict] = {}
+
+    def spanned(obj, name: str) -> None:
+        real = getattr(obj, name)
+        c = calls.setdefault(name, {"n": 0, "busy_s": 0.0, "first": None, "last": None})
+
+        def wrapper(*a, **k):
+            t = time.monotonic()
+            try:
+                return real(*a, **k)
+            finally:
+                e = time.monotonic()
+                c["n"] += 1
+                c["busy_s"] += e - t
+                c["first"] = t if c["first"] is None else min(c["first"], t)
+                c["last"] = e if c["last"] is None else max(c["last"], e)
+        setattr(obj, name, wrapper)
+    for name in ("chunk_location", "put_pack", "put_chunk_pointer"):
+        spanned(Store, name)
     timed(chunk, "chunk_files", "chunk", chunked)
     timed(transfer, "upload", "upload")
     timed(Store, "put_manifest_if_absent", "publish")
@@ -165,7 +189,10 @@ def side(cfg: dict) -> dict:
            "published_s": marks["publish_end"] - t0, "done_s": t1 - t0,
            "after_publish_s": t1 - marks["publish_end"],
            "rchar_bytes": io1["rchar"] - io0["rchar"], "wchar_bytes": io1["wchar"] - io0["wchar"],
-           "disk_written_bytes_incl_sync": disk1 - disk0, **count}
+           "disk_written_bytes_incl_sync": disk1 - disk0, **count,
+           "upload_phases": {name: {"calls": c["n"], "span_s": round((c["last"] or 0) - (c["first"] or 0), 3),
+                                    "busy_s_summed_over_threads": round(c["busy_s"], 3)}
+                             for name, c in calls.items()}}
     staging = Path(cfg["overrides"]["node.state_dir"]) / "thawd" / "staging"
     out["staging_left"] = sorted(p.name for p in staging.iterdir()) if staging.is_dir() else []
     out["cache_tmp_left"] = sorted(p.name for p in (Path(cfg["overrides"]["cache.dir"]) / "tmp").iterdir())
