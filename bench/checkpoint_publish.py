@@ -268,7 +268,9 @@ def main() -> int:
     from control.images.store import Store
     from control.lifecycle.sandbox import Sandboxes
     from runsc_hooks import spec as specmod
+    from runsc_hooks.runsc import remove_root
 
+    remove_root(WORK / "runsc-root")   # a runsc root holds null-netns mounts: rmtree alone cannot remove it
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir(parents=True)
     before_code = WORK / "before-code"
@@ -356,6 +358,7 @@ def main() -> int:
         except Exception:   # noqa: BLE001 - the store goes away with its work directory anyway
             pass
         sw.stop()
+        remove_root(sandbox_settings.runsc_root)
         shutil.rmtree(WORK, ignore_errors=True)
     text = json.dumps(result, indent=2)
     print(text)
