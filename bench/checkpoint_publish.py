@@ -20,7 +20,10 @@ each code version, in a fresh subprocess, alternating which goes first:
 
 Both use the same runsc, thaw-chunk, SeaweedFS, sandbox and settings; every run
 gets an empty cache and its own store prefix, so every chunk is uploaded (nothing
-is deduplicated against an earlier run). Before each run nothing is dirty (sync).
+is deduplicated against an earlier run). Before each run nothing is dirty (sync)
+and the machine's CPUs have been >= 90% idle for 3 s (other work on the machine
+that the lock does not cover would otherwise land in one side's run; each run
+records how idle it was before and where the machine's CPU time went during it).
 
 Timed inside the run (monotonic clock): the runsc checkpoint, chunking, upload,
 the manifest's conditional put ("published"), and the whole call ("done": the
@@ -171,9 +174,11 @@ def side(cfg: dict) -> dict:
     os.pread, os.pwrite, os.pwritev, os.copy_file_range = pread, pwrite, pwritev, copy_file_range
 
     io0, disk0 = _proc_io(), _disk_written(cfg["disk"])
+    cpu0, own0, weed0 = _system_cpu(), _own_cpu(), _pid_cpu(cfg["weed_pid"])
     t0 = time.monotonic()
     res = t.checkpoint(rt, leave_running=True)
     t1 = time.monotonic()
+    cpu1, own1, weed1 = _system_cpu(), _own_cpu(), _pid_cpu(cfg["weed_pid"])
     io1 = _proc_io()
     os.sync()
     disk1 = _disk_written(cfg["disk"])
@@ -190,6 +195,12 @@ def side(cfg: dict) -> dict:
            "after_publish_s": t1 - marks["publish_end"],
            "rchar_bytes": io1["rchar"] - io0["rchar"], "wchar_bytes": io1["wchar"] - io0["wchar"],
            "disk_written_bytes_incl_sync": disk1 - disk0, **count,
+           # CPU-s of the whole machine while it ran: this process and its children, SeaweedFS,
+           # and the rest (the sandbox's sentry writing the image, kernel writeback, and anything
+           # foreign: the bench is meant to run on an otherwise idle machine).
+           "cpu_s": {"machine_busy": round(cpu1[0] - cpu0[0], 2), "thaw": round(own1 - own0, 2),
+                     "seaweedfs": round(weed1 - weed0, 2),
+                     "rest": round((cpu1[0] - cpu0[0]) - (own1 - own0) - (weed1 - weed0), 2)},
            "upload_phases": {name: {"calls": c["n"], "span_s": round((c["last"] or 0) - (c["first"] or 0), 3),
                                     "busy_s_summed_over_threads": round(c["busy_s"], 3)}
                              for name, c in calls.items()}}
@@ -208,6 +219,40 @@ def _proc_io() -> dict:
     return out
 
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _system_cpu() -> tuple[float, float]:
+    """(busy, idle) CPU-seconds of the machine since boot (/proc/stat; iowait counts as idle)."""
+    f = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = f[3] + f[4]
+    return (sum(f[:8]) - idle) / _TICK, idle / _TICK
+
+
+def _own_cpu() -> float:
+    import resource
+    a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
+
+
+def _pid_cpu(pid: int) -> float:
+    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / _TICK
+
+
+def _wait_idle(window_s: float = 3.0, idle_min: float = 0.9, give_up_s: float = 300.0) -> float:
+    """Wait until the machine's CPUs were at least `idle_min` idle over a window; that fraction
+    (below idle_min if it never got there within give_up_s)."""
+    end = time.monotonic() + give_up_s
+    while True:
+        b0, i0 = _system_cpu()
+        time.sleep(window_s)
+        b1, i1 = _system_cpu()
+        idle = (i1 - i0) / max((b1 - b0) + (i1 - i0), 1e-9)
+        if idle >= idle_min or time.monotonic() > end:
+            return round(idle, 3)
+
+
 def _disk_written(dev: str) -> int:
     for line in Path("/proc/diskstats").read_text().splitlines():
         f = line.split()
@@ -224,6 +269,10 @@ def _root_disk() -> str:
     return next(x.split("=", 1)[1] for x in name.splitlines() if x.startswith("DEVNAME="))
 
 
+def _get(r: dict, k: str) -> float:
+    return r["cpu_s"]["thaw"] if k == "thaw_cpu_s" else r[k]
+
+
 def _summary(runs: list[dict]) -> dict:
     out: dict = {}
     for sd in SIDES:
@@ -235,15 +284,21 @@ def _summary(runs: list[dict]) -> dict:
                   "pwrite_bytes", "copy_file_range_bytes", "rchar_bytes", "wchar_bytes",
                   "disk_written_bytes_incl_sync", "image_bytes"):
             out[sd][k] = statistics.median(r[k] for r in mine)
+        out[sd]["cpu_s"] = {k: {"median": statistics.median(r["cpu_s"][k] for r in mine),
+                                "min": min(r["cpu_s"][k] for r in mine), "max": max(r["cpu_s"][k] for r in mine)}
+                            for k in mine[0]["cpu_s"]}
+        out[sd]["upload_phase_span_s_median"] = {
+            k: statistics.median(r["upload_phases"][k]["span_s"] for r in mine) for k in mine[0]["upload_phases"]}
     rounds = sorted({r["round"] for r in runs})
-    for k in KEYS:
+    for k in (*KEYS, "thaw_cpu_s"):
         per = []
         for n in rounds:
             b = next(r for r in runs if r["round"] == n and r["side"] == "before")
             a = next(r for r in runs if r["round"] == n and r["side"] == "after")
-            per.append(b[k] / a[k])
+            per.append(_get(b, k) / _get(a, k))
+        med = [statistics.median(_get(r, k) for r in runs if r["side"] == sd) for sd in ("before", "after")]
         out.setdefault("before_over_after", {})[k] = {
-            "of_medians": round(out["before"][k]["median"] / out["after"][k]["median"], 3),
+            "of_medians": round(med[0] / med[1], 3),
             "per_round": [round(x, 3) for x in per], "per_round_min": round(min(per), 3),
             "per_round_max": round(max(per), 3)}
     return out
@@ -324,9 +379,10 @@ def main() -> int:
                         "runsc.path": str(REPO / "build" / "runsc"),
                         "pack.chunker": str(REPO / "build" / "thaw-chunk"),
                         "store.fetcher": str(REPO / "build" / "thaw-fetch")}
-                cfg = {"overrides": over, "sid": sid, "bundle": rec.bundle,
+                cfg = {"overrides": over, "sid": sid, "bundle": rec.bundle, "weed_pid": sw.proc.pid,
                        "runsc_root": str(sandbox_settings.runsc_root), "flags": flags, "disk": disk}
                 os.sync()
+                idle = _wait_idle()
                 env = dict(os.environ)
                 if sd == "before":
                     env["PYTHONPATH"] = str(before_code)
@@ -335,13 +391,14 @@ def main() -> int:
                                    text=True, timeout=600)
                 if p.returncode != 0:
                     raise SystemExit(f"{tag} failed ({p.returncode}):\n{p.stderr[-4000:]}")
-                r = {"side": sd, "round": n, "first": order[0] == sd, **json.loads(p.stdout)}
+                r = {"side": sd, "round": n, "first": order[0] == sd, "idle_before": idle, **json.loads(p.stdout)}
                 want = str(before_code) if sd == "before" else str(REPO)
                 if r["code"] != want:
                     raise SystemExit(f"{tag} ran thaw from {r['code']}, not {want}")
                 print(f"{tag}: checkpoint {r['checkpoint_s']:.2f} s, published at {r['published_s']:.2f} s, "
                       f"done {r['done_s']:.2f} s; {r['image_bytes'] / 1e6:.0f} MB; python sha256 "
-                      f"{r['python_sha256_bytes'] / 1e6:.0f} MB", file=sys.stderr)
+                      f"{r['python_sha256_bytes'] / 1e6:.0f} MB; idle before {idle:.2f}, cpu {r['cpu_s']}",
+                      file=sys.stderr)
                 runs.append(r)
                 shutil.rmtree(WORK / tag, ignore_errors=True)
         result["runs"] = runs
