@@ -2,7 +2,7 @@
 "one copy of every image" (issue 11.5), side by side in one run.
 
     sudo flock /tmp/thaw-heavy.lock .venv/bin/python bench/checkpoint_publish.py \
-        [--runs 5] [--model-mb 128] [--out bench/results/checkpoint-publish-<date>.json]
+        [--runs 7] [--model-mb 128] [--page-cache full|as-is] [--out bench/results/checkpoint-publish-<date>.json]
 
 One demo server (control/dev/workloads/demo_server.py, as `thaw demo` runs it) is
 started in a real runsc sandbox and warmed up; SeaweedFS runs on loopback. Each
@@ -20,10 +20,16 @@ each code version, in a fresh subprocess, alternating which goes first:
 
 Both use the same runsc, thaw-chunk, SeaweedFS, sandbox and settings; every run
 gets an empty cache and its own store prefix, so every chunk is uploaded (nothing
-is deduplicated against an earlier run). Before each run nothing is dirty (sync)
-and the machine's CPUs have been >= 90% idle for 3 s (other work on the machine
-that the lock does not cover would otherwise land in one side's run; each run
-records how idle it was before and where the machine's CPU time went during it).
+is deduplicated against an earlier run). Before each run memory is put in one
+state (`--page-cache full`, the default: nothing dirty, the page cache full of
+clean pages, as on a node that has run a while, so every page a run writes is
+reclaimed from it; SeaweedFS's volumes read last, as bench/store.py does; `as-is`:
+only a sync), and the machine's CPUs have been >= 90% idle for 3 s (other work
+on the machine that the lock does not cover would otherwise land in one side's
+run; each run records how idle it was before and where the machine's CPU time
+went during it). Without the fill, a second copy's cost depended on the state
+the previous run left: on this VM, freshly freed memory is slow to touch again
+(docs/store.md, Findings).
 
 Timed inside the run (monotonic clock): the runsc checkpoint, chunking, upload,
 the manifest's conditional put ("published"), and the whole call ("done": the
@@ -198,9 +204,10 @@ def side(cfg: dict) -> dict:
            # CPU-s of the whole machine while it ran: this process and its children, SeaweedFS,
            # and the rest (the sandbox's sentry writing the image, kernel writeback, and anything
            # foreign: the bench is meant to run on an otherwise idle machine).
-           "cpu_s": {"machine_busy": round(cpu1[0] - cpu0[0], 2), "thaw": round(own1 - own0, 2),
+           "cpu_s": {"machine_busy": round(cpu1[0] - cpu0[0], 2), "thaw": round(sum(own1) - sum(own0), 2),
+                     "thaw_user": round(own1[0] - own0[0], 2), "thaw_system": round(own1[1] - own0[1], 2),
                      "seaweedfs": round(weed1 - weed0, 2),
-                     "rest": round((cpu1[0] - cpu0[0]) - (own1 - own0) - (weed1 - weed0), 2)},
+                     "rest": round((cpu1[0] - cpu0[0]) - (sum(own1) - sum(own0)) - (weed1 - weed0), 2)},
            "upload_phases": {name: {"calls": c["n"], "span_s": round((c["last"] or 0) - (c["first"] or 0), 3),
                                     "busy_s_summed_over_threads": round(c["busy_s"], 3)}
                              for name, c in calls.items()}}
@@ -229,10 +236,28 @@ def _system_cpu() -> tuple[float, float]:
     return (sum(f[:8]) - idle) / _TICK, idle / _TICK
 
 
-def _own_cpu() -> float:
+def _own_cpu() -> tuple[float, float]:
+    """(user, system) CPU-s of this process and its reaped children."""
     import resource
     a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
+    return a.ru_utime + b.ru_utime, a.ru_stime + b.ru_stime
+
+
+def _settle(page_cache: str) -> None:
+    """Memory in one state before a run, the same for both sides (see the module docstring)."""
+    os.sync()
+    if page_cache == "as-is":
+        return
+    ballast = WORK / "page-cache-ballast"
+    size = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if not ballast.exists():
+        with open(ballast, "wb") as f:
+            f.truncate(size)
+    for p in [ballast, *sorted(q for q in (WORK / "seaweed").rglob("*") if q.is_file())]:
+        buf = bytearray(16 << 20)
+        with open(p, "rb", buffering=0) as f:
+            while f.readinto(buf):
+                pass
 
 
 def _pid_cpu(pid: int) -> float:
@@ -308,6 +333,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5, help="rounds (each runs both sides once)")
     ap.add_argument("--model-mb", type=int, default=None, help="the demo model's size (thaw demo's default)")
+    ap.add_argument("--page-cache", choices=("full", "as-is"), default="full",
+                    help="memory state before each run (module docstring)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--side", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -352,7 +379,7 @@ def main() -> int:
                     "store": "SeaweedFS `weed server -s3` on 127.0.0.1, same machine",
                     "before": f"thaw {BEFORE_COMMIT} (git archive, imported via PYTHONPATH)",
                     "after": f"thaw {after_commit}" + (" + uncommitted changes" if dirty else ""),
-                    "disk": disk}
+                    "disk": disk, "page_cache": a.page_cache}
     try:
         creds = sw.credentials.write_aws_file(WORK / "aws-credentials")
         t = time.monotonic()
@@ -381,7 +408,7 @@ def main() -> int:
                         "store.fetcher": str(REPO / "build" / "thaw-fetch")}
                 cfg = {"overrides": over, "sid": sid, "bundle": rec.bundle, "weed_pid": sw.proc.pid,
                        "runsc_root": str(sandbox_settings.runsc_root), "flags": flags, "disk": disk}
-                os.sync()
+                _settle(a.page_cache)
                 idle = _wait_idle()
                 env = dict(os.environ)
                 if sd == "before":
