@@ -389,14 +389,12 @@ class Thawd:
         wl = workloadmod.from_spec(spec)
         if wl is None:
             raise UserError(f"container {rt.container_id} did not opt in (annotation {workloadmod.ANNOTATION_WORKLOAD})")
-        staging = self.s.state_dir / "thawd" / "staging"
-        staging.mkdir(parents=True, exist_ok=True)
-        out = staging / f"{rt.container_id}-{uuid.uuid4().hex[:8]}"
-        try:
-            saved = Engine(self.s).checkpoint(self._handle(rt, spec), out, stop_after=not leave_running)
-            published = self.images.publish(out, wl.key)
-        finally:
-            shutil.rmtree(out, ignore_errors=True)
+        # runsc writes the image straight into a partial directory of the node
+        # cache; publishing chunks and uploads it from there and the cache adopts
+        # the directory by rename: one copy of the image, hashed once.
+        with self.images.staged(wl.key) as image:
+            saved = Engine(self.s).checkpoint(self._handle(rt, spec), image.path, stop_after=not leave_running)
+            published = self.images.publish(image)
         self.metrics.inc("thaw_checkpoints_total")
         self.metrics.observe("thaw_checkpoint_seconds", saved.seconds)
         return {"workload_key": wl.key, "image_bytes": saved.bytes, "seconds": saved.seconds,
