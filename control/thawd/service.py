@@ -24,7 +24,9 @@ from control.config import Settings
 from control.errors import NotFound, ThawError, UserError
 from control.thawd.metrics import Metrics
 from control.thawd.quarantine import Quarantine
+from control.files import write_json_atomic
 from control.lifecycle import profiles
+from control.lifecycle import sandbox as sandboxmod
 from control.lifecycle.engine import Engine, Handle, uses_gpu
 from runsc_hooks import gate as gatemod
 from runsc_hooks import network as netmod
@@ -154,10 +156,29 @@ class Thawd:
             old.release()
         self.metrics.inc("thaw_cache_hits_total" if getattr(lease, "hit", True) else "thaw_cache_misses_total")
         h = self._handle(rt, spec)
+        why = self._spec_mismatch(Path(lease.path), spec)
+        if why:
+            self._release_key(k)
+            return Decision(False, f"spec-mismatch: {why}", wl.key)
         if h.gate is not None:  # no packet reaches the sandbox until the restore is healthy
             gatemod.close(h.gate, self.s.network_probe_mark, f"restore of {rt.container_id}")
         self._remember_network(k, spec)
         return Decision(True, "image-ready", wl.key, str(lease.path), self.restore_deadline_s(spec))
+
+    def _spec_mismatch(self, image: Path, spec: dict) -> str:
+        """Why runsc would refuse to restore `image` into a container with `spec`
+        (mount destinations/types/options, devices, the GPU count: nvproxy/cdi.py
+        check_restore_compatible), said before runsc runs; "" when it would not."""
+        from nvproxy import cdi
+        try:
+            saved = json.loads((image / sandboxmod.IMAGE_META).read_text())["spec"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return ""   # an image without its spec (older thaw): runsc's own validation decides
+        try:
+            cdi.check_restore_compatible(saved, spec)
+        except ThawError as e:
+            return e.message
+        return ""
 
     def restore_deadline_s(self, spec: dict) -> float:
         """How long a Restore call may take: runsc restore, the health check, the
@@ -394,6 +415,12 @@ class Thawd:
         # the directory by rename: one copy of the image, hashed once.
         with self.images.staged(wl.key) as image:
             saved = Engine(self.s).checkpoint(self._handle(rt, spec), image.path, stop_after=not leave_running)
+            # What a restore needs, with the image (thaw.json, as the CLI's images
+            # carry it): the spec runsc validates at restore and the GPUs it holds.
+            write_json_atomic(image.path / sandboxmod.IMAGE_META, {
+                "version": sandboxmod.IMAGE_META_VERSION, "door": "containerd", "spec": spec,
+                "files": saved.files, "gpu": sandboxmod.gpu_needs(spec), "checkpoint_s": saved.seconds,
+                "created_at": time.time()})
             published = self.images.publish(image)
         self.metrics.inc("thaw_checkpoints_total")
         self.metrics.observe("thaw_checkpoint_seconds", saved.seconds)

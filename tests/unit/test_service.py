@@ -247,10 +247,32 @@ def test_checkpoint_writes_into_the_cache_and_the_entry_is_that_directory(tmp_pa
             res = t.checkpoint(rt)
             [e] = src.cache.entries()
             assert res["published"] and res["image_bytes"] == 18000 + 102400 and e.key == res["workload_key"]
-            assert set(written) == {"checkpoint.img", "pages.img"}
+            assert set(written) == {"checkpoint.img", "pages.img", "thaw.json"}   # + what a restore needs
+            meta = json.loads((e.path / "thaw.json").read_text())
+            assert meta["door"] == "containerd" and meta["spec"]["annotations"] == OPT_IN
             assert {p.name: p.stat().st_ino for p in e.path.iterdir() if p.name in written} == written
             assert src.has(e.key)
         assert list((tmp_path / "cache" / "tmp").iterdir()) == []
         assert not (tmp_path / "state" / "thawd" / "staging").exists()
     finally:
         t.close()
+
+
+def test_an_image_whose_spec_runsc_would_refuse_starts_cold_before_runsc_runs(env):
+    """The image carries the spec it was saved with (thaw.json); a container whose
+    spec differs where runsc's restore validation looks (a mount, a device, the
+    GPU count) is answered cold with the reason, and its lease is released."""
+    t, images, tmp = env
+    rt = bundle(tmp, "c1", OPT_IN)
+    key = t.prepare_restore(rt).key
+    images.available[key] = True
+    saved = json.loads((rt.bundle / "config.json").read_text())
+    (tmp / key).mkdir()
+    (tmp / key / "thaw.json").write_text(json.dumps({"version": 1, "door": "containerd", "spec": saved}))
+    assert t.prepare_restore(rt).restore                        # the same spec: restore
+    t.release("c1", "/run/r")
+    saved["mounts"].append({"destination": "/data", "type": "bind", "source": "/srv/data", "options": ["ro"]})
+    (tmp / key / "thaw.json").write_text(json.dumps({"version": 1, "door": "containerd", "spec": saved}))
+    d = t.prepare_restore(rt)
+    assert not d.restore and d.reason.startswith("spec-mismatch: ") and "/data" in d.reason, d.reason
+    assert ("/run/r", "c1") not in t._leases
