@@ -152,6 +152,14 @@ def _dns_label(v: Any) -> str:
     return s
 
 
+def _log_bound(v: Any) -> int:
+    # Twin: go/cmd/thaw-monitor/log.go minMaxBytes, control/lifecycle/logs.py MIN_MAX_BYTES.
+    x = _parse_int(v)
+    if x < 64 << 10:
+        raise ValueError(f"must be at least 64k, got {v!r}")
+    return x
+
+
 def _power_of_two(v: Any) -> int:
     x = _parse_int(v)
     if x < 4096 or x & (x - 1):
@@ -169,6 +177,7 @@ _parse_abs_path.kind = "absolute path"  # type: ignore[attr-defined]
 _parse_words.kind = "list of strings"  # type: ignore[attr-defined]
 _dns_label.kind = "DNS label"  # type: ignore[attr-defined]
 _power_of_two.kind = "integer, a power of two >= 4096"  # type: ignore[attr-defined]
+_log_bound.kind = "integer >= 64k (k, m, g suffixes)"  # type: ignore[attr-defined]
 _parse_opt_path.kind = "path or empty"  # type: ignore[attr-defined]
 _parse_ipv4.kind = "IPv4 address"  # type: ignore[attr-defined]
 _parse_mark.kind = "integer packet mark"  # type: ignore[attr-defined]
@@ -189,6 +198,7 @@ class Settings:
     # [node]
     state_dir: Path             # thaw's own state: sandbox records, netns leases
     log_dir: Path               # runsc debug logs, one directory per sandbox
+    log_max_bytes: int          # a CLI sandbox's workload log is rotated at this size (one old file kept)
     machine_type: str           # part of the compatibility tuple
     install_dir: Path           # where `thaw provision` installs binaries (bin/ under it)
     gpu: str                    # auto | yes | no: is this a GPU node?
@@ -254,6 +264,7 @@ _KEYS: dict[str, tuple[str, Callable[[Any], Any], Callable[[], Any]]] = {
     "runsc.timeout_s": ("runsc_timeout_s", _positive(_parse_float), lambda: 120.0),
     "node.state_dir": ("state_dir", _parse_abs_path, lambda: Path("/var/lib/thaw")),
     "node.log_dir": ("log_dir", _parse_abs_path, lambda: Path("/var/log/thaw")),
+    "node.log_max_bytes": ("log_max_bytes", _log_bound, lambda: 8 << 20),
     "node.machine_type": ("machine_type", _parse_str, lambda: "unknown"),
     "node.install_dir": ("install_dir", _parse_abs_path, lambda: Path("/opt/thaw")),
     "node.gpu": ("gpu", _one_of("auto", "yes", "no"), lambda: "auto"),
@@ -310,7 +321,12 @@ _HELP: dict[str, str] = {
                    "written into runsc.toml's [runsc_config] for containerd's shim.",
     "runsc.timeout_s": "Deadline of one runsc call, seconds.",
     "node.state_dir": "thaw's own state: sandbox records, netns leases.",
-    "node.log_dir": "runsc and shim logs (the shim writes <log_dir>/shim/runsc-shim-<id>.log).",
+    "node.log_dir": "runsc and shim logs (the shim writes <log_dir>/shim/runsc-shim-<id>.log); the "
+                    "workload logs and exit status of `thaw run`/`thaw restore` sandboxes "
+                    "(<log_dir>/sandboxes/<id>/, `thaw logs`).",
+    "node.log_max_bytes": "A sandbox's workload log (stdout and stderr of `thaw run`/`thaw restore` sandboxes, "
+                          "<log_dir>/sandboxes/<id>/workload.log) is rotated to workload.log.1 at this size; "
+                          "one old file is kept, so a sandbox's log takes at most twice this.",
     "node.machine_type": "Machine type in the compatibility tuple (e.g. the cloud instance type).",
     "node.install_dir": "Where `thaw provision` installs runsc, the shim, the stand-in and the CUDA "
                         "helper (<dir>/bin).",

@@ -95,12 +95,19 @@ def _node(obj: Context) -> compat.CompatTuple:
 @click.option("--key", "key", required=True, help="Workload key the image is published under.")
 @click.option("--cache/--no-cache", "use_cache", default=True,
               help="Also install the published image into this node's cache.")
+@click.option("--allow-node-local", is_flag=True,
+              help="Publish an image that needs paths of this node (a --bundle rootfs, --bind paths): "
+                   "you make sure every restoring node has them at the same place.")
 @store_options
 @json_option
 @click.pass_obj
 @handle_errors
-def push_cmd(obj: Context, directory: Path, key: str, use_cache: bool) -> None:
-    """Publish a runsc checkpoint image directory under KEY (first writer wins)."""
+def push_cmd(obj: Context, directory: Path, key: str, use_cache: bool, allow_node_local: bool) -> None:
+    """Publish a runsc checkpoint image directory under KEY (first writer wins).
+
+    An image of `thaw checkpoint` whose restore needs paths only this node is
+    sure to have is refused, naming them, unless --allow-node-local."""
+    _check_portable(directory, allow_node_local)
     s = obj.settings
     bar = Bar(f"push {key}", obj.progress)
     r = images.push(images.open_cache(s) if use_cache else None, Store(s), directory, key, _node(obj),
@@ -113,6 +120,19 @@ def push_cmd(obj: Context, directory: Path, key: str, use_cache: bool) -> None:
         f"{key} ({r.tuple_hash[:12]}): {_size(r.size)}, {u.uploaded_chunks}/{u.chunks} chunks sent "
         f"({_size(u.uploaded_bytes)}), {u.present_chunks} already in the store"
         + (f"; cached as {r.installed}" if r.installed else "")))
+
+
+def _check_portable(directory: Path, allow: bool) -> None:
+    from control.errors import UserError
+    from control.lifecycle import sandbox
+    if not (directory / sandbox.IMAGE_META).is_file():
+        return  # a runsc image without thaw's metadata (thawd's, a test's): nothing to say
+    local = sandbox.node_local(sandbox.read_image(directory))
+    if local and not allow:
+        raise UserError(f"image {directory} depends on this node: {'; '.join(local)}. A node without them "
+                        "cannot restore it; push with --allow-node-local if every node has them at the same "
+                        "paths, or run the workload as a command (`thaw run -- CMD`, system directories only)",
+                        node_local=local)
 
 
 @click.command("pull")

@@ -187,10 +187,15 @@ class Engine:
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise
             reason = e.message if isinstance(e, ThawError) else f"{type(e).__name__}: {e}"
+            if isinstance(e, RunscError):  # one line: runsc's own message (the argv is in the debug log)
+                rc = "timed out" if e.returncode is None else f"exit {e.returncode}"
+                reason = f"runsc checkpoint failed ({rc}): {e.runsc_message}"
             if isinstance(e, HookError):
                 reason = f"pre-checkpoint hook: {reason}"
-            log.warning("checkpoint of %s failed after %.2fs (workload %s, %s packets held off): %s",
-                        h.id, time.monotonic() - t0, st, dropped, reason)
+            # info, not warning: the caller reports CheckpointFailed (thawd logs it, the CLI prints
+            # it as its one error line); the argv and timings are here for -v.
+            log.info("checkpoint of %s failed after %.2fs (workload %s, %s packets held off): %s",
+                     h.id, time.monotonic() - t0, st, dropped, reason)
             raise CheckpointFailed(h.id, reason, st) from e
         dropped = None
         if stop_after:
@@ -207,15 +212,17 @@ class Engine:
 
     def restore(self, h: Handle, image: Path, probes: list, *, opts: RestoreOptions,
                 policy: probemod.Policy | None = None, health_check: bool = True,
-                timeout_s: float | None = None) -> Restored:
+                timeout_s: float | None = None, stdio: int | None = None) -> Restored:
         """`runsc restore` image into `h` (created by `opts.create` or already by a
         `runsc create`), then the health check and post-restore hooks; the gate
         (closed by the caller before the sandbox's network existed) opens only when
         both pass. Raises UnhealthyRestore / HookError / RunscError, leaving the
-        sandbox for the caller to remove (it knows what else to undo)."""
+        sandbox for the caller to remove (it knows what else to undo). `stdio`:
+        the restored workload's stdout/stderr when restore creates the sandbox
+        (the CLI's log pipe, control/lifecycle/logs.py)."""
         from control.errors import UnhealthyRestore
         t0 = time.monotonic()
-        h.runsc.restore(h.id, opts, timeout_s)
+        h.runsc.restore(h.id, opts, timeout_s, stdio=stdio)
         runsc_s = time.monotonic() - t0
         result = None
         if health_check:
