@@ -442,7 +442,8 @@ class Sandboxes:
         if self.get(sid) is not None or r.exists(runsc_id(sid)):
             raise AlreadyExists("sandbox", sid, "restore creates a new sandbox")
         probe_list = probemod.parse_all(meta.get("probes") or [] if probes is None else probes)
-        spec = _spec_for_node(meta, self.settings, sid, self._placer(meta, gpus, Path(image), cold=False))
+        spec = _spec_for_node(meta, self.settings, sid, Path(image),
+                              self._placer(meta, gpus, Path(image), cold=False))
         check_transition(sid, None, State.RESTORING)
         bundle = specmod.Bundle(self.bundles_dir / sid)
         rec = Record(id=sid, state=State.RESTORING, bundle=str(bundle.path), restored_from=str(image),
@@ -525,7 +526,8 @@ class Sandboxes:
         addr = (saved["host_ip"], saved["sandbox_ip"], saved["prefixlen"]) if saved else None
         if addr and (addr[0] in netmod.addresses_in_use()):
             addr = None
-        spec = _spec_for_node(meta, self.settings, sid, self._placer(meta, gpus, Path(image), cold=True))
+        spec = _spec_for_node(meta, self.settings, sid, Path(image),
+                              self._placer(meta, gpus, Path(image), cold=True))
         rec = self._run_spec(sid, spec, meta["network"] == "sandbox", bool(meta.get("nvproxy", False)),
                              tuple(meta.get("probes") or [] if probes is None else probes),
                              tuple(netmod.Port.parse(p) for p in saved.get("ports", [])), addr)
@@ -709,6 +711,8 @@ class Sandboxes:
         logsmod.stop_monitor(rec.monitor)
         shutil.rmtree(logsmod.SandboxLogs.of(self.settings, rec.id).dir, ignore_errors=True)
         shutil.rmtree(self.bundles_dir / rec.id, ignore_errors=True)
+        # The empty host-layout root thaw made for a command sandbox (a --bundle's is the user's).
+        shutil.rmtree(self.settings.state_dir / "rootfs" / rec.id, ignore_errors=True)
         self._record_path(rec.id).unlink(missing_ok=True)
 
 
@@ -768,7 +772,7 @@ def _injected_devices(spec: dict) -> list[str]:
     return [str(d) for d in rec.get("devices") or []]
 
 
-def _spec_for_node(meta: dict, settings: Settings, sid: str,
+def _spec_for_node(meta: dict, settings: Settings, sid: str, image: Path,
                    place_gpus: Callable[[dict], dict] | None = None) -> dict:
     """The image's saved spec made to run on this node as sandbox `sid`: a fresh
     host-layout rootfs, this node's GPUs (`place_gpus`), and every host path
@@ -781,14 +785,13 @@ def _spec_for_node(meta: dict, settings: Settings, sid: str,
         spec["root"]["path"] = str(specmod.prepare_host_rootfs(settings.state_dir / "rootfs" / sid))
     root = Path(spec["root"]["path"])
     if not root.is_dir():
-        raise ImageError(str(root), "the image's root filesystem is not on this node (it was a node-local "
-                         "directory when the image was saved: a --bundle rootfs); restore it where that "
-                         "directory exists")
+        raise ImageError(str(image), f"its root filesystem {root} is not on this node (a directory of the node "
+                         "it was saved on: a --bundle rootfs); restore it where that directory exists")
     if place_gpus is not None:
         spec = place_gpus(spec)
     missing = _missing_binds(spec)
     if missing:
-        raise ImageError(", ".join(missing), "host path(s) the image's sandbox binds are missing on this node")
+        raise ImageError(str(image), f"host path(s) its sandbox binds are not on this node: {', '.join(missing)}")
     return spec
 
 
