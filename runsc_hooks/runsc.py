@@ -313,6 +313,17 @@ class Runsc:
         """`stdio`: as for create; the restored workload's stdout and stderr."""
         self._run(["restore", *opts.argv(), cid], timeout_s, stdio=stdio)
 
+    def ps(self, cid: str) -> list[dict]:
+        """The container's processes (`runsc ps --format=json`): dicts with "pid"
+        (in the sandbox's pid namespace), "ppid", "cmd", ... (pkg/sentry/control/proc.go Process)."""
+        out = self._run(["ps", "--format=json", cid], check_id=cid).stdout
+        try:
+            data = json.loads(out) if out.strip() else []
+        except ValueError:
+            raise RunscError(self.argv("ps", "--format=json", cid), 0, out, "runsc ps printed no JSON",
+                             subcommand="ps") from None
+        return [d for d in data or [] if isinstance(d, dict)]
+
     def list(self) -> list[ContainerState]:
         out = self._run(["list", "--format=json"]).stdout
         try:

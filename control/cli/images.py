@@ -14,9 +14,16 @@ import click
 
 from control.node import compat
 
-from control.images import image as images
 from control.cli.common import Context, handle_errors, json_option
-from control.images.store import Store
+
+
+def _lib():
+    """control.images.image and Store, imported when an image command runs:
+    they import boto3, which `thaw run/checkpoint/restore` do not need (the GPU
+    machine's bench runs the CLI without it)."""
+    from control.images import image
+    from control.images.store import Store
+    return image, Store
 
 
 def store_options(f: Callable) -> Callable:
@@ -107,6 +114,7 @@ def push_cmd(obj: Context, directory: Path, key: str, use_cache: bool, allow_nod
 
     An image of `thaw checkpoint` whose restore needs paths only this node is
     sure to have is refused, naming them, unless --allow-node-local."""
+    images, Store = _lib()
     _check_portable(directory, allow_node_local)
     s = obj.settings
     bar = Bar(f"push {key}", obj.progress)
@@ -143,6 +151,7 @@ def _check_portable(directory: Path, allow: bool) -> None:
 @handle_errors
 def pull_cmd(obj: Context, key: str) -> None:
     """Make KEY's image ready in this node's cache (fetching only what is missing)."""
+    images, Store = _lib()
     s = obj.settings
     bar = Bar(f"pull {key}", obj.progress)
     r = images.pull(images.open_cache(s), Store(s), key, _node(obj), workers=s.store_workers,
@@ -168,6 +177,7 @@ def pull_cmd(obj: Context, key: str) -> None:
 @handle_errors
 def ls_cmd(obj: Context, local_only: bool) -> None:
     """Images in this node's cache and in the store, with sizes and whether this node can restore them."""
+    images, Store = _lib()
     s = obj.settings
     d = images.listing(images.open_cache(s), None if local_only else Store(s), _node(obj))
     from control.thawd.quarantine import read_quarantine
@@ -198,6 +208,7 @@ def ls_cmd(obj: Context, local_only: bool) -> None:
 @handle_errors
 def gc_cmd(obj: Context) -> None:
     """Remove crash leftovers and corrupt entries; evict least recently used entries over budget."""
+    images, _ = _lib()
     cache = images.open_cache(obj.settings)
     busy: list[str] = []
     r = cache.gc(on_busy=busy.append)
@@ -214,6 +225,7 @@ def gc_cmd(obj: Context) -> None:
 @handle_errors
 def verify_cmd(obj: Context, key: str | None) -> None:
     """Re-hash every cached chunk (of KEY); corrupt entries are evicted (the next pull refetches)."""
+    images, _ = _lib()
     rows = images.verify(images.open_cache(obj.settings), key)
     obj.emit(rows, lambda rs: "\n".join(
         f"{r['id']}: {'ok' if r['ok'] else 'CORRUPT: ' + r['problem'] + (' (evicted)' if r['evicted'] else ' (in use)')}"

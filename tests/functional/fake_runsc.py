@@ -145,7 +145,21 @@ elif cmd == "restore":
         if not os.path.exists(os.path.join(opts["image-path"], name)):
             fail(f"restore: {name} missing")
     spawn(cid, opts["bundle"], "running")
-elif cmd == "exec":
+elif cmd == "ps":
     load(cid)
+    print(json.dumps([{"pid": 1, "ppid": 0, "cmd": "sleep"}, {"pid": 7, "ppid": 1, "cmd": "python3"}]))
+elif cmd == "exec":
+    # exec ID ARGV...: the CUDA helper's --get-state answers from FAKE_CUDA_STATES
+    # ({"pid": "state"}; other pids: not a CUDA process, exit 1).
+    cid, rest = args[0], args[1:]
+    load(cid)
+    if rest and rest[0].endswith("cuda-checkpoint"):
+        states = json.loads(os.environ.get("FAKE_CUDA_STATES", "{}"))
+        pid = rest[rest.index("--pid") + 1]
+        if "--get-state" in rest:
+            if pid not in states:
+                sys.stderr.write("thaw-cuda-checkpoint: get-state of pid %s failed\n" % pid)
+                sys.exit(1)
+            print(states[pid])
 else:
     fail(f"fake runsc: unknown command {cmd!r}")

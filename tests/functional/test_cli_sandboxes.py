@@ -226,6 +226,23 @@ def test_a_failed_checkpoint_keeps_the_workload_and_says_so_in_one_line(node, tm
                     "device (the workload is still running; no image was kept)")
 
 
+def test_a_failed_gpu_checkpoint_toggles_cuda_back(node, tmp_path, monkeypatch):
+    """runsc leaves CUDA processes checkpointed after a failed save (SaveWithOpts
+    returns before PostResume): the engine toggles them back with the helper."""
+    sb = sandboxes(node)
+    (tmp_path / "rootfs" / "g").mkdir(parents=True)
+    sb.run("g", server_spec(tmp_path, "g"), network=False, gpus=("nvidia.com/gpu=0",))
+    monkeypatch.setenv("FAKE_RUNSC_CHECKPOINT_FAIL", "no space left on device")
+    monkeypatch.setenv("FAKE_CUDA_STATES", json.dumps({"7": "checkpointed"}))
+    with pytest.raises(CheckpointFailed) as ei:
+        sb.checkpoint("g", tmp_path / "img")
+    assert "CUDA state of pid(s) 7 restored" in str(ei.value) and ei.value.workload == "running"
+    execs = [a[a.index("exec") + 2:] for a in argvs(node) if "exec" in a]
+    assert [helper.HELPER_PATH, "--toggle", "--pid", "7"] in execs
+    assert [helper.HELPER_PATH, "--get-state", "--pid", "1"] in execs          # asked, not a CUDA process
+    assert [helper.HELPER_PATH, "--toggle", "--pid", "1"] not in execs
+
+
 def test_push_refuses_an_image_that_needs_this_node(node, tmp_path):
     img = tmp_path / "img"
     img.mkdir()
