@@ -24,7 +24,7 @@ import pytest
 from bench import network_flood as flood
 from control import config as configmod
 from control.errors import RunscError, UnhealthyRestore
-from control.lifecycle.sandbox import Mitigations, Sandboxes, State
+from control.lifecycle.sandbox import Mitigations, Sandboxes, State, runsc_id
 from runsc_hooks import gate as gatemod
 from runsc_hooks import probe as probemod
 from runsc_hooks import network as netmod
@@ -275,7 +275,7 @@ def test_kill_9_mid_restore_then_sandbox_gc_removes_everything(net, name, when):
             if when == "runsc-restore" and rec is not None and busy:
                 break
             if when == "health-check" and rec is not None and rec.state is State.RESTORING and not busy \
-                    and any(c.id == rid and c.status == "running" for c in sb.runsc().list()):
+                    and any(c.id == runsc_id(rid) and c.status == "running" for c in sb.runsc().list()):
                 break
             time.sleep(0.005)
         assert proc.poll() is None, "thaw restore finished before it could be killed"
@@ -305,6 +305,6 @@ def _runsc_restore_running(s: configmod.Settings, sid: str) -> bool:
             words = [w.decode() for w in p.read_bytes().split(b"\0") if w]
         except OSError:
             continue
-        if words and words[0] == str(s.runsc_path) and "restore" in words and words[-1] == sid:
+        if words and words[0] == str(s.runsc_path) and "restore" in words and words[-1] == runsc_id(sid):
             return True
     return False
