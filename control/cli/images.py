@@ -12,18 +12,7 @@ from typing import Any, Callable
 
 import click
 
-from control.node import compat
-
 from control.cli.common import Context, handle_errors, json_option
-
-
-def _lib():
-    """control.images.image and Store, imported when an image command runs:
-    they import boto3, which `thaw run/checkpoint/restore` do not need (the GPU
-    machine's bench runs the CLI without it)."""
-    from control.images import image
-    from control.images.store import Store
-    return image, Store
 
 
 def store_options(f: Callable) -> Callable:
@@ -94,6 +83,7 @@ def _size(n: float) -> str:
 
 
 def _node(obj: Context) -> compat.CompatTuple:
+    from control.node import compat
     return compat.node_tuple(obj.settings)
 
 
@@ -101,7 +91,7 @@ def _node(obj: Context) -> compat.CompatTuple:
 @click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--key", "key", required=True, help="Workload key the image is published under.")
 @click.option("--cache/--no-cache", "use_cache", default=True,
-              help="Also install the published image into this node's cache.")
+              help="Also cache the image on this node (DIR is copied into the cache, then published from there).")
 @click.option("--allow-node-local", is_flag=True,
               help="Publish an image that needs paths of this node (a --bundle rootfs, --bind paths): "
                    "you make sure every restoring node has them at the same place.")
@@ -114,8 +104,9 @@ def push_cmd(obj: Context, directory: Path, key: str, use_cache: bool, allow_nod
 
     An image of `thaw checkpoint` whose restore needs paths only this node is
     sure to have is refused, naming them, unless --allow-node-local."""
-    images, Store = _lib()
     _check_portable(directory, allow_node_local)
+    from control.images import image as images
+    from control.images.store import Store
     s = obj.settings
     bar = Bar(f"push {key}", obj.progress)
     r = images.push(images.open_cache(s) if use_cache else None, Store(s), directory, key, _node(obj),
@@ -127,20 +118,25 @@ def push_cmd(obj: Context, directory: Path, key: str, use_cache: bool, allow_nod
         f"{'published' if r.published else 'already published by ' + str(r.manifest_creator.get('host'))} "
         f"{key} ({r.tuple_hash[:12]}): {_size(r.size)}, {u.uploaded_chunks}/{u.chunks} chunks sent "
         f"({_size(u.uploaded_bytes)}), {u.present_chunks} already in the store"
-        + (f"; cached as {r.installed}" if r.installed else "")))
+        + (f"; cached as {r.installed}" if r.installed else "") + "".join(f"\n  {n}" for n in r.notes)))
 
 
 def _check_portable(directory: Path, allow: bool) -> None:
+    import json
+
     from control.errors import UserError
     from control.lifecycle import sandbox
-    if not (directory / sandbox.IMAGE_META).is_file():
-        return  # a runsc image without thaw's metadata (thawd's, a test's): nothing to say
-    local = sandbox.node_local(sandbox.read_image(directory))
+    try:
+        meta = json.loads((directory / sandbox.IMAGE_META).read_text())
+    except (OSError, ValueError):
+        return  # no thaw metadata (a plain runsc image): nothing to say
+    if not isinstance(meta, dict) or meta.get("door", "cli") != "cli":
+        return  # thawd's: its container's node makes the spec at restore
+    local = sandbox.node_local(meta)
     if local and not allow:
         raise UserError(f"image {directory} depends on this node: {'; '.join(local)}. A node without them "
-                        "cannot restore it; push with --allow-node-local if every node has them at the same "
-                        "paths, or run the workload as a command (`thaw run -- CMD`, system directories only)",
-                        node_local=local)
+                        "cannot restore it; push with --allow-node-local if every restoring node has them at "
+                        "the same paths", node_local=local)
 
 
 @click.command("pull")
@@ -151,7 +147,8 @@ def _check_portable(directory: Path, allow: bool) -> None:
 @handle_errors
 def pull_cmd(obj: Context, key: str) -> None:
     """Make KEY's image ready in this node's cache (fetching only what is missing)."""
-    images, Store = _lib()
+    from control.images import image as images
+    from control.images.store import Store
     s = obj.settings
     bar = Bar(f"pull {key}", obj.progress)
     r = images.pull(images.open_cache(s), Store(s), key, _node(obj), workers=s.store_workers,
@@ -177,7 +174,8 @@ def pull_cmd(obj: Context, key: str) -> None:
 @handle_errors
 def ls_cmd(obj: Context, local_only: bool) -> None:
     """Images in this node's cache and in the store, with sizes and whether this node can restore them."""
-    images, Store = _lib()
+    from control.images import image as images
+    from control.images.store import Store
     s = obj.settings
     d = images.listing(images.open_cache(s), None if local_only else Store(s), _node(obj))
     from control.thawd.quarantine import read_quarantine
@@ -208,7 +206,7 @@ def ls_cmd(obj: Context, local_only: bool) -> None:
 @handle_errors
 def gc_cmd(obj: Context) -> None:
     """Remove crash leftovers and corrupt entries; evict least recently used entries over budget."""
-    images, _ = _lib()
+    from control.images import image as images
     cache = images.open_cache(obj.settings)
     busy: list[str] = []
     r = cache.gc(on_busy=busy.append)
@@ -225,7 +223,7 @@ def gc_cmd(obj: Context) -> None:
 @handle_errors
 def verify_cmd(obj: Context, key: str | None) -> None:
     """Re-hash every cached chunk (of KEY); corrupt entries are evicted (the next pull refetches)."""
-    images, _ = _lib()
+    from control.images import image as images
     rows = images.verify(images.open_cache(obj.settings), key)
     obj.emit(rows, lambda rs: "\n".join(
         f"{r['id']}: {'ok' if r['ok'] else 'CORRUPT: ' + r['problem'] + (' (evicted)' if r['evicted'] else ' (in use)')}"

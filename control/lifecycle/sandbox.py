@@ -549,17 +549,7 @@ class Sandboxes:
         return result, closed
 
     def _gpu_needs(self, spec: dict) -> dict | None:
-        """What a restore of an image of `spec` needs in GPUs (thaw.json "gpu");
-        None for a CPU spec. NVML failing leaves product and driver empty
-        ("unknown"): the image stays restorable, its metadata says less."""
-        if not uses_gpu(spec):
-            return None
-        try:
-            node = self.devices().gpus
-        except ThawError as e:
-            log.warning("GPU facts for the image metadata: %s", e)
-            node = None
-        return gpumod.needs(spec, node)
+        return gpu_needs(spec, lambda: self.devices().gpus)
 
     def _placer(self, meta: dict, request: list[str] | None, image: Path,
                 cold: bool) -> Callable[[dict], dict] | None:
@@ -726,6 +716,9 @@ def read_image(image: Path) -> dict:
         raise ImageError(str(image), f"{IMAGE_META} is missing (not written by `thaw checkpoint`?)") from None
     except ValueError as e:
         raise ImageError(str(image), f"{IMAGE_META} is not valid JSON: {e}") from None
+    if isinstance(meta, dict) and meta.get("door", "cli") != "cli":
+        raise ImageError(str(image), f"made under {meta['door']} (its spec names that container's root "
+                         "filesystem and mounts): it restores through containerd, not `thaw restore`")
     if not isinstance(meta, dict) or meta.get("version") != IMAGE_META_VERSION:
         raise ImageError(str(image), f"{IMAGE_META} has unknown version {meta.get('version') if isinstance(meta, dict) else meta!r}")
     files = meta.get("files")
@@ -760,6 +753,25 @@ def _rootfs_layout(spec: dict, settings: Settings) -> dict:
     if root.is_absolute() and host_dir in root.parents:
         return {"layout": "host"}
     return {"layout": "path", "path": str(root)}
+
+
+def gpu_needs(spec: dict, node: Callable[[], gpumod.NodeGpus] | None = None) -> dict | None:
+    """What a restore of an image of `spec` needs in GPUs (thaw.json "gpu",
+    control/lifecycle/gpus.py needs); None for a CPU spec. `node` answers this
+    node's GPUs (default: NVML). NVML failing leaves product, driver and
+    indexes empty ("unknown"): the image stays restorable, its metadata says less."""
+    if not uses_gpu(spec):
+        return None
+    try:
+        if node is None:
+            from nvproxy import gpu
+            facts = gpu.probe()
+        else:
+            facts = node()
+    except ThawError as e:
+        log.warning("GPU facts for the image metadata: %s", e)
+        facts = None
+    return gpumod.needs(spec, facts)
 
 
 def _injected_devices(spec: dict) -> list[str]:

@@ -39,13 +39,13 @@ POLICY = probemod.Policy(timeout_s=3.0, attempt_timeout_s=0.5)
 
 
 def net_settings(base: Path) -> configmod.Settings:
-    return configmod.replace(settings_for(base), network_subnet=NET_SUBNET, health_timeout_s=10.0,
-                             health_attempt_timeout_s=0.5)
+    return configmod.replace(settings_for(base), network_subnet=NET_SUBNET, thawd_health_timeout_s=10.0,
+                             thawd_health_attempt_timeout_s=0.5)
 
 
 def net_env(base: Path, **extra: str) -> dict[str, str]:
-    return {**thaw_env(base), "THAW_NETWORK_SUBNET": NET_SUBNET, "THAW_HEALTH_TIMEOUT_S": "10",
-            "THAW_HEALTH_ATTEMPT_TIMEOUT_S": "0.5", **extra}
+    return {**thaw_env(base), "THAW_NETWORK_SUBNET": NET_SUBNET, "THAW_THAWD_HEALTH_TIMEOUT_S": "10",
+            "THAW_THAWD_HEALTH_ATTEMPT_TIMEOUT_S": "0.5", **extra}
 
 
 def node_port(name: str) -> int:
@@ -265,7 +265,7 @@ def test_kill_9_mid_restore_then_sandbox_gc_removes_everything(net, name, when):
     # The health-check case uses a probe that never passes, so the kill lands inside the check.
     probe = [] if when == "runsc-restore" else ["--probe", f"http:{PORT}/never"]
     proc = subprocess.Popen([str(THAW), "restore", str(net / "img"), "--id", rid, *probe],
-                            env=net_env(net, THAW_HEALTH_TIMEOUT_S="60"), stdout=subprocess.DEVNULL,
+                            env=net_env(net, THAW_THAWD_HEALTH_TIMEOUT_S="60"), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
