@@ -58,7 +58,7 @@ class Lifecycle:
                     "THAW_CONFIG": "/dev/null", "THAW_RUNSC_PATH": str(o.runsc),
                     "THAW_RUNSC_ROOT": str(self.work / "runsc-root"),
                     "THAW_NODE_STATE_DIR": str(self.work / "state"), "THAW_NODE_LOG_DIR": str(self.work / "log"),
-                    "THAW_RUNSC_TIMEOUT_S": "600", "THAW_HEALTH_TIMEOUT_S": str(o.restore_timeout_s),
+                    "THAW_RUNSC_TIMEOUT_S": "600", "THAW_THAWD_HEALTH_TIMEOUT_S": str(o.restore_timeout_s),
                     "THAW_NETWORK_SUBNET": "10.219.0.0/24",
                     "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
         self.network = o.network != "off"
@@ -265,7 +265,7 @@ class Lifecycle:
         # --cold-fallback: a restore whose health check cannot pass starts the workload cold, GPUs re-injected.
         t0 = time.monotonic()
         args = ["restore", str(img), "--id", fallback, "--cold-fallback", "--probe", f"http:{PORT}/health~never"]
-        code, out = self.thaw_json(*args, *(["--gpus", other] if cuda else []), env={"THAW_HEALTH_TIMEOUT_S": "5"})
+        code, out = self.thaw_json(*args, *(["--gpus", other] if cuda else []), env={"THAW_THAWD_HEALTH_TIMEOUT_S": "5"})
         self.ids.append(fallback)
         self.check("--cold-fallback starts cold", code == 0 and (out or {}).get("mode") == "cold")
         fb_address = (out or {}).get("address") if self.network else None

@@ -254,7 +254,7 @@ def test_image_of_a_command_restores_on_a_second_node(base, name, settings):
 
     # --cold-fallback on node B: a restore whose health check cannot pass starts the workload cold.
     code, out = thaw_json("restore", str(entry), "--id", cold, "--cold-fallback", "--probe",
-                          f"http:{PORT}/x~never-in-the-answer", env={**env_b, "THAW_HEALTH_TIMEOUT_S": "3"})
+                          f"http:{PORT}/x~never-in-the-answer", env={**env_b, "THAW_THAWD_HEALTH_TIMEOUT_S": "3"})
     assert code == 0 and out["mode"] == "cold" and "UnhealthyRestore" in out["fallback_reason"], out
     fresh = ask(out["address"], timeout_s=60)
     assert fresh["boot"] != first["boot"] and fresh["n"] == 1
