@@ -241,7 +241,10 @@ class Lifecycle:
         # A checkpoint that fails (ENOSPC): the workload keeps serving.
         small = self.work / "small"
         small.mkdir(exist_ok=True)
-        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={o.small_mb}m", "thaw-lifecycle-small", str(small)],
+        # A quarter of the image the first checkpoint wrote: runsc runs out of space mid-save.
+        size_mb = o.small_mb or max(1, (self.r["checkpoint"] or {}).get("image_bytes", 4 << 20) // (4 << 20))
+        self.r["full_fs_mb"] = size_mb
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "thaw-lifecycle-small", str(small)],
                        check=True)
         try:
             p = self.thaw("checkpoint", warm, "--out", str(small / "img"))
@@ -311,7 +314,8 @@ def main() -> int:
     ap.add_argument("--network", choices=("auto", "on", "off"), default="auto")
     ap.add_argument("--cold-timeout-s", type=float, default=300)
     ap.add_argument("--restore-timeout-s", type=float, default=120)
-    ap.add_argument("--small-mb", type=int, default=64, help="size of the tmpfs the failing checkpoint fills")
+    ap.add_argument("--small-mb", type=int, default=0,
+                    help="size of the tmpfs the failing checkpoint fills (default: a quarter of the image)")
     o = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root (runsc refuses --rootless)")
