@@ -32,9 +32,13 @@ out=${OUT:-/tmp/thaw-node-out}
 state=${THAW_NODE_STATE:-/var/tmp/thaw-node}
 bin=$state/bin
 wait_s=${THAW_NODE_WAIT_S:-540}
+# Seams for tests/functional/test_gpu_node_sh.py (the defaults are the real run's).
+parts=${THAW_NODE_PARTS:-.carry-node}
+list=${THAW_NODE_LIST:-bench/gpu/node-parts.txt}
+driver=${THAW_NODE_DRIVER:-bench/gpu/node.py}
 mkdir -p "$out" "$state"
 
-python3 bench/gpu/node_unpack.py --parts .carry-node --bin "$bin" > "$out/unpack.json"
+python3 bench/gpu/node_unpack.py --parts "$parts" --list "$list" --bin "$bin" > "$out/unpack.json"
 rc=$?
 cat "$out/unpack.json"
 if [[ $rc -ne 0 ]]; then
@@ -53,14 +57,14 @@ if [[ "${THAW_NODE_AGAIN:-}" == 1 ]] && ! pid_alive; then
   rm -rf "$state/run" "$state/node.log" "$state/driver.pid" "$state/rc"
 fi
 if ! pid_alive && [[ ! -f "$state/rc" ]]; then
-  nvidia-smi --query-gpu=index,name,uuid,driver_version,memory.total --format=csv,noheader
-  df -h / "$state" | tail -n +1
+  nvidia-smi --query-gpu=index,name,uuid,driver_version,memory.total --format=csv,noheader 2>&1
+  df -h / "$state" 2>&1
   # setsid: the device tool ends a command's processes when it returns, except a new session's;
   # the run outlives this call, and the next call of this script waits for it.
   # Its stdio is not this call's: the tool would wait for the pipe to close.
   rm -f "$state/driver.pid"
-  setsid bash -c 'echo $$ > "$2/driver.pid"; python3 bench/gpu/node.py --mode gpu --bin "$1" --work "$2/work" \
-      --out "$2/run" "${@:3}" > "$2/node.log" 2>&1; echo $? > "$2/rc"' _ "$bin" "$state" "$@" \
+  setsid bash -c 'echo $$ > "$2/driver.pid"; python3 "$3" --mode gpu --bin "$1" --work "$2/work" \
+      --out "$2/run" "${@:4}" > "$2/node.log" 2>&1; echo $? > "$2/rc"' _ "$bin" "$state" "$driver" "$@" \
       > /dev/null 2>&1 < /dev/null &
   for _ in $(seq 50); do [[ -s "$state/driver.pid" ]] && break; sleep 0.1; done
   echo "node.sh: run started (pid $(cat "$state/driver.pid" 2>/dev/null)); log $state/node.log"
