@@ -7,9 +7,10 @@ a SHA-256 digest of the logits of every decoding step, so "the answer after
 restore is bit-identical to the one before" is one string comparison.
 
 Two doors to the same handler (bench/gpu/README.md says why):
-- HTTP on --port: GET /health, GET /gpu (a small computation on the device:
-  what `thaw run --probe gpu:PORT/gpu` asks), POST /generate, POST
-  /thaw/pre-checkpoint (the pytorch profile's hook: control/profiles.py);
+- HTTP on --port: GET /health, GET /gpu (a small computation on the device;
+  the JSON field "gpu" names it: the `gpu:PORT/gpu` probe of
+  runsc_hooks/probe.py), POST /generate, POST /thaw/pre-checkpoint (the
+  pytorch profile's hook: control/profiles.py);
 - a spool directory (--spool, a bind mount shared with the driver): the driver
   writes `<id>.req` (JSON {"op": "health"|"generate"|"pre-checkpoint"}), the
   server answers with `<id>.resp` (written to a temp name, then renamed) and
@@ -62,7 +63,9 @@ class FakeBackend:
         return {"released_bytes": 0}
 
     def gpu(self) -> dict:
-        return {"gpu": "fake", "value": self.seed[0]}
+        # The fake GPU of CPU rehearsals (bench/gpu/node.py and lifecycle.py
+        # on CPU): the same route and probe, answered without a device.
+        return {"gpu": "fake", "fake": True, "value": self.seed[0]}
 
     def info(self) -> dict:
         return {"backend": "fake"}
@@ -134,14 +137,16 @@ class TorchBackend:
 
     def gpu(self) -> dict:
         """A computation on the device, and which device answered (the probe's
-        proof that the GPU works after a restore, and on which GPU)."""
+        proof that the GPU works after a restore, and on which GPU): its name
+        and UUID as CUDA sees them."""
         torch = self.torch
         x = torch.arange(1024, dtype=torch.float32, device=self.device)
         value = float((x * x).sum().item())
         if self.device != "cuda":
             return {"gpu": "cpu", "value": value}
         props = torch.cuda.get_device_properties(0)
-        return {"gpu": props.name, "uuid": str(getattr(props, "uuid", "")), "value": value}
+        uuid = str(getattr(props, "uuid", ""))
+        return {"gpu": props.name, "uuid": f"GPU-{uuid}" if uuid else "", "value": value}
 
     def info(self) -> dict:
         d = {"backend": "transformers", "device": self.device, **{k: round(v, 3) for k, v in self.timings.items()},
