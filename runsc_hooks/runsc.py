@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shlex
 import signal as _signal
 import subprocess
@@ -176,6 +177,11 @@ class ContainerState:
                    bundle=d.get("bundle", ""), raw=d)
 
 
+# A line of a Go goroutine dump: "path/file.go:123 +0x6b", "goroutine 7 [running]:",
+# "created by ...", "pkg.(*T).Method(...)".
+_GO_FRAME = re.compile(r"\.go:\d+( \+0x[0-9a-f]+)?$|^goroutine \d+ \[|^created by |^[\w./*()\[\]-]+\(.*\)$")
+
+
 class Runsc:
     """One runsc binary with one set of global flags."""
 
@@ -264,7 +270,11 @@ class Runsc:
         # runsc's log lines to stderr start with a level letter and a timestamp
         # ("W1129 11:30:00.000 ..."); the error itself is a plain line.
         plain = [ln for ln in lines if not (len(ln) > 5 and ln[0] in "IWDE" and ln[1:5].isdigit())]
-        return (plain or lines or [""])[-1]
+        # A panic the sentry's urpc server recovered comes back with its goroutine
+        # stack (seen on the H200: a GPU save failing on ENOSPC ended in
+        # ".../pkg/urpc/urpc.go:472 +0x6b"): the message is above the frames.
+        said = [ln for ln in plain if not _GO_FRAME.search(ln)]
+        return (said or plain or lines or [""])[-1]
 
     # -- subcommands ---------------------------------------------------------
 

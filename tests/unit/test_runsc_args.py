@@ -57,6 +57,18 @@ def test_error_message_prefers_json_log_then_plain_stderr(tmp_path):
     assert r._error_message("") == ""
 
 
+def test_error_message_skips_a_recovered_panics_goroutine_dump():
+    """The sentry's urpc server returns a recovered panic with its stack: the
+    message is the line above the frames, not the last frame."""
+    r = Runsc(Path("/x"), GlobalOptions(root=Path("/r")))
+    stderr = ("W1130 15:05:00.1 warn\n"
+              "checkpoint failed: panic: write pages: no space left on device\n"
+              "goroutine 123 [running]:\n"
+              "gvisor.dev/gvisor/pkg/urpc.(*Server).handleOne.func1()\n"
+              "\tgvisor.dev/gvisor@v0.0.0-20260905035102-160fafc42237/pkg/urpc/urpc.go:472 +0x6b\n")
+    assert r._error_message(stderr) == "checkpoint failed: panic: write pages: no space left on device"
+
+
 def test_exists_reads_runsc_state_files_exactly(tmp_path):
     """exists() names the id exactly (runsc's own lookup resolves prefixes: web vs web-2),
     from runsc's state files, without running runsc."""
