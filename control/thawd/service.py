@@ -91,6 +91,12 @@ class Thawd:
         self._leases: dict[tuple[str, str], object] = {}        # (root, id) -> lease
         self._fetches: dict[str, Future] = {}                    # key -> background pull
         self._checkpointing: set[str] = set()
+        # Restore decisions with no outcome yet: (root, id) -> (workload key,
+        # gate closed for it or None). Each ends in exactly one outcome:
+        # RESTORED, RESTORE_FAILED, or ABANDONED (released before any restore:
+        # the stand-in was killed or containerd gave up between create and
+        # start; issue 14).
+        self._pending: dict[tuple[str, str], tuple[str, str | None]] = {}
         self.quarantine = Quarantine(settings)
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="thawd")
 
@@ -124,6 +130,7 @@ class Thawd:
         why = self.quarantine.reason(wl.key)
         if why is not None:
             return Decision(False, f"quarantined: {why}", wl.key)
+        deadline = time.monotonic() + self.s.thawd_prepare_timeout_s
         fut = self._fetch(wl.key)
         try:
             lease = fut.result(timeout=self.s.thawd_prepare_timeout_s)
@@ -141,9 +148,15 @@ class Thawd:
                 old = self._leases.pop(k, None)
                 self._leases[k] = lease
         if shared:
-            # The entry is local now: this pull is a cache hit with its own lease.
+            # The entry is local now: this pull is a cache hit with its own lease. It
+            # is bounded by the same deadline (it may wait for the key's lock behind
+            # another pull); a lease that comes too late is released.
+            second = self._pool.submit(self.images.pull, wl.key)
             try:
-                lease = self.images.pull(wl.key)
+                lease = second.result(timeout=max(0.05, deadline - time.monotonic()))
+            except TimeoutError:
+                second.add_done_callback(lambda f: f.exception() is None and f.result().release())
+                return Decision(False, "fetch-in-progress: the image's cache entry is busy", wl.key)
             except ThawError as e:
                 return Decision(False, f"fetch-failed: {e}", wl.key)
             with self._lock:
@@ -151,8 +164,11 @@ class Thawd:
                 self._leases[k] = lease
         if old is not None:
             old.release()
+        self._settle(k, "a new decision for the same container replaced it")
         self.metrics.inc("thaw_cache_hits_total" if getattr(lease, "hit", True) else "thaw_cache_misses_total")
         h = self._handle(rt, spec)
+        with self._lock:
+            self._pending[k] = (wl.key, h.gate)
         if h.gate is not None:  # no packet reaches the sandbox until the restore is healthy
             gatemod.close(h.gate, self.s.network_probe_mark, f"restore of {rt.container_id}")
         return Decision(True, "image-ready", wl.key, str(lease.path), self.restore_deadline_s(spec))
@@ -242,16 +258,27 @@ class Thawd:
             lease = self._leases.get(k)
         if lease is None:
             return False, "thawd holds no restore decision for this container (thawd restarted?)", 0.0
-        spec = specmod.Bundle(rt.bundle).load()
-        wl = workloadmod.from_spec(spec)
-        key = wl.key if wl else ""
-        h = self._handle(rt, spec)
-        image = Path(lease.path)
+        with self._lock:
+            key, _ = self._pending.pop(k, ("", None))   # from here, the engine and _undo_restore own the gate
+        log.info("restore %s key=%s starting", rt.container_id, key)
         try:
-            done = Engine(self.s).restore(h, image, [wl.health] if wl else [], opts=RestoreOptions(
-                image_path=image, detach=True, background=self.s.restore_background))
+            spec = specmod.Bundle(rt.bundle).load()
         except ThawError as e:
             reason = f"{type(e).__name__}: {e.message}"
+            self.report_outcome(rt, "RESTORE_FAILED", reason, key=key)
+            return False, reason, time.monotonic() - t0
+        wl = workloadmod.from_spec(spec)
+        key = wl.key if wl else key
+        h = Handle(rt.container_id, rt.runsc(self.s.runsc_path, self.s.runsc_timeout_s), rt.bundle)
+        image = Path(lease.path)
+        try:
+            h = self._handle(rt, spec)
+            done = Engine(self.s).restore(h, image, [wl.health] if wl else [], opts=RestoreOptions(
+                image_path=image, detach=True, background=self.s.restore_background))
+        except Exception as e:  # noqa: BLE001 - every decision ends in one recorded outcome
+            if not isinstance(e, ThawError):
+                log.exception("restore of %s failed unexpectedly", rt.container_id)
+            reason = f"{type(e).__name__}: {getattr(e, 'message', e)}"
             self._undo_restore(h, rt, key, reason)
             return False, reason, time.monotonic() - t0
         if cancelled():
@@ -284,6 +311,10 @@ class Thawd:
         if key is None:
             wl = workloadmod.from_spec(specmod.Bundle(rt.bundle).load())
             key = wl.key if wl else ""
+        with self._lock:
+            pending = self._pending.pop((str(rt.runsc_root), rt.container_id), None)
+        if pending is not None and pending[1] is not None:  # the restore was never tried: open its gate
+            gatemod.open(pending[1], f"restore of {rt.container_id} not tried: {outcome}")
         log.info("outcome %s key=%s %s %s", rt.container_id, key, outcome, reason)
         if outcome == "RESTORE_FAILED":
             self.metrics.inc("thaw_fallbacks_total", reason=reason.split(":")[0])
@@ -347,12 +378,27 @@ class Thawd:
         return self._release_key((str(rt.runsc_root), rt.container_id))
 
     def _release_key(self, k: tuple[str, str]) -> bool:
+        self._settle(k, "released before any restore (create or start did not finish)")
         with self._lock:
             lease = self._leases.pop(k, None)
         if lease is None:
             return False
         lease.release()
         return True
+
+    def _settle(self, k: tuple[str, str], why: str) -> None:
+        """Record the outcome of a restore decision that will never be restored:
+        ABANDONED. The stand-in that asked was killed, or containerd deleted the
+        container between create and start (issue 14: thawd hears every outcome)."""
+        with self._lock:
+            pending = self._pending.pop(k, None)
+        if pending is None:
+            return
+        key, gate = pending
+        if gate is not None:
+            gatemod.open(gate, f"restore of {k[1]} abandoned")
+        log.info("outcome %s key=%s ABANDONED %s", k[1], key, why)
+        self.metrics.inc("thaw_restores_abandoned_total")
 
     def checkpoint(self, rt: RuntimeRef, leave_running: bool = True) -> dict:
         """Checkpoint a running container and publish the image. The engine saves

@@ -192,3 +192,25 @@ def test_no_readiness_probe_means_no_auto_checkpoint(env):
 def test_runtime_fields_are_validated(cid, bundle_path, root, flags):
     with pytest.raises(UserError):
         RuntimeRef.validate(cid, bundle_path, root, flags)
+
+
+def test_every_restore_decision_ends_in_exactly_one_outcome(env, caplog):
+    """issue 14: a stand-in killed between create and start never reports; thawd
+    records such a decision as ABANDONED when it is released or replaced."""
+    t, images, tmp = env
+    rt = bundle(tmp, "c1", OPT_IN)
+    key = t.prepare_restore(rt).key
+    images.available[key] = True
+    abandoned = lambda: t.metrics.counters().get("thaw_restores_abandoned_total", 0)  # noqa: E731
+    assert t.prepare_restore(rt).restore
+    assert t.release("c1", "/run/r") and abandoned() == 1          # deleted before any start
+    assert t.prepare_restore(rt).restore
+    t.report_outcome(rt, "RESTORE_FAILED", "create for restore failed: killed")
+    t.release("c1", "/run/r")
+    assert abandoned() == 1                                          # it had its outcome already
+    assert t.prepare_restore(rt).restore and t.prepare_restore(rt).restore
+    assert abandoned() == 2                                          # replaced by a new decision
+    with caplog.at_level("INFO", logger="thawd"):
+        t.release("c1", "/run/r")
+    assert abandoned() == 3
+    assert any(r.getMessage().startswith("outcome c1 ") and "ABANDONED" in r.getMessage() for r in caplog.records)

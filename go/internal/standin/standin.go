@@ -74,18 +74,18 @@ func envMillis(k string, def int) time.Duration {
 
 // marker carries create's decision to start and delete of the same container.
 type marker struct {
-	ID         string  `json:"id"`
-	Root       string  `json:"root"`
-	Bundle     string  `json:"bundle"`
-	Key        string  `json:"workload_key"`
-	Decision   string  `json:"decision"` // restore | cold
-	Reason     string  `json:"reason,omitempty"`
+	ID       string `json:"id"`
+	Root     string `json:"root"`
+	Bundle   string `json:"bundle"`
+	Key      string `json:"workload_key"`
+	Decision string `json:"decision"` // preparing | restore | cold | cold-fallback
+	Reason   string `json:"reason,omitempty"`
 	// How long start may wait for thawd's Restore: thawd's own settings bound
 	// it (PrepareRestoreResponse.restore_timeout_ms), so no stand-in constant
 	// can drift from them.
 	RestoreTimeoutMs uint32  `json:"restore_timeout_ms,omitempty"`
 	PidFile          string  `json:"pid_file,omitempty"`
-	Created    float64 `json:"created"`
+	Created          float64 `json:"created"`
 }
 
 // Standin handles one invocation.
@@ -239,8 +239,17 @@ func (s *Standin) create() int {
 	if rt.ContainerId == "" || !optedIn(rt.Bundle) {
 		return s.execRunsc(s.argv[1:])
 	}
-	m := &marker{ID: rt.ContainerId, Root: rt.RunscRoot, Bundle: rt.Bundle, Decision: "cold",
+	m := &marker{ID: rt.ContainerId, Root: rt.RunscRoot, Bundle: rt.Bundle, Decision: "preparing",
 		PidFile: s.a.Flag("pid-file"), Created: float64(t0.UnixNano()) / 1e9}
+	// The marker goes first: a create killed while thawd decides (SIGKILL, the
+	// shim's timeout) is followed by containerd's delete, and delete releases
+	// thawd's decision only for a container with a marker (issue 14: thawd
+	// hears every decision's end).
+	if err := s.saveMarker(m); err != nil {
+		s.log.Write("create", m, "marker-failed", err.Error(), t0)
+		return s.execRunsc(s.argv[1:])
+	}
+	m.Decision = "cold"
 	resp, err := s.prepare(rt)
 	switch {
 	case err != nil:
