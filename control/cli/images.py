@@ -16,6 +16,7 @@ from control.node import compat
 
 from control.images import image as images
 from control.cli.common import Context, handle_errors, json_option
+from control.errors import NotFound
 from control.images.store import Store
 
 
@@ -195,6 +196,8 @@ def gc_cmd(obj: Context) -> None:
 def verify_cmd(obj: Context, key: str | None) -> None:
     """Re-hash every cached chunk (of KEY); corrupt entries are evicted (the next pull refetches)."""
     rows = images.verify(images.open_cache(obj.settings), key)
+    if key is not None and not rows:
+        raise NotFound("image", key, "this node's cache holds no entry of it (`thaw ls --local` lists them)")
     obj.emit(rows, lambda rs: "\n".join(
         f"{r['id']}: {'ok' if r['ok'] else 'CORRUPT: ' + r['problem'] + (' (evicted)' if r['evicted'] else ' (in use)')}"
         for r in rs) or "cache is empty")

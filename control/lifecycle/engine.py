@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from control.config import Settings
-from control.errors import CheckpointFailed, HookError, NotFound, RunscError, SpecError, ThawError
+from control.errors import (CheckpointFailed, CheckpointNoSpace, HookError, NotFound, RunscError, SpecError,
+                            ThawError)
 from control.files import fsync_path
 from control.lifecycle import profiles
 from runsc_hooks import gate as gatemod
@@ -191,6 +192,8 @@ class Engine:
                 reason = f"pre-checkpoint hook: {reason}"
             log.warning("checkpoint of %s failed after %.2fs (workload %s, %s packets held off): %s",
                         h.id, time.monotonic() - t0, st, dropped, reason)
+            if no_space(e):
+                raise CheckpointNoSpace(h.id, f"no space left on the file system of {out.parent}", st) from e
             raise CheckpointFailed(h.id, reason, st) from e
         dropped = None
         if stop_after:
@@ -229,6 +232,20 @@ class Engine:
                                    f"post-restore hook failed: {e.message}") from None
         dropped = gatemod.open(h.gate, "restored and healthy") if h.gate is not None else None
         return Restored(time.monotonic() - t0, runsc_s, result, hooks, dropped)
+
+
+# How a full file system shows in runsc's output (strerror of ENOSPC, EDQUOT).
+_NO_SPACE_TEXT = ("no space left on device", "disk quota exceeded")
+
+
+def no_space(e: BaseException) -> bool:
+    """Did `e` fail for want of space: an OSError ENOSPC/EDQUOT, or runsc saying so
+    (its message can be a Go stack frame; the errno text is in its output)."""
+    import errno
+    if isinstance(e, OSError):
+        return e.errno in (errno.ENOSPC, errno.EDQUOT)
+    text = (str(e) + " " + getattr(e, "stderr_tail", "")).lower()
+    return any(t in text for t in _NO_SPACE_TEXT)
 
 
 def check_image_files(image: Path) -> dict[str, int]:
