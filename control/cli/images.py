@@ -12,12 +12,8 @@ from typing import Any, Callable
 
 import click
 
-from control.node import compat
-
-from control.images import image as images
 from control.cli.common import Context, handle_errors, json_option
 from control.errors import NotFound
-from control.images.store import Store
 
 
 def store_options(f: Callable) -> Callable:
@@ -88,6 +84,7 @@ def _size(n: float) -> str:
 
 
 def _node(obj: Context) -> compat.CompatTuple:
+    from control.node import compat
     return compat.node_tuple(obj.settings)
 
 
@@ -102,6 +99,8 @@ def _node(obj: Context) -> compat.CompatTuple:
 @handle_errors
 def push_cmd(obj: Context, directory: Path, key: str, use_cache: bool) -> None:
     """Publish a runsc checkpoint image directory under KEY (first writer wins)."""
+    from control.images import image as images
+    from control.images.store import Store
     s = obj.settings
     bar = Bar(f"push {key}", obj.progress)
     r = images.push(images.open_cache(s) if use_cache else None, Store(s), directory, key, _node(obj),
@@ -124,6 +123,8 @@ def push_cmd(obj: Context, directory: Path, key: str, use_cache: bool) -> None:
 @handle_errors
 def pull_cmd(obj: Context, key: str) -> None:
     """Make KEY's image ready in this node's cache (fetching only what is missing)."""
+    from control.images import image as images
+    from control.images.store import Store
     s = obj.settings
     bar = Bar(f"pull {key}", obj.progress)
     r = images.pull(images.open_cache(s), Store(s), key, _node(obj), workers=s.store_workers,
@@ -149,6 +150,8 @@ def pull_cmd(obj: Context, key: str) -> None:
 @handle_errors
 def ls_cmd(obj: Context, local_only: bool) -> None:
     """Images in this node's cache and in the store, with sizes and whether this node can restore them."""
+    from control.images import image as images
+    from control.images.store import Store
     s = obj.settings
     d = images.listing(images.open_cache(s), None if local_only else Store(s), _node(obj))
     from control.thawd.quarantine import read_quarantine
@@ -179,6 +182,7 @@ def ls_cmd(obj: Context, local_only: bool) -> None:
 @handle_errors
 def gc_cmd(obj: Context) -> None:
     """Remove crash leftovers and corrupt entries; evict least recently used entries over budget."""
+    from control.images import image as images
     cache = images.open_cache(obj.settings)
     busy: list[str] = []
     r = cache.gc(on_busy=busy.append)
@@ -195,6 +199,7 @@ def gc_cmd(obj: Context) -> None:
 @handle_errors
 def verify_cmd(obj: Context, key: str | None) -> None:
     """Re-hash every cached chunk (of KEY); corrupt entries are evicted (the next pull refetches)."""
+    from control.images import image as images
     rows = images.verify(images.open_cache(obj.settings), key)
     if key is not None and not rows:
         raise NotFound("image", key, "this node's cache holds no entry of it (`thaw ls --local` lists them)")

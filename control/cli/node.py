@@ -9,8 +9,6 @@ from pathlib import Path
 import click
 
 from control import config as configmod
-from control.node import doctor as doctormod
-from control.node import provision as prov
 from control.cli.common import Context, handle_errors, json_option
 from control.errors import PreconditionError, ProvisionError, exit_code
 
@@ -84,6 +82,7 @@ def provision_cmd(obj: Context, dry_run: bool, root: Path, source_dir: Path | No
     """Turn this node into a thaw node: check it, install runsc, the shim, the
     stand-in and the CUDA helper, write runsc.toml, the containerd drop-in,
     a CDI spec, the cache directory and the thawd unit. Idempotent."""
+    from control.node import provision as prov
     settings = obj.settings_under(root.resolve())
     opts = prov.Options(source_dir=(source_dir or configmod.REPO_ROOT / "build").resolve(),
                         root=root.resolve(), dry_run=dry_run, systemd=not no_systemd,
@@ -115,6 +114,8 @@ def provision_cmd(obj: Context, dry_run: bool, root: Path, source_dir: Path | No
 def doctor_cmd(obj: Context, root: Path, no_systemd: bool) -> None:
     """Check this node: pass / warn / fail per line; exit non-zero on any fail
     (usable as a readiness probe)."""
+    from control.node import doctor as doctormod
+    from control.node import provision as prov
     settings = obj.settings_under(root.resolve())
     opts = prov.Options(source_dir=prov.Layout(root.resolve()).host(settings.install_dir / "bin"),
                         root=root.resolve(), systemd=not no_systemd,

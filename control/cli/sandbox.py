@@ -17,16 +17,13 @@ import click
 from control.cli.common import Context, handle_errors, json_option, needs_root
 from control.errors import UserError
 from control.cli.progress import Progress
-from control.lifecycle.sandbox import Sandboxes, validate_id
-from runsc_hooks import network as netmod
-from runsc_hooks import spec as specmod
-from runsc_hooks import probe as probemod
 
 
 ROOT_WHY = "runsc refuses create and restore with --rootless, and sandbox state is root's"
 
 
 def _sandboxes(obj: Context, debug: bool = False) -> Sandboxes:
+    from control.lifecycle.sandbox import Sandboxes
     return Sandboxes(obj.settings, debug_log=debug)
 
 
@@ -43,6 +40,10 @@ class RunOptions:
 
 
 def run_sandbox(obj: Context, o: RunOptions) -> dict:
+    from control.lifecycle.sandbox import validate_id
+    from runsc_hooks import network as netmod
+    from runsc_hooks import probe as probemod
+    from runsc_hooks import spec as specmod
     # Bad input is refused before anything is made: the id names directories under the state dir.
     validate_id(o.id)
     if bool(o.bundle) == bool(o.command):
@@ -153,6 +154,7 @@ def checkpoint_cmd(obj: Context, sid: str, out: Path, leave_running: bool) -> No
 def restore_cmd(obj: Context, image: Path, sid: str, probes: tuple[str, ...], cold_fallback: bool) -> None:
     """Restore an image directory as a new sandbox; traffic is let in once it is healthy."""
     from runsc_hooks import probe as probemod
+    from runsc_hooks import probe as probemod
     parsed = [probemod.parse(p) for p in probes] or None
     sb = _sandboxes(obj)
     with Progress(not obj.json).step(f"restore {image} as {sid}"):
@@ -243,6 +245,8 @@ class HealthOptions:
 
 
 def health(obj: Context, o: HealthOptions) -> dict:
+    from control.lifecycle.sandbox import Sandboxes
+    from runsc_hooks import probe as probemod
     probes = [probemod.parse(p) for p in o.probes] or None  # parse at the edge: a bad probe is a UserError
     result, gate_closed = Sandboxes(obj.settings).health(o.id, probes,
                                                          probemod.Policy(o.timeout_s, o.attempt_timeout_s))
@@ -264,10 +268,10 @@ def _human(d: dict) -> str:
 @click.option("--probe", "probes", multiple=True,
               help="running | tcp:PORT | http:PORT/PATH[=STATUS][~BODY] | gpu:PORT/PATH[#FIELD] | exec:CMD "
                    "(repeatable; default: the sandbox's own probes).")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.01), default=None,
-              help="Deadline of the whole check in seconds [health.timeout_s].")
-@click.option("--attempt-timeout", "attempt_timeout_s", type=click.FloatRange(min=0.001), default=None,
-              help="Deadline of one probe attempt in seconds [health.attempt_timeout_s].")
+@click.option("--timeout", "timeout_s", type=float, default=None,
+              help="Deadline of the whole check in seconds [thawd.health_timeout_s].")
+@click.option("--attempt-timeout", "attempt_timeout_s", type=float, default=None,
+              help="Deadline of one probe attempt in seconds [thawd.health_attempt_timeout_s].")
 @json_option
 @click.pass_obj
 @handle_errors
@@ -275,9 +279,10 @@ def _human(d: dict) -> str:
 def health_cmd(obj: Context, sid: str, probes: tuple[str, ...], timeout_s: float | None,
                attempt_timeout_s: float | None) -> None:
     """Check sandbox SID now; exit 0 only when it is healthy and its gate is open."""
+    obj.override("thawd.health_timeout_s", timeout_s)  # validated against the key's range
+    obj.override("thawd.health_attempt_timeout_s", attempt_timeout_s)
     s = obj.settings
-    out = health(obj, HealthOptions(sid, probes, s.health_timeout_s if timeout_s is None else timeout_s,
-                                    s.health_attempt_timeout_s if attempt_timeout_s is None else attempt_timeout_s))
+    out = health(obj, HealthOptions(sid, probes, s.thawd_health_timeout_s, s.thawd_health_attempt_timeout_s))
     obj.emit(out, _human)
     sys.exit(EXIT_READY if out["ready"] else EXIT_NOT_READY)
 

@@ -17,8 +17,8 @@ rest is fetched. Every byte written has been checked against the manifest.
 
 The fetched rest goes to thaw-fetch (go/cmd/thaw-fetch, `store.fetcher`) when
 the store has one: this module plans the ranges, presigns one URL per pack
-and hands both over (_fetch_with); the Go side GETs, checks each chunk's
-BLAKE3 (schema 2) or SHA-256 and writes. Without a fetcher the same plan runs
+and hands both over (_fetch_with); the Go side GETs, checks each chunk
+against its SHA-256 name and writes. Without a fetcher the same plan runs
 here, in threads (from_store in fill). docs/store.md, "Why the fetch is in Go".
 
 With `direct_io` (cache.direct_io, on by default), a fetched range is read
@@ -79,7 +79,7 @@ class FillStats:
     bad_sources: list[str] = field(default_factory=list)
     engine: str = ""             # who fetched: "thaw-fetch" (store.fetcher) or "python"
     direct_bytes: int = 0        # of written_bytes, written with O_DIRECT (thaw-fetch counts them)
-    retries: int = 0             # GETs retried (thaw-fetch counts them)
+    retries: int = 0             # GETs retried under the store's retry policy (either engine)
     seconds: float = 0.0
 
     def to_dict(self) -> dict:
@@ -470,8 +470,10 @@ def fill(manifest: Manifest, dest: Path, store: Store | None, sources: Sources, 
             _fetch_with(fetcher, store, plan_ranges(manifest, remote), files,
                         {h: [(file_index[fd], off) for fd, off in places[h]] for h in remote}, lengths, checks,
                         workers=workers, direct_io=direct_io, progress=progress, stats=stats)
-        else:
+        elif remote:
+            before = getattr(store, "retried", 0)
             _run_pool(workers, plan_ranges(manifest, remote), from_store)
+            stats.retries += getattr(store, "retried", 0) - before
         for fd in direct:
             os.fsync(fd)
     finally:
@@ -490,9 +492,11 @@ def _fetch_with(fetcher: Path, store: Store, ranges: list[_Range], files: list[s
                 workers: int,
                 direct_io: bool, progress: Progress | None, stats: FillStats) -> None:
     """Run `ranges` through thaw-fetch (go/cmd/thaw-fetch): ranged GETs of
-    presigned pack URLs, every chunk checked (its BLAKE3 from `checks` where the
-    manifest has one, else its SHA-256), writes to `places` (file index, offset),
-    O_DIRECT where `direct_io`. Same errors as the in-process path."""
+    presigned pack URLs, every chunk checked against its SHA-256 name (`checks`,
+    the manifest's BLAKE3, travel in the plan and are not used), writes to
+    `places` (file index, offset), O_DIRECT where `direct_io`, retries as the
+    store's retry policy says (docs/store.md, "Retry policy"). Same errors as
+    the in-process path."""
     objects: list[dict] = []
     index: dict[str, int] = {}
 
@@ -502,7 +506,10 @@ def _fetch_with(fetcher: Path, store: Store, ranges: list[_Range], files: list[s
             objects.append({"url": store.presign_get(p), "name": store.pack_name(p)})
         return index[p]
 
-    plan = {"version": GO_PLAN_VERSION, "workers": workers, "attempts": store.retries,
+    # Fields left out of "retry" take thaw-fetch's defaults (base_s 1, transient_base_s 0.05,
+    # max_backoff_s 20: botocore's). Twin: control/images/retry.py RetryPolicy.
+    plan = {"version": GO_PLAN_VERSION, "workers": workers,
+            "retry": {"max_attempts": store.retries, "budget_s": store.retry_budget_s},
             "timeout_s": store.timeout_s, "direct_io": direct_io, "files": files, "objects": objects,
             "ranges": [[obj(r.pack), r.start, r.length,
                         [[h, lengths[h], loc.offset - r.start, loc.stored, loc.codec, places[h], checks.get(h, "")]

@@ -134,9 +134,9 @@ _node_locks: dict[Path, int] = {}   # lock path -> the fd holding it (for the li
 # Bounded reads (issue 14): no request of thawd's protocol comes near 1 MiB
 # (the largest field is ReportOutcome's 4096-byte reason); gRPC's default is 4 MiB.
 MAX_REQUEST_BYTES = 1 << 20
-# Requests in flight beyond the worker threads wait in gRPC's queue; beyond
-# this many they are refused (RESOURCE_EXHAUSTED) rather than queued without end.
-WORKERS = 16
+# Requests in flight beyond the worker threads (thawd.rpc_workers) wait in
+# gRPC's queue; beyond this many (or 4 per worker, if more) they are refused
+# (RESOURCE_EXHAUSTED) rather than queued without end.
 MAX_CONCURRENT_RPCS = 64
 
 
@@ -235,9 +235,9 @@ def build(settings: Settings, images, tuple_hash: str) -> tuple[grpc.Server, Tha
     prepare_socket(settings.thawd_socket)
     metrics = Metrics()
     thawd = Thawd(settings, images, metrics)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="rpc"),
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.thawd_rpc_workers, thread_name_prefix="rpc"),
                          options=[("grpc.max_receive_message_length", MAX_REQUEST_BYTES)],
-                         maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS)
+                         maximum_concurrent_rpcs=max(MAX_CONCURRENT_RPCS, 4 * settings.thawd_rpc_workers))
     pbg.add_ThawdServicer_to_server(ThawdServicer(thawd, tuple_hash), server)
     old = os.umask(0o177)  # the socket is born 0600: not one moment open to other users
     try:

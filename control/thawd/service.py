@@ -98,7 +98,7 @@ class Thawd:
         # start; issue 14).
         self._pending: dict[tuple[str, str], tuple[str, str | None]] = {}
         self.quarantine = Quarantine(settings)
-        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="thawd")
+        self._pool = ThreadPoolExecutor(max_workers=settings.thawd_workers, thread_name_prefix="thawd")
 
     # -- quarantine ------------------------------------------------------------
 

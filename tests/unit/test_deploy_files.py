@@ -26,3 +26,21 @@ def test_configmap_points_thaw_at_the_installed_binaries():
     assert Path(cfg["runsc"]["path"]) == bindir / "runsc"
     assert Path(cfg["pack"]["chunker"]) == bindir / "thaw-chunk"
     assert Path(cfg["store"]["fetcher"]) == bindir / "thaw-fetch"
+
+
+def test_image_build_script_installs_every_binary_provision_installs():
+    """ci/build-image.sh builds the DaemonSet image in CI (no daemon there);
+    its list is the Containerfile's loop, in provision's order."""
+    text = (REPO / "ci/build-image.sh").read_text()
+    m = re.search(r"^binaries=\(([^)]*)\)", text, re.M)
+    assert m, "ci/build-image.sh's binaries=(...) list"
+    assert m.group(1).split() == [name for name, _ in provision.BINARIES]
+
+
+def test_daemonset_runs_the_image_version_the_build_names():
+    """ci/build-image.sh names the image ghcr.io/thaw-dev/thaw:<pyproject version>."""
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    text = (REPO / "deploy/kubernetes/40-daemonset.yaml").read_text()
+    images = set(re.findall(r"^\s+image:\s*(\S+)", text, re.M))
+    assert images == {f"ghcr.io/thaw-dev/thaw:{version}"}
+    assert "ref=ghcr.io/thaw-dev/thaw:$version" in (REPO / "ci/build-image.sh").read_text()
