@@ -79,6 +79,8 @@ def _check_command(exe: str, path: str | None, binds: tuple[str, ...]) -> str:
     line (exit 2): a --bind path or the command missing on the node."""
     import os
     import shutil
+
+    from runsc_hooks import spec as specmod
     for b in binds:
         if not os.path.isabs(b) or not os.path.exists(b):
             raise UserError(f"--bind {b}: no such path on this node (give an absolute path that exists)", path=b)

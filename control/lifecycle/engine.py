@@ -190,8 +190,9 @@ class Engine:
             reason = e.message if isinstance(e, ThawError) else f"{type(e).__name__}: {e}"
             if isinstance(e, HookError):
                 reason = f"pre-checkpoint hook: {reason}"
-            log.warning("checkpoint of %s failed after %.2fs (workload %s, %s packets held off): %s",
-                        h.id, time.monotonic() - t0, st, dropped, reason)
+            # INFO: the CheckpointFailed raised below carries this to the caller, who reports it once.
+            log.info("checkpoint of %s failed after %.2fs (workload %s, %s packets held off): %s",
+                     h.id, time.monotonic() - t0, st, dropped, reason)
             if no_space(e):
                 raise CheckpointNoSpace(h.id, f"no space left on the file system of {out.parent}", st) from e
             raise CheckpointFailed(h.id, reason, st) from e

@@ -362,6 +362,9 @@ func (s *Standin) delete() int {
 	t0 := time.Now()
 	id := s.a.ContainerID()
 	if m := s.loadMarker(id); m != nil {
+		if pids := s.reapOrphans(id, m.Root); len(pids) > 0 {
+			s.log.Write("delete", m, "reaped-orphans", fmt.Sprintf("killed %v: sandbox processes of a killed create", pids), t0)
+		}
 		if c, closer, err := s.dial(); err == nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			c.Release(ctx, &pb.ReleaseRequest{ContainerId: id, RunscRoot: m.Root})

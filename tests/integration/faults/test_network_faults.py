@@ -30,13 +30,13 @@ RESTORES = 10
 
 
 def _settings(base: Path) -> configmod.Settings:
-    return configmod.replace(settings_for(base), network_subnet=FAULT_SUBNET, health_timeout_s=20.0,
-                             health_attempt_timeout_s=0.5)
+    return configmod.replace(settings_for(base), network_subnet=FAULT_SUBNET, thawd_health_timeout_s=20.0,
+                             thawd_health_attempt_timeout_s=0.5)
 
 
 def _env(base: Path) -> dict[str, str]:
-    return {**thaw_env(base), "THAW_NETWORK_SUBNET": FAULT_SUBNET, "THAW_HEALTH_TIMEOUT_S": "20",
-            "THAW_HEALTH_ATTEMPT_TIMEOUT_S": "0.5", "THAW_CONFIG": "/dev/null"}
+    return {**thaw_env(base), "THAW_NETWORK_SUBNET": FAULT_SUBNET, "THAW_THAWD_HEALTH_TIMEOUT_S": "20",
+            "THAW_THAWD_HEALTH_ATTEMPT_TIMEOUT_S": "0.5", "THAW_CONFIG": "/dev/null"}
 
 
 def _port(name: str) -> int:
