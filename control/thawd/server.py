@@ -31,7 +31,7 @@ from control.errors import ConfigError, PreconditionError, ThawError
 from control.thawd.metrics import Metrics, serve as serve_metrics
 from control.thawd.rpc import thawd_pb2 as pb
 from control.thawd.rpc import thawd_pb2_grpc as pbg
-from control.thawd.service import RuntimeRef, Thawd
+from control.thawd.service import RuntimeRef, Standin, Thawd
 
 log = logging.getLogger("thawd")
 VERSION = "0.1.0"
@@ -92,7 +92,9 @@ class ThawdServicer(pbg.ThawdServicer):
         # deadline passes, the RPC is cancelled, and a restore nobody will
         # report to containerd must not keep running (issue 14: the task and
         # containerd's view must agree).
-        ok, detail, secs = self.t.restore(_rt(request.runtime), cancelled=lambda: not context.is_active())
+        standin = Standin.validate(request.standin_pid, request.standin_marker)
+        ok, detail, secs = self.t.restore(_rt(request.runtime), cancelled=lambda: not context.is_active(),
+                                          standin=standin)
         return pb.RestoreResponse(restored=ok, detail=detail, seconds=secs)
 
     @_rpc

@@ -70,6 +70,77 @@ class RuntimeRef:
         return Runsc(binary, GlobalOptions(root=self.runsc_root, extra=flags, verbatim=True), timeout_s)
 
 
+# How long thawd waits for a stand-in to exit after answering its Restore,
+# seconds (it exits within milliseconds: one log line, one rename).
+CONFIRM_TIMEOUT_S = 30.0
+# The largest stand-in marker thawd reads (a few hundred bytes of JSON).
+MAX_MARKER_BYTES = 64 << 10
+# The stand-in's process name (go/cmd/thaw-runsc-hooks; thaw-runsc execs it).
+STANDIN_BINARY = "thaw-runsc-hooks"
+
+
+@dataclass
+class Standin:
+    """The stand-in process that asked for a Restore, and its marker file: the
+    marker says "restored" once the stand-in committed the restore, just
+    before it exits (go/internal/standin start)."""
+    pid: int
+    marker: Path
+    start: str = ""       # /proc/PID/stat start time: a recycled pid is not the stand-in
+    watchable: bool = False
+
+    @classmethod
+    def validate(cls, pid: int, marker: str) -> "Standin | None":
+        if pid <= 0 and not marker:
+            return None            # an older stand-in: nothing to wait for
+        if pid <= 0 or not marker.startswith("/") or "\0" in marker or ".." in Path(marker).parts:
+            raise UserError("standin_pid and standin_marker go together: a pid and an absolute path",
+                            field="standin_pid")
+        return cls(pid, Path(marker))
+
+    def observe(self) -> None:
+        """Record who `pid` is now. Only a thaw-runsc-hooks process is watched: in
+        another pid namespace (thawd in a pod without hostPID) the number names
+        some other process or none, and nothing can be told from it."""
+        from control.files import process_start
+        try:
+            argv0 = Path(f"/proc/{self.pid}/cmdline").read_bytes().split(b"\0")[0]
+        except OSError:
+            argv0 = b""
+        self.start = process_start(self.pid) if Path(argv0.decode(errors="replace")).name == STANDIN_BINARY else ""
+        self.watchable = bool(self.start)
+
+    def wait_exit(self, timeout_s: float) -> bool:
+        """True once the stand-in has exited; False after `timeout_s`."""
+        import os
+        import select
+
+        from control.files import process_start
+        if process_start(self.pid) != self.start:
+            return True
+        try:
+            fd = os.pidfd_open(self.pid)
+        except ProcessLookupError:
+            return True
+        try:
+            if process_start(self.pid) != self.start:   # recycled between the check and the open
+                return True
+            return bool(select.select([fd], [], [], timeout_s)[0])
+        finally:
+            os.close(fd)
+
+    def committed(self, container_id: str) -> bool | None:
+        """Does its marker say the restore of `container_id` was committed? None
+        when there is no readable marker of that container (nothing to go by)."""
+        try:
+            data = json.loads(specmod.read_regular(self.marker, MAX_MARKER_BYTES, "standin_marker"))
+        except (ThawError, ValueError):
+            return None
+        if not isinstance(data, dict) or data.get("id") != container_id:
+            return None
+        return data.get("decision") == "restored"
+
+
 @dataclass
 class Decision:
     restore: bool
@@ -246,13 +317,19 @@ class Thawd:
         return Handle(rt.container_id, rt.runsc(self.s.runsc_path, timeout_s or self.s.runsc_timeout_s),
                       rt.bundle, address=address, gate=gate, mark=self.s.network_probe_mark)
 
-    def restore(self, rt: RuntimeRef, cancelled=lambda: False) -> tuple[bool, str, float]:
+    def restore(self, rt: RuntimeRef, cancelled=lambda: False, standin: "Standin | None" = None
+                ) -> tuple[bool, str, float]:
         """start of a container PrepareRestore answered RESTORE to: runsc restore,
         health check, post-restore hooks, gate open; the outcome is recorded here.
         Not restored: the sandbox is removed and the caller starts it cold.
         `cancelled()` tells whether the stand-in gave up (it was killed, or its
-        deadline passed): a restore nobody will report to containerd is undone."""
+        deadline passed): a restore nobody will report to containerd is undone.
+        With `standin`, the restore is kept only once that stand-in has exited
+        with its marker saying "restored" (_confirm): containerd believes the
+        stand-in's exit status, and a SIGKILL may land after this answer."""
         t0 = time.monotonic()
+        if standin is not None:
+            standin.observe()   # before anything: its identity, while it surely lives
         k = (str(rt.runsc_root), rt.container_id)
         with self._lock:
             lease = self._leases.get(k)
@@ -285,13 +362,43 @@ class Thawd:
             self._undo_restore(h, rt, key, "the stand-in gave up before the restore finished")
             return False, "cancelled", time.monotonic() - t0
         secs = time.monotonic() - t0
+        if standin is None:
+            self._restored(rt, key, done, secs)
+        else:
+            threading.Thread(target=self._confirm, args=(rt, h, key, standin, done, secs), daemon=True,
+                             name=f"confirm-{rt.container_id}"[:15]).start()
+        return True, done.health.summary() if done.health else "", secs
+
+    def _restored(self, rt: RuntimeRef, key: str, done, secs: float) -> None:
         log.info("outcome %s key=%s RESTORED %.3fs (runsc %.3fs, health %s)", rt.container_id, key, secs,
                  done.runsc_s, done.health.summary() if done.health else "-")
         self.metrics.inc("thaw_restores_total")
         self.metrics.observe("thaw_restore_seconds", secs)
         self.metrics.observe("thaw_health_seconds", done.health.seconds if done.health else 0.0)
         self.quarantine.succeeded(key)
-        return True, done.health.summary() if done.health else "", secs
+
+    def _confirm(self, rt: RuntimeRef, h: Handle, key: str, standin: "Standin", done, secs: float) -> None:
+        """Keep the restore once its stand-in has exited having committed it (its
+        marker says "restored"); remove it when the stand-in died first (SIGKILL
+        between thawd's answer and its exit): containerd then reports the start
+        failed, and the container must not run (issue 14). A stand-in still alive
+        after CONFIRM_TIMEOUT_S (stopped?) is trusted: removing a restore it may
+        still report would be the opposite mismatch."""
+        try:
+            if not standin.watchable:   # not a stand-in this thawd can see: keep what it restored
+                self._restored(rt, key, done, secs)
+                return
+            exited = standin.wait_exit(CONFIRM_TIMEOUT_S)
+            if not exited:
+                log.warning("stand-in %d of %s still runs %.0f s after its restore; keeping the restore",
+                            standin.pid, rt.container_id, CONFIRM_TIMEOUT_S)
+            elif standin.committed(rt.container_id) is False:
+                self._undo_restore(h, rt, key, "the stand-in died after the restore, before it could report it")
+                return
+            self._restored(rt, key, done, secs)
+        except Exception:  # noqa: BLE001 - a thread of its own: log, never lose the outcome
+            log.exception("confirming the restore of %s", rt.container_id)
+            self._restored(rt, key, done, secs)
 
     def _undo_restore(self, h: Handle, rt: RuntimeRef, key: str, reason: str) -> None:
         """A restore that will not be used: kill and delete the sandbox (the stand-in

@@ -5,6 +5,7 @@ validation and the quarantine file are real."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 from pathlib import Path
 
@@ -214,3 +215,37 @@ def test_every_restore_decision_ends_in_exactly_one_outcome(env, caplog):
         t.release("c1", "/run/r")
     assert abandoned() == 3
     assert any(r.getMessage().startswith("outcome c1 ") and "ABANDONED" in r.getMessage() for r in caplog.records)
+
+
+def test_a_standin_commits_by_its_marker_and_its_exit(tmp_path):
+    """thawd keeps a restore once its stand-in exited with the marker saying "restored";
+    a stand-in that died first, marker still "restore", gets it removed (issue 14)."""
+    import subprocess
+
+    from control.thawd.service import Standin
+    marker = tmp_path / "m.json"
+    marker.write_text(json.dumps({"id": "c1", "decision": "restore"}))
+    # A process named like the stand-in (argv[0]), which the test ends.
+    p = subprocess.Popen(["bash", "-c", "exec -a thaw-runsc-hooks sleep 30"])
+    try:
+        import time
+        for _ in range(100):   # until bash has exec'ed
+            if Path(f"/proc/{p.pid}/cmdline").read_bytes().startswith(b"thaw-runsc-hooks"):
+                break
+            time.sleep(0.01)
+        s = Standin.validate(p.pid, str(marker))
+        s.observe()
+        assert s.watchable and not s.wait_exit(0.05)        # alive
+        p.kill()
+        p.wait()
+        assert s.wait_exit(5) and s.committed("c1") is False  # died before committing
+        marker.write_text(json.dumps({"id": "c1", "decision": "restored"}))
+        assert s.committed("c1") is True and s.committed("c2") is None
+    finally:
+        p.kill()
+    other = Standin.validate(os.getpid(), str(marker))       # not a stand-in: not watched
+    other.observe()
+    assert not other.watchable
+    assert Standin.validate(0, "") is None
+    with pytest.raises(UserError):
+        Standin.validate(12, "relative/path")

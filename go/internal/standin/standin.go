@@ -33,7 +33,7 @@ type marker struct {
 	Root     string `json:"root"`
 	Bundle   string `json:"bundle"`
 	Key      string `json:"workload_key"`
-	Decision string `json:"decision"` // preparing | restore | cold | cold-fallback
+	Decision string `json:"decision"` // preparing | restore | restored | cold | cold-fallback
 	Reason   string `json:"reason,omitempty"`
 	// How long start may wait for thawd's Restore: thawd's own settings bound
 	// it (PrepareRestoreResponse.restore_timeout_ms), so no stand-in constant
@@ -307,6 +307,12 @@ func (s *Standin) start() int {
 	ok, reason := s.restore(m)
 	if ok {
 		s.log.Write("start", m, "restored", "", t0)
+		// The commit, and the last thing before exit: thawd keeps the restore
+		// once this process has exited with the marker saying so (Restore's
+		// standin_pid). A SIGKILL before this rename ends in thawd removing the
+		// restore, matching the failed start containerd then reports.
+		m.Decision = "restored"
+		s.saveMarker(m)
 		return 0
 	}
 	// Fall back: the container must start, cold.
@@ -344,7 +350,8 @@ func (s *Standin) restore(m *marker) (bool, string) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	r, err := c.Restore(ctx, &pb.RestoreRequest{Runtime: s.runtimeOf(m)})
+	r, err := c.Restore(ctx, &pb.RestoreRequest{Runtime: s.runtimeOf(m), StandinPid: int32(os.Getpid()),
+		StandinMarker: s.markerPath(m.ID)})
 	if err != nil {
 		return false, "thawd Restore: " + describe(err)
 	}

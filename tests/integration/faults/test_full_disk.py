@@ -62,7 +62,7 @@ def test_checkpoint_into_a_full_file_system(base: Path, name: str, small_fs: Pat
     assert list(small_fs.iterdir()) == [], "nothing of the image is kept"
     ps = _thaw(base, "ps", "--json")
     assert [r["state"] for r in json.loads(ps.stdout) if r["id"] == sid] == ["running"], ps.stdout
-    ok = _thaw(base, "checkpoint", sid, "--out", str(base / "image"))   # room elsewhere: it works
+    ok = _thaw(base, "checkpoint", sid, "--out", str(base / "image"), "--leave-running")   # room elsewhere: it works
     assert ok.returncode == 0, ok.stderr
     assert _thaw(base, "delete", sid, "--force").returncode == 0
     assert leftovers(settings_for(base), [sid]) == {}
