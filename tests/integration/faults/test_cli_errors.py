@@ -21,6 +21,7 @@ from control.cli.main import main
 from control.errors import EXIT_STATUSES
 from tests.conftest import BUILD, REPO, require
 from tests.integration.conftest import THAW, thaw_env
+from tests.integration.faults.results import write_results
 
 DOCUMENTED = {code for code, _ in EXIT_STATUSES}
 NOBODY = 65534
@@ -104,11 +105,17 @@ def test_every_command_refuses_bad_input_in_one_line(walk_base: Path, name: str)
     commands = set(main.commands)
     assert commands - set(table) == set(), "commands with no bad-input case in this walk"
     assert set(table) - commands == set(), "cases for commands that do not exist"
+    rows = []
     for cmd in sorted(table):
         for argv, extra, code, text in table[cmd]:
             p = subprocess.run([str(THAW), *argv], env=_env(base, **extra), capture_output=True, text=True,
                                timeout=120, stdin=subprocess.DEVNULL)
             _assert_one_line(p, argv, code, text)
+            rows.append({"argv": argv, "exit": p.returncode, "line": p.stderr.strip()})
+    write_results("cli-bad-input", {"commands": len(table), "cases": len(rows), "one_line_documented_exit": len(rows),
+                                    "cases_by_exit": {str(c): sum(r["exit"] == c for r in rows)
+                                                      for c in sorted({r["exit"] for r in rows})},
+                                    "rows": rows})
     # An invalid id is refused before any path is made from it.
     assert not (base / "escape").exists() and not (base.parent / "escape").exists()
     assert not (base / "state" / "rootfs").exists(), list((base / "state").rglob("*"))
@@ -166,11 +173,14 @@ def test_every_command_as_non_root_says_one_line(walk_base: Path):
     for d in ("state", "cache", "thawd"):
         (base / d).mkdir(mode=0o700, exist_ok=True)
     env = _env(base) | {"PYTHONPATH": _nobody_path(), "HOME": "/tmp", "PATH": "/usr/bin:/bin"}
+    rows = []
     for cmd, (argv, code, text) in sorted(NON_ROOT.items()):
         p = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
                             py, "-m", "control.cli.main", *argv], env=env, capture_output=True, text=True,
-                           timeout=120, stdin=subprocess.DEVNULL, cwd="/")
+                           timeout=120, stdin=subprocess.DEVNULL, cwd="/")   # cwd: no other checkout on sys.path
+        rows.append({"argv": argv, "exit": p.returncode, "line": p.stderr.strip()})
         if code == 0:
             assert p.returncode == 0 and not p.stderr.strip(), (cmd, p.returncode, p.stderr)
             continue
         _assert_one_line(p, argv, code, text)
+    write_results("cli-non-root", {"uid": NOBODY, "commands": len(rows), "rows": rows})
