@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import functools
 import sys
-import threading
-import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import click
 
+if TYPE_CHECKING:
+    from control.node import compat
+
 from control.cli.common import Context, handle_errors, json_option
+from control.cli.progress import Bar, size as _size
 from control.errors import NotFound
 
 
@@ -38,51 +40,6 @@ def store_options(f: Callable) -> Callable:
     return wrapper
 
 
-class Bar:
-    """One line on stderr: label, percent, bytes done / total, bytes/s. Thread-safe."""
-
-    def __init__(self, label: str, enabled: bool) -> None:
-        self.label, self.enabled = label, enabled
-        self.total = 0
-        self.done = 0
-        self.t0 = time.monotonic()
-        self._last = 0.0
-        self._lock = threading.Lock()
-
-    def set_total(self, n: int) -> None:
-        self.total = n
-        self.t0 = time.monotonic()
-
-    def __call__(self, n: int) -> None:
-        with self._lock:
-            self.done += n
-            now = time.monotonic()
-            if self.enabled and now - self._last >= 0.1:
-                self._last = now
-                self._draw("\r")
-
-    def _draw(self, lead: str, end: str = "") -> None:
-        dt = max(time.monotonic() - self.t0, 1e-6)
-        pct = 100.0 * self.done / self.total if self.total else 100.0
-        width = 24
-        fill = int(width * min(pct, 100) / 100)
-        sys.stderr.write(f"{lead}{self.label} [{'#' * fill}{'.' * (width - fill)}] {pct:5.1f}% "
-                         f"{_size(self.done)}/{_size(self.total)} {_size(self.done / dt)}/s{end}")
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            self._draw("\r", "\n")
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return str(n)
-
-
 def _node(obj: Context) -> compat.CompatTuple:
     from control.node import compat
     return compat.node_tuple(obj.settings)
@@ -92,7 +49,7 @@ def _node(obj: Context) -> compat.CompatTuple:
 @click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--key", "key", required=True, help="Workload key the image is published under.")
 @click.option("--cache/--no-cache", "use_cache", default=True,
-              help="Also install the published image into this node's cache.")
+              help="Also cache the image on this node (DIR is copied into the cache, then published from there).")
 @store_options
 @json_option
 @click.pass_obj
@@ -112,7 +69,7 @@ def push_cmd(obj: Context, directory: Path, key: str, use_cache: bool) -> None:
         f"{'published' if r.published else 'already published by ' + str(r.manifest_creator.get('host'))} "
         f"{key} ({r.tuple_hash[:12]}): {_size(r.size)}, {u.uploaded_chunks}/{u.chunks} chunks sent "
         f"({_size(u.uploaded_bytes)}), {u.present_chunks} already in the store"
-        + (f"; cached as {r.installed}" if r.installed else "")))
+        + (f"; cached as {r.installed}" if r.installed else "") + "".join(f"\n  {n}" for n in r.notes)))
 
 
 @click.command("pull")

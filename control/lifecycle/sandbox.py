@@ -40,13 +40,12 @@ from control.config import Settings
 from control.files import Owner, fsync_path, write_json_atomic
 from control.lifecycle.engine import Engine, Handle, status as engine_status
 from control.errors import (AlreadyExists, ImageError, InUse, InvalidTransition, NotFound, PreconditionError,
-                            RunscError, ThawError, UnhealthyRestore, UserError)
+                            ThawError, UnhealthyRestore, UserError)
 from runsc_hooks import gate as gatemod
 from runsc_hooks import probe as probemod
 from runsc_hooks import network as netmod
 from runsc_hooks import spec as specmod
-from runsc_hooks.runsc import (IMAGE_FILES, CheckpointOptions, CreateOptions, GlobalOptions, RestoreOptions,
-                               Runsc)
+from runsc_hooks.runsc import IMAGE_FILES, CreateOptions, GlobalOptions, RestoreOptions, Runsc
 
 log = logging.getLogger(__name__)
 
@@ -248,7 +247,7 @@ class Sandboxes:
                    stable: bool = False, avoid: frozenset[str] = frozenset()) -> tuple[str, str, int]:
         """Lease an address and `ports` for `rec`: check, choose and write them into its
         record under the network lock. `address` with `stable` (a restore's saved
-        address): that address, or AlreadyExists naming who holds it; without
+        address): that address, or InUse naming who holds it; without
         `stable` (a cold start): that address when it is free, else a fresh one."""
         with self._net_lock():
             others = [q for q in self.list_records() if q.net and q.id != rec.id]
@@ -390,7 +389,7 @@ class Sandboxes:
             meta = {"version": IMAGE_META_VERSION, "sandbox": sid, "spec": spec, "net": rec.net,
                     "probes": rec.probes, "files": saved.files, "runsc_version": r.version(),
                     "platform": self.settings.runsc_platform, "network": "sandbox" if rec.net else "none",
-                    "nvproxy": r.options.nvproxy or saved.gpu, "gpu": _gpu_needs(spec),
+                    "nvproxy": r.options.nvproxy or saved.gpu, "gpu": gpu_needs(spec),
                     "rootfs": _rootfs_layout(spec, self.settings), "checkpoint_s": saved.seconds,
                     "created_at": time.time()}
             write_json_atomic(partial / IMAGE_META, meta)
@@ -468,7 +467,6 @@ class Sandboxes:
             self._move(rec, State.RUNNING)
             ready_at = time.monotonic()  # the gate opened (bench/network_flood.py measures from here)
         except BaseException as e:
-            from control.errors import UnhealthyRestore
             if isinstance(e, UnhealthyRestore):
                 rec.health = e.health
             self._undo(r, rec)
@@ -640,6 +638,9 @@ def read_image(image: Path) -> dict:
         raise ImageError(str(image), f"{IMAGE_META} is missing (not written by `thaw checkpoint`?)") from None
     except ValueError as e:
         raise ImageError(str(image), f"{IMAGE_META} is not valid JSON: {e}") from None
+    if isinstance(meta, dict) and meta.get("door", "cli") != "cli":
+        raise ImageError(str(image), f"made under {meta['door']} (its spec names that container's root "
+                         "filesystem and mounts): it restores through containerd, not `thaw restore`")
     if not isinstance(meta, dict) or meta.get("version") != IMAGE_META_VERSION:
         raise ImageError(str(image), f"{IMAGE_META} has unknown version {meta.get('version') if isinstance(meta, dict) else meta!r}")
     files = meta.get("files")
@@ -676,7 +677,7 @@ def _rootfs_layout(spec: dict, settings: Settings) -> dict:
     return {"layout": "path", "path": str(root)}
 
 
-def _gpu_needs(spec: dict) -> dict | None:
+def gpu_needs(spec: dict) -> dict | None:
     """What a restore of this image needs in GPUs (thaw.json "gpu"): count and the
     node's product and driver when it was saved; None for a CPU image."""
     from control.lifecycle.engine import uses_gpu

@@ -61,3 +61,13 @@ def test_error_message_prefers_json_log_then_plain_stderr(tmp_path):
              "goroutine 1 [running]:\nmain.main()\n\t/src/runsc/main.go:42 +0x1d\nexit status 2\n")
     assert r._error_message(panic) == "checkpoint failed: writing pages: write /img/pages.img: no space left on device"
     assert r._error_message("panic: boom\n\n\t/src/x.go:1 +0x2\n") == "panic: boom"
+
+
+def test_exists_reads_runsc_state_files_exactly(tmp_path):
+    """exists() names the id exactly (runsc's own lookup resolves prefixes: web vs web-2),
+    from runsc's state files, without running runsc."""
+    (tmp_path / "web-2+_sandbox:web-2+.state").write_text("{}")
+    r = Runsc(Path("/nonexistent/runsc"), GlobalOptions(root=tmp_path))
+    assert r.exists("web-2+") and not r.exists("web+") and not r.exists("web")
+    (tmp_path / "web+_sandbox:pod[1].state").write_text("{}")   # glob metacharacters in the sandbox id
+    assert r.exists("web+")
