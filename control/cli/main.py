@@ -32,6 +32,8 @@ class ThawGroup(click.Group):
     thaw's own errors: click's usage text would be 3-4 lines."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:   # the caller handles click's exceptions itself (click's contract)
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         try:
             rv = super().main(args, prog_name or "thaw", complete_var, standalone_mode=False, **extra)
         except click.UsageError as e:
