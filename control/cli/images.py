@@ -57,7 +57,9 @@ def _node(obj: Context) -> compat.CompatTuple:
 def push_cmd(obj: Context, directory: Path, key: str, use_cache: bool) -> None:
     """Publish a runsc checkpoint image directory under KEY (first writer wins)."""
     from control.images import image as images
+    from control.images import manifest as manifestmod
     from control.images.store import Store
+    manifestmod.validate_key(key)   # the plain input first, before the directory or the store is looked at
     s = obj.settings
     bar = Bar(f"push {key}", obj.progress)
     r = images.push(images.open_cache(s) if use_cache else None, Store(s), directory, key, _node(obj),
