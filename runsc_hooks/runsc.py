@@ -177,11 +177,6 @@ class ContainerState:
                    bundle=d.get("bundle", ""), raw=d)
 
 
-# A line of a Go goroutine dump: "path/file.go:123 +0x6b", "goroutine 7 [running]:",
-# "created by ...", "pkg.(*T).Method(...)".
-_GO_FRAME = re.compile(r"\.go:\d+( \+0x[0-9a-f]+)?$|^goroutine \d+ \[|^created by |^[\w./*()\[\]-]+\(.*\)$")
-
-
 class Runsc:
     """One runsc binary with one set of global flags."""
 
@@ -268,13 +263,13 @@ class Runsc:
                 pass
         lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
         # runsc's log lines to stderr start with a level letter and a timestamp
-        # ("W1129 11:30:00.000 ..."); the error itself is a plain line.
-        plain = [ln for ln in lines if not (len(ln) > 5 and ln[0] in "IWDE" and ln[1:5].isdigit())]
-        # A panic the sentry's urpc server recovered comes back with its goroutine
-        # stack (seen on the H200: a GPU save failing on ENOSPC ended in
-        # ".../pkg/urpc/urpc.go:472 +0x6b"): the message is above the frames.
-        said = [ln for ln in plain if not _GO_FRAME.search(ln)]
-        return (said or plain or lines or [""])[-1]
+        # ("W1129 11:30:00.000 ..."); the error itself is a plain line. A Go
+        # panic ends in stack frames ("\t/src/x.go:12 +0x3f", "goroutine 1
+        # [running]:"): never the message (issue 14, ENOSPC at checkpoint).
+        plain = [ln for ln in lines if not (len(ln) > 5 and ln[0] in "IWDE" and ln[1:5].isdigit())
+                 and not _STACK_FRAME.search(ln)]
+        errno_lines = [ln for ln in plain if any(t in ln.lower() for t in _ERRNO_TEXT)]
+        return (errno_lines or plain or ["runsc printed no error message"])[-1]
 
     # -- subcommands ---------------------------------------------------------
 
@@ -403,6 +398,14 @@ def remove_root(root: Path) -> None:
     import shutil
     release_root(root)
     shutil.rmtree(root, ignore_errors=True)
+
+
+# Lines of a Go stack trace: frames ("/path/file.go:123 +0x1f"), calls
+# ("pkg.Func(0xc000012345, ...)"), goroutine headers, "created by", "exit status".
+_STACK_FRAME = re.compile(r"\.go:\d+( \+0x[0-9a-f]+)?$|^goroutine \d+ \[|^created by |\(0x[0-9a-f]+[,)]"
+                          r"|^\[signal |^exit status \d+$")
+# errno texts worth surfacing over any other line of runsc's output.
+_ERRNO_TEXT = ("no space left on device", "disk quota exceeded", "read-only file system", "permission denied")
 
 
 def _read(f) -> str:

@@ -8,7 +8,7 @@ here by bench/gpu/weights.py; no network) goes through the `thaw` commands:
   thaw restore IMG --id ID2 --gpus N                                 N: 1 on a 2-GPU machine, else 0
   answers compared with the cold server's (tokens and logits digest identical, same boot id)
   thaw restore IMG --gpus 0,1                                        refused before runsc runs
-  thaw checkpoint ID2 --out <full tmpfs>                             fails (exit 73); ID2 keeps serving
+  thaw checkpoint ID2 --out <full tmpfs>                             fails (exit 4, no room); ID2 keeps serving
   thaw restore IMG --cold-fallback (unhealthy)                       cold start with the GPUs re-injected
   thaw ps / thaw logs / thaw health along the way
 
@@ -38,7 +38,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 PORT = 8000
-EXIT_CHECKPOINT_FAILED = 73   # twin: control/errors.py EXIT_CODE CheckpointFailed
+EXIT_NO_SPACE = 4   # twin: control/errors.py EXIT_CODE NoSpace (CheckpointNoSpace)
 
 
 def tail(s: str, n: int = 1500) -> str:
@@ -279,8 +279,9 @@ class Lifecycle:
             self.r["failed_checkpoint"] = {"rc": p.returncode, "stderr": tail(p.stderr, 6000),
                                            "left_in_dir": os.listdir(small)}
             errors = [x for x in p.stderr.splitlines() if x.startswith("thaw: error:")]
-            self.check("checkpoint onto a full disk fails with exit 73 and one error line",
-                       p.returncode == EXIT_CHECKPOINT_FAILED and len(errors) == 1)
+            # 4: thaw recognised the full file system (CheckpointNoSpace), not only "a save failed" (73).
+            self.check("checkpoint onto a full disk fails with exit 4 (no room) and one error line",
+                       p.returncode == EXIT_NO_SPACE and len(errors) == 1)
             self.check("no partial image is left", os.listdir(small) == [])
         finally:
             subprocess.run(["umount", "-l", str(small)], check=False)

@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from control.config import Settings
-from control.errors import CheckpointFailed, HookError, NotFound, RunscError, SpecError, ThawError
+from control.errors import (CheckpointFailed, CheckpointNoSpace, HookError, NotFound, RunscError, SpecError,
+                            ThawError)
 from control.files import fsync_path
 from control.lifecycle import profiles
 from runsc_hooks import gate as gatemod
@@ -199,6 +200,9 @@ class Engine:
             # it as its one error line); the argv and timings are here for -v.
             log.info("checkpoint of %s failed after %.2fs (workload %s, %s packets held off): %s",
                      h.id, time.monotonic() - t0, st, dropped, reason)
+            if no_space(e):  # exit 4 (no room) rather than 73; runsc's own words stay in the line
+                raise CheckpointNoSpace(h.id, f"no space left on the file system of {out.parent}: {reason}",
+                                        st) from e
             raise CheckpointFailed(h.id, reason, st) from e
         dropped = None
         if stop_after:
@@ -282,6 +286,20 @@ def resume_cuda(h: Handle, helper_path: str) -> list[int]:
     if resumed:
         log.info("after the failed checkpoint of %s: CUDA state of %s restored", h.id, resumed)
     return resumed
+
+
+# How a full file system shows in runsc's output (strerror of ENOSPC, EDQUOT).
+_NO_SPACE_TEXT = ("no space left on device", "disk quota exceeded")
+
+
+def no_space(e: BaseException) -> bool:
+    """Did `e` fail for want of space: an OSError ENOSPC/EDQUOT, or runsc saying so
+    (its message can be a Go stack frame; the errno text is in its output)."""
+    import errno
+    if isinstance(e, OSError):
+        return e.errno in (errno.ENOSPC, errno.EDQUOT)
+    text = (str(e) + " " + getattr(e, "stderr_tail", "")).lower()
+    return any(t in text for t in _NO_SPACE_TEXT)
 
 
 def check_image_files(image: Path) -> dict[str, int]:
