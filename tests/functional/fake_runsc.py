@@ -161,7 +161,7 @@ elif cmd == "restore":
     spawn(cid, opts["bundle"], "running")
 elif cmd == "ps":
     load(cid)
-    print(json.dumps([{"pid": 1, "ppid": 0, "cmd": "sleep"}, {"pid": 7, "ppid": 1, "cmd": "python3"}]))
+    print(json.dumps([1, 7]))   # pids only, as runsc (control.PrintPIDsJSON) and runc print them
 elif cmd == "exec":
     # exec ID ARGV...: the CUDA helper's --get-state answers from FAKE_CUDA_STATES
     # ({"pid": "state"}; other pids: not a CUDA process, exit 1).
