@@ -404,9 +404,10 @@ def remove_root(root: Path) -> None:
 
 
 # Lines of a Go stack trace: frames ("/path/file.go:123 +0x1f"), calls
-# ("pkg.Func(0xc000012345, ...)", "pkg.(*Server).StartHandling.func1()": no space in
+# ("pkg.Func(0xc000012345, ...)", "reflect.Value.Call({0x1d4e096a07e0?, ...})",
+# "pkg.(*Server).StartHandling.func1()": no space in
 # it, seen on the H200), goroutine headers, "created by", "exit status".
-_STACK_FRAME = re.compile(r"\.go:\d+( \+0x[0-9a-f]+)?$|^goroutine \d+ \[|^created by |\(0x[0-9a-f]+[,)]|^\S*\(\S*\)$"
+_STACK_FRAME = re.compile(r"\.go:\d+( \+0x[0-9a-f]+)?$|^goroutine \d+ \[|^created by |0x[0-9a-f]+\??[,)}]|^\S*\(\S*\)$"
                           r"|^\[signal |^exit status \d+$")
 # errno texts worth surfacing over any other line of runsc's output.
 _ERRNO_TEXT = ("no space left on device", "disk quota exceeded", "read-only file system", "permission denied")

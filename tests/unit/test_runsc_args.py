@@ -72,6 +72,7 @@ def test_error_message_skips_a_recovered_panics_goroutine_dump():
     stderr = ("W1130 15:05:00.1 warn\n"
               "checkpoint failed: panic: write pages: no space left on device\n"
               "goroutine 123 [running]:\n"
+              "reflect.Value.Call({0x1d4e096a07e0?, 0x1d4e0a9ba048?, 0x140?}, {0x1d4e0a94bea8?, 0x16?})\n"
               "gvisor.dev/gvisor/pkg/urpc.(*Server).handleOne.func1()\n"
               "\tgvisor.dev/gvisor@v0.0.0-20260905035102-160fafc42237/pkg/urpc/urpc.go:472 +0x6b\n"
               "gvisor.dev/gvisor/pkg/urpc.(*Server).StartHandling.func1()\n")   # the H200's last line
