@@ -419,12 +419,13 @@ def test_parse_args_for_the_speed_run():
 class ChainBench(models.ModelBench):
     """make_chain's bookkeeping without runsc: cold starts and images are recorded, not made."""
 
-    def __init__(self, tmp_path, fail_leave_running=False, differ_after=None, fail_hook=None, fail_last=False):
+    def __init__(self, tmp_path, fail_leave_running=False, differ_after=None, fail_hook=None, fail_last=False,
+                 resume_fails=False):
         super().__init__(models.Options(runsc=tmp_path / "r", out=tmp_path, models=["tiny"], device="cpu"),
                          "tiny", None)
         self.log: list = []
         self.fail_leave_running, self.differ_after = fail_leave_running, differ_after
-        self.fail_hook, self.fail_last = fail_hook, fail_last
+        self.fail_hook, self.fail_last, self.resume_fails = fail_hook, fail_last, resume_fails
 
     def cold_start(self, cold_cache):
         self.log.append("cold")
@@ -441,6 +442,8 @@ class ChainBench(models.ModelBench):
             raise RuntimeError("checkpoint failed")
         self.log.append((kind, cid, leave_running))
         info.update(checkpoint_s=1.0, path=f"/img/{kind}")
+        if leave_running and self.resume_fails:
+            info["checkpoint_error"] = "RunscError: cuda-checkpoint --toggle failed"
         self.result["images"][kind] = info
         return info
 
@@ -461,19 +464,27 @@ def test_the_chain_takes_every_image_from_one_process(tmp_path):
     assert made["release"]["after_leave_running"]["identical"] is True
 
 
-def test_a_failed_leave_running_checkpoint_gives_the_rest_cold_starts_of_their_own(tmp_path):
+def test_a_failed_leave_running_checkpoint_leaves_its_image_out_and_the_process_goes_on(tmp_path):
     b = ChainBench(tmp_path, fail_leave_running=True)
-    made = b.make_chain(["release", "offload"], first=False)
-    assert b.log == ["cold", ("delete", "c1"), "cold", ("release", "c3", False), ("delete", "c3"),
-                     "cold", ("offload", "c6", False), ("delete", "c6")]
-    assert set(made) == {"release", "offload"} and "with --leave-running" in b.result["errors"][0]
+    made = b.make_chain(["release", "offload", "drop"], first=False)
+    # offload's weights had left: back first, then the same answer, then the last image from the same process.
+    assert b.log == ["cold", "generate", "restore-weights", "generate", ("drop", "c1", False), ("delete", "c1")]
+    assert set(made) == {"drop"} and "image release not made: RuntimeError" in b.result["errors"][0]
+
+
+def test_a_whole_image_whose_resume_failed_is_kept_and_the_rest_get_cold_starts(tmp_path):
+    b = ChainBench(tmp_path, resume_fails=True)
+    made = b.make_chain(["release", "offload", "drop"], first=False)
+    assert b.log == ["cold", ("release", "c1", True), ("delete", "c1"), "cold", ("offload", "c4", False),
+                     ("delete", "c4"), "cold", ("drop", "c7", False), ("delete", "c7")]
+    assert set(made) == {"release", "offload", "drop"} and "--leave-running failed" in b.result["errors"][0]
 
 
 def test_a_failed_hook_leaves_its_image_out_and_the_process_goes_on(tmp_path):
     b = ChainBench(tmp_path, fail_hook="offload")
     made = b.make_chain(["release", "offload", "drop"], first=False)
-    assert b.log == ["cold", ("release", "c1", True), "generate", ("hook failed", "offload"), "generate",
-                     ("drop", "c1", False), ("delete", "c1")]
+    assert b.log == ["cold", ("release", "c1", True), "generate", ("hook failed", "offload"), "restore-weights",
+                     "generate", ("drop", "c1", False), ("delete", "c1")]
     assert set(made) == {"release", "drop"} and "image offload not made" in b.result["errors"][0]
 
 
