@@ -22,8 +22,13 @@ Mitigations on = gate closed over save and restore + the checkpoint's address
 + health check before the gate opens. Off = no gate, a NEW address in a fresh
 netns, no health check: what a naive implementation does.
 
+This is the CLI door (thaw's own sandboxes). `--door containerd` runs the same
+cycles through containerd, gVisor's shim, the stand-in and thawd, each a new
+container restored from one image thawd saved: bench/network_flood_containerd.py,
+which shares this module's flood, measurements and table.
+
 Usage (root, after `make setup`):
-    .venv/bin/python bench/network_flood.py --cycles 50 [--modes on,off]
+    .venv/bin/python bench/network_flood.py [--door cli|containerd] --cycles 50 [--modes on,off]
         [--out bench/results/network-flood-2026-11-29.json] [--doc docs/network.md --doc README.md]
 
 Traffic goes only to 127.0.0.1 and to sandbox addresses inside the namespaces
