@@ -11,8 +11,12 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
+
+if TYPE_CHECKING:
+    from control.lifecycle.sandbox import Sandboxes
 
 from control.cli.common import Context, handle_errors, json_option
 from control.errors import UserError
@@ -120,7 +124,6 @@ def checkpoint_cmd(obj: Context, sid: str, out: Path, leave_running: bool) -> No
 @handle_errors
 def restore_cmd(obj: Context, image: Path, sid: str, probes: tuple[str, ...], cold_fallback: bool) -> None:
     """Restore an image directory as a new sandbox; traffic is let in once it is healthy."""
-    from runsc_hooks import probe as probemod
     from runsc_hooks import probe as probemod
     parsed = [probemod.parse(p) for p in probes] or None
     sb = _sandboxes(obj)
