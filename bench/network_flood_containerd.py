@@ -60,6 +60,7 @@ WORKLOAD_NAME = "flood"
 ANNOTATIONS = {"thaw.dev/workload": WORKLOAD_NAME, "thaw.dev/ready": f"http:{nf.SANDBOX_PORT}/health"}
 LOG_POLL_S = 0.001             # how often the bench reads thawd's log for the gate line
 SLOTS_PER_MODE = 256           # /30 slots of the subnet each mode's node may use
+OUTCOME_WAIT_S = 5.0            # thawd's outcome line after `ctr run` returned, at most
 READY_DEADLINE_S = 150.0       # ctr run and the gate line, at most (thawd's Restore deadline is below this)
 _GATE_OPENED = re.compile(r"^gate (\S+) opened \(restored and healthy\); it dropped (\d+) packets")
 # control/thawd/service.py Thawd.restore's outcome line.
@@ -253,12 +254,18 @@ class Node:
                 if seen is not None:  # how long after the gate's time stamp the bench read the line
                     c.answer_detail["gate_line_seen_ms"] = round((seen - ready) * 1000, 2)
         th.join(READY_DEADLINE_S)
-        lines += follow.read()
-        for r in lines:
-            m = _OUTCOME.match(r.get("msg", ""))
-            if m and m.group(1) == cid:
-                c.runsc_restore_s = float(m.group(3))
-                c.health_s = float(m.group(4)) if m.group(4) else None
+        # thawd logs the outcome once the stand-in has exited having committed the restore
+        # (service.py _confirm), which may be just after `ctr run` returned: wait for it a while.
+        end = time.monotonic() + OUTCOME_WAIT_S
+        while True:
+            lines += follow.read()
+            outcome = next((m for r in lines if (m := _OUTCOME.match(r.get("msg", ""))) and m.group(1) == cid), None)
+            if outcome or time.monotonic() > end:
+                break
+            time.sleep(0.01)
+        if outcome:
+            c.runsc_restore_s = float(outcome.group(3))
+            c.health_s = float(outcome.group(4)) if outcome.group(4) else None
         decisions = [d["decision"] for d in self.stack.decisions() if d["id"] == cid]
         if "error" in done:
             c.error = done["error"]
