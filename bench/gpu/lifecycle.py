@@ -275,8 +275,8 @@ class Lifecycle:
         subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "thaw-lifecycle-small", str(small)],
                        check=True)
         try:
-            p = self.thaw("-v", "checkpoint", warm, "--out", str(small / "img"))
-            self.r["failed_checkpoint"] = {"rc": p.returncode, "stderr": tail(p.stderr, 6000),
+            p = self.thaw("-vv", "checkpoint", warm, "--out", str(small / "img"))
+            self.r["failed_checkpoint"] = {"rc": p.returncode, "stderr": tail(p.stderr, 12000),
                                            "left_in_dir": os.listdir(small)}
             errors = [x for x in p.stderr.splitlines() if x.startswith("thaw: error:")]
             # 4: thaw recognised the full file system (CheckpointNoSpace), not only "a save failed" (73).
@@ -336,7 +336,7 @@ class Lifecycle:
                 return f"timed out after {timeout} s"
         d["ps"] = tail(run("ps", "--format=json", sid + "+"), 3000)
         try:
-            pids = [str(x["pid"]) for x in json.loads(d["ps"].split("\n", 1)[1])]
+            pids = [str(x) for x in json.loads(d["ps"].split("\n", 1)[1])]   # runsc prints pids only
         except (ValueError, KeyError, IndexError, TypeError):
             pids = []
         d["cuda_state"] = {pid: tail(run("exec", sid + "+", helper.HELPER_PATH, "--get-state", "--pid", pid), 400)

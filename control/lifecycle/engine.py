@@ -190,6 +190,7 @@ class Engine:
                 raise
             reason = e.message if isinstance(e, ThawError) else f"{type(e).__name__}: {e}"
             if isinstance(e, RunscError):  # one line: runsc's own message (the argv is in the debug log)
+                log.debug("runsc checkpoint of %s: %s\n%s", h.id, e.argv, e.stderr_tail)
                 rc = "timed out" if e.returncode is None else f"exit {e.returncode}"
                 reason = f"runsc checkpoint failed ({rc}): {e.runsc_message}"
             if isinstance(e, HookError):
@@ -260,17 +261,16 @@ def resume_cuda(h: Handle, helper_path: str) -> list[int]:
     logged, none raised (the caller is reporting the checkpoint's own)."""
     resumed: list[int] = []
     try:
-        procs = h.runsc.ps(h.id)
+        pids = h.runsc.pids(h.id)
     except ThawError as e:
         log.warning("after the failed checkpoint of %s: runsc ps: %s", h.id, e)
         return resumed
-    for p in procs:
-        pid = str(p.get("pid", ""))
-        if not pid.isdigit():
-            continue
+    for n in pids:
+        pid = str(n)
         try:
             state = h.runsc.exec(h.id, [helper_path, "--get-state", "--pid", pid], timeout_s=30).stdout.strip()
-        except ThawError:
+        except ThawError as e:
+            log.debug("after the failed checkpoint of %s: pid %s: no CUDA state (%s)", h.id, pid, e)
             continue  # not a CUDA process: the helper cannot get its state
         if state == "locked":   # locked but not yet checkpointed: unlock is enough
             argv = [helper_path, "--action", "unlock", "--pid", pid]

@@ -1,5 +1,7 @@
 from pathlib import Path
 
+import pytest
+
 from control.errors import RunscError
 from runsc_hooks.runsc import (CheckpointOptions, CreateOptions, GlobalOptions, RestoreOptions, Runsc,
                                 subcommand_of)
@@ -70,8 +72,10 @@ def test_error_message_skips_a_recovered_panics_goroutine_dump():
     stderr = ("W1130 15:05:00.1 warn\n"
               "checkpoint failed: panic: write pages: no space left on device\n"
               "goroutine 123 [running]:\n"
+              "reflect.Value.Call({0x1d4e096a07e0?, 0x1d4e0a9ba048?, 0x140?}, {0x1d4e0a94bea8?, 0x16?})\n"
               "gvisor.dev/gvisor/pkg/urpc.(*Server).handleOne.func1()\n"
-              "\tgvisor.dev/gvisor@v0.0.0-20260905035102-160fafc42237/pkg/urpc/urpc.go:472 +0x6b\n")
+              "\tgvisor.dev/gvisor@v0.0.0-20260905035102-160fafc42237/pkg/urpc/urpc.go:472 +0x6b\n"
+              "gvisor.dev/gvisor/pkg/urpc.(*Server).StartHandling.func1()\n")   # the H200's last line
     assert r._error_message(stderr) == "checkpoint failed: panic: write pages: no space left on device"
 
 
@@ -83,3 +87,16 @@ def test_exists_reads_runsc_state_files_exactly(tmp_path):
     assert r.exists("web-2+") and not r.exists("web+") and not r.exists("web")
     (tmp_path / "web+_sandbox:pod[1].state").write_text("{}")   # glob metacharacters in the sandbox id
     assert r.exists("web+")
+
+
+def test_pids_reads_runscs_json_which_is_only_pids(monkeypatch):
+    """`runsc ps --format=json` prints [1, 23] (runsc/cmd/ps.go: control.PrintPIDsJSON);
+    anything else is runsc's error, not an empty process list."""
+    import subprocess
+    r = Runsc(Path("/x"), GlobalOptions(root=Path("/r")))
+    out = {"v": "[1, 23]\n"}
+    monkeypatch.setattr(r, "_run", lambda args, **kw: subprocess.CompletedProcess(args, 0, out["v"], ""))
+    assert r.pids("web+") == [1, 23]
+    out["v"] = '[{"pid": 1}]'
+    with pytest.raises(RunscError, match="no JSON list of pids"):
+        r.pids("web+")
