@@ -272,7 +272,9 @@ class Runsc:
         plain = [ln for ln in lines if not (len(ln) > 5 and ln[0] in "IWDE" and ln[1:5].isdigit())
                  and not _STACK_FRAME.search(ln) and any(c.isalnum() for c in ln)]
         errno_lines = [ln for ln in lines if any(t in ln.lower() for t in _ERRNO_TEXT)]
-        return (errno_lines or plain or ["runsc printed no error message"])[-1]
+        # A recovered panic's own text sits above its goroutine dump.
+        panics = [ln for ln in plain if "panic:" in ln]
+        return (errno_lines or panics or plain or ["runsc printed no error message"])[-1]
 
     # -- subcommands ---------------------------------------------------------
 
