@@ -151,9 +151,7 @@ class Engine:
         profile = profiles.for_spec(spec)
         if not profile.hooks(phase):
             return []
-        target = profiles.Target(host=h.address or "127.0.0.1", exec_in_sandbox=profiles.runsc_exec(h.runsc, h.id),
-                                 http_via_exec=h.address is None)
-        records = profiles.run_hooks(profile, phase, target)
+        records = profiles.run_hooks(profile, phase, self.target(h))
         log.info("%s hooks of %s (%s): %s", phase, h.id, profile.name, records)
         return records
 
