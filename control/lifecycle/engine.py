@@ -207,12 +207,14 @@ class Engine:
 
     def restore(self, h: Handle, image: Path, probes: list, *, opts: RestoreOptions,
                 policy: probemod.Policy | None = None, health_check: bool = True,
-                timeout_s: float | None = None) -> Restored:
+                post_restore_hooks: bool = True, timeout_s: float | None = None) -> Restored:
         """`runsc restore` image into `h` (created by `opts.create` or already by a
         `runsc create`), then the health check and post-restore hooks; the gate
         (closed by the caller before the sandbox's network existed) opens only when
         both pass. Raises UnhealthyRestore / HookError / RunscError, leaving the
-        sandbox for the caller to remove (it knows what else to undo)."""
+        sandbox for the caller to remove (it knows what else to undo). A pod's sandbox
+        (`health_check` and `post_restore_hooks` off) is only registered for its restore
+        here: nothing runs in it until its last container is restored (control/thawd/pods.py)."""
         from control.errors import UnhealthyRestore
         t0 = time.monotonic()
         h.runsc.restore(h.id, opts, timeout_s)
@@ -223,7 +225,7 @@ class Engine:
             if not result.healthy:
                 raise UnhealthyRestore(h.id, str(image), result.to_dict(), result.summary())
         try:
-            hooks = self.hooks(h, h.spec(), "post_restore")
+            hooks = self.hooks(h, h.spec(), "post_restore") if post_restore_hooks else []
         except HookError as e:
             raise UnhealthyRestore(h.id, str(image), result.to_dict() if result else {},
                                    f"post-restore hook failed: {e.message}") from None

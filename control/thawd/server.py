@@ -82,7 +82,8 @@ class ThawdServicer(pbg.ThawdServicer):
         d = self.t.prepare_restore(_rt(request.runtime))
         return pb.PrepareRestoreResponse(
             decision=pb.PrepareRestoreResponse.RESTORE if d.restore else pb.PrepareRestoreResponse.COLD,
-            reason=d.reason, workload_key=d.key, restore_timeout_ms=int(d.restore_timeout_s * 1000))
+            reason=d.reason, workload_key=d.key, restore_timeout_ms=int(d.restore_timeout_s * 1000),
+            image_path=d.image_path if d.restore else "")
 
     @_rpc
     def Restore(self, request, context):
@@ -90,7 +91,8 @@ class ThawdServicer(pbg.ThawdServicer):
         # deadline passes, the RPC is cancelled, and a restore nobody will
         # report to containerd must not keep running (issue 14: the task and
         # containerd's view must agree).
-        ok, detail, secs = self.t.restore(_rt(request.runtime), cancelled=lambda: not context.is_active())
+        ok, detail, secs = self.t.restore(_rt(request.runtime), cancelled=lambda: not context.is_active(),
+                                          subcontainer_restored=request.subcontainer_restored)
         return pb.RestoreResponse(restored=ok, detail=detail, seconds=secs)
 
     @_rpc

@@ -19,10 +19,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from control.lifecycle import pod as podmod
 from control.lifecycle import workload as workloadmod
 from control.config import Settings
 from control.errors import NotFound, ThawError, UserError
 from control.thawd.metrics import Metrics
+from control.thawd.pods import Pods
 from control.thawd.quarantine import Quarantine
 from control.lifecycle import profiles
 from control.lifecycle.engine import Engine, Handle, uses_gpu
@@ -93,6 +95,7 @@ class Thawd:
         self._checkpointing: set[str] = set()
         self.quarantine = Quarantine(settings)
         self._pool = ThreadPoolExecutor(max_workers=settings.thawd_workers, thread_name_prefix="thawd")
+        self.pods = Pods(self)
 
     # -- quarantine ------------------------------------------------------------
 
@@ -120,20 +123,30 @@ class Thawd:
         wl = workloadmod.from_spec(spec)
         if wl is None:
             return Decision(False, "not-opted-in")
+        role = podmod.role(spec)
+        if role == podmod.SANDBOX:       # a Kubernetes pod's pause container: the pod's decision
+            return self.pods.prepare_sandbox(rt, spec)
+        if role == podmod.MEMBER:        # an app container: its pod's decision, checked against the image
+            return self.pods.prepare_member(rt, spec)
         self._prepare_gpu_spec(rt, spec)
-        why = self.quarantine.reason(wl.key)
+        return self.claim_image(rt, spec, wl.key)
+
+    def claim_image(self, rt: RuntimeRef, spec: dict, key: str) -> Decision:
+        """A leased local image of `key` for container `rt` (fetched if need be, one pull
+        per key), its gate closed; or cold with the reason."""
+        why = self.quarantine.reason(key)
         if why is not None:
-            return Decision(False, f"quarantined: {why}", wl.key)
-        fut = self._fetch(wl.key)
+            return Decision(False, f"quarantined: {why}", key)
+        fut = self._fetch(key)
         try:
             lease = fut.result(timeout=self.s.thawd_prepare_timeout_s)
         except TimeoutError:
-            return Decision(False, "fetch-in-progress: the image is still being fetched", wl.key)
+            return Decision(False, "fetch-in-progress: the image is still being fetched", key)
         except NotFound:
-            return Decision(False, "no-image", wl.key)
+            return Decision(False, "no-image", key)
         except ThawError as e:
             reason = "tuple-mismatch" if type(e).__name__ == "TupleMismatch" else "fetch-failed"
-            return Decision(False, f"{reason}: {e}", wl.key)
+            return Decision(False, f"{reason}: {e}", key)
         k = (str(rt.runsc_root), rt.container_id)
         with self._lock:  # claim the fetched lease, unless another container already did
             shared = any(v is lease for v in self._leases.values())
@@ -143,9 +156,9 @@ class Thawd:
         if shared:
             # The entry is local now: this pull is a cache hit with its own lease.
             try:
-                lease = self.images.pull(wl.key)
+                lease = self.images.pull(key)
             except ThawError as e:
-                return Decision(False, f"fetch-failed: {e}", wl.key)
+                return Decision(False, f"fetch-failed: {e}", key)
             with self._lock:
                 old = self._leases.pop(k, None)
                 self._leases[k] = lease
@@ -155,7 +168,7 @@ class Thawd:
         h = self._handle(rt, spec)
         if h.gate is not None:  # no packet reaches the sandbox until the restore is healthy
             gatemod.close(h.gate, self.s.network_probe_mark, f"restore of {rt.container_id}")
-        return Decision(True, "image-ready", wl.key, str(lease.path), self.restore_deadline_s(spec))
+        return Decision(True, "image-ready", key, str(lease.path), self.restore_deadline_s(spec))
 
     def restore_deadline_s(self, spec: dict) -> float:
         """How long a Restore call may take: runsc restore, the health check, the
@@ -230,19 +243,35 @@ class Thawd:
         return Handle(rt.container_id, rt.runsc(self.s.runsc_path, timeout_s or self.s.runsc_timeout_s),
                       rt.bundle, address=address, gate=gate, mark=self.s.network_probe_mark)
 
-    def restore(self, rt: RuntimeRef, cancelled=lambda: False) -> tuple[bool, str, float]:
+    def handle_of(self, rt: RuntimeRef, spec: dict) -> Handle:
+        return self._handle(rt, spec)
+
+    def lease_of(self, rt: RuntimeRef):
+        with self._lock:
+            return self._leases.get((str(rt.runsc_root), rt.container_id))
+
+    def restore(self, rt: RuntimeRef, cancelled=lambda: False,
+                subcontainer_restored: bool = False) -> tuple[bool, str, float]:
         """start of a container PrepareRestore answered RESTORE to: runsc restore,
         health check, post-restore hooks, gate open; the outcome is recorded here.
         Not restored: the sandbox is removed and the caller starts it cold.
         `cancelled()` tells whether the stand-in gave up (it was killed, or its
-        deadline passed): a restore nobody will report to containerd is undone."""
+        deadline passed): a restore nobody will report to containerd is undone.
+        A pod's app container (`subcontainer_restored`): the stand-in ran its
+        `runsc restore` itself (control/thawd/pods.py says why)."""
         t0 = time.monotonic()
-        k = (str(rt.runsc_root), rt.container_id)
-        with self._lock:
-            lease = self._leases.get(k)
+        spec = specmod.Bundle(rt.bundle).load()
+        role = podmod.role(spec)
+        if role == podmod.MEMBER or subcontainer_restored:
+            if not (role == podmod.MEMBER and subcontainer_restored):
+                raise UserError("subcontainer_restored is for a pod's app container, after its own runsc restore, "
+                                "and such a container's Restore must set it", field="subcontainer_restored")
+            return self.pods.restore_member(rt, spec)
+        lease = self.lease_of(rt)
         if lease is None:
             return False, "thawd holds no restore decision for this container (thawd restarted?)", 0.0
-        spec = specmod.Bundle(rt.bundle).load()
+        if role == podmod.SANDBOX:
+            return self.pods.restore_sandbox(rt, Path(lease.path))
         wl = workloadmod.from_spec(spec)
         key = wl.key if wl else ""
         h = self._handle(rt, spec)
@@ -252,10 +281,10 @@ class Thawd:
                 image_path=image, detach=True, background=self.s.restore_background))
         except ThawError as e:
             reason = f"{type(e).__name__}: {e.message}"
-            self._undo_restore(h, rt, key, reason)
+            self.undo_restore(h, rt, key, reason)
             return False, reason, time.monotonic() - t0
         if cancelled():
-            self._undo_restore(h, rt, key, "the stand-in gave up before the restore finished")
+            self.undo_restore(h, rt, key, "the stand-in gave up before the restore finished")
             return False, "cancelled", time.monotonic() - t0
         secs = time.monotonic() - t0
         log.info("outcome %s key=%s RESTORED %.3fs (runsc %.3fs, health %s)", rt.container_id, key, secs,
@@ -266,7 +295,7 @@ class Thawd:
         self.quarantine.succeeded(key)
         return True, done.health.summary() if done.health else "", secs
 
-    def _undo_restore(self, h: Handle, rt: RuntimeRef, key: str, reason: str) -> None:
+    def undo_restore(self, h: Handle, rt: RuntimeRef, key: str, reason: str) -> None:
         """A restore that will not be used: kill and delete the sandbox (the stand-in
         creates it again, cold), open the gate, release the lease, count the failure."""
         try:
@@ -281,8 +310,19 @@ class Thawd:
     def report_outcome(self, rt: RuntimeRef, outcome: str, reason: str, key: str | None = None) -> None:
         if outcome not in ("RESTORE_FAILED", "COLD_STARTED"):
             raise UserError(f"outcome {outcome!r}: expected RESTORE_FAILED or COLD_STARTED", field="outcome")
+        spec = None
         if key is None:
-            wl = workloadmod.from_spec(specmod.Bundle(rt.bundle).load())
+            spec = specmod.Bundle(rt.bundle).load()
+            role = podmod.role(spec)
+            if role != podmod.LONE:
+                log.info("outcome %s (pod %s) %s %s", rt.container_id, role, outcome, reason)
+                if outcome == "RESTORE_FAILED":
+                    self.pods.restore_failed(rt, spec, reason)
+                else:
+                    self.metrics.inc("thaw_cold_starts_total")
+                    self.pods.cold_started(rt, spec)
+                return
+            wl = workloadmod.from_spec(spec)
             key = wl.key if wl else ""
         log.info("outcome %s key=%s %s %s", rt.container_id, key, outcome, reason)
         if outcome == "RESTORE_FAILED":
@@ -295,56 +335,70 @@ class Thawd:
             self._maybe_auto_checkpoint(rt, key)
 
     def _maybe_auto_checkpoint(self, rt: RuntimeRef, key: str) -> None:
+        self.maybe_auto_checkpoint(key, lambda: self._auto_checkpoint(rt, key), rt.container_id)
+
+    def maybe_auto_checkpoint(self, key: str, job, what: str = "") -> None:
+        """Run `job` (it checks readiness and checkpoints) in the background, unless
+        automatic checkpoints are off, `key` is quarantined, has an image already, or
+        is being checkpointed now."""
         if not self.s.thawd_auto_checkpoint or not key or self.quarantine.reason(key) is not None:
             return
         try:
             if self.images.has(key):
                 return
         except ThawError as e:
-            log.warning("auto-checkpoint of %s skipped: cannot tell whether %s has an image (%s)",
-                        rt.container_id, key, e)
+            log.warning("auto-checkpoint of %s skipped: cannot tell whether %s has an image (%s)", what, key, e)
             return
         with self._lock:
             if key in self._checkpointing:
                 return
             self._checkpointing.add(key)
-        self._pool.submit(self._auto_checkpoint, rt, key)
+        self._pool.submit(self._run_auto_checkpoint, key, job, what)
 
-    def _auto_checkpoint(self, rt: RuntimeRef, key: str) -> None:
+    def _run_auto_checkpoint(self, key: str, job, what: str) -> None:
         try:
-            spec = specmod.Bundle(rt.bundle).load()
-            wl = workloadmod.from_spec(spec)
-            if wl.ready is None:
-                log.warning("auto-checkpoint of %s skipped: the workload declares no readiness probe "
-                            "(annotation %s); thaw does not guess when it is warm", rt.container_id,
-                            workloadmod.ANNOTATION_READY)
-                self.metrics.inc("thaw_auto_checkpoints_total", result="no-ready-probe")
-                return
-            engine = Engine(self.s)
-            h = self._handle(rt, spec)
-            ready = engine.check(h, [wl.ready], engine.policy(self.s.thawd_ready_timeout_s))
-            if not ready.healthy:
-                log.warning("auto-checkpoint of %s skipped: never ready (%s)", rt.container_id, ready.summary())
-                self.metrics.inc("thaw_auto_checkpoints_total", result="not-ready")
-                return
-            res = self.checkpoint(rt, leave_running=self.s.thawd_leave_running)
-            log.info("auto-checkpoint of %s published %s (%d bytes, %.2fs)", rt.container_id, key,
-                     res["image_bytes"], res["seconds"])
-            self.metrics.inc("thaw_auto_checkpoints_total", result="ok")
+            res = job()
+            if res is not None:
+                log.info("auto-checkpoint of %s published %s (%d bytes, %.2fs)", what, key,
+                         res["image_bytes"], res["seconds"])
+                self.metrics.inc("thaw_auto_checkpoints_total", result="ok")
         except Exception as e:  # noqa: BLE001 - a failed auto-checkpoint must not hurt the container
-            log.warning("auto-checkpoint of %s failed: %s", rt.container_id, e)
+            log.warning("auto-checkpoint of %s failed: %s", what, e)
             self.metrics.inc("thaw_auto_checkpoints_total", result="error")
         finally:
             with self._lock:
                 self._checkpointing.discard(key)
 
+    def _auto_checkpoint(self, rt: RuntimeRef, key: str) -> dict | None:
+        """A lone container's: wait for its readiness probe, checkpoint, publish."""
+        spec = specmod.Bundle(rt.bundle).load()
+        wl = workloadmod.from_spec(spec)
+        if wl.ready is None:
+            log.warning("auto-checkpoint of %s skipped: the workload declares no readiness probe "
+                        "(annotation %s); thaw does not guess when it is warm", rt.container_id,
+                        workloadmod.ANNOTATION_READY)
+            self.metrics.inc("thaw_auto_checkpoints_total", result="no-ready-probe")
+            return None
+        engine = Engine(self.s)
+        h = self._handle(rt, spec)
+        ready = engine.check(h, [wl.ready], engine.policy(self.s.thawd_ready_timeout_s))
+        if not ready.healthy:
+            log.warning("auto-checkpoint of %s skipped: never ready (%s)", rt.container_id, ready.summary())
+            self.metrics.inc("thaw_auto_checkpoints_total", result="not-ready")
+            return None
+        return self.checkpoint(rt, leave_running=self.s.thawd_leave_running)
+
     # -- delete / explicit -------------------------------------------------------
 
     def release(self, container_id: str, runsc_root: str) -> bool:
+        self.pods.forget(runsc_root, container_id)
         return self._release_key((runsc_root, container_id))
 
     def _release(self, rt: RuntimeRef) -> bool:
         return self._release_key((str(rt.runsc_root), rt.container_id))
+
+    def release_ref(self, rt: RuntimeRef) -> bool:
+        return self._release(rt)
 
     def _release_key(self, k: tuple[str, str]) -> bool:
         with self._lock:
@@ -354,25 +408,27 @@ class Thawd:
         lease.release()
         return True
 
-    def checkpoint(self, rt: RuntimeRef, leave_running: bool = True) -> dict:
-        """Checkpoint a running container and publish the image. The engine saves
+    def checkpoint(self, rt: RuntimeRef, leave_running: bool = True, key: str | None = None) -> dict:
+        """Checkpoint a running container and publish the image (under `key`, default
+        the container's workload key; a pod's sandbox passes the pod's). The engine saves
         with the workload left running: a failed save never loses it; without
         `leave_running` it is stopped only after the image is complete."""
         spec = specmod.Bundle(rt.bundle).load()
         wl = workloadmod.from_spec(spec)
         if wl is None:
             raise UserError(f"container {rt.container_id} did not opt in (annotation {workloadmod.ANNOTATION_WORKLOAD})")
+        key = key or wl.key
         staging = self.s.state_dir / "thawd" / "staging"
         staging.mkdir(parents=True, exist_ok=True)
         out = staging / f"{rt.container_id}-{uuid.uuid4().hex[:8]}"
         try:
             saved = Engine(self.s).checkpoint(self._handle(rt, spec), out, stop_after=not leave_running)
-            published = self.images.publish(out, wl.key)
+            published = self.images.publish(out, key)
         finally:
             shutil.rmtree(out, ignore_errors=True)
         self.metrics.inc("thaw_checkpoints_total")
         self.metrics.observe("thaw_checkpoint_seconds", saved.seconds)
-        return {"workload_key": wl.key, "image_bytes": saved.bytes, "seconds": saved.seconds,
+        return {"workload_key": key, "image_bytes": saved.bytes, "seconds": saved.seconds,
                 "published": published}
 
     def stats(self) -> dict:

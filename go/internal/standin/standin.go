@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"syscall"
 	"time"
 
@@ -21,10 +22,18 @@ import (
 	"thaw.dev/thaw/go/internal/runscargv"
 )
 
-// Annotations the stand-in reads from config.json (twins: control/workload.py).
+// Annotations the stand-in reads from config.json (twins: control/workload.py,
+// control/lifecycle/pod.py).
 const (
 	AnnotationWorkload = "thaw.dev/workload" // opt-in: present = thaw may restore this container
-	origConfigName     = "config.json.thaw-orig"
+	// CRI's container type: "container" for a pod's app container, which joins
+	// the pod's sandbox as a subcontainer.
+	annotationContainerType = "io.kubernetes.cri.container-type"
+	origConfigName          = "config.json.thaw-orig"
+	// podFailedReason starts thawd's reason when it removed a pod's sandbox (the
+	// pod cannot be restored and, its sandbox's start spent on the restore,
+	// cannot start cold either). Twin: control/thawd/pods.py POD_FAILED.
+	podFailedReason = "pod-failed"
 )
 
 // marker carries create's decision to start and delete of the same container.
@@ -40,6 +49,10 @@ type marker struct {
 	// can drift from them.
 	RestoreTimeoutMs uint32  `json:"restore_timeout_ms,omitempty"`
 	PidFile          string  `json:"pid_file,omitempty"`
+	// A pod's app container (CRI): restored by its own `runsc restore`, which
+	// the stand-in runs with the shim's stdio (control/thawd/pods.py).
+	Member    bool   `json:"member,omitempty"`
+	ImagePath string `json:"image_path,omitempty"`
 	Created    float64 `json:"created"`
 }
 
@@ -177,30 +190,40 @@ func (s *Standin) dial() (pb.ThawdClient, func(), error) {
 	return pb.NewThawdClient(conn), func() { conn.Close() }, nil
 }
 
-// optedIn reads the bundle's annotations: only opted-in containers involve thawd.
-func optedIn(bundle string) bool {
+// annotations reads the bundle's annotations (nil when config.json is unreadable).
+func annotations(bundle string) map[string]string {
 	b, err := os.ReadFile(filepath.Join(bundle, "config.json"))
 	if err != nil {
-		return false
+		return nil
 	}
 	var spec struct {
 		Annotations map[string]string `json:"annotations"`
 	}
 	if json.Unmarshal(b, &spec) != nil {
-		return false
+		return nil
 	}
-	_, ok := spec.Annotations[AnnotationWorkload]
+	return spec.Annotations
+}
+
+// optedIn: only opted-in containers involve thawd.
+func optedIn(ann map[string]string) bool {
+	_, ok := ann[AnnotationWorkload]
 	return ok
 }
 
 func (s *Standin) create() int {
 	t0 := time.Now()
 	rt := s.runtime()
-	if rt.ContainerId == "" || !optedIn(rt.Bundle) {
+	var ann map[string]string
+	if rt.ContainerId != "" {
+		ann = annotations(rt.Bundle)
+	}
+	if !optedIn(ann) {
 		return s.execRunsc(s.argv[1:])
 	}
 	m := &marker{ID: rt.ContainerId, Root: rt.RunscRoot, Bundle: rt.Bundle, Decision: "cold",
-		PidFile: s.a.Flag("pid-file"), Created: float64(t0.UnixNano()) / 1e9}
+		PidFile: s.a.Flag("pid-file"), Created: float64(t0.UnixNano()) / 1e9,
+		Member: ann[annotationContainerType] == "container"}
 	resp, err := s.prepare(rt)
 	switch {
 	case s.cfgErr != nil:
@@ -209,6 +232,7 @@ func (s *Standin) create() int {
 		m.Reason = "thawd-unavailable: " + describe(err)
 	case resp.Decision == pb.PrepareRestoreResponse_RESTORE:
 		m.Decision, m.Key, m.RestoreTimeoutMs = "restore", resp.WorkloadKey, resp.RestoreTimeoutMs
+		m.ImagePath = resp.ImagePath
 	default:
 		m.Key, m.Reason = resp.WorkloadKey, resp.Reason
 	}
@@ -217,7 +241,13 @@ func (s *Standin) create() int {
 		return s.execRunsc(s.argv[1:])
 	}
 	s.log.Write("create", m, m.Decision, m.Reason, t0)
-	if m.Decision != "restore" {
+	if m.Member && strings.HasPrefix(m.Reason, podFailedReason) {
+		// thawd removed the pod's sandbox: say why rather than let runsc
+		// report a sandbox that is gone. The kubelet re-creates the pod.
+		return s.fail("thaw: " + m.Reason)
+	}
+	if m.Decision != "restore" || m.Member {
+		// A pod's app container is created as runsc would; its start restores it.
 		return s.execRunsc(s.argv[1:])
 	}
 	// Restore: create the sandbox now from the spec thawd prepared; start restores it.
@@ -292,10 +322,13 @@ func (s *Standin) start() int {
 		s.log.Write("start", m, "started-cold", m.Reason, t0)
 		return 0
 	}
+	if m.Member {
+		return s.startMember(m, t0)
+	}
 	// thawd runs `runsc restore`, the health check, the post-restore hooks and
 	// the network gate, and records the outcome (one lifecycle for every door:
 	// control/lifecycle/engine.py). Not restored: thawd removed the sandbox.
-	ok, reason := s.restore(m)
+	ok, reason, _ := s.restore(m, false)
 	if ok {
 		s.log.Write("start", m, "restored", "", t0)
 		return 0
@@ -321,12 +354,47 @@ func (s *Standin) start() int {
 	return 0
 }
 
+// startMember restores a pod's app container: `runsc restore` registers it in
+// the restoring sandbox, with this process's stdio, which is the shim's for
+// this container (runsc hands it to the sandbox; thawd could not). The last
+// container's restore is the sandbox's restore (runsc/boot/restore.go); thawd
+// then checks the pod's health. There is no cold fallback inside a sandbox
+// whose start went to a restore: on failure thawd removes the sandbox and the
+// start fails, and the kubelet re-creates the pod, which then starts cold.
+func (s *Standin) startMember(m *marker, t0 time.Time) int {
+	args := []string{"restore", "--image-path=" + m.ImagePath, "--detach", m.ID}
+	if err := s.runRunsc(args...); err != nil {
+		reason := "runsc restore: " + err.Error()
+		s.report(m, pb.ReportOutcomeRequest_RESTORE_FAILED, reason)
+		s.log.Write("start", m, "restore-failed", reason, t0)
+		return s.fail(fmt.Sprintf("thaw: restoring container %s failed (%s); its pod's sandbox is removed "+
+			"and starts cold when the kubelet re-creates it", m.ID, reason))
+	}
+	ok, reason, answered := s.restore(m, true)
+	if !answered {
+		// runsc has registered (or, last, restored) the container; only thawd's
+		// health check is missing. Failing the start now would lose a pod
+		// that may be fine: say so and go on.
+		s.log.Write("start", m, "restored-unchecked", reason, t0)
+		return 0
+	}
+	if !ok {
+		s.log.Write("start", m, "restore-failed", reason, t0)
+		return s.fail(fmt.Sprintf("thaw: restoring container %s failed (%s); its pod's sandbox is removed "+
+			"and starts cold when the kubelet re-creates it", m.ID, reason))
+	}
+	s.log.Write("start", m, "restored", "", t0)
+	return 0
+}
+
 // restore asks thawd to restore the container it prepared. Without thawd (it
 // went away after create) nothing can restore: the caller starts cold.
-func (s *Standin) restore(m *marker) (bool, string) {
+// subcontainerRestored: a pod's app container, whose runsc restore ran here.
+// answered: thawd gave an answer (false: it could not be asked, or the call failed).
+func (s *Standin) restore(m *marker, subcontainerRestored bool) (ok bool, reason string, answered bool) {
 	c, closer, err := s.dial()
 	if err != nil {
-		return false, "thawd unavailable at start: " + err.Error()
+		return false, "thawd unavailable at start: " + err.Error(), false
 	}
 	defer closer()
 	timeout := time.Duration(m.RestoreTimeoutMs) * time.Millisecond
@@ -335,14 +403,14 @@ func (s *Standin) restore(m *marker) (bool, string) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	r, err := c.Restore(ctx, &pb.RestoreRequest{Runtime: s.runtimeOf(m)})
+	r, err := c.Restore(ctx, &pb.RestoreRequest{Runtime: s.runtimeOf(m), SubcontainerRestored: subcontainerRestored})
 	if err != nil {
-		return false, "thawd Restore: " + describe(err)
+		return false, "thawd Restore: " + describe(err), false
 	}
 	if !r.Restored {
-		return false, r.Detail
+		return false, r.Detail, true
 	}
-	return true, ""
+	return true, "", true
 }
 
 // defaultRestoreTimeout is used only for a marker written by an older stand-in

@@ -1,0 +1,152 @@
+"""thawd's pod decisions (control/thawd/pods.py) with a fake image source and a
+fake runsc that records its argv; bundles, specs and the pod tables are real."""
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+import pytest
+
+from control import config
+from control.lifecycle import pod as podmod
+from control.thawd.service import RuntimeRef, Thawd
+from runsc_hooks import spec as specmod
+from tests.unit.test_pod import POD_ANN, member, sandbox
+from tests.unit.test_service import FakeImages
+
+FAKE_RUNSC = """#!/bin/sh
+echo "$@" >> "$(dirname "$0")/argv.log"
+case " $* " in
+  *" state "*) echo '{"id": "x", "status": "running", "pid": 1, "bundle": "/b"}' ;;
+esac
+exit 0
+"""
+
+
+@pytest.fixture
+def env(tmp_path):
+    (tmp_path / "empty.toml").write_text("")
+    runsc = tmp_path / "bin" / "runsc"
+    runsc.parent.mkdir()
+    runsc.write_text(FAKE_RUNSC)
+    runsc.chmod(runsc.stat().st_mode | stat.S_IEXEC)
+    s = config.load(environ={"THAW_NODE_STATE_DIR": str(tmp_path / "state"), "THAW_THAWD_PREPARE_TIMEOUT_S": "1",
+                             "THAW_RUNSC_PATH": str(runsc)}, config_file=tmp_path / "empty.toml")
+    images = FakeImages(tmp_path)
+    t = Thawd(s, images)
+    checkpoints: list[str] = []
+    t.maybe_auto_checkpoint = lambda key, job, what="": checkpoints.append(key)
+    yield t, images, tmp_path, checkpoints
+    t.close()
+
+
+def rt_of(tmp: Path, cid: str, spec: dict) -> RuntimeRef:
+    b = tmp / "bundles" / cid
+    b.mkdir(parents=True)
+    (b / "config.json").write_text(json.dumps(spec))
+    return RuntimeRef.validate(cid, str(b), "/run/test-root", ["--root=/run/test-root"])
+
+
+def cold_pod(t: Thawd, tmp: Path, sid: str = "s1", uid: str = "uid-1", images=("thaw.dev/web:1",) * 2) -> dict:
+    """A pod the kubelet starts cold: pause, app, sidecar (create, start each)."""
+    box = rt_of(tmp, sid, sandbox(uid=uid) | {"annotations": {**sandbox(uid=uid)["annotations"],
+                                                             "io.kubernetes.cri.sandbox-id": sid}})
+    decisions = {"sandbox": t.prepare_restore(box)}
+    t.report_outcome(box, "COLD_STARTED", decisions["sandbox"].reason)
+    for name, image in zip(("app", "sidecar"), images):
+        m = member(name, image=image)
+        m["annotations"]["io.kubernetes.cri.sandbox-id"] = sid
+        r = rt_of(tmp, f"{sid}-{name}", m)
+        decisions[name] = t.prepare_restore(r)
+        t.report_outcome(r, "COLD_STARTED", decisions[name].reason)
+    return decisions
+
+
+def test_cold_pod_is_keyed_by_its_containers_and_checkpointed_once_all_started(env):
+    t, images, tmp, checkpoints = env
+    d = cold_pod(t, tmp)
+    assert not d["sandbox"].restore and d["sandbox"].reason.startswith("no-image")
+    assert [d[n].reason.split(":")[0] for n in ("app", "sidecar")] == ["pod-cold", "pod-cold"]
+    lookup = podmod.lookup(sandbox(), ["app", "sidecar"])
+    table = t.pods.tables.get(lookup)
+    assert table["key"] == podmod.key(lookup, {n: podmod.identity(member(n)) for n in ("app", "sidecar")})
+    assert checkpoints == [table["key"]]  # once, after the last declared container started
+
+
+def test_next_pod_restores_with_the_image_of_its_container_set(env):
+    t, images, tmp, _ = env
+    cold_pod(t, tmp)
+    key = t.pods.tables.get(podmod.lookup(sandbox(), ["app", "sidecar"]))["key"]
+    images.available[key] = True
+    box = rt_of(tmp, "s2", sandbox(uid="uid-2"))
+    d = t.prepare_restore(box)
+    assert d.restore and d.key == key and d.image_path == str(tmp / key)
+    for name in ("app", "sidecar"):
+        m = member(name)
+        m["annotations"]["io.kubernetes.cri.sandbox-id"] = "s2"
+        dm = t.prepare_restore(rt_of(tmp, f"s2-{name}", m))
+        assert dm.restore and dm.key == key and dm.image_path == str(tmp / key), dm
+
+
+def test_a_container_that_differs_fails_the_pod_and_its_next_sandbox_starts_cold(env):
+    t, images, tmp, _ = env
+    cold_pod(t, tmp)
+    lookup = podmod.lookup(sandbox(), ["app", "sidecar"])
+    images.available[t.pods.tables.get(lookup)["key"]] = True
+    box = rt_of(tmp, "s2", sandbox(uid="uid-2"))
+    assert t.prepare_restore(box).restore
+    m = member("sidecar", image="thaw.dev/web:2")
+    m["annotations"]["io.kubernetes.cri.sandbox-id"] = "s2"
+    d = t.prepare_restore(rt_of(tmp, "s2-sidecar", m))
+    assert not d.restore and d.reason.startswith("pod-failed: container-mismatch: container 'sidecar' differs")
+    assert "workload key" in d.reason
+    assert "delete --force s2" in (tmp / "bin" / "argv.log").read_text()   # the sandbox is removed
+    assert t.pods.tables.get(lookup) is None                                # the node forgets that set
+    # The kubelet's next sandbox for that pod (same uid) starts cold, and says why.
+    again = t.prepare_restore(rt_of(tmp, "s3", sandbox(uid="uid-2")))
+    assert not again.restore and again.reason.startswith("pod-failed-before")
+
+
+def test_a_container_the_image_does_not_hold_fails_the_pod(env):
+    t, images, tmp, _ = env
+    cold_pod(t, tmp)
+    images.available[t.pods.tables.get(podmod.lookup(sandbox(), ["app", "sidecar"]))["key"]] = True
+    assert t.prepare_restore(rt_of(tmp, "s2", sandbox(uid="uid-2"))).restore
+    m = member("other")
+    m["annotations"]["io.kubernetes.cri.sandbox-id"] = "s2"
+    d = t.prepare_restore(rt_of(tmp, "s2-other", m))
+    assert d.reason.startswith("pod-failed: container-mismatch: container 'other' is not one of the image's")
+
+
+def test_another_declared_set_is_another_lookup_and_starts_cold(env):
+    t, images, tmp, _ = env
+    cold_pod(t, tmp)
+    images.available[t.pods.tables.get(podmod.lookup(sandbox(), ["app", "sidecar"]))["key"]] = True
+    ann = {k: v for k, v in POD_ANN.items() if "sidecar" not in k} | {"thaw.dev/ready.other": "running"}
+    d = t.prepare_restore(rt_of(tmp, "s2", sandbox(ann, uid="uid-2")))
+    assert not d.restore and d.reason.startswith("no-image")
+
+
+def test_a_container_recreated_in_a_running_pod_starts_cold(env):
+    t, images, tmp, checkpoints = env
+    cold_pod(t, tmp)
+    m = member("app")
+    m["annotations"]["io.kubernetes.cri.sandbox-id"] = "s1"
+    d = t.prepare_restore(rt_of(tmp, "s1-app-1", m))  # the kubelet's restart of a container that exited
+    assert not d.restore and d.reason.startswith("pod-running")
+    assert len(checkpoints) == 1
+
+
+def test_undeclared_containers_and_pods_declaring_none_are_not_checkpointed(env):
+    t, images, tmp, checkpoints = env
+    box = rt_of(tmp, "s1", sandbox({"thaw.dev/workload": "web"}))
+    d = t.prepare_restore(box)
+    assert not d.restore and d.reason.startswith("no-declared-containers")
+    cold_pod(t, tmp, sid="s2")
+    m = member("extra")
+    m["annotations"]["io.kubernetes.cri.sandbox-id"] = "s2"
+    r = rt_of(tmp, "s2-extra", m)
+    t.prepare_restore(r)
+    t.report_outcome(r, "COLD_STARTED", "")
+    assert len(checkpoints) == 1   # the one of the complete pod, before the extra container came
