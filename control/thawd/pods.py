@@ -25,8 +25,9 @@ containers block until then. So:
 - A mismatch after the pause container was restored cannot start that pod
   cold: the root's `runsc restore` has consumed the sandbox's start (runsc
   refuses `start` after it), and a sandbox that dies is a pod the kubelet
-  re-creates. thawd removes the sandbox, the container's create fails with the
-  reason, and the kubelet's next sandbox for that pod (same pod uid) starts
+  re-creates. thawd removes the sandbox, the container's `runsc create` (CRI
+  runs it inside StartContainer) fails with the reason, and the kubelet's next
+  sandbox for that pod (same pod uid) starts
   cold; so does every pod of that lookup key until a pod of the new container
   set has been seen. runsc itself refuses a spec it cannot restore (the last
   container's `runsc restore` fails): the same.
