@@ -330,6 +330,48 @@ def test_kill9_then_nothing_partial_is_served_and_next_run_recovers(mode, settin
     assert all(row["ok"] for row in store_thaw_json(settings, "verify"))
 
 
+@pytest.mark.parametrize("mode", ["upload", "install"])
+def test_kill9_during_checkpoint_publish_leaves_nothing_served_and_is_reclaimed(mode, settings, checkpoints, node,
+                                                                                scratch):
+    """thawd's path: the image is written into a staged cache partial, published from there and
+    renamed into entries/. Killed while uploading: no manifest in the store (it goes last), nothing
+    servable, and `thaw gc` reclaims the partial (its writer is dead). Killed between the rename and
+    the index row: published, nothing servable, and the next pull recovers and installs it."""
+    marker = scratch / "marker"
+    over = {"store.endpoint": settings.store_endpoint, "store.bucket": settings.store_bucket,
+            "store.credentials_file": str(settings.store_credentials_file), "cache.dir": str(settings.cache_dir),
+            "runsc.path": str(settings.runsc_path), "store.workers": "4"}
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).parent / "hang_publish.py"), json.dumps(over),
+                             str(checkpoints["kv"]), "wl", mode, str(marker)],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while not marker.exists():
+        assert proc.poll() is None, proc.stdout.read().decode()
+        assert time.monotonic() < deadline, "the publish never reached the hang point"
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    proc.stdout.close()
+    root = settings.cache_dir
+    left = list((root / "tmp").iterdir()) if mode == "upload" else list((root / "entries").iterdir())
+    assert len(left) == 1 and (left[0] / "pages.img").is_file(), left
+    assert images.open_cache(settings).entries() == []            # nothing servable
+    assert store_thaw_json(settings, "ls", "--local")["local"] == []
+    published = list(Store(settings).list_manifests())
+    if mode == "upload":
+        assert published == []                                    # the manifest goes last
+        gc = store_thaw_json(settings, "gc")
+        assert gc["removed_partial_or_orphan"] == [str(left[0])] and not left[0].exists()
+        res = store_thaw(settings, "pull", "wl", check=False)
+        assert res.returncode != 0 and "not in the store" in res.stderr
+    else:
+        assert [k for k, _, _ in published] == ["wl"]
+        r = store_thaw_json(settings, "pull", "wl")               # recovers, then fetches what was published
+        assert r["hit"] is False and any("recovered" in n for n in r["notes"]) and not left[0].exists()
+        same_files(checkpoints["kv"], Path(r["path"]))
+    assert list((root / "tmp").iterdir()) == []
+
+
 def _children_named(ppid: int, comm: str) -> list[int]:
     out = []
     for d in Path("/proc").iterdir():
