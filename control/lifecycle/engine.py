@@ -158,7 +158,8 @@ class Engine:
 
     # -- checkpoint ------------------------------------------------------------
 
-    def checkpoint(self, h: Handle, out: Path, stop_after: bool = False, timeout_s: float | None = None) -> Saved:
+    def checkpoint(self, h: Handle, out: Path, stop_after: bool = False, timeout_s: float | None = None,
+                   hooks_on: Handle | None = None) -> Saved:
         """Save sandbox `h` into the new directory `out` (created by runsc; its parent must exist).
 
         The gate is closed from before the pre-checkpoint hooks until the image is
@@ -173,7 +174,10 @@ class Engine:
         t0 = time.monotonic()
         hooks: list[dict] = []
         try:
-            hooks = self.hooks(h, spec, "pre_checkpoint")
+            # A pod's sandbox is its pause container: its workload's hooks go to an
+            # app container of it (`hooks_on`, control/thawd/pods.py).
+            hooks = self.hooks(hooks_on, hooks_on.spec(), "pre_checkpoint") if hooks_on else \
+                self.hooks(h, spec, "pre_checkpoint")
             t1 = time.monotonic()
             h.runsc.checkpoint(h.id, CheckpointOptions(image_path=out, leave_running=True,
                                                        compression=self.s.checkpoint_compression,

@@ -21,6 +21,11 @@ the pod's opt-in and declarations:
   thaw.dev/health.<container>    health probe of that container after a restore
                                  (default: its readiness probe; a delay probe becomes
                                  "running", as for a lone container)
+  thaw.dev/ready, thaw.dev/health (no container name), and no thaw.dev/ready.<container>:
+                                 the pod's one container, whatever the kubelet names it
+                                 (the common single-container pod); a second container
+                                 in such a pod is undeclared, and the pod is not
+                                 checkpointed
 
 The pod's key composes per-container identities and lives here, not in
 workload.py: workload.workload_key(spec) stays the identity of one container
@@ -100,8 +105,12 @@ class Member:
     health: "probemod.Probe"
 
 
+ANY = ""   # the declared name of a pod's one container declared by thaw.dev/ready alone
+
+
 def declared(spec: dict) -> dict[str, Member]:
-    """The containers the pod declares, by name; UserError naming the annotation when one is bad."""
+    """The containers the pod declares, by name (ANY: the pod's one container, named
+    when the kubelet creates it); UserError naming the annotation when one is bad."""
     ann = spec.get("annotations") or {}
     out: dict[str, Member] = {}
     for k in sorted(ann):
@@ -123,6 +132,9 @@ def declared(spec: dict) -> dict[str, Member]:
         if k.startswith(ANNOTATION_HEALTH_PREFIX) and k[len(ANNOTATION_HEALTH_PREFIX):] not in out:
             raise UserError(f"annotation {k}: no {ANNOTATION_READY_PREFIX}{k[len(ANNOTATION_HEALTH_PREFIX):]} "
                             "declares that container", field=k)
+    if not out and workload.ANNOTATION_READY in ann:
+        wl = workload.from_spec(spec)
+        out[ANY] = Member(ANY, wl.ready, wl.health)
     return out
 
 

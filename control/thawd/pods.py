@@ -181,7 +181,9 @@ class Pods:
         if table is None:
             p.reason = "no-image: no pod of this workload and container set assembled on this node yet"
             return Decision(False, p.reason, p.lookup)
-        if sorted(table["containers"]) != sorted(p.declared):  # the lookup key covers the names: a bug
+        names = sorted(table["containers"])
+        if names != sorted(p.declared) and not (podmod.ANY in p.declared and len(names) == 1):
+            # the lookup key covers the declared names: a table that disagrees is damaged
             p.reason = "no-image: the recorded container set does not match the declared names"
             return Decision(False, p.reason, p.lookup)
         d = self.t.claim_image(rt, spec, table["key"])
@@ -231,6 +233,7 @@ class Pods:
         if p is None:
             return Decision(False, f"pod-unknown: thawd has no record of sandbox {sid} (thawd restarted?)")
         ident = podmod.identity(spec)
+        self._bind(p, name)
         if p.state == RESTORING:
             problem = self._mismatch(p, name, ident)
             if problem:
@@ -253,6 +256,13 @@ class Pods:
                                    "(the kubelet's restart; a restore would bring back the saved state)", p.key)
         self._assembled(p)
         return Decision(False, f"pod-cold: {p.reason}", p.key or p.lookup)
+
+    @staticmethod
+    def _bind(p: Pod, name: str) -> None:
+        """A pod declared by thaw.dev/ready alone: its first container is the declared one."""
+        if name and podmod.ANY in p.declared and name not in p.declared:
+            m = p.declared.pop(podmod.ANY)
+            p.declared[name] = podmod.Member(name, m.ready, m.health)
 
     def _mismatch(self, p: Pod, name: str, ident: dict) -> str:
         if name not in p.table:
@@ -297,6 +307,16 @@ class Pods:
                 reason = f"UnhealthyRestore: container {n}: {r.summary()}"
                 self.fail(p, reason, count=True)
                 return False, reason, time.monotonic() - t0
+        first = next(iter(p.members.values()))
+        try:  # the workload profile's hooks (thaw.dev/profile) run against the pod's first container
+            hooks = engine.hooks(self.t.handle_of(first.rt, specmod.Bundle(first.rt.bundle).load()),
+                                 specmod.Bundle(first.rt.bundle).load(), "post_restore")
+        except ThawError as e:
+            reason = f"UnhealthyRestore: post-restore hook failed: {e.message}"
+            self.fail(p, reason, count=True)
+            return False, reason, time.monotonic() - t0
+        if hooks:
+            results.append(f"post-restore hooks: {len(hooks)}")
         if p.timer:
             p.timer.cancel()
         p.state, p.restored_at = RESTORED, time.time()
@@ -399,5 +419,8 @@ class Pods:
                 return None
         if p.state != COLD or set(p.members) != set(p.declared):
             return None  # the pod went away or changed while it warmed up
-        return self.t.checkpoint(p.sandbox, leave_running=self.s.thawd_leave_running, key=p.key)
+        # The profile's pre-checkpoint hooks run against the pod's first container
+        # (the kubelet starts them in the pod spec's order); runsc saves the sandbox.
+        first = next(iter(p.members.values()))
+        return self.t.checkpoint(p.sandbox, leave_running=self.s.thawd_leave_running, key=p.key, hooks_rt=first.rt)
 

@@ -455,7 +455,8 @@ class Thawd:
         lease.release()
         return True
 
-    def checkpoint(self, rt: RuntimeRef, leave_running: bool = True, key: str | None = None) -> dict:
+    def checkpoint(self, rt: RuntimeRef, leave_running: bool = True, key: str | None = None,
+                   hooks_rt: RuntimeRef | None = None) -> dict:
         """Checkpoint a running container and publish the image (under `key`, default
         the container's workload key; a pod's sandbox passes the pod's). The engine saves
         with the workload left running: a failed save never loses it; without
@@ -469,7 +470,9 @@ class Thawd:
         # cache; publishing chunks and uploads it from there and the cache adopts
         # the directory by rename: one copy of the image, hashed once.
         with self.images.staged(key) as image:
-            saved = Engine(self.s).checkpoint(self._handle(rt, spec), image.path, stop_after=not leave_running)
+            hooks_on = self._handle(hooks_rt, specmod.Bundle(hooks_rt.bundle).load()) if hooks_rt else None
+            saved = Engine(self.s).checkpoint(self._handle(rt, spec), image.path, stop_after=not leave_running,
+                                              hooks_on=hooks_on)
             # What a restore needs, with the image (thaw.json, as the CLI's images
             # carry it): the spec runsc validates at restore and the GPUs it holds.
             write_json_atomic(image.path / sandboxmod.IMAGE_META, {

@@ -124,6 +124,23 @@ def test_pod_restores_both_containers_and_the_cri_view_stays_true(cs):
     assert entry["leases"] == 0, "removing the pod released its image"
 
 
+def test_single_container_pod_is_the_same_path(cs):
+    """One container, declared the short way (thaw.dev/ready for the pod's one
+    container, as deploy/kubernetes/examples/pod.yaml does)."""
+    w = "pods-single"
+    ann = {"thaw.dev/workload": w, "thaw.dev/ready": "file:/tmp/ready"}
+    one = {"server": POD_CONTAINERS["app"]}
+    pod, _, ids = cs.run_pod(f"{w}-a", ann, one)
+    boot, _ = cs.state(ids["server"])
+    cs.wait_key(f"default.{w}.")
+    cs.cri.remove_pod(pod)
+    pod, _, ids = cs.run_pod(f"{w}-b", ann, one, uid="single-b")
+    assert cs.state(ids["server"])[0] == boot
+    assert decisions(cs, pod, ids["server"]) == {
+        i: [("create", "restore"), ("start", "restored")] for i in (pod, ids["server"])}
+    cs.cri.remove_pod(pod)
+
+
 def test_pod_declaring_another_container_set_starts_cold(cs):
     w = "pods-set"
     saved = seed(cs, w)

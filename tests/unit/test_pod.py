@@ -95,3 +95,12 @@ def test_differences_name_the_spec_field():
     c = member(image="thaw.dev/web:2")
     assert pod.differences(pod.identity(a), pod.identity(c)) == ["workload key (image, args, cwd, key-env, GPUs)"]
     assert pod.differences(pod.identity(a), pod.identity(member())) == []
+
+
+def test_a_pod_wide_ready_probe_declares_the_pods_one_container():
+    d = pod.declared(sandbox({"thaw.dev/workload": "web", "thaw.dev/ready": "http:8000/health"}))
+    assert list(d) == [pod.ANY] and isinstance(d[pod.ANY].ready, probe.HttpProbe)
+    # Named declarations win; the pod-wide one is then not a declaration.
+    d = pod.declared(sandbox({"thaw.dev/workload": "web", "thaw.dev/ready": "running",
+                              "thaw.dev/ready.app": "file:/tmp/ready"}))
+    assert list(d) == ["app"]

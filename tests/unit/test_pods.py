@@ -150,3 +150,25 @@ def test_undeclared_containers_and_pods_declaring_none_are_not_checkpointed(env)
     t.prepare_restore(r)
     t.report_outcome(r, "COLD_STARTED", "")
     assert len(checkpoints) == 1   # the one of the complete pod, before the extra container came
+
+
+def test_a_single_container_pod_with_a_pod_wide_probe_is_the_same_path(env):
+    """thaw.dev/ready alone (deploy/kubernetes/examples/pod.yaml): the pod's one
+    container, named when the kubelet creates it."""
+    t, images, tmp, checkpoints = env
+    ann = {"thaw.dev/workload": "llm", "thaw.dev/ready": "file:/tmp/ready"}
+
+    def run(sid, uid):
+        d = [t.prepare_restore(rt_of(tmp, sid, sandbox(ann, uid=uid)))]
+        m = member("server", ann=ann)
+        m["annotations"]["io.kubernetes.cri.sandbox-id"] = sid
+        r = rt_of(tmp, f"{sid}-server", m)
+        d.append(t.prepare_restore(r))
+        t.report_outcome(r, "COLD_STARTED", d[-1].reason)
+        return d
+
+    cold = run("s1", "u1")
+    assert [x.restore for x in cold] == [False, False] and len(checkpoints) == 1
+    images.available[checkpoints[0]] = True
+    warm = run("s2", "u2")
+    assert [x.restore for x in warm] == [True, True] and warm[1].key == checkpoints[0]
