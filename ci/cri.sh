@@ -239,6 +239,16 @@ down() {
       "$build/runsc" --root "$base/runsc-root/k8s.io" delete -force "$p" >/dev/null 2>&1 || true
     done
   fi
+  # Any runsc process of this instance still alive (a sandbox whose state is
+  # already gone, e.g. one stopped while restoring), by pid: its --root is
+  # under BASE. A leaked sandbox keeps its pod's veth and host route, and
+  # the next instance's pod with that address is unreachable.
+  for f in /proc/[0-9]*/cmdline; do
+    [[ $(tr '\0' '\n' 2>/dev/null < "$f" | head -1) == runsc-* ]] || continue
+    tr '\0' '\n' 2>/dev/null < "$f" | grep -q -- "^--root=$base/" || continue
+    p=${f#/proc/}; p=${p%/cmdline}
+    kill -KILL "$p" 2>/dev/null || true
+  done
   awk -v b="$base/" 'index($2, b) == 1 {print $2}' /proc/self/mounts | sort -r | while read -r m; do
     umount -l "$m" 2>/dev/null || true
   done

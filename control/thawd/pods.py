@@ -66,6 +66,11 @@ log = logging.getLogger("thawd")
 # create with it instead of creating a container in a sandbox that is gone.
 # Twin: go/internal/standin/standin.go podFailedReason.
 POD_FAILED = "pod-failed"
+# The reason prefix the stand-in reports when a kill of a container of a
+# restoring pod failed (the kubelet stops a pod before its last container
+# came): thawd removes the sandbox so the pod can go. Twin:
+# go/internal/standin/standin.go stoppedWhileRestoring.
+STOPPED_WHILE_RESTORING = "stopped-while-restoring"
 
 COLD, RESTORING, RESTORED, FAILED = "cold", "restoring", "restored", "failed"
 
@@ -347,7 +352,14 @@ class Pods:
 
     def restore_failed(self, rt: "RuntimeRef", spec: dict, reason: str) -> None:
         """The stand-in could not do its part of a restore: the pause container's create
-        (it starts cold), or an app container's `runsc restore` (the pod is lost)."""
+        (it starts cold), or an app container's `runsc restore` (the pod is lost); or
+        a container of a restoring pod could not be stopped (the pod is going away)."""
+        if reason.startswith(STOPPED_WHILE_RESTORING):
+            sid = rt.container_id if podmod.role(spec) == podmod.SANDBOX else podmod.sandbox_id(spec)
+            p = self._get(rt.runsc_root, sid)
+            if p is not None and p.state == RESTORING:
+                self.fail(p, reason)
+            return
         if podmod.role(spec) == podmod.SANDBOX:
             p = self._get(rt.runsc_root, rt.container_id)
             if p is not None:

@@ -289,6 +289,7 @@ class Thawd:
                 raise UserError("subcontainer_restored is for a pod's app container, after its own runsc restore, "
                                 "and such a container's Restore must set it", field="subcontainer_restored")
             return self.pods.restore_member(rt, spec)
+        k = (str(rt.runsc_root), rt.container_id)
         lease = self.lease_of(rt)
         if lease is None:
             return False, "thawd holds no restore decision for this container (thawd restarted?)", 0.0

@@ -172,3 +172,24 @@ def test_a_single_container_pod_with_a_pod_wide_probe_is_the_same_path(env):
     images.available[checkpoints[0]] = True
     warm = run("s2", "u2")
     assert [x.restore for x in warm] == [True, True] and warm[1].key == checkpoints[0]
+
+
+def test_a_pod_stopped_while_restoring_is_removed_and_a_running_one_is_not(env):
+    t, images, tmp, _ = env
+    cold_pod(t, tmp)
+    images.available[t.pods.tables.get(podmod.lookup(sandbox(), ["app", "sidecar"]))["key"]] = True
+    assert t.prepare_restore(rt_of(tmp, "s2", sandbox(uid="uid-2"))).restore
+    m = member("app")
+    m["annotations"]["io.kubernetes.cri.sandbox-id"] = "s2"
+    app = rt_of(tmp, "s2-app", m)
+    assert t.prepare_restore(app).restore
+    argv = tmp / "bin" / "argv.log"
+    t.report_outcome(app, "RESTORE_FAILED", "stopped-while-restoring: kill: exit status 128")
+    assert "delete --force s2" in argv.read_text()
+    # A restored pod's failed kill (say, of a container that already exited) is runsc's business.
+    t.pods._get("/run/test-root", "s1").state = "restored"
+    m1 = member("app")
+    m1["annotations"]["io.kubernetes.cri.sandbox-id"] = "s1"
+    before = argv.read_text()
+    t.report_outcome(rt_of(tmp, "s1-app-x", m1), "RESTORE_FAILED", "stopped-while-restoring: kill: exit status 1")
+    assert argv.read_text() == before

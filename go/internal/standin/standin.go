@@ -34,6 +34,13 @@ const (
 	// pod cannot be restored and, its sandbox's start spent on the restore,
 	// cannot start cold either). Twin: control/thawd/pods.py POD_FAILED.
 	podFailedReason = "pod-failed"
+	// stoppedWhileRestoring starts the reason the stand-in reports when a kill
+	// of a container of a restoring pod failed (runsc has no process to signal
+	// before the pod's last container registers). Twin: control/thawd/pods.py
+	// STOPPED_WHILE_RESTORING.
+	stoppedWhileRestoring = "stopped-while-restoring"
+	// CRI's pod name annotation: on a pod's sandbox (pause) container only.
+	annotationSandboxName = "io.kubernetes.cri.sandbox-name"
 )
 
 // marker carries create's decision to start and delete of the same container.
@@ -53,6 +60,8 @@ type marker struct {
 	// the stand-in runs with the shim's stdio (control/thawd/pods.py).
 	Member    bool   `json:"member,omitempty"`
 	ImagePath string `json:"image_path,omitempty"`
+	// A pod's sandbox (pause) container (CRI).
+	PodSandbox bool `json:"pod_sandbox,omitempty"`
 	Created    float64 `json:"created"`
 }
 
@@ -80,6 +89,8 @@ func Main(argv []string) int {
 		return s.create()
 	case "start":
 		return s.start()
+	case "kill":
+		return s.kill()
 	case "delete":
 		return s.delete()
 	default: // thaw-runsc sends only these three here; anything else is runsc's
@@ -223,7 +234,8 @@ func (s *Standin) create() int {
 	}
 	m := &marker{ID: rt.ContainerId, Root: rt.RunscRoot, Bundle: rt.Bundle, Decision: "cold",
 		PidFile: s.a.Flag("pid-file"), Created: float64(t0.UnixNano()) / 1e9,
-		Member: ann[annotationContainerType] == "container"}
+		Member:     ann[annotationContainerType] == "container",
+		PodSandbox: ann[annotationContainerType] == "sandbox" && ann[annotationSandboxName] != ""}
 	resp, err := s.prepare(rt)
 	switch {
 	case s.cfgErr != nil:
@@ -416,6 +428,30 @@ func (s *Standin) restore(m *marker, subcontainerRestored bool) (ok bool, reason
 // defaultRestoreTimeout is used only for a marker written by an older stand-in
 // that did not record thawd's deadline.
 const defaultRestoreTimeout = 150 * time.Second
+
+// kill is runsc's, except for a container of a pod that is being restored:
+// until the pod's last container has registered, runsc has no process to
+// signal in any of them and the kill fails, so the kubelet could never stop
+// the pod. Then thawd removes the restoring sandbox (the pod is going away)
+// and the kill succeeds: there is nothing left to signal.
+func (s *Standin) kill() int {
+	id := s.a.ContainerID()
+	m := s.loadMarker(id)
+	if m == nil || m.Decision != "restore" || !(m.Member || m.PodSandbox) {
+		return s.execRunsc(s.argv[1:])
+	}
+	t0 := time.Now()
+	err := s.runRunsc(append([]string{s.a.Command}, s.a.Args...)...)
+	if err == nil {
+		return 0
+	}
+	s.report(m, pb.ReportOutcomeRequest_RESTORE_FAILED, stoppedWhileRestoring+": kill: "+err.Error())
+	if s.runRunscQuiet("state", id) != nil { // gone with its sandbox
+		s.log.Write("kill", m, "restore-ended", "the pod was stopped while it restored", t0)
+		return 0
+	}
+	return exitCode(err)
+}
 
 func (s *Standin) delete() int {
 	t0 := time.Now()
