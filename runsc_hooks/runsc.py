@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shlex
 import signal as _signal
 import subprocess
@@ -190,11 +191,18 @@ class Runsc:
         return [str(self.binary), *self.options.argv(), *args]
 
     def _run(self, args: Sequence[str], timeout_s: float | None = None,
-             check_id: str | None = None) -> subprocess.CompletedProcess:
+             check_id: str | None = None, stdio: int | None = None) -> subprocess.CompletedProcess:
         """Run one runsc command; raise RunscError (or NotFound) on failure.
 
         `check_id`: the container the command names, so "not found" becomes
         NotFound(container, id) instead of a generic runsc failure.
+        `stdio`: a file descriptor to give runsc as stdout and stderr instead
+        of capturing them. `create` and `restore` hand their own stdio to the
+        workload (runsc/sandbox/sandbox.go: "pass our current stdio as the
+        container stdio"; a restore maps the saved stdio onto the new one,
+        runsc/boot/restore.go), so this is where the workload's output goes.
+        runsc then writes its own error there too: give the Runsc a `log_path`
+        (--log, JSON) so that RunscError still carries runsc's message.
         """
         if not self.binary.is_file():
             raise PreconditionError(f"runsc not found at {self.binary}: run `make build` "
@@ -209,7 +217,8 @@ class Runsc:
             # Wait in waitpid, with a timer that kills runsc at the deadline:
             # subprocess's wait(timeout=) polls with sleeps growing to 50 ms,
             # which added up to ~50 ms to every runsc call (bench/cli_speed.py).
-            child = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+            child = subprocess.Popen(argv, stdout=out if stdio is None else stdio,
+                                     stderr=err if stdio is None else stdio, stdin=subprocess.DEVNULL)
             timer = threading.Timer(deadline, child.kill)
             timer.daemon = True
             timer.start()
@@ -254,9 +263,13 @@ class Runsc:
                 pass
         lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
         # runsc's log lines to stderr start with a level letter and a timestamp
-        # ("W1129 11:30:00.000 ..."); the error itself is a plain line.
-        plain = [ln for ln in lines if not (len(ln) > 5 and ln[0] in "IWDE" and ln[1:5].isdigit())]
-        return (plain or lines or [""])[-1]
+        # ("W1129 11:30:00.000 ..."); the error itself is a plain line. A Go
+        # panic ends in stack frames ("\t/src/x.go:12 +0x3f", "goroutine 1
+        # [running]:"): never the message (issue 14, ENOSPC at checkpoint).
+        plain = [ln for ln in lines if not (len(ln) > 5 and ln[0] in "IWDE" and ln[1:5].isdigit())
+                 and not _STACK_FRAME.search(ln)]
+        errno_lines = [ln for ln in plain if any(t in ln.lower() for t in _ERRNO_TEXT)]
+        return (errno_lines or plain or ["runsc printed no error message"])[-1]
 
     # -- subcommands ---------------------------------------------------------
 
@@ -265,8 +278,11 @@ class Runsc:
         first = out.splitlines()[0] if out else ""
         return first.removeprefix("runsc version ").strip()
 
-    def create(self, cid: str, opts: CreateOptions, timeout_s: float | None = None) -> None:
-        self._run(["create", *opts.argv(), cid], timeout_s)
+    def create(self, cid: str, opts: CreateOptions, timeout_s: float | None = None,
+               stdio: int | None = None) -> None:
+        """`stdio`: the workload's stdout and stderr (see _run); default: an
+        anonymous file runsc's own output is read from."""
+        self._run(["create", *opts.argv(), cid], timeout_s, stdio=stdio)
 
     def start(self, cid: str, timeout_s: float | None = None) -> None:
         self._run(["start", cid], timeout_s, check_id=cid)
@@ -306,8 +322,24 @@ class Runsc:
     def checkpoint(self, cid: str, opts: CheckpointOptions, timeout_s: float | None = None) -> None:
         self._run(["checkpoint", *opts.argv(), cid], timeout_s, check_id=cid)
 
-    def restore(self, cid: str, opts: RestoreOptions, timeout_s: float | None = None) -> None:
-        self._run(["restore", *opts.argv(), cid], timeout_s)
+    def restore(self, cid: str, opts: RestoreOptions, timeout_s: float | None = None,
+                stdio: int | None = None) -> None:
+        """`stdio`: as for create; the restored workload's stdout and stderr."""
+        self._run(["restore", *opts.argv(), cid], timeout_s, stdio=stdio)
+
+    def pids(self, cid: str) -> list[int]:
+        """The container's process ids in the sandbox's pid namespace. `runsc ps
+        --format=json` prints only the pids, as runc does (runsc/cmd/ps.go ->
+        control.PrintPIDsJSON at the pin), not Process objects."""
+        out = self._run(["ps", "--format=json", cid], check_id=cid).stdout
+        try:
+            data = json.loads(out) if out.strip() else []
+        except ValueError:
+            data = None
+        if not isinstance(data, list) or not all(isinstance(p, int) for p in data):
+            raise RunscError(self.argv("ps", "--format=json", cid), 0, out, "runsc ps printed no JSON list of pids",
+                             subcommand="ps")
+        return data
 
     def list(self) -> list[ContainerState]:
         out = self._run(["list", "--format=json"]).stdout
@@ -328,6 +360,16 @@ class Runsc:
         return [w for w in out.split() if w]
 
     def exists(self, cid: str) -> bool:
+        """Whether runsc has a container `cid` (exactly this id) under its root.
+
+        runsc keeps one state file per container, `<root>/<id>_sandbox:<sandbox
+        id>.state` (runsc/container/state_file.go buildPath); looking for it
+        costs no runsc process (~15 ms each here, bench/cli_speed.py), and it
+        names the id exactly, where `runsc state` would resolve a prefix."""
+        import glob
+        root = self.options.root
+        if root is not None and Path(root).is_dir():
+            return bool(glob.glob(os.path.join(glob.escape(str(root)), glob.escape(cid) + "_sandbox:*.state")))
         try:
             self.state(cid)
             return True
@@ -359,6 +401,16 @@ def remove_root(root: Path) -> None:
     import shutil
     release_root(root)
     shutil.rmtree(root, ignore_errors=True)
+
+
+# Lines of a Go stack trace: frames ("/path/file.go:123 +0x1f"), calls
+# ("pkg.Func(0xc000012345, ...)", "reflect.Value.Call({0x1d4e096a07e0?, ...})",
+# "pkg.(*Server).StartHandling.func1()": no space in
+# it, seen on the H200), goroutine headers, "created by", "exit status".
+_STACK_FRAME = re.compile(r"\.go:\d+( \+0x[0-9a-f]+)?$|^goroutine \d+ \[|^created by |0x[0-9a-f]+\??[,)}]|^\S*\(\S*\)$"
+                          r"|^\[signal |^exit status \d+$")
+# errno texts worth surfacing over any other line of runsc's output.
+_ERRNO_TEXT = ("no space left on device", "disk quota exceeded", "read-only file system", "permission denied")
 
 
 def _read(f) -> str:

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import functools
 import sys
-import threading
-import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import click
 
+if TYPE_CHECKING:
+    from control.node import compat
+
 from control.cli.common import Context, handle_errors, json_option
+from control.cli.progress import Bar, size as _size
+from control.errors import NotFound
 
 
 def store_options(f: Callable) -> Callable:
@@ -37,51 +40,6 @@ def store_options(f: Callable) -> Callable:
     return wrapper
 
 
-class Bar:
-    """One line on stderr: label, percent, bytes done / total, bytes/s. Thread-safe."""
-
-    def __init__(self, label: str, enabled: bool) -> None:
-        self.label, self.enabled = label, enabled
-        self.total = 0
-        self.done = 0
-        self.t0 = time.monotonic()
-        self._last = 0.0
-        self._lock = threading.Lock()
-
-    def set_total(self, n: int) -> None:
-        self.total = n
-        self.t0 = time.monotonic()
-
-    def __call__(self, n: int) -> None:
-        with self._lock:
-            self.done += n
-            now = time.monotonic()
-            if self.enabled and now - self._last >= 0.1:
-                self._last = now
-                self._draw("\r")
-
-    def _draw(self, lead: str, end: str = "") -> None:
-        dt = max(time.monotonic() - self.t0, 1e-6)
-        pct = 100.0 * self.done / self.total if self.total else 100.0
-        width = 24
-        fill = int(width * min(pct, 100) / 100)
-        sys.stderr.write(f"{lead}{self.label} [{'#' * fill}{'.' * (width - fill)}] {pct:5.1f}% "
-                         f"{_size(self.done)}/{_size(self.total)} {_size(self.done / dt)}/s{end}")
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            self._draw("\r", "\n")
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return str(n)
-
-
 def _node(obj: Context) -> compat.CompatTuple:
     from control.node import compat
     return compat.node_tuple(obj.settings)
@@ -92,14 +50,23 @@ def _node(obj: Context) -> compat.CompatTuple:
 @click.option("--key", "key", required=True, help="Workload key the image is published under.")
 @click.option("--cache/--no-cache", "use_cache", default=True,
               help="Also cache the image on this node (DIR is copied into the cache, then published from there).")
+@click.option("--allow-node-local", is_flag=True,
+              help="Publish an image that needs paths of this node (a --bundle rootfs, --bind paths): "
+                   "you make sure every restoring node has them at the same place.")
 @store_options
 @json_option
 @click.pass_obj
 @handle_errors
-def push_cmd(obj: Context, directory: Path, key: str, use_cache: bool) -> None:
-    """Publish a runsc checkpoint image directory under KEY (first writer wins)."""
+def push_cmd(obj: Context, directory: Path, key: str, use_cache: bool, allow_node_local: bool) -> None:
+    """Publish a runsc checkpoint image directory under KEY (first writer wins).
+
+    An image of `thaw checkpoint` whose restore needs paths only this node is
+    sure to have is refused, naming them, unless --allow-node-local."""
+    _check_portable(directory, allow_node_local)
     from control.images import image as images
+    from control.images import manifest as manifestmod
     from control.images.store import Store
+    manifestmod.validate_key(key)   # the plain input first, before the directory or the store is looked at
     s = obj.settings
     bar = Bar(f"push {key}", obj.progress)
     r = images.push(images.open_cache(s) if use_cache else None, Store(s), directory, key, _node(obj),
@@ -112,6 +79,24 @@ def push_cmd(obj: Context, directory: Path, key: str, use_cache: bool) -> None:
         f"{key} ({r.tuple_hash[:12]}): {_size(r.size)}, {u.uploaded_chunks}/{u.chunks} chunks sent "
         f"({_size(u.uploaded_bytes)}), {u.present_chunks} already in the store"
         + (f"; cached as {r.installed}" if r.installed else "") + "".join(f"\n  {n}" for n in r.notes)))
+
+
+def _check_portable(directory: Path, allow: bool) -> None:
+    import json
+
+    from control.errors import UserError
+    from control.lifecycle import sandbox
+    try:
+        meta = json.loads((directory / sandbox.IMAGE_META).read_text())
+    except (OSError, ValueError):
+        return  # no thaw metadata (a plain runsc image): nothing to say
+    if not isinstance(meta, dict) or meta.get("door", "cli") != "cli":
+        return  # thawd's: its container's node makes the spec at restore
+    local = sandbox.node_local(meta)
+    if local and not allow:
+        raise UserError(f"image {directory} depends on this node: {'; '.join(local)}. A node without them "
+                        "cannot restore it; push with --allow-node-local if every restoring node has them at "
+                        "the same paths", node_local=local)
 
 
 @click.command("pull")
@@ -200,6 +185,8 @@ def verify_cmd(obj: Context, key: str | None) -> None:
     """Re-hash every cached chunk (of KEY); corrupt entries are evicted (the next pull refetches)."""
     from control.images import image as images
     rows = images.verify(images.open_cache(obj.settings), key)
+    if key is not None and not rows:
+        raise NotFound("image", key, "this node's cache holds no entry of it (`thaw ls --local` lists them)")
     obj.emit(rows, lambda rs: "\n".join(
         f"{r['id']}: {'ok' if r['ok'] else 'CORRUPT: ' + r['problem'] + (' (evicted)' if r['evicted'] else ' (in use)')}"
         for r in rs) or "cache is empty")

@@ -28,7 +28,7 @@ from control import config
 from control.config import DEFAULT_CONFIG_FILE, Settings
 from control.errors import PreconditionError, ProvisionError, ThawError
 from control.files import write_file_atomic
-from nvproxy import cdi
+from nvproxy import cdi, helper
 from nvproxy.gpu import NodeGpus
 
 RUNSC_TOML = Path("/etc/thaw/runsc.toml")
@@ -52,10 +52,12 @@ BINARIES = (
     ("thaw-cuda-checkpoint", False),
     ("thaw-chunk", True),          # thawd chunks every image it publishes (pack.chunker)
     ("thaw-fetch", True),          # and fetches every image it pulls (store.fetcher)
+    ("thaw-monitor", False),       # `thaw run/restore` sandboxes' log and exit status (control/lifecycle/logs.py)
 )
 STANDIN = "thaw-runsc"
 HOOKS = "thaw-runsc-hooks"
-CUDA_HELPER = "thaw-cuda-checkpoint"
+CUDA_HELPER = helper.BINARY_NAME
+MONITOR = "thaw-monitor"   # twin: control/lifecycle/logs.py MONITOR_BINARY
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,6 @@ class Options:
     dry_run: bool = False
     systemd: bool = True              # write and enable the thawd unit
     restart_containerd: bool = False  # run containerd.restart_command if its config changed
-    thawd_available: bool = False     # this thaw has a `serve` command
     thaw_command: tuple[str, ...] = ("thaw",)
     compare_binaries: bool = True     # doctor: existence and mode only
 
@@ -362,7 +363,10 @@ def steps(settings: Settings, opts: Options, gpu: bool, gpus: NodeGpus = NodeGpu
                             "shim will run the real runsc, every start is cold",
                    HOOKS: "the stand-in's create/start/delete part is not built (go/cmd/thaw-runsc-hooks): "
                           "the stand-in passes those to the real runsc, every start is cold",
-                   CUDA_HELPER: "CUDA checkpoint helper not built (make setup); not needed on a CPU node"}[name]
+                   CUDA_HELPER: "CUDA checkpoint helper not built (make setup); not needed on a CPU node",
+                   MONITOR: "the sandbox monitor is not built (go/cmd/thaw-monitor): `thaw run` and "
+                            "`thaw restore` refuse to start sandboxes here; containerd's are not "
+                            "affected"}[name]
             out.append(Skip(f"install {name}", str(lay.host(dest)), f"{src} missing: {why}"))
             continue
         out.append(WriteFile(f"install {name}", lay, dest, 0o755, source=src, compare=opts.compare_binaries))
@@ -415,8 +419,6 @@ def _no_systemd(root: Path) -> str:
 def _start_thawd(earlier: list[Plan], opts: Options, live: bool) -> tuple[bool, str]:
     if not live:
         return False, _no_systemd(opts.root) + ": start thawd yourself (`thaw serve`)"
-    if not opts.thawd_available:
-        return False, "this thaw has no `serve` command yet: unit written and enabled, not started"
     active = subprocess.run(["systemctl", "is-active", "--quiet", "thawd.service"]).returncode == 0
     changed = [p.step for p in earlier if p.step in ("thawd unit", "thaw config", "install runsc")
                and p.action in (CREATE, UPDATE)]

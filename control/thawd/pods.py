@@ -198,9 +198,17 @@ class Pods:
         p.state, p.key, p.table = RESTORING, table["key"], table["containers"]
         return d
 
-    def restore_sandbox(self, rt: "RuntimeRef", image: Path) -> tuple[bool, str, float]:
+    def pod_of(self, rt: "RuntimeRef", spec: dict) -> Pod | None:
+        """The pod record of a pod's container (its pause container or an app container)."""
+        sid = rt.container_id if podmod.role(spec) == podmod.SANDBOX else podmod.sandbox_id(spec)
+        return self._get(rt.runsc_root, sid)
+
+    def restore_sandbox(self, rt: "RuntimeRef", image: Path,
+                        cancelled=lambda: False) -> tuple[bool, str, float]:
         """start of the pause container: `runsc restore` of the root registers it and
-        reads the image; the restore runs when the last app container registers."""
+        reads the image; the restore runs when the last app container registers.
+        `cancelled()`: the stand-in gave up (Thawd.restore); its start falls back to
+        a cold one, so the pod is cold from here."""
         t0 = time.monotonic()
         p = self._get(rt.runsc_root, rt.container_id)
         if p is None or p.state != RESTORING:
@@ -215,6 +223,10 @@ class Pods:
             p.state, p.reason = COLD, f"restore of the sandbox failed: {reason}"
             self.t.undo_restore(h, rt, p.key, reason)
             return False, reason, time.monotonic() - t0
+        if cancelled():
+            p.state, p.reason = COLD, "the stand-in gave up before the sandbox's restore finished"
+            self.t.undo_restore(h, rt, p.key, p.reason)
+            return False, "cancelled", time.monotonic() - t0
         timeout = self.s.thawd_pod_assembly_timeout_s
         p.timer = threading.Timer(timeout, self._assembly_deadline, args=(p, timeout))
         p.timer.daemon = True
@@ -368,6 +380,13 @@ class Pods:
         p = self._get(rt.runsc_root, podmod.sandbox_id(spec))
         if p is not None and p.state == RESTORING:
             self.fail(p, f"runsc restore of container {podmod.container_name(spec)!r}: {reason}", count=True)
+
+    def standin_died(self, p: Pod, reason: str) -> None:
+        """A stand-in of this pod's restore died after thawd's answer, before it
+        committed its start (Thawd._watch_pod_standin): containerd reports that
+        start failed. Not the image's fault: not counted towards quarantine."""
+        if p.state in (RESTORING, RESTORED):
+            self.fail(p, reason)
 
     def fail(self, p: Pod, reason: str, *, count: bool = False, forget_table: bool = False) -> None:
         """The pod cannot be restored and cannot start cold in this sandbox: remove the

@@ -21,7 +21,7 @@ from pathlib import Path
 from control.lifecycle import pod as podmod
 from control.lifecycle import workload as workloadmod
 from control.config import Settings
-from control.errors import NotFound, ThawError, UserError
+from control.errors import IntegrityError, NotFound, ThawError, UserError
 from control.thawd.metrics import Metrics
 from control.thawd.pods import Pods
 from control.thawd.quarantine import Quarantine
@@ -40,8 +40,6 @@ _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,255}$")
 # The shim's config.json as it was before thawd rewrote it. Twin:
 # go/internal/standin/standin.go origConfigName.
 ORIG_CONFIG = "config.json.thaw-orig"
-# Installed beside runsc (build/ or <node.install_dir>/bin). Twin: control/provision.py CUDA_HELPER.
-CUDA_HELPER_BINARY = "thaw-cuda-checkpoint"
 
 
 @dataclass(frozen=True)
@@ -73,6 +71,77 @@ class RuntimeRef:
         return Runsc(binary, GlobalOptions(root=self.runsc_root, extra=flags, verbatim=True), timeout_s)
 
 
+# How long thawd waits for a stand-in to exit after answering its Restore,
+# seconds (it exits within milliseconds: one log line, one rename).
+CONFIRM_TIMEOUT_S = 30.0
+# The largest stand-in marker thawd reads (a few hundred bytes of JSON).
+MAX_MARKER_BYTES = 64 << 10
+# The stand-in's process name (go/cmd/thaw-runsc-hooks; thaw-runsc execs it).
+STANDIN_BINARY = "thaw-runsc-hooks"
+
+
+@dataclass
+class Standin:
+    """The stand-in process that asked for a Restore, and its marker file: the
+    marker says "restored" once the stand-in committed the restore, just
+    before it exits (go/internal/standin start)."""
+    pid: int
+    marker: Path
+    start: str = ""       # /proc/PID/stat start time: a recycled pid is not the stand-in
+    watchable: bool = False
+
+    @classmethod
+    def validate(cls, pid: int, marker: str) -> "Standin | None":
+        if pid <= 0 and not marker:
+            return None            # an older stand-in: nothing to wait for
+        if pid <= 0 or not marker.startswith("/") or "\0" in marker or ".." in Path(marker).parts:
+            raise UserError("standin_pid and standin_marker go together: a pid and an absolute path",
+                            field="standin_pid")
+        return cls(pid, Path(marker))
+
+    def observe(self) -> None:
+        """Record who `pid` is now. Only a thaw-runsc-hooks process is watched: in
+        another pid namespace (thawd in a pod without hostPID) the number names
+        some other process or none, and nothing can be told from it."""
+        from control.files import process_start
+        try:
+            argv0 = Path(f"/proc/{self.pid}/cmdline").read_bytes().split(b"\0")[0]
+        except OSError:
+            argv0 = b""
+        self.start = process_start(self.pid) if Path(argv0.decode(errors="replace")).name == STANDIN_BINARY else ""
+        self.watchable = bool(self.start)
+
+    def wait_exit(self, timeout_s: float) -> bool:
+        """True once the stand-in has exited; False after `timeout_s`."""
+        import os
+        import select
+
+        from control.files import process_start
+        if process_start(self.pid) != self.start:
+            return True
+        try:
+            fd = os.pidfd_open(self.pid)
+        except ProcessLookupError:
+            return True
+        try:
+            if process_start(self.pid) != self.start:   # recycled between the check and the open
+                return True
+            return bool(select.select([fd], [], [], timeout_s)[0])
+        finally:
+            os.close(fd)
+
+    def committed(self, container_id: str) -> bool | None:
+        """Does its marker say the restore of `container_id` was committed? None
+        when there is no readable marker of that container (nothing to go by)."""
+        try:
+            data = json.loads(specmod.read_regular(self.marker, MAX_MARKER_BYTES, "standin_marker"))
+        except (ThawError, ValueError):
+            return None
+        if not isinstance(data, dict) or data.get("id") != container_id:
+            return None
+        return data.get("decision") == "restored"
+
+
 @dataclass
 class Decision:
     restore: bool
@@ -94,6 +163,12 @@ class Thawd:
         self._leases: dict[tuple[str, str], object] = {}        # (root, id) -> lease
         self._fetches: dict[str, Future] = {}                    # key -> background pull
         self._checkpointing: set[str] = set()
+        # Restore decisions with no outcome yet: (root, id) -> (workload key,
+        # gate closed for it or None). Each ends in exactly one outcome:
+        # RESTORED, RESTORE_FAILED, or ABANDONED (released before any restore:
+        # the stand-in was killed or containerd gave up between create and
+        # start; issue 14).
+        self._pending: dict[tuple[str, str], tuple[str, str | None]] = {}
         self._networks: dict[tuple[str, str], tuple[str, list]] = {}   # (root, id) -> netns config before restore
         self.quarantine = Quarantine(settings)
         self._pool = ThreadPoolExecutor(max_workers=settings.thawd_workers, thread_name_prefix="thawd")
@@ -139,6 +214,7 @@ class Thawd:
         why = self.quarantine.reason(key)
         if why is not None:
             return Decision(False, f"quarantined: {why}", key)
+        deadline = time.monotonic() + self.s.thawd_prepare_timeout_s
         fut = self._fetch(key)
         try:
             lease = fut.result(timeout=self.s.thawd_prepare_timeout_s)
@@ -146,6 +222,15 @@ class Thawd:
             return Decision(False, "fetch-in-progress: the image is still being fetched", key)
         except NotFound:
             return Decision(False, "no-image", key)
+        except IntegrityError as e:
+            # The store served bytes that are not the image's (thaw-fetch and the Python
+            # engine check every chunk; neither retries a mismatch): every pull of this
+            # image fails alike, so it counts towards quarantine like a failed restore,
+            # and a quarantined key stops costing a download at every start.
+            reason = f"fetch-failed: {e}"
+            if e.where == "store" and self.quarantine.failed(key, reason):
+                self.metrics.inc("thaw_quarantined_total")
+            return Decision(False, reason, key)
         except ThawError as e:
             reason = "tuple-mismatch" if type(e).__name__ == "TupleMismatch" else "fetch-failed"
             return Decision(False, f"{reason}: {e}", key)
@@ -156,9 +241,15 @@ class Thawd:
                 old = self._leases.pop(k, None)
                 self._leases[k] = lease
         if shared:
-            # The entry is local now: this pull is a cache hit with its own lease.
+            # The entry is local now: this pull is a cache hit with its own lease. It
+            # is bounded by the same deadline (it may wait for the key's lock behind
+            # another pull); a lease that comes too late is released.
+            second = self._pool.submit(self.images.pull, key)
             try:
-                lease = self.images.pull(key)
+                lease = second.result(timeout=max(0.05, deadline - time.monotonic()))
+            except TimeoutError:
+                second.add_done_callback(lambda f: f.exception() is None and f.result().release())
+                return Decision(False, "fetch-in-progress: the image's cache entry is busy", key)
             except ThawError as e:
                 return Decision(False, f"fetch-failed: {e}", key)
             with self._lock:
@@ -166,12 +257,15 @@ class Thawd:
                 self._leases[k] = lease
         if old is not None:
             old.release()
+        self._settle(k, "a new decision for the same container replaced it")
         self.metrics.inc("thaw_cache_hits_total" if getattr(lease, "hit", True) else "thaw_cache_misses_total")
         h = self._handle(rt, spec)
         why = self._spec_mismatch(Path(lease.path), spec)
         if why:
             self._release_key(k)
             return Decision(False, f"spec-mismatch: {why}", key)
+        with self._lock:
+            self._pending[k] = (key, h.gate)
         if h.gate is not None:  # no packet reaches the sandbox until the restore is healthy
             gatemod.close(h.gate, self.s.network_probe_mark, f"restore of {rt.container_id}")
         self._remember_network(k, spec)
@@ -221,7 +315,7 @@ class Thawd:
         from nvproxy import helper
         d = self.state_dir / "cuda-helper"
         if not (d / helper.HELPER_NAME).is_file():
-            helper.stage(self.s.runsc_path.parent / CUDA_HELPER_BINARY, d)
+            helper.stage(self.s.runsc_path.parent / helper.BINARY_NAME, d)
         return d
 
     def _fetch(self, key: str) -> Future:
@@ -272,53 +366,140 @@ class Thawd:
         with self._lock:
             return self._leases.get((str(rt.runsc_root), rt.container_id))
 
-    def restore(self, rt: RuntimeRef, cancelled=lambda: False,
+    def restore(self, rt: RuntimeRef, cancelled=lambda: False, standin: "Standin | None" = None,
                 subcontainer_restored: bool = False) -> tuple[bool, str, float]:
         """start of a container PrepareRestore answered RESTORE to: runsc restore,
         health check, post-restore hooks, gate open; the outcome is recorded here.
         Not restored: the sandbox is removed and the caller starts it cold.
         `cancelled()` tells whether the stand-in gave up (it was killed, or its
         deadline passed): a restore nobody will report to containerd is undone.
+        With `standin`, the restore is kept only once that stand-in has exited
+        with its marker saying "restored" (_confirm): containerd believes the
+        stand-in's exit status, and a SIGKILL may land after this answer.
         A pod's app container (`subcontainer_restored`): the stand-in ran its
         `runsc restore` itself (control/thawd/pods.py says why)."""
         t0 = time.monotonic()
-        spec = specmod.Bundle(rt.bundle).load()
-        role = podmod.role(spec)
+        if standin is not None:
+            standin.observe()   # before anything: its identity, while it surely lives
+        k = (str(rt.runsc_root), rt.container_id)
+        try:
+            spec = specmod.Bundle(rt.bundle).load()
+        except ThawError as e:
+            if subcontainer_restored:
+                raise           # a pod's app container holds no decision of its own to end
+            spec, unreadable = None, f"{type(e).__name__}: {e.message}"
+        role = podmod.role(spec) if spec is not None else podmod.LONE
         if role == podmod.MEMBER or subcontainer_restored:
             if not (role == podmod.MEMBER and subcontainer_restored):
                 raise UserError("subcontainer_restored is for a pod's app container, after its own runsc restore, "
                                 "and such a container's Restore must set it", field="subcontainer_restored")
-            return self.pods.restore_member(rt, spec)
-        k = (str(rt.runsc_root), rt.container_id)
+            p = self.pods.pod_of(rt, spec)
+            ok, detail, secs = self.pods.restore_member(rt, spec)
+            if ok:
+                self._watch_pod_standin(rt, standin, p)
+            return ok, detail, secs
         lease = self.lease_of(rt)
         if lease is None:
             return False, "thawd holds no restore decision for this container (thawd restarted?)", 0.0
+        with self._lock:
+            key, _ = self._pending.pop(k, ("", None))   # from here, the engine and undo_restore own the gate
+        log.info("restore %s key=%s starting", rt.container_id, key)
+        if spec is None:
+            self.report_outcome(rt, "RESTORE_FAILED", unreadable, key=key)
+            return False, unreadable, time.monotonic() - t0
         if role == podmod.SANDBOX:
-            return self.pods.restore_sandbox(rt, Path(lease.path))
+            p = self.pods.pod_of(rt, spec)
+            ok, detail, secs = self.pods.restore_sandbox(rt, Path(lease.path), cancelled)
+            if ok:
+                self._watch_pod_standin(rt, standin, p)
+            return ok, detail, secs
         wl = workloadmod.from_spec(spec)
-        key = wl.key if wl else ""
-        h = self._handle(rt, spec)
+        key = wl.key if wl else key
+        h = Handle(rt.container_id, rt.runsc(self.s.runsc_path, self.s.runsc_timeout_s), rt.bundle)
         image = Path(lease.path)
         try:
+            h = self._handle(rt, spec)
             done = Engine(self.s).restore(h, image, [wl.health] if wl else [], opts=RestoreOptions(
                 image_path=image, detach=True, background=self.s.restore_background))
-        except ThawError as e:
-            reason = f"{type(e).__name__}: {e.message}"
+        except Exception as e:  # noqa: BLE001 - every decision ends in one recorded outcome
+            if not isinstance(e, ThawError):
+                log.exception("restore of %s failed unexpectedly", rt.container_id)
+            reason = f"{type(e).__name__}: {getattr(e, 'message', e)}"
             self.undo_restore(h, rt, key, reason)
             return False, reason, time.monotonic() - t0
         if cancelled():
             self.undo_restore(h, rt, key, "the stand-in gave up before the restore finished")
             return False, "cancelled", time.monotonic() - t0
         secs = time.monotonic() - t0
-        with self._lock:
-            self._networks.pop(k, None)
+        if standin is None:
+            self._restored(rt, key, done, secs)
+        else:
+            threading.Thread(target=self._confirm, args=(rt, h, key, standin, done, secs), daemon=True,
+                             name=f"confirm-{rt.container_id}"[:15]).start()
+        return True, done.health.summary() if done.health else "", secs
+
+    def _restored(self, rt: RuntimeRef, key: str, done, secs: float) -> None:
+        with self._lock:   # kept: no cold start will need the namespace's configuration back
+            self._networks.pop((str(rt.runsc_root), rt.container_id), None)
         log.info("outcome %s key=%s RESTORED %.3fs (runsc %.3fs, health %s)", rt.container_id, key, secs,
                  done.runsc_s, done.health.summary() if done.health else "-")
         self.metrics.inc("thaw_restores_total")
         self.metrics.observe("thaw_restore_seconds", secs)
         self.metrics.observe("thaw_health_seconds", done.health.seconds if done.health else 0.0)
         self.quarantine.succeeded(key)
-        return True, done.health.summary() if done.health else "", secs
+
+    def _confirm(self, rt: RuntimeRef, h: Handle, key: str, standin: "Standin", done, secs: float) -> None:
+        """Keep the restore once its stand-in has exited having committed it (its
+        marker says "restored"); remove it when the stand-in died first (SIGKILL
+        between thawd's answer and its exit): containerd then reports the start
+        failed, and the container must not run (issue 14). A stand-in still alive
+        after CONFIRM_TIMEOUT_S (stopped?) is trusted: removing a restore it may
+        still report would be the opposite mismatch."""
+        try:
+            if not standin.watchable:   # not a stand-in this thawd can see: keep what it restored
+                self._restored(rt, key, done, secs)
+                return
+            exited = standin.wait_exit(CONFIRM_TIMEOUT_S)
+            if not exited:
+                log.warning("stand-in %d of %s still runs %.0f s after its restore; keeping the restore",
+                            standin.pid, rt.container_id, CONFIRM_TIMEOUT_S)
+            elif standin.committed(rt.container_id) is False:
+                self.undo_restore(h, rt, key, "the stand-in died after the restore, before it could report it")
+                return
+            self._restored(rt, key, done, secs)
+        except Exception:  # noqa: BLE001 - a thread of its own: log, never lose the outcome
+            log.exception("confirming the restore of %s", rt.container_id)
+            self._restored(rt, key, done, secs)
+
+    def _watch_pod_standin(self, rt: RuntimeRef, standin: "Standin | None", pod) -> None:
+        """The stand-in kill safety of _confirm for a pod's container (its pause
+        container, whose `runsc restore` thawd ran, or an app container, whose
+        the stand-in ran): when the stand-in dies after thawd's answer without
+        having committed the start, containerd reports that start failed, and
+        the pod containerd believes in is not the sandbox runsc holds. A pod's
+        sandbox cannot lose one container and start it cold again (its start
+        went to the restore: control/thawd/pods.py), so the whole pod goes
+        (Pods.fail): the kubelet re-creates it, and that sandbox starts cold.
+        Pod metrics are not deferred as _confirm defers a lone container's: a
+        pod's outcome is recorded at its last container (Pods.restore_member),
+        and a death after it is recorded as the pod's failure."""
+        if standin is None or pod is None:
+            return
+
+        def watch() -> None:
+            try:
+                if not standin.watchable:   # not a stand-in this thawd can see: keep what it restored
+                    return
+                if not standin.wait_exit(CONFIRM_TIMEOUT_S):
+                    log.warning("stand-in %d of %s still runs %.0f s after its restore; keeping the restore",
+                                standin.pid, rt.container_id, CONFIRM_TIMEOUT_S)
+                elif standin.committed(rt.container_id) is False:
+                    self.pods.standin_died(pod, f"the stand-in of container {rt.container_id} died after "
+                                                "its restore, before it could report it")
+            except Exception:  # noqa: BLE001 - a thread of its own: log, keep the restore
+                log.exception("confirming the restore of %s", rt.container_id)
+
+        threading.Thread(target=watch, daemon=True, name=f"confirm-{rt.container_id}"[:15]).start()
 
     def _remember_network(self, k: tuple[str, str], spec: dict) -> None:
         """Keep the container's network namespace configuration from before runsc
@@ -363,6 +544,7 @@ class Thawd:
             role = podmod.role(spec)
             if role != podmod.LONE:
                 log.info("outcome %s (pod %s) %s %s", rt.container_id, role, outcome, reason)
+                self._end_pending(rt, outcome)   # a pod's sandbox whose create failed
                 if outcome == "RESTORE_FAILED":
                     self.pods.restore_failed(rt, spec, reason)
                 else:
@@ -371,6 +553,7 @@ class Thawd:
                 return
             wl = workloadmod.from_spec(spec)
             key = wl.key if wl else ""
+        self._end_pending(rt, outcome)
         log.info("outcome %s key=%s %s %s", rt.container_id, key, outcome, reason)
         if outcome == "RESTORE_FAILED":
             self.metrics.inc("thaw_fallbacks_total", reason=reason.split(":")[0])
@@ -380,6 +563,12 @@ class Thawd:
         else:
             self.metrics.inc("thaw_cold_starts_total")
             self._maybe_auto_checkpoint(rt, key)
+
+    def _end_pending(self, rt: RuntimeRef, outcome: str) -> None:
+        with self._lock:
+            pending = self._pending.pop((str(rt.runsc_root), rt.container_id), None)
+        if pending is not None and pending[1] is not None:  # the restore was never tried: open its gate
+            gatemod.open(pending[1], f"restore of {rt.container_id} not tried: {outcome}")
 
     def _maybe_auto_checkpoint(self, rt: RuntimeRef, key: str) -> None:
         self.maybe_auto_checkpoint(key, lambda: self._auto_checkpoint(rt, key), rt.container_id)
@@ -448,6 +637,7 @@ class Thawd:
         return self._release(rt)
 
     def _release_key(self, k: tuple[str, str]) -> bool:
+        self._settle(k, "released before any restore (create or start did not finish)")
         with self._lock:
             lease = self._leases.pop(k, None)
             self._networks.pop(k, None)
@@ -455,6 +645,20 @@ class Thawd:
             return False
         lease.release()
         return True
+
+    def _settle(self, k: tuple[str, str], why: str) -> None:
+        """Record the outcome of a restore decision that will never be restored:
+        ABANDONED. The stand-in that asked was killed, or containerd deleted the
+        container between create and start (issue 14: thawd hears every outcome)."""
+        with self._lock:
+            pending = self._pending.pop(k, None)
+        if pending is None:
+            return
+        key, gate = pending
+        if gate is not None:
+            gatemod.open(gate, f"restore of {k[1]} abandoned")
+        log.info("outcome %s key=%s ABANDONED %s", k[1], key, why)
+        self.metrics.inc("thaw_restores_abandoned_total")
 
     def checkpoint(self, rt: RuntimeRef, leave_running: bool = True, key: str | None = None,
                    hooks_rt: RuntimeRef | None = None) -> dict:

@@ -210,7 +210,8 @@ def test_pod_whose_containers_differ_from_the_image_starts_cold(cs, case, sideca
     assert why in e.value.stderr
     for cid in (pod, app):  # both had registered for the restore (the app's task is gone with the sandbox)
         assert decisions(cs, cid)[cid][:2] == [("create", "restore"), ("start", "restored")]
-    assert decisions(cs, sc)[sc] == [("create", "cold")]
+    # No start; containerd's delete of the failed task may already have released it.
+    assert [d for d in decisions(cs, sc)[sc] if d != ("delete", "released")] == [("create", "cold")]
     assert reason(cs, sc).startswith("pod-failed: container-mismatch")
     cs.cri.wait_pod_state(pod, "SANDBOX_NOTREADY")
     cs.cri.remove_pod(pod)   # the kubelet: the sandbox died; stop and remove it, make a new one

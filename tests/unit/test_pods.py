@@ -193,3 +193,60 @@ def test_a_pod_stopped_while_restoring_is_removed_and_a_running_one_is_not(env):
     before = argv.read_text()
     t.report_outcome(rt_of(tmp, "s1-app-x", m1), "RESTORE_FAILED", "stopped-while-restoring: kill: exit status 1")
     assert argv.read_text() == before
+
+
+def _standin_process(tmp: Path, cid: str, decision: str):
+    """A process named like the stand-in (argv[0]) and its marker saying `decision`."""
+    import subprocess
+    import time
+
+    from control.thawd.service import Standin
+    marker = tmp / f"marker-{cid}.json"
+    marker.write_text(json.dumps({"id": cid, "decision": decision}))
+    p = subprocess.Popen(["bash", "-c", "exec -a thaw-runsc-hooks sleep 30"])
+    for _ in range(200):   # until bash has exec'ed
+        if Path(f"/proc/{p.pid}/cmdline").read_bytes().startswith(b"thaw-runsc-hooks"):
+            break
+        time.sleep(0.01)
+    return p, Standin.validate(p.pid, str(marker))
+
+
+def test_a_pod_whose_standin_dies_before_committing_its_start_is_removed(env):
+    """The stand-in kill safety (issue 14) for pods: a pod container's stand-in that
+    exits having committed its start keeps the pod; one killed after thawd's answer,
+    before its commit, is a start containerd reports failed: thawd removes the pod."""
+    import time
+    t, images, tmp, _ = env
+    cold_pod(t, tmp)
+    images.available[t.pods.tables.get(podmod.lookup(sandbox(), ["app", "sidecar"]))["key"]] = True
+    box = rt_of(tmp, "s2", sandbox(uid="uid-2"))
+    assert t.prepare_restore(box).restore
+    argv = tmp / "bin" / "argv.log"
+    procs = []
+    try:
+        p, s = _standin_process(tmp, "s2", "restored")        # the pause container's, committed
+        procs.append(p)
+        ok, detail, _ = t.restore(box, standin=s)
+        assert ok, detail
+        m = member("app")
+        m["annotations"]["io.kubernetes.cri.sandbox-id"] = "s2"
+        app = rt_of(tmp, "s2-app", m)
+        assert t.prepare_restore(app).restore
+        p, s = _standin_process(tmp, "s2-app", "restore")     # the app's, killed before its commit
+        procs.append(p)
+        ok, detail, _ = t.restore(app, standin=s, subcontainer_restored=True)
+        assert ok, detail
+        procs[0].kill()
+        time.sleep(0.3)
+        assert "delete --force s2" not in argv.read_text()    # the committed one kept the pod
+        p.kill()
+        for _ in range(100):
+            if "delete --force s2" in argv.read_text():
+                break
+            time.sleep(0.05)
+        assert "delete --force s2" in argv.read_text()
+        assert t.pods._get("/run/test-root", "s2").state == "failed"
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

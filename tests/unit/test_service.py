@@ -5,6 +5,7 @@ validation and the quarantine file are real."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from control import config
-from control.errors import NotFound, ThawError, TupleMismatch, UserError
+from control.errors import IntegrityError, NotFound, StoreError, ThawError, TupleMismatch, UserError
 from control.thawd.service import ORIG_CONFIG, RuntimeRef, Thawd
 from runsc_hooks import spec as specmod
 
@@ -152,6 +153,36 @@ def test_consecutive_failures_quarantine_and_persist(env):
     t2.close()
 
 
+def test_a_chunk_altered_in_the_store_counts_towards_quarantine(env):
+    """Every pull of an image whose stored bytes are wrong fails alike: after
+    quarantine_after (2 here) such pulls its starts are cold without a download."""
+    t, images, tmp = env
+    rt = bundle(tmp, "c1", OPT_IN)
+    key = t.prepare_restore(rt).key
+    images.available[key] = IntegrityError("store", "ab" * 32, "bytes at packs/p1 offset 7 hash to cd...")
+    d = t.prepare_restore(rt)
+    assert not d.restore and d.reason.startswith("fetch-failed: store chunk abab")
+    assert key not in t.quarantined()
+    d = t.prepare_restore(rt)
+    assert key in t.quarantined() and "fetch-failed: store chunk" in t.quarantined()[key]
+    assert t.metrics.counters().get("thaw_quarantined_total") == 1
+    pulls = images.pulls
+    d = t.prepare_restore(rt)
+    assert not d.restore and d.reason.startswith("quarantined: 2 restores in a row failed")
+    assert images.pulls == pulls, "a quarantined key is not pulled again"
+
+
+def test_an_unreachable_store_does_not_quarantine(env):
+    t, images, tmp = env
+    rt = bundle(tmp, "c1", OPT_IN)
+    key = t.prepare_restore(rt).key
+    images.available[key] = StoreError("get", "packs/p1", "connection refused")
+    for _ in range(3):
+        d = t.prepare_restore(rt)
+        assert not d.restore and d.reason.startswith("fetch-failed")
+    assert t.quarantined() == {}
+
+
 def test_gpu_container_gets_the_helper_mount_and_the_original_is_kept(env):
     t, images, tmp = env
     (tmp / "bin").mkdir()
@@ -276,3 +307,59 @@ def test_an_image_whose_spec_runsc_would_refuse_starts_cold_before_runsc_runs(en
     d = t.prepare_restore(rt)
     assert not d.restore and d.reason.startswith("spec-mismatch: ") and "/data" in d.reason, d.reason
     assert ("/run/r", "c1") not in t._leases
+
+
+def test_every_restore_decision_ends_in_exactly_one_outcome(env, caplog):
+    """issue 14: a stand-in killed between create and start never reports; thawd
+    records such a decision as ABANDONED when it is released or replaced."""
+    t, images, tmp = env
+    rt = bundle(tmp, "c1", OPT_IN)
+    key = t.prepare_restore(rt).key
+    images.available[key] = True
+    abandoned = lambda: t.metrics.counters().get("thaw_restores_abandoned_total", 0)  # noqa: E731
+    assert t.prepare_restore(rt).restore
+    assert t.release("c1", "/run/r") and abandoned() == 1          # deleted before any start
+    assert t.prepare_restore(rt).restore
+    t.report_outcome(rt, "RESTORE_FAILED", "create for restore failed: killed")
+    t.release("c1", "/run/r")
+    assert abandoned() == 1                                          # it had its outcome already
+    assert t.prepare_restore(rt).restore and t.prepare_restore(rt).restore
+    assert abandoned() == 2                                          # replaced by a new decision
+    with caplog.at_level("INFO", logger="thawd"):
+        t.release("c1", "/run/r")
+    assert abandoned() == 3
+    assert any(r.getMessage().startswith("outcome c1 ") and "ABANDONED" in r.getMessage() for r in caplog.records)
+
+
+def test_a_standin_commits_by_its_marker_and_its_exit(tmp_path):
+    """thawd keeps a restore once its stand-in exited with the marker saying "restored";
+    a stand-in that died first, marker still "restore", gets it removed (issue 14)."""
+    import subprocess
+
+    from control.thawd.service import Standin
+    marker = tmp_path / "m.json"
+    marker.write_text(json.dumps({"id": "c1", "decision": "restore"}))
+    # A process named like the stand-in (argv[0]), which the test ends.
+    p = subprocess.Popen(["bash", "-c", "exec -a thaw-runsc-hooks sleep 30"])
+    try:
+        import time
+        for _ in range(100):   # until bash has exec'ed
+            if Path(f"/proc/{p.pid}/cmdline").read_bytes().startswith(b"thaw-runsc-hooks"):
+                break
+            time.sleep(0.01)
+        s = Standin.validate(p.pid, str(marker))
+        s.observe()
+        assert s.watchable and not s.wait_exit(0.05)        # alive
+        p.kill()
+        p.wait()
+        assert s.wait_exit(5) and s.committed("c1") is False  # died before committing
+        marker.write_text(json.dumps({"id": "c1", "decision": "restored"}))
+        assert s.committed("c1") is True and s.committed("c2") is None
+    finally:
+        p.kill()
+    other = Standin.validate(os.getpid(), str(marker))       # not a stand-in: not watched
+    other.observe()
+    assert not other.watchable
+    assert Standin.validate(0, "") is None
+    with pytest.raises(UserError):
+        Standin.validate(12, "relative/path")

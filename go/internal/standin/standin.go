@@ -45,23 +45,23 @@ const (
 
 // marker carries create's decision to start and delete of the same container.
 type marker struct {
-	ID         string  `json:"id"`
-	Root       string  `json:"root"`
-	Bundle     string  `json:"bundle"`
-	Key        string  `json:"workload_key"`
-	Decision   string  `json:"decision"` // restore | cold
-	Reason     string  `json:"reason,omitempty"`
+	ID       string `json:"id"`
+	Root     string `json:"root"`
+	Bundle   string `json:"bundle"`
+	Key      string `json:"workload_key"`
+	Decision string `json:"decision"` // preparing | restore | restored | cold | cold-fallback
+	Reason   string `json:"reason,omitempty"`
 	// How long start may wait for thawd's Restore: thawd's own settings bound
 	// it (PrepareRestoreResponse.restore_timeout_ms), so no stand-in constant
 	// can drift from them.
-	RestoreTimeoutMs uint32  `json:"restore_timeout_ms,omitempty"`
-	PidFile          string  `json:"pid_file,omitempty"`
+	RestoreTimeoutMs uint32 `json:"restore_timeout_ms,omitempty"`
+	PidFile          string `json:"pid_file,omitempty"`
 	// A pod's app container (CRI): restored by its own `runsc restore`, which
 	// the stand-in runs with the shim's stdio (control/thawd/pods.py).
 	Member    bool   `json:"member,omitempty"`
 	ImagePath string `json:"image_path,omitempty"`
 	// A pod's sandbox (pause) container (CRI).
-	PodSandbox bool `json:"pod_sandbox,omitempty"`
+	PodSandbox bool    `json:"pod_sandbox,omitempty"`
 	Created    float64 `json:"created"`
 }
 
@@ -232,10 +232,19 @@ func (s *Standin) create() int {
 	if !optedIn(ann) {
 		return s.execRunsc(s.argv[1:])
 	}
-	m := &marker{ID: rt.ContainerId, Root: rt.RunscRoot, Bundle: rt.Bundle, Decision: "cold",
+	m := &marker{ID: rt.ContainerId, Root: rt.RunscRoot, Bundle: rt.Bundle, Decision: "preparing",
 		PidFile: s.a.Flag("pid-file"), Created: float64(t0.UnixNano()) / 1e9,
 		Member:     ann[annotationContainerType] == "container",
 		PodSandbox: ann[annotationContainerType] == "sandbox" && ann[annotationSandboxName] != ""}
+	// The marker goes first: a create killed while thawd decides (SIGKILL, the
+	// shim's timeout) is followed by containerd's delete, and delete releases
+	// thawd's decision only for a container with a marker (issue 14: thawd
+	// hears every decision's end).
+	if err := s.saveMarker(m); err != nil {
+		s.log.Write("create", m, "marker-failed", err.Error(), t0)
+		return s.execRunsc(s.argv[1:])
+	}
+	m.Decision = "cold"
 	resp, err := s.prepare(rt)
 	switch {
 	case s.cfgErr != nil:
@@ -343,6 +352,7 @@ func (s *Standin) start() int {
 	ok, reason, _ := s.restore(m, false)
 	if ok {
 		s.log.Write("start", m, "restored", "", t0)
+		s.commitRestored(m)
 		return 0
 	}
 	// Fall back: the container must start, cold.
@@ -388,6 +398,7 @@ func (s *Standin) startMember(m *marker, t0 time.Time) int {
 		// health check is missing. Failing the start now would lose a pod
 		// that may be fine: say so and go on.
 		s.log.Write("start", m, "restored-unchecked", reason, t0)
+		s.commitRestored(m)
 		return 0
 	}
 	if !ok {
@@ -396,7 +407,19 @@ func (s *Standin) startMember(m *marker, t0 time.Time) int {
 			"and starts cold when the kubelet re-creates it", m.ID, reason))
 	}
 	s.log.Write("start", m, "restored", "", t0)
+	s.commitRestored(m)
 	return 0
+}
+
+// commitRestored is the commit, and the last thing before a restored start
+// exits 0: thawd keeps the restore once this process has exited with the
+// marker saying so (Restore's standin_pid). A SIGKILL before this rename ends
+// in thawd removing the restore (for a pod's container, its pod), matching
+// the failed start containerd then reports. kill still routes a pod's container
+// that has committed (kill).
+func (s *Standin) commitRestored(m *marker) {
+	m.Decision = "restored"
+	s.saveMarker(m)
 }
 
 // restore asks thawd to restore the container it prepared. Without thawd (it
@@ -415,7 +438,8 @@ func (s *Standin) restore(m *marker, subcontainerRestored bool) (ok bool, reason
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	r, err := c.Restore(ctx, &pb.RestoreRequest{Runtime: s.runtimeOf(m), SubcontainerRestored: subcontainerRestored})
+	r, err := c.Restore(ctx, &pb.RestoreRequest{Runtime: s.runtimeOf(m), StandinPid: int32(os.Getpid()),
+		StandinMarker: s.markerPath(m.ID), SubcontainerRestored: subcontainerRestored})
 	if err != nil {
 		return false, "thawd Restore: " + describe(err), false
 	}
@@ -435,9 +459,11 @@ const defaultRestoreTimeout = 150 * time.Second
 // the pod. Then thawd removes the restoring sandbox (the pod is going away)
 // and the kill succeeds: there is nothing left to signal.
 func (s *Standin) kill() int {
-	id := s.a.ContainerID()
+	id := s.a.KillContainerID() // not ContainerID: kill's last word is the signal
 	m := s.loadMarker(id)
-	if m == nil || m.Decision != "restore" || !(m.Member || m.PodSandbox) {
+	// "restored": a pod's container whose start committed; the pod may still be
+	// waiting for its later containers.
+	if m == nil || (m.Decision != "restore" && m.Decision != "restored") || !(m.Member || m.PodSandbox) {
 		return s.execRunsc(s.argv[1:])
 	}
 	t0 := time.Now()
@@ -450,6 +476,7 @@ func (s *Standin) kill() int {
 		s.log.Write("kill", m, "restore-ended", "the pod was stopped while it restored", t0)
 		return 0
 	}
+	s.log.Write("kill", m, "kill-failed", err.Error(), t0)
 	return exitCode(err)
 }
 
@@ -457,6 +484,9 @@ func (s *Standin) delete() int {
 	t0 := time.Now()
 	id := s.a.ContainerID()
 	if m := s.loadMarker(id); m != nil {
+		if pids := s.reapOrphans(id, m.Root); len(pids) > 0 {
+			s.log.Write("delete", m, "reaped-orphans", fmt.Sprintf("killed %v: sandbox processes of a killed create", pids), t0)
+		}
 		if c, closer, err := s.dial(); err == nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			c.Release(ctx, &pb.ReleaseRequest{ContainerId: id, RunscRoot: m.Root})
