@@ -266,10 +266,15 @@ class Runsc:
         # ("W1129 11:30:00.000 ..."); the error itself is a plain line. A Go
         # panic ends in stack frames ("\t/src/x.go:12 +0x3f", "goroutine 1
         # [running]:"): never the message (issue 14, ENOSPC at checkpoint).
+        # A line that is only punctuation (the H200's failed GPU save ended its
+        # message part in a lone ":") says nothing either. An errno text wins
+        # wherever it is, even inside a frame's argument list.
         plain = [ln for ln in lines if not (len(ln) > 5 and ln[0] in "IWDE" and ln[1:5].isdigit())
-                 and not _STACK_FRAME.search(ln)]
-        errno_lines = [ln for ln in plain if any(t in ln.lower() for t in _ERRNO_TEXT)]
-        return (errno_lines or plain or ["runsc printed no error message"])[-1]
+                 and not _STACK_FRAME.search(ln) and any(c.isalnum() for c in ln)]
+        errno_lines = [ln for ln in lines if any(t in ln.lower() for t in _ERRNO_TEXT)]
+        # A recovered panic's own text sits above its goroutine dump.
+        panics = [ln for ln in plain if "panic:" in ln]
+        return (errno_lines or panics or plain or ["runsc printed no error message"])[-1]
 
     # -- subcommands ---------------------------------------------------------
 

@@ -283,6 +283,9 @@ class Lifecycle:
             self.check("checkpoint onto a full disk fails with exit 4 (no room) and one error line",
                        p.returncode == EXIT_NO_SPACE and len(errors) == 1)
             self.check("no partial image is left", os.listdir(small) == [])
+            # runsc's own log of the sandbox (its --log, JSON): the failed save's whole message.
+            for f in (self.work / "log" / "sandboxes" / warm).glob("runsc*.log"):
+                shutil.copy2(f, self.o.out.parent / f"failed-save-{f.name}")
         finally:
             subprocess.run(["umount", "-l", str(small)], check=False)
         try:

@@ -220,6 +220,7 @@ def ps_cmd(obj: Context) -> None:
               help="Only the last N lines (of what is kept: node.log_max_bytes, twice at most).")
 @click.pass_obj
 @handle_errors
+@needs_root(ROOT_WHY)
 def logs_cmd(obj: Context, sid: str, follow: bool, tail: int | None) -> None:
     """Print a sandbox's stdout and stderr (thaw run/restore sandboxes; kept in
     <node.log_dir>/sandboxes/ID/, rotated at node.log_max_bytes)."""

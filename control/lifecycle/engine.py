@@ -194,7 +194,7 @@ class Engine:
                 raise
             reason = e.message if isinstance(e, ThawError) else f"{type(e).__name__}: {e}"
             if isinstance(e, RunscError):  # one line: runsc's own message (the argv is in the debug log)
-                log.debug("runsc checkpoint of %s: %s\n%s", h.id, e.argv, e.stderr_tail)
+                log.debug("runsc checkpoint of %s: %s\n%s\n...\n%s", h.id, e.argv, e.stderr_head, e.stderr_tail)
                 rc = "timed out" if e.returncode is None else f"exit {e.returncode}"
                 reason = f"runsc checkpoint failed ({rc}): {e.runsc_message}"
             if isinstance(e, HookError):
@@ -305,7 +305,7 @@ def no_space(e: BaseException) -> bool:
     import errno
     if isinstance(e, OSError):
         return e.errno in (errno.ENOSPC, errno.EDQUOT)
-    text = (str(e) + " " + getattr(e, "stderr_tail", "")).lower()
+    text = (str(e) + " " + getattr(e, "stderr_head", "") + " " + getattr(e, "stderr_tail", "")).lower()
     return any(t in text for t in _NO_SPACE_TEXT)
 
 

@@ -41,7 +41,10 @@ class JsonFormatter(logging.Formatter):
     """Structured logs: one JSON object per line."""
 
     def format(self, record: logging.LogRecord) -> str:
-        d = {"time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+        # Microseconds (RFC 3339 allows any fraction): the flood benchmark's containerd door
+        # times "gate ... opened" from this field, and answers come within a few ms of it.
+        d = {"time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+             + f".{int(record.created % 1 * 1e6):06d}Z",
              "level": record.levelname.lower(), "logger": record.name, "msg": record.getMessage()}
         if record.exc_info:
             d["exc"] = self.formatException(record.exc_info)

@@ -309,6 +309,44 @@ def test_an_image_whose_spec_runsc_would_refuse_starts_cold_before_runsc_runs(en
     assert ("/run/r", "c1") not in t._leases
 
 
+@pytest.mark.parametrize("gate, health_check", [(True, True), (False, False)])
+def test_gate_and_health_check_follow_the_diagnostic_keys(tmp_path, monkeypatch, gate, health_check):
+    """thawd.gate / thawd.health_check (diagnostics, default on): off, PrepareRestore
+    closes no gate and Restore asks the engine for no health check and no gate opening
+    (what bench/network_flood.py --door containerd measures as mitigations off)."""
+    from control.lifecycle.engine import Restored
+    from control.thawd import service as svc
+    (tmp_path / "empty.toml").write_text("")
+    s = config.load(environ={"THAW_NODE_STATE_DIR": str(tmp_path / "state"),
+                             "THAW_RUNSC_PATH": str(tmp_path / "bin" / "runsc"),
+                             "THAW_THAWD_GATE": str(gate).lower(),
+                             "THAW_THAWD_HEALTH_CHECK": str(health_check).lower()},
+                    config_file=tmp_path / "empty.toml")
+    closed, asked = [], []
+    monkeypatch.setattr(svc.netmod, "namespace_address", lambda path: ("10.0.0.2", "web-a"))
+    monkeypatch.setattr(svc.netmod, "snapshot", lambda path: [])
+    monkeypatch.setattr(svc.gatemod, "close", lambda name, mark, reason="": closed.append(name) or True)
+
+    def restore(self, h, image, probes, *, opts, health_check=True, **kw):
+        asked.append((h.gate, health_check))
+        return Restored(0.1, 0.05, None)
+    monkeypatch.setattr(svc.Engine, "restore", restore)
+    images = FakeImages(tmp_path)
+    t = Thawd(s, images)
+    try:
+        rt = bundle(tmp_path, "c1", OPT_IN)
+        sp = specmod.Bundle(rt.bundle).load()
+        sp["linux"]["namespaces"].append({"type": "network", "path": "/var/run/netns/thaw-web-a"})
+        specmod.Bundle(rt.bundle).write(sp)
+        images.available[t.prepare_restore(rt).key] = True
+        assert t.prepare_restore(rt).restore
+        assert closed == (["web-a"] if gate else [])
+        ok, _, _ = t.restore(rt)
+        assert ok and asked == [("web-a" if gate else None, health_check)]
+    finally:
+        t.close()
+
+
 def test_every_restore_decision_ends_in_exactly_one_outcome(env, caplog):
     """issue 14: a stand-in killed between create and start never reports; thawd
     records such a decision as ABANDONED when it is released or replaced."""
