@@ -14,11 +14,13 @@
 #
 # Runtime handlers: `runsc` (gVisor's shim, runsc itself) and `runsc-thaw`
 # (gVisor's shim, thaw's stand-in as runsc: cold starts unless a thawd
-# answers on THAW_SOCKET, default BASE/thawd.sock). Environment:
-# THAW_BUILD_DIR (default ./build), THAW_CRI_SUBNET (pod addresses, default
-# 10.216.0.0/24: outside the 10.213-10.215 ranges thaw's own sandboxes and
-# tests use); THAW_SOCKET, THAW_PREPARE_TIMEOUT_MS, THAW_HEALTH_TIMEOUT_MS
-# are handed to the stand-in.
+# answers on BASE/thawd.sock). Environment: THAW_BUILD_DIR (default ./build),
+# THAW_CRI_SUBNET (pod addresses, default 10.216.0.0/24: outside the
+# 10.213-10.215 ranges thaw's own sandboxes and tests use); THAW_CONFIG: the
+# stand-in's configuration file (thawd.socket, standin.state_dir, standin.log,
+# read as on a node from /etc/thaw/config.toml; control/dev/testbed.py
+# CriStack writes one for a thawd it runs); without it the stand-in dials
+# BASE/thawd.sock and keeps its state and log under BASE.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 build=${THAW_BUILD_DIR:-"$here/build"}
@@ -152,13 +154,14 @@ EOF
   # The stand-in's environment, as control/containerd.py PrivateContainerd.env
   # gives it (the shim and runsc inherit containerd's environment); no other
   # THAW_* of the caller's leaks in.
-  local -a envv=(PATH="$build:$PATH" HOME="${HOME:-/root}" THAW_REAL_RUNSC="$build/runsc"
-                 THAW_SOCKET="${THAW_SOCKET:-$base/thawd.sock}" THAW_STANDIN_STATE="$base/standin"
-                 THAW_STANDIN_LOG="$base/standin.log")
-  local v
-  for v in THAW_PREPARE_TIMEOUT_MS THAW_HEALTH_TIMEOUT_MS; do
-    [[ -z ${!v:-} ]] || envv+=("$v=${!v}")
-  done
+  # Env names: go/internal/standin/config_keys.go (THAW_<SECTION>_<KEY>).
+  local -a envv=(PATH="$build:$PATH" HOME="${HOME:-/root}" THAW_REAL_RUNSC="$build/runsc")
+  if [[ -n ${THAW_CONFIG:-} ]]; then
+    envv+=(THAW_CONFIG="$THAW_CONFIG")
+  else
+    envv+=(THAW_CONFIG=/dev/null THAW_THAWD_SOCKET="$base/thawd.sock" THAW_STANDIN_STATE_DIR="$base/standin"
+           THAW_STANDIN_LOG="$base/standin.log")
+  fi
   (cd "$base" && exec env -i "${envv[@]}" \
       setsid "$build/containerd" --config "$base/config.toml" >"$base/containerd.log" 2>&1 </dev/null) &
   echo $! > "$base/containerd.pid"
@@ -236,6 +239,16 @@ down() {
       "$build/runsc" --root "$base/runsc-root/k8s.io" delete -force "$p" >/dev/null 2>&1 || true
     done
   fi
+  # Any runsc process of this instance still alive (a sandbox whose state is
+  # already gone, e.g. one stopped while restoring), by pid: its --root is
+  # under BASE. A leaked sandbox keeps its pod's veth and host route, and
+  # the next instance's pod with that address is unreachable.
+  for f in /proc/[0-9]*/cmdline; do
+    [[ $(tr '\0' '\n' 2>/dev/null < "$f" | head -1) == runsc-* ]] || continue
+    tr '\0' '\n' 2>/dev/null < "$f" | grep -q -- "^--root=$base/" || continue
+    p=${f#/proc/}; p=${p%/cmdline}
+    kill -KILL "$p" 2>/dev/null || true
+  done
   awk -v b="$base/" 'index($2, b) == 1 {print $2}' /proc/self/mounts | sort -r | while read -r m; do
     umount -l "$m" 2>/dev/null || true
   done

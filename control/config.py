@@ -387,6 +387,11 @@ KEYS: tuple[Key, ...] = (
     Key("thawd.ready_timeout_s", SECONDS, 600.0,
         "How long a cold-started workload may take to become ready for its automatic checkpoint.",
         range=(1, _DAY)),
+    Key("thawd.pod_assembly_timeout_s", SECONDS, 120.0,
+        "How long a restoring Kubernetes pod may take from its sandbox's restore to its last container's: "
+        "runsc restores the sandbox only then, and the kubelet creates the containers one after the other "
+        "(pulling images in between). Past it thawd removes the sandbox and the kubelet re-creates the pod, "
+        "cold.", range=(1, _DAY)),
     Key("thawd.quarantine_after", INT, 3,
         "Consecutive failed restores after which an image is quarantined (cold starts only).", range=(1, 1000)),
     Key("thawd.auto_checkpoint", BOOL, True,
