@@ -147,6 +147,9 @@ class RestoreOptions:
     detach: bool = True
     background: bool = False
     direct: bool = False
+    # Added to runsc's environment for this call only: a streamed restore
+    # points GVISOR_SIDECAR_BINARIES_DIR at thaw-gofer (control/images/stream.py).
+    env: tuple[tuple[str, str], ...] = ()
 
     def argv(self) -> list[str]:
         a = [f"--image-path={self.image_path}"]
@@ -190,7 +193,7 @@ class Runsc:
         return [str(self.binary), *self.options.argv(), *args]
 
     def _run(self, args: Sequence[str], timeout_s: float | None = None,
-             check_id: str | None = None) -> subprocess.CompletedProcess:
+             check_id: str | None = None, env: Sequence[tuple[str, str]] = ()) -> subprocess.CompletedProcess:
         """Run one runsc command; raise RunscError (or NotFound) on failure.
 
         `check_id`: the container the command names, so "not found" becomes
@@ -209,7 +212,8 @@ class Runsc:
             # Wait in waitpid, with a timer that kills runsc at the deadline:
             # subprocess's wait(timeout=) polls with sleeps growing to 50 ms,
             # which added up to ~50 ms to every runsc call (bench/cli_speed.py).
-            child = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+            child = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                     env={**os.environ, **dict(env)} if env else None)
             timer = threading.Timer(deadline, child.kill)
             timer.daemon = True
             timer.start()
@@ -307,7 +311,7 @@ class Runsc:
         self._run(["checkpoint", *opts.argv(), cid], timeout_s, check_id=cid)
 
     def restore(self, cid: str, opts: RestoreOptions, timeout_s: float | None = None) -> None:
-        self._run(["restore", *opts.argv(), cid], timeout_s)
+        self._run(["restore", *opts.argv(), cid], timeout_s, env=opts.env)
 
     def list(self) -> list[ContainerState]:
         out = self._run(["list", "--format=json"]).stdout

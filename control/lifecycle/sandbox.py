@@ -373,12 +373,15 @@ class Sandboxes:
         return CheckpointResult(out, saved.seconds, saved.bytes, time.monotonic() - t0 if h.gate else None, dropped)
 
     def restore(self, image: Path, sid: str, probes: list | None = None,
-                mitigations: Mitigations = Mitigations(), policy: probemod.Policy | None = None) -> RestoreResult:
+                mitigations: Mitigations = Mitigations(), policy: probemod.Policy | None = None,
+                runsc_env: tuple[tuple[str, str], ...] = (), background: bool | None = None) -> RestoreResult:
         """Restore the image directory `image` as a new sandbox `sid`.
 
         With the gate closed: plumb the checkpoint's address, `runsc restore`,
         health check (`probes`, default: the image's); then open the gate. An
-        unhealthy restore is removed and raises UnhealthyRestore.
+        unhealthy restore is removed and raises UnhealthyRestore. `runsc_env`
+        and `background` (default: checkpoint.restore_background) are for a
+        streamed image (control/images/stream.py).
         """
         validate_id(sid)
         meta = read_image(Path(image))
@@ -423,7 +426,8 @@ class Sandboxes:
                 h, Path(image), probe_list, policy=policy, health_check=mitigations.health_check,
                 opts=RestoreOptions(image_path=Path(image), create=CreateOptions(
                     bundle=bundle.path, pid_file=bundle.path / "init.pid"), detach=True,
-                    background=self.settings.restore_background))
+                    background=self.settings.restore_background if background is None else background,
+                    env=runsc_env))
             if done.health is not None:
                 rec.health = done.health.to_dict()
             rec.owner = None
@@ -440,14 +444,14 @@ class Sandboxes:
         return RestoreResult(sid, ready_at - t0, net.sandbox_ip if net else None, done.runsc_s, done.health,
                              ready_at, done.gate_dropped)
 
-    def warm_start(self, image: Path, sid: str, probes: list | None = None) -> StartResult:
+    def warm_start(self, image: Path, sid: str, probes: list | None = None, **restore_kw) -> StartResult:
         """Restore `image` as `sid`; when that fails for any reason the image's
         workload can still start from (unhealthy, runsc error, corrupt pages),
         start it cold from the image's spec instead: the caller gets one
         container either way."""
         t0 = time.monotonic()
         try:
-            res = self.restore(image, sid, probes=probes)
+            res = self.restore(image, sid, probes=probes, **restore_kw)
             return StartResult(sid, "restored", time.monotonic() - t0, res.sandbox_ip, res)
         except (AlreadyExists, PreconditionError, InvalidTransition):
             raise
@@ -468,6 +472,12 @@ class Sandboxes:
                        ports=tuple(netmod.Port.parse(p) for p in saved.get("ports", [])), address=addr)
         return StartResult(sid, "cold", time.monotonic() - t0, (rec.net or {}).get("sandbox_ip"),
                            fallback_reason=reason)
+
+    def wait_restored(self, sid: str, timeout_s: float | None = None) -> None:
+        """Until the sandbox's restore is complete, every page loaded (`runsc wait
+        --restore`); RunscError when it failed, when runsc killed the sandbox."""
+        rec = self._require(sid)
+        self.handle(rec).runsc.wait(runsc_id(sid), timeout_s, restore=True)
 
     def health(self, sid: str, probes: list | None = None,
                policy: probemod.Policy | None = None) -> tuple[probemod.HealthResult, bool | None]:

@@ -132,7 +132,8 @@ class Thawd:
         except NotFound:
             return Decision(False, "no-image", wl.key)
         except ThawError as e:
-            reason = "tuple-mismatch" if type(e).__name__ == "TupleMismatch" else "fetch-failed"
+            reason = {"TupleMismatch": "tuple-mismatch", "Timeout": "fetch-in-progress"}.get(type(e).__name__,
+                                                                                             "fetch-failed")
             return Decision(False, f"{reason}: {e}", wl.key)
         k = (str(rt.runsc_root), rt.container_id)
         with self._lock:  # claim the fetched lease, unless another container already did
@@ -247,9 +248,13 @@ class Thawd:
         key = wl.key if wl else ""
         h = self._handle(rt, spec)
         image = Path(lease.path)
+        # A streamed image (store.stream): runsc takes thaw-gofer as its checkpoint-gofer
+        # for this call, and restores in the background (the image is still arriving).
+        streamed = getattr(lease, "stream", False)
         try:
             done = Engine(self.s).restore(h, image, [wl.health] if wl else [], opts=RestoreOptions(
-                image_path=image, detach=True, background=self.s.restore_background))
+                image_path=image, detach=True, background=self.s.restore_background or streamed,
+                env=tuple(lease.env().items()) if streamed else ()))
         except ThawError as e:
             reason = f"{type(e).__name__}: {e.message}"
             self._undo_restore(h, rt, key, reason)
@@ -261,6 +266,9 @@ class Thawd:
         log.info("outcome %s key=%s RESTORED %.3fs (runsc %.3fs, health %s)", rt.container_id, key, secs,
                  done.runsc_s, done.health.summary() if done.health else "-")
         self.metrics.inc("thaw_restores_total")
+        if streamed:
+            lease.add_done_callback(lambda st: self.metrics.inc(
+                "thaw_streams_total", result="installed" if st.error is None else "failed"))
         self.metrics.observe("thaw_restore_seconds", secs)
         self.metrics.observe("thaw_health_seconds", done.health.seconds if done.health else 0.0)
         self.quarantine.succeeded(key)

@@ -299,11 +299,12 @@ func (e *Engine) nextBulkLocked() (batch, bool) {
 	if e.next >= len(cs) {
 		return batch{}, false
 	}
-	first := &cs[e.next]
+	head := e.next
+	first := &cs[head]
 	b := batch{obj: first.Object, start: first.Offset, end: first.Offset + int64(first.Stored)}
-	for k := e.next; k < len(cs); k++ {
+	for k := head; k < len(cs); k++ {
 		c := &cs[k]
-		if k > e.next && (e.state[k] != pending || c.Object != b.obj || c.Offset < b.end ||
+		if k > head && (e.state[k] != pending || c.Object != b.obj || c.Offset < b.end ||
 			c.Offset-b.end > gapBytes || c.Offset+int64(c.Stored)-b.start > int64(e.p.RangeBytes)) {
 			break
 		}
@@ -366,17 +367,18 @@ func (e *Engine) worker(isUrgent bool) {
 		e.mu.Lock()
 		var b batch
 		ok := false
+		// Bulk workers keep to the plan's order (a flood of wants must not
+		// turn the whole stream into small GETs); urgent workers serve wants,
+		// and once the bulk order is all handed out, bulk workers help them.
 		for e.ctx.Err() == nil && e.failed == nil && e.left > 0 {
+			if !isUrgent {
+				if b, ok = e.nextBulkLocked(); ok {
+					break
+				}
+			}
 			if len(e.urgentQ) > 0 {
 				b, ok = e.urgentQ[0], true
 				e.urgentQ = e.urgentQ[1:]
-				break
-			}
-			if !isUrgent {
-				b, ok = e.nextBulkLocked()
-				if !ok {
-					break // the bulk order is all handed out: urgent workers finish the rest
-				}
 				break
 			}
 			e.cond.Wait()

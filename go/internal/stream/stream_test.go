@@ -14,6 +14,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -91,7 +92,8 @@ func TestExtentsMatchABitmap(t *testing.T) {
 type image struct {
 	dir    string
 	files  [][]byte // what each file must hold
-	pack   []byte
+	pack   []byte   // pack 0
+	packs  [][]byte // every pack, when files go to packs of their own (newImagePacks)
 	chunks []Chunk
 	ready  [][3]int64
 }
@@ -99,8 +101,15 @@ type image struct {
 // newImage cuts each file into chunks of `size` bytes (every third zlib-coded),
 // packs them in file order, and makes empty full-size files to fill.
 func newImage(t *testing.T, size int, contents ...[]byte) *image {
-	im := &image{dir: t.TempDir(), files: contents}
+	return newImagePacks(t, size, 1, contents...)
+}
+
+// newImagePacks puts file f's chunks into pack f % npacks.
+func newImagePacks(t *testing.T, size, npacks int, contents ...[]byte) *image {
+	im := &image{dir: t.TempDir(), files: contents, packs: make([][]byte, npacks)}
+	defer func() { im.pack = im.packs[0] }()
 	for f, data := range contents {
+		im.pack = im.packs[f%npacks]
 		for off := 0; off < len(data); off += size {
 			raw := data[off:min(off+size, len(data))]
 			stored, codec := raw, fetch.CodecNone
@@ -113,10 +122,11 @@ func newImage(t *testing.T, size int, contents ...[]byte) *image {
 			}
 			c := Chunk{Chunk: fetch.Chunk{Sum: sha256.Sum256(raw), Check: blake3.Sum256(raw), HasCheck: f%2 == 0,
 				Raw: len(raw), Stored: len(stored), Codec: codec}, Offset: int64(len(im.pack)),
-				Places: []Place{{f, int64(off)}}}
+				Places: []Place{{f, int64(off)}}, Object: f % npacks}
 			im.pack = append(im.pack, stored...)
 			im.chunks = append(im.chunks, c)
 		}
+		im.packs[f%npacks] = im.pack
 		p := im.path(f)
 		if err := os.WriteFile(p, nil, 0o644); err != nil {
 			t.Fatal(err)
@@ -130,8 +140,11 @@ func (im *image) path(f int) string { return filepath.Join(im.dir, "f"+strconv.I
 
 func (im *image) plan(url string) *Plan {
 	p := &Plan{Version: PlanVersion, Workers: 2, UrgentWorkers: 2, Attempts: 2, TimeoutS: 5, RangeBytes: 1 << 20,
-		UrgentAheadBytes: 0, Objects: []Object{{URL: url, Name: "packs/test"}}, Chunks: im.chunks, Ready: im.ready,
+		UrgentAheadBytes: 0, Chunks: im.chunks, Ready: im.ready,
 		Listen: filepath.Join(im.dir, "stream.sock"), Complete: filepath.Join(im.dir, "complete")}
+	for i := range im.packs {
+		p.Objects = append(p.Objects, Object{URL: url + "/p" + strconv.Itoa(i), Name: "packs/p" + strconv.Itoa(i)})
+	}
 	for f, data := range im.files {
 		p.Files = append(p.Files, File{Path: im.path(f), Size: int64(len(data))})
 	}
@@ -148,10 +161,13 @@ type store struct {
 	rate   int                  // bytes per second the body is sent at (0: unlimited)
 }
 
-func newStore(t *testing.T, body []byte) *store {
+func newStore(t *testing.T, body []byte, more ...[]byte) *store {
 	s := &store{}
+	packs := append([][]byte{body}, more...)
 	s.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		rng := r.Header.Get("Range")
+		i, _ := strconv.Atoi(strings.TrimPrefix(r.URL.Path, "/p"))
+		body := packs[i]
+		rng := r.URL.Path + " " + r.Header.Get("Range")
 		s.mu.Lock()
 		s.ranges = append(s.ranges, rng)
 		gate, rate := s.gate, s.rate
@@ -251,6 +267,42 @@ func TestStreamFillsEveryFileAndWritesTheMarker(t *testing.T) {
 	}
 }
 
+// The bulk order goes out as ranged GETs of one pack each, of at most
+// range_bytes, in the plan's order.
+func TestBulkGETsStayWithinOnePackAndRangeBytes(t *testing.T) {
+	im := newImagePacks(t, 64<<10, 2, randBytes(12, 3<<20), randBytes(13, 2<<20+5))
+	st := newStore(t, im.packs[0], im.packs[1])
+	p := im.plan(st.srv.URL)
+	p.Workers, p.RangeBytes = 1, 1<<20
+	if err := startStream(t, p).wait(t); err != nil {
+		t.Fatal(err)
+	}
+	for f, want := range im.files {
+		if got, _ := os.ReadFile(im.path(f)); !bytes.Equal(got, want) {
+			t.Fatalf("file %d differs", f)
+		}
+	}
+	reqs := st.requested()
+	last := ""
+	for _, q := range reqs {
+		var path string
+		var a, b int64
+		if _, err := fmt.Sscanf(q, "%s bytes=%d-%d", &path, &a, &b); err != nil {
+			t.Fatalf("request %q: %v", q, err)
+		}
+		if b-a+1 > 1<<20 {
+			t.Fatalf("a GET of %d bytes (%q): more than range_bytes", b-a+1, q)
+		}
+		if path < last {
+			t.Fatalf("requests out of the plan's order: %v", reqs)
+		}
+		last = path
+	}
+	if len(reqs) < 5 {
+		t.Fatalf("%d GETs for 5 MiB in 1 MiB ranges: %v", len(reqs), reqs)
+	}
+}
+
 // A changed byte in the store ends the stream with an integrity error naming
 // the chunk; no marker; a connected gofer is told at once.
 func TestStreamRefusesAnAlteredChunk(t *testing.T) {
@@ -271,10 +323,9 @@ func TestStreamRefusesAnAlteredChunk(t *testing.T) {
 	if CompleteMarker(p.Complete) {
 		t.Fatal("a failed stream wrote the complete marker")
 	}
-	// The last chunk never arrived: its read fails now, not after the deadline.
-	last := im.chunks[len(im.chunks)-1]
+	// The altered chunk is never served: its read fails now, not after the deadline.
 	t0 := time.Now()
-	if _, err := g.read(0, last.Places[0].Off, 4096); !errors.Is(err, unix.EIO) || time.Since(t0) > 2*time.Second {
+	if _, err := g.read(0, victim.Places[0].Off, 4096); !errors.Is(err, unix.EIO) || time.Since(t0) > 2*time.Second {
 		t.Fatalf("read after the failure: %v after %v", err, time.Since(t0))
 	}
 }
@@ -305,7 +356,7 @@ func TestWantJumpsTheBulkQueue(t *testing.T) {
 		t.Fatal(err)
 	}
 	reqs := st.requested()
-	want := "bytes=" + strconv.FormatInt(last.Offset, 10) + "-"
+	want := "/p0 bytes=" + strconv.FormatInt(last.Offset, 10) + "-"
 	idx := -1
 	for i, q := range reqs {
 		if strings.HasPrefix(q, want) {
