@@ -326,8 +326,11 @@ KEYS: tuple[Key, ...] = (
     Key("store.workers", INT, 8, "Parallel chunk transfers; each holds one chunk in memory (the memory bound).",
         range=(1, 256)),
     Key("store.timeout_s", SECONDS, 30.0, "Connect and read timeout of one S3 request.", range=(1, 3600)),
-    Key("store.retries", INT, 3, "botocore 'standard' retry attempts per S3 request (1: no retry).",
-        range=(1, 20)),
+    Key("store.retries", INT, 3, "Retries of a failed S3 request after its first try, counted as botocore's "
+        "'standard' mode counts them (3: 4 tries; 0: none). Twin: go/cmd/thaw-fetch/retry.go.", range=(0, 20)),
+    Key("store.retry_budget_s", SECONDS, 30.0, "A failed S3 request is retried on past store.retries until this "
+        "long after its first try, so a pull rides out a store's slow-down or 5xx window; 0: botocore's standard "
+        "mode alone (docs/store.md, \"Retry policy\").", range=(0, 3600)),
     # SigV4 presigned URLs live at most 7 days; with temporary credentials a
     # URL stops working when they expire, whichever comes first.
     Key("store.presign_expires_s", INT, 6 * 3600,

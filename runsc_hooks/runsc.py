@@ -332,6 +332,16 @@ class Runsc:
         return [w for w in out.split() if w]
 
     def exists(self, cid: str) -> bool:
+        """Whether runsc has a container `cid` (exactly this id) under its root.
+
+        runsc keeps one state file per container, `<root>/<id>_sandbox:<sandbox
+        id>.state` (runsc/container/state_file.go buildPath); looking for it
+        costs no runsc process (~15 ms each here, bench/cli_speed.py), and it
+        names the id exactly, where `runsc state` would resolve a prefix."""
+        import glob
+        root = self.options.root
+        if root is not None and Path(root).is_dir():
+            return bool(glob.glob(os.path.join(glob.escape(str(root)), glob.escape(cid) + "_sandbox:*.state")))
         try:
             self.state(cid)
             return True

@@ -91,7 +91,7 @@ def _node(obj: Context) -> compat.CompatTuple:
 @click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--key", "key", required=True, help="Workload key the image is published under.")
 @click.option("--cache/--no-cache", "use_cache", default=True,
-              help="Also install the published image into this node's cache.")
+              help="Also cache the image on this node (DIR is copied into the cache, then published from there).")
 @store_options
 @json_option
 @click.pass_obj
@@ -111,7 +111,7 @@ def push_cmd(obj: Context, directory: Path, key: str, use_cache: bool) -> None:
         f"{'published' if r.published else 'already published by ' + str(r.manifest_creator.get('host'))} "
         f"{key} ({r.tuple_hash[:12]}): {_size(r.size)}, {u.uploaded_chunks}/{u.chunks} chunks sent "
         f"({_size(u.uploaded_bytes)}), {u.present_chunks} already in the store"
-        + (f"; cached as {r.installed}" if r.installed else "")))
+        + (f"; cached as {r.installed}" if r.installed else "") + "".join(f"\n  {n}" for n in r.notes)))
 
 
 @click.command("pull")

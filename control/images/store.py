@@ -35,6 +35,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from control.config import Settings
 from control.errors import StoreError
 from control.images.manifest import CODECS, Location
+from control.images.retry import RetryPolicy
 
 log = logging.getLogger(__name__)
 
@@ -66,10 +67,21 @@ class Store:
             response_checksum_validation="when_required",
         )
         self.client = session.client("s3", endpoint_url=self.endpoint or None, config=cfg)
+        # A pull's reads (manifests, listings, ranged pack GETs) retry under thaw's
+        # own policy (control/images/retry.py: botocore's standard mode plus a time
+        # budget, twin of thaw-fetch's), so botocore must not retry them as well.
+        self.policy = RetryPolicy.from_settings(settings)
+        self.retried = 0   # requests retried under the policy (a pull's FillStats.retries)
+        self.reader = session.client("s3", endpoint_url=self.endpoint or None,
+                                     config=cfg.merge(Config(retries={"total_max_attempts": 1, "mode": "standard"})))
         self.fetcher = settings.store_fetcher   # transfer.fill hands ranged reads to it when set
         self.timeout_s = settings.store_timeout_s
         self.retries = settings.store_retries
         self.presign_expires_s = settings.store_presign_expires_s
+        self.retry_budget_s = settings.store_retry_budget_s
+
+    def _count_retry(self) -> None:
+        self.retried += 1   # an int += under the GIL: a lost count would only understate a statistic
 
     # -- names -------------------------------------------------------------
 
@@ -85,7 +97,8 @@ class Store:
             problem = f"{err.get('Code', '?')}: {err.get('Message', '')}".strip()
         else:
             problem = f"{type(e).__name__}: {e}"
-        return StoreError(op, f"s3://{self.bucket}/{obj}", problem, self.endpoint)
+        note = getattr(e, "retry_note", "")
+        return StoreError(op, f"s3://{self.bucket}/{obj}", f"{problem}; {note}" if note else problem, self.endpoint)
 
     # -- bucket --------------------------------------------------------------
 
@@ -134,12 +147,14 @@ class Store:
         return f"s3://{self.bucket}/{name}"
 
     def get_range_into(self, pack: str, offset: int, buf: memoryview) -> None:
-        """Fill `buf` with len(buf) bytes of a pack from `offset` (one ranged GET, no copy)."""
+        """Fill `buf` with len(buf) bytes of a pack from `offset` (one ranged GET, no copy),
+        retried under the store's retry policy (a body that breaks off is retried too)."""
         name = self.pack_name(pack)
         length = len(buf)
-        got = 0
-        try:
-            r = self.client.get_object(Bucket=self.bucket, Key=name, Range=f"bytes={offset}-{offset + length - 1}")
+
+        def once() -> int:
+            got = 0
+            r = self.reader.get_object(Bucket=self.bucket, Key=name, Range=f"bytes={offset}-{offset + length - 1}")
             body = r["Body"]
             while got < length:
                 n = body.readinto(buf[got:])
@@ -150,6 +165,9 @@ class Store:
             # returns the connection to its pool instead of dropping it.
             if got == length and body.readinto(bytearray(1)):
                 got += 1
+            return got
+        try:
+            got = self.policy.call(once, on_retry=self._count_retry)
         except (ClientError, BotoCoreError) as e:
             raise self._fail("get", f"{name} bytes {offset}+{length}", e) from None
         if got != length:
@@ -208,7 +226,7 @@ class Store:
     def get_manifest(self, key: str, tuple_hash: str) -> bytes | None:
         name = self.manifest_name(key, tuple_hash)
         try:
-            return self.client.get_object(Bucket=self.bucket, Key=name)["Body"].read()
+            return self.policy.call(lambda: self.reader.get_object(Bucket=self.bucket, Key=name)["Body"].read())
         except ClientError as e:
             if e.response.get("Error", {}).get("Code") in _NOT_FOUND:
                 return None
@@ -244,7 +262,9 @@ class Store:
         """(key, tuple_hash, bytes) of every manifest, or of one key's."""
         base = f"{self.prefix}manifests/" + (f"{key}/" if key else "")
         try:
-            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base):
+            pages = self.policy.call(lambda: list(self.reader.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=base)))
+            for page in pages:
                 for obj in page.get("Contents", []):
                     rest = obj["Key"][len(f"{self.prefix}manifests/"):]
                     k, _, leaf = rest.partition("/")

@@ -271,7 +271,7 @@ class _Job:
                 manifest = images.remote_manifest(self.store, self.key, self.node, reasons)
                 rid = self.cache.reserve(self.key, manifest.size)
                 try:
-                    eid, partial = self.cache.new_partial(manifest)
+                    eid, partial = self.cache.new_partial(manifest.key, manifest.tuple_hash)
                     try:
                         faults = self._stream(manifest, eid, partial)
                         self.cache.install_locked(eid, partial, manifest)
@@ -315,10 +315,7 @@ class _Job:
         self.stream = Stream(self.key, sdir, self.sidecars)
         try:
             sources = self.cache.sources(m.unique_chunks())
-
-            def bad(owner: str) -> None:
-                if owner != "source":
-                    self.cache.mark_corrupt(owner)
+            bad = self.cache.mark_corrupt
             others = tuple(f for f in m.files if f.name not in RUNSC_FILES)
             if others:   # thaw.json: the CLI reads it before runsc starts
                 transfer.fill(dataclasses.replace(m, files=others), partial, self.store, sources,

@@ -347,7 +347,7 @@ class Sandboxes:
             meta = {"version": IMAGE_META_VERSION, "sandbox": sid, "spec": spec, "net": rec.net,
                     "probes": rec.probes, "files": saved.files, "runsc_version": r.version(),
                     "platform": self.settings.runsc_platform, "network": "sandbox" if rec.net else "none",
-                    "nvproxy": r.options.nvproxy or saved.gpu, "gpu": _gpu_needs(spec),
+                    "nvproxy": r.options.nvproxy or saved.gpu, "gpu": gpu_needs(spec),
                     "rootfs": _rootfs_layout(spec, self.settings), "checkpoint_s": saved.seconds,
                     "created_at": time.time()}
             write_json_atomic(partial / IMAGE_META, meta)
@@ -613,6 +613,9 @@ def read_image(image: Path) -> dict:
         raise ImageError(str(image), f"{IMAGE_META} is missing (not written by `thaw checkpoint`?)") from None
     except ValueError as e:
         raise ImageError(str(image), f"{IMAGE_META} is not valid JSON: {e}") from None
+    if isinstance(meta, dict) and meta.get("door", "cli") != "cli":
+        raise ImageError(str(image), f"made under {meta['door']} (its spec names that container's root "
+                         "filesystem and mounts): it restores through containerd, not `thaw restore`")
     if not isinstance(meta, dict) or meta.get("version") != IMAGE_META_VERSION:
         raise ImageError(str(image), f"{IMAGE_META} has unknown version {meta.get('version') if isinstance(meta, dict) else meta!r}")
     files = meta.get("files")
@@ -649,7 +652,7 @@ def _rootfs_layout(spec: dict, settings: Settings) -> dict:
     return {"layout": "path", "path": str(root)}
 
 
-def _gpu_needs(spec: dict) -> dict | None:
+def gpu_needs(spec: dict) -> dict | None:
     """What a restore of this image needs in GPUs (thaw.json "gpu"): count and the
     node's product and driver when it was saved; None for a CPU image."""
     from control.lifecycle.engine import uses_gpu

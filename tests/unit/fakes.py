@@ -37,6 +37,7 @@ class FakeStore:
         self.endpoint = "fake://"
         self.fetcher = None        # in-process fills, unless a test points it at a fetcher
         self.retries = 1
+        self.retry_budget_s = 0.0
         self.timeout_s = 1.0
 
     def chunk_name(self, h: str) -> str:
