@@ -125,6 +125,7 @@ class Stream:
         self.error: ThawError | None = None     # why it failed
         self.stats: dict = {}
         self.faults: dict[str, list[list[int]]] = {}
+        self.learned_ranges = 0                 # ranges of the learned order fetched first
         self.started = time.monotonic()
         self.seconds = 0.0
         self._done = threading.Event()
@@ -184,7 +185,8 @@ class Stream:
     def to_dict(self) -> dict:
         return {"key": self.key, "path": str(self.path), "entry": self.entry_id, "done": self.done,
                 "error": str(self.error) if self.error else None, "seconds": round(self.seconds, 3),
-                "stats": self.stats, "faults": sum(len(v) for v in self.faults.values())}
+                "stats": self.stats, "faults": sum(len(v) for v in self.faults.values()),
+                "learned_ranges": self.learned_ranges}
 
 
 def open_image(cache: Cache, store: Store, settings: Settings, key: str, node: CompatTuple, *,
@@ -321,6 +323,7 @@ class _Job:
                 transfer.fill(dataclasses.replace(m, files=others), partial, self.store, sources,
                               workers=self.s.store_workers, on_bad_source=bad)
             order = read_order(self.store, m)
+            self.stream.learned_ranges = sum(len(v) for v in order.values())
             plan, gofer_files = build_plan(m, partial, sdir, self.store, sources, order, on_bad_source=bad,
                                            workers=self.s.store_workers, timeout_s=self.s.store_timeout_s,
                                            attempts=self.s.store_retries, sock=sock)

@@ -1,7 +1,7 @@
 // Package fetch is the store side of a fetch: ranged GETs of pack objects
 // through presigned URLs, retried the way botocore's standard mode retries,
 // and the check of every chunk against the manifest before a byte of it is
-// used (decode, then BLAKE3 where the manifest has it, else SHA-256).
+// used (decode, then its SHA-256 name).
 //
 // It is the engine of thaw-gofer's stream (go/internal/stream). thaw-fetch
 // (go/cmd/thaw-fetch) holds the same logic as package main; it moves onto
@@ -26,7 +26,6 @@ import (
 	"time"
 
 	"github.com/klauspost/compress/zlib" // inflates ~1.25x faster than compress/zlib (docs/store.md)
-	"github.com/zeebo/blake3"
 )
 
 // Codecs a stored chunk may use. Twin: control/images/chunk.py CODEC_NONE, CODEC_ZLIB.
@@ -41,7 +40,7 @@ const MaxChunk = 64 << 20
 // Chunk is what the manifest says about one chunk: its names and how it is stored.
 type Chunk struct {
 	Sum      [32]byte // SHA-256 of the raw bytes: the chunk's name
-	Check    [32]byte // BLAKE3-256 of the raw bytes (schema-2 manifests)
+	Check    [32]byte // BLAKE3-256 of the raw bytes (schema-2 manifests; passed on, not checked)
 	HasCheck bool
 	Raw      int    // decoded length
 	Stored   int    // stored (encoded) length
@@ -216,17 +215,13 @@ func (v *Verifier) Open(c *Chunk, stored []byte, object string, offset int64) ([
 		return nil, &Error{Kind: "integrity", Chunk: hex.EncodeToString(c.Sum[:]), Object: object, Offset: offset,
 			Detail: fmt.Sprintf("%d stored bytes for a %d-byte uncompressed chunk", len(stored), c.Raw)}
 	}
-	algo, want, got := "sha256", c.Sum, [32]byte{}
-	if c.HasCheck {
-		// BLAKE3 costs about half of SHA-256's CPU per byte here (docs/store.md).
-		algo, want, got = "blake3", c.Check, blake3.Sum256(data)
-	} else {
-		got = sha256.Sum256(data)
-	}
-	if got != want {
+	// The SHA-256 name, the one the node trusts later (its chunk index, local
+	// copies, `thaw verify`); the manifest's BLAKE3 column is not checked:
+	// docs/store.md "Integrity" (issue 14 item 6), as thaw-fetch.
+	if got := sha256.Sum256(data); got != c.Sum {
 		return nil, &Error{Kind: "integrity", Chunk: hex.EncodeToString(c.Sum[:]), Object: object, Offset: offset,
-			Detail: fmt.Sprintf("bytes at %s offset %d have %s %x, not %x: the stored chunk was altered or damaged",
-				object, offset, algo, got, want)}
+			Detail: fmt.Sprintf("bytes at %s offset %d have sha256 %x, not %x: the stored chunk was altered or damaged",
+				object, offset, got, c.Sum)}
 	}
 	return data, nil
 }

@@ -375,6 +375,19 @@ func TestWantJumpsTheBulkQueue(t *testing.T) {
 	}
 }
 
+// A chunk is checked against its SHA-256 name, whatever the manifest's
+// BLAKE3 column says (docs/store.md "Integrity").
+func TestStreamChecksTheSHA256Name(t *testing.T) {
+	im := newImage(t, 64<<10, randBytes(14, 256<<10))
+	im.chunks[2].Sum[0] ^= 1 // its BLAKE3 still matches the bytes
+	st := newStore(t, im.pack)
+	err := startStream(t, im.plan(st.srv.URL)).wait(t)
+	var fe *fetch.Error
+	if !errors.As(err, &fe) || fe.Kind != "integrity" || !strings.Contains(fe.Detail, "sha256") {
+		t.Fatalf("want an integrity error on the SHA-256 name, got %v", err)
+	}
+}
+
 // Ready ranges (zero chunks, local copies) are present from the start; a
 // plan whose chunks are all ready completes without a GET.
 func TestReadyRangesNeedNoFetch(t *testing.T) {
