@@ -326,7 +326,9 @@ class _Job:
             self.stream.learned_ranges = sum(len(v) for v in order.values())
             plan, gofer_files = build_plan(m, partial, sdir, self.store, sources, order, on_bad_source=bad,
                                            workers=self.s.store_workers, timeout_s=self.s.store_timeout_s,
-                                           attempts=self.s.store_retries, sock=sock)
+                                           # store.retries counts retries after the first try;
+                                           # the plan's attempts (twin: go/internal/stream/plan.go) all tries
+                                           attempts=self.s.store_retries + 1, sock=sock)
             for f in m.files:
                 os.link(partial / f.name, sdir / f.name)
             cfg = {"version": GOFER_CONFIG_VERSION, "socket": str(sock), "complete": str(sdir / COMPLETE),
