@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import functools
 import sys
-import threading
-import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import click
 
+if TYPE_CHECKING:
+    from control.node import compat
+
 from control.cli.common import Context, handle_errors, json_option
+from control.cli.progress import Bar, size as _size
 
 
 def store_options(f: Callable) -> Callable:
@@ -35,51 +37,6 @@ def store_options(f: Callable) -> Callable:
         obj.progress = (not obj.json and sys.stderr.isatty()) if progress is None else progress
         return f(*args, **kw)
     return wrapper
-
-
-class Bar:
-    """One line on stderr: label, percent, bytes done / total, bytes/s. Thread-safe."""
-
-    def __init__(self, label: str, enabled: bool) -> None:
-        self.label, self.enabled = label, enabled
-        self.total = 0
-        self.done = 0
-        self.t0 = time.monotonic()
-        self._last = 0.0
-        self._lock = threading.Lock()
-
-    def set_total(self, n: int) -> None:
-        self.total = n
-        self.t0 = time.monotonic()
-
-    def __call__(self, n: int) -> None:
-        with self._lock:
-            self.done += n
-            now = time.monotonic()
-            if self.enabled and now - self._last >= 0.1:
-                self._last = now
-                self._draw("\r")
-
-    def _draw(self, lead: str, end: str = "") -> None:
-        dt = max(time.monotonic() - self.t0, 1e-6)
-        pct = 100.0 * self.done / self.total if self.total else 100.0
-        width = 24
-        fill = int(width * min(pct, 100) / 100)
-        sys.stderr.write(f"{lead}{self.label} [{'#' * fill}{'.' * (width - fill)}] {pct:5.1f}% "
-                         f"{_size(self.done)}/{_size(self.total)} {_size(self.done / dt)}/s{end}")
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            self._draw("\r", "\n")
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return str(n)
 
 
 def _node(obj: Context) -> compat.CompatTuple:

@@ -5,8 +5,13 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
+
+if TYPE_CHECKING:
+    from control.node import doctor as doctormod
+    from control.node import provision as prov
 
 from control import config as configmod
 from control.cli.common import Context, handle_errors, json_option
@@ -22,11 +27,6 @@ def _thaw_command() -> tuple[str, ...]:
     """How the systemd unit runs this thaw: its console script, else the module."""
     script = Path(sys.executable).parent / "thaw"
     return (str(script),) if script.is_file() else (sys.executable, "-m", "control.cli.main")
-
-
-def _has_serve() -> bool:
-    root = click.get_current_context().find_root().command
-    return isinstance(root, click.Group) and "serve" in root.commands
 
 
 def _checks_text(checks: list[doctormod.Check]) -> str:
@@ -86,7 +86,7 @@ def provision_cmd(obj: Context, dry_run: bool, root: Path, source_dir: Path | No
     settings = obj.settings_under(root.resolve())
     opts = prov.Options(source_dir=(source_dir or configmod.REPO_ROOT / "build").resolve(),
                         root=root.resolve(), dry_run=dry_run, systemd=not no_systemd,
-                        restart_containerd=restart_containerd, thawd_available=_has_serve(),
+                        restart_containerd=restart_containerd,
                         thaw_command=_thaw_command())
     report: prov.Report | None = None
     try:
@@ -119,7 +119,7 @@ def doctor_cmd(obj: Context, root: Path, no_systemd: bool) -> None:
     settings = obj.settings_under(root.resolve())
     opts = prov.Options(source_dir=prov.Layout(root.resolve()).host(settings.install_dir / "bin"),
                         root=root.resolve(), systemd=not no_systemd,
-                        thawd_available=_has_serve(), thaw_command=_thaw_command(), compare_binaries=False)
+                        thaw_command=_thaw_command(), compare_binaries=False)
     checks, compat = prov.doctor_checks(settings, opts)
     status = doctormod.worst(checks)
     obj.emit({"status": status, "checks": [c.to_dict() for c in checks], "compatibility_tuple": compat},

@@ -11,8 +11,12 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
+
+if TYPE_CHECKING:
+    from control.lifecycle.sandbox import Sandboxes
 
 from control.cli.common import Context, handle_errors, json_option
 from control.errors import ThawError, UserError

@@ -40,13 +40,12 @@ from control.config import Settings
 from control.files import Owner, fsync_path, write_json_atomic
 from control.lifecycle.engine import Engine, Handle, status as engine_status
 from control.errors import (AlreadyExists, ImageError, InvalidTransition, NotFound, PreconditionError,
-                            RunscError, ThawError, UnhealthyRestore, UserError)
+                            ThawError, UnhealthyRestore, UserError)
 from runsc_hooks import gate as gatemod
 from runsc_hooks import probe as probemod
 from runsc_hooks import network as netmod
 from runsc_hooks import spec as specmod
-from runsc_hooks.runsc import (IMAGE_FILES, CheckpointOptions, CreateOptions, GlobalOptions, RestoreOptions,
-                               Runsc)
+from runsc_hooks.runsc import IMAGE_FILES, CreateOptions, GlobalOptions, RestoreOptions, Runsc
 
 log = logging.getLogger(__name__)
 
@@ -434,7 +433,6 @@ class Sandboxes:
             self._move(rec, State.RUNNING)
             ready_at = time.monotonic()  # the gate opened (bench/network_flood.py measures from here)
         except BaseException as e:
-            from control.errors import UnhealthyRestore
             if isinstance(e, UnhealthyRestore):
                 rec.health = e.health
             self._undo(r, rec)

@@ -36,7 +36,6 @@ ANNOTATION_TENANT = "thaw.dev/tenant"
 ANNOTATION_KEY_ENV = "thaw.dev/key-env"
 ANNOTATION_READY = "thaw.dev/ready"
 ANNOTATION_HEALTH = "thaw.dev/health"
-ANNOTATION_PROFILE = "thaw.dev/profile"
 
 # Image identity as runtimes pass it (runsc itself never sees the image name).
 _IMAGE_ANNOTATIONS = ("io.kubernetes.cri.image-name", "io.containerd.image.name", "org.opencontainers.image.ref.name")

@@ -28,7 +28,7 @@ from control import config
 from control.config import DEFAULT_CONFIG_FILE, Settings
 from control.errors import PreconditionError, ProvisionError, ThawError
 from control.files import write_file_atomic
-from nvproxy import cdi
+from nvproxy import cdi, helper
 from nvproxy.gpu import NodeGpus
 
 RUNSC_TOML = Path("/etc/thaw/runsc.toml")
@@ -55,7 +55,7 @@ BINARIES = (
 )
 STANDIN = "thaw-runsc"
 HOOKS = "thaw-runsc-hooks"
-CUDA_HELPER = "thaw-cuda-checkpoint"
+CUDA_HELPER = helper.BINARY_NAME
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,6 @@ class Options:
     dry_run: bool = False
     systemd: bool = True              # write and enable the thawd unit
     restart_containerd: bool = False  # run containerd.restart_command if its config changed
-    thawd_available: bool = False     # this thaw has a `serve` command
     thaw_command: tuple[str, ...] = ("thaw",)
     compare_binaries: bool = True     # doctor: existence and mode only
 
@@ -415,8 +414,6 @@ def _no_systemd(root: Path) -> str:
 def _start_thawd(earlier: list[Plan], opts: Options, live: bool) -> tuple[bool, str]:
     if not live:
         return False, _no_systemd(opts.root) + ": start thawd yourself (`thaw serve`)"
-    if not opts.thawd_available:
-        return False, "this thaw has no `serve` command yet: unit written and enabled, not started"
     active = subprocess.run(["systemctl", "is-active", "--quiet", "thawd.service"]).returncode == 0
     changed = [p.step for p in earlier if p.step in ("thawd unit", "thaw config", "install runsc")
                and p.action in (CREATE, UPDATE)]

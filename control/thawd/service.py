@@ -14,7 +14,6 @@ import re
 import shutil
 import threading
 import time
-import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,8 +38,6 @@ _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,255}$")
 # The shim's config.json as it was before thawd rewrote it. Twin:
 # go/internal/standin/standin.go origConfigName.
 ORIG_CONFIG = "config.json.thaw-orig"
-# Installed beside runsc (build/ or <node.install_dir>/bin). Twin: control/provision.py CUDA_HELPER.
-CUDA_HELPER_BINARY = "thaw-cuda-checkpoint"
 
 
 @dataclass(frozen=True)
@@ -210,7 +207,7 @@ class Thawd:
         from nvproxy import helper
         d = self.state_dir / "cuda-helper"
         if not (d / helper.HELPER_NAME).is_file():
-            helper.stage(self.s.runsc_path.parent / CUDA_HELPER_BINARY, d)
+            helper.stage(self.s.runsc_path.parent / helper.BINARY_NAME, d)
         return d
 
     def _fetch(self, key: str) -> Future:
