@@ -20,7 +20,7 @@ from pathlib import Path
 
 from control.lifecycle import workload as workloadmod
 from control.config import Settings
-from control.errors import NotFound, ThawError, UserError
+from control.errors import IntegrityError, NotFound, ThawError, UserError
 from control.thawd.metrics import Metrics
 from control.thawd.quarantine import Quarantine
 from control.files import write_json_atomic
@@ -131,6 +131,15 @@ class Thawd:
             return Decision(False, "fetch-in-progress: the image is still being fetched", wl.key)
         except NotFound:
             return Decision(False, "no-image", wl.key)
+        except IntegrityError as e:
+            # The store served bytes that are not the image's (thaw-fetch and the Python
+            # engine check every chunk; neither retries a mismatch): every pull of this
+            # image fails alike, so it counts towards quarantine like a failed restore,
+            # and a quarantined key stops costing a download at every start.
+            reason = f"fetch-failed: {e}"
+            if e.where == "store" and self.quarantine.failed(wl.key, reason):
+                self.metrics.inc("thaw_quarantined_total")
+            return Decision(False, reason, wl.key)
         except ThawError as e:
             reason = {"TupleMismatch": "tuple-mismatch", "Timeout": "fetch-in-progress"}.get(type(e).__name__,
                                                                                              "fetch-failed")
