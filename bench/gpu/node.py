@@ -437,7 +437,8 @@ class Node:
         from runsc_hooks import spec as specmod
         python, paths = self.server_python()
         self.mounts = [m for m in specmod.host_layout(paths)]
-        files: dict = {"/app/server.py": ocibuild.File((HERE / "server.py").read_bytes(), 0o644)}
+        # server.py imports offload.py from beside itself (the pytorch-offload profile's routes).
+        files: dict = {f"/app/{n}": ocibuild.File((HERE / n).read_bytes(), 0o644) for n in ("server.py", "offload.py")}
         for d in specmod.HOST_SYSTEM_DIRS:
             if os.path.islink(d):
                 files[d] = ocibuild.File(link=os.readlink(d))
