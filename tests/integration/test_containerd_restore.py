@@ -207,8 +207,8 @@ def test_a_miss_streams_through_thaw_gofer_while_the_container_restores(name, ru
         d = [x["decision"] for x in s.decisions() if x["id"] == "streamed"]
         assert d == ["restore", "restored"], d
         streamed.wait_for(lambda: s.stats()["counters"].get('thaw_streams_total{result="installed"}') == 1,
-                          120, f"the stream installing its entry (thawd log: {(base / 'thawd.log').read_text()[-3000:]})",
-                          step=0.5)
+                          120, "the stream installing its entry (thawd log: "
+                          f"{(base / 'thawd.log').read_text()[-3000:]})", step=0.5)
         c = s.stats()["counters"]
         assert c.get("thaw_restores_total") == 1 and c.get("thaw_cache_misses_total") == 1, c
         assert 'thaw_streams_total{result="failed"}' not in c, c
