@@ -347,6 +347,18 @@ KEYS: tuple[Key, ...] = (
         "The thaw-fetch binary that runs a pull's ranged GETs, hashing and writes (go/cmd/thaw-fetch; "
         "~1.2x the in-process fetch here, docs/store.md); empty: fetch in-process with boto3. "
         "`thaw provision` writes /opt/thaw/bin/thaw-fetch.", installed="thaw-fetch"),
+    Key("store.stream", BOOL, False,
+        "Restore an image this node does not hold while it streams in from the store (thaw-gofer as "
+        "runsc's checkpoint-gofer sidecar: reads wait for verified bytes, faulted ranges are fetched first), "
+        "instead of pulling it whole first; the cache fills as it streams, under the same lock and lease as "
+        "a pull. Off until measured better (bench/stream.py, docs/store.md \"Streaming restore\")."),
+    Key("store.gofer", PATH, BUILD_DIR / "thaw-gofer",
+        "The thaw-gofer binary (go/cmd/thaw-gofer): the stream and runsc's checkpoint-gofer sidecar of a "
+        "streamed restore. `thaw provision` writes /opt/thaw/bin/thaw-gofer.", installed="thaw-gofer"),
+    Key("store.stream_deadline_s", SECONDS, 30.0,
+        "How long a streamed restore's read may wait for bytes not yet arrived; then runsc kills the "
+        "sandbox and the container starts cold. A stream that fails fails its waiting reads at once.",
+        range=(0.1, 3600)),
     # [pack]
     Key("pack.chunker", PATH, BUILD_DIR / "thaw-chunk",
         "The thaw-chunk binary (FastCDC, SHA-256 + BLAKE3, go/cmd/thaw-chunk). `thaw provision` writes "

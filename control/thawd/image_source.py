@@ -9,14 +9,16 @@ computed once, at start.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from contextlib import AbstractContextManager
+from pathlib import Path
 
 from control.images import image as images
 from control.images.cache import Lease
 from control.node.compat import CompatTuple, node_tuple
 from control.config import Settings
-from control.errors import NotFound, StoreError, TupleMismatch
+from control.errors import NotFound, StoreError, Timeout, TupleMismatch
 from control.images.store import Store
 
 log = logging.getLogger(__name__)
@@ -28,13 +30,19 @@ class ImageSource:
         self.cache = images.open_cache(settings)
         self.store = store if store is not None else Store(settings)
         self.node = node or node_tuple(settings)
+        self._lock = threading.Lock()
+        self._streams: dict = {}   # key -> the Stream filling its entry (store.stream)
         try:
             self.store.ensure_bucket()
         except StoreError as e:  # the store may come up later; pulls then report it per request
             log.warning("store not ready at start: %s", e)
 
     def pull(self, key: str) -> Lease:
-        """A leased cache entry for `key` on this node; NotFound / TupleMismatch / StoreError otherwise."""
+        """A leased cache entry for `key` on this node; NotFound / TupleMismatch / StoreError otherwise.
+        With store.stream, a miss gives a Stream instead: restorable at once, filling the
+        entry as it goes (control/images/stream.py)."""
+        if self.s.store_stream:
+            return self._stream(key)
         t0 = time.monotonic()
         r = images.pull(self.cache, self.store, key, self.node, workers=self.s.store_workers)
         r.lease.hit = r.hit  # thawd counts hits and misses
@@ -47,6 +55,31 @@ class ImageSource:
                      key, f.fetched_bytes, f.fetched_raw_bytes, f.fetched_chunks, f.local_bytes, f.zero_bytes,
                      r.manifest_size, time.monotonic() - t0, f.seconds, f.engine or "?", f.direct_bytes)
         return r.lease
+
+    def _stream(self, key: str):
+        from control.images import stream as streammod
+        with self._lock:
+            active = self._streams.get(key)
+        if active is not None and not active.done:
+            # Its stream holds the key's lock until the entry is in: a second
+            # container of the key starts cold rather than wait for it.
+            raise Timeout(f"waiting for the image of {key!r}, which streams in for another container,", 0)
+        src = streammod.open_image(self.cache, self.store, self.s, key, self.node,
+                                   lock_timeout_s=self.s.thawd_prepare_timeout_s)
+        if isinstance(src, streammod.Stream):
+            with self._lock:
+                self._streams[key] = src
+            src.add_done_callback(lambda st: self._stream_done(key, st))
+        return src
+
+    def _stream_done(self, key: str, st) -> None:
+        with self._lock:
+            if self._streams.get(key) is st:
+                del self._streams[key]
+        if st.error is None:
+            log.info("stream %s: in the cache as %s (%.2fs; %s)", key, st.entry_id, st.seconds, st.stats)
+        else:
+            log.warning("stream %s failed after %.2fs: %s", key, st.seconds, st.error)
 
     def has(self, key: str) -> bool:
         """Whether an image of `key` for this node exists (in the cache or the store)."""

@@ -232,7 +232,8 @@ class Thawd:
                 self.metrics.inc("thaw_quarantined_total")
             return Decision(False, reason, key)
         except ThawError as e:
-            reason = "tuple-mismatch" if type(e).__name__ == "TupleMismatch" else "fetch-failed"
+            reason = {"TupleMismatch": "tuple-mismatch", "Timeout": "fetch-in-progress"}.get(type(e).__name__,
+                                                                                             "fetch-failed")
             return Decision(False, f"{reason}: {e}", key)
         k = (str(rt.runsc_root), rt.container_id)
         with self._lock:  # claim the fetched lease, unless another container already did
@@ -419,10 +420,14 @@ class Thawd:
         key = wl.key if wl else key
         h = Handle(rt.container_id, rt.runsc(self.s.runsc_path, self.s.runsc_timeout_s), rt.bundle)
         image = Path(lease.path)
+        # A streamed image (store.stream): runsc takes thaw-gofer as its checkpoint-gofer
+        # for this call, and restores in the background (the image is still arriving).
+        streamed = getattr(lease, "stream", False)
         try:
             h = self._handle(rt, spec)
             done = Engine(self.s).restore(h, image, [wl.health] if wl else [], opts=RestoreOptions(
-                image_path=image, detach=True, background=self.s.restore_background),
+                image_path=image, detach=True, background=self.s.restore_background or streamed,
+                env=tuple(lease.env().items()) if streamed else ()),
                 health_check=self.s.thawd_health_check)
         except Exception as e:  # noqa: BLE001 - every decision ends in one recorded outcome
             if not isinstance(e, ThawError):
@@ -434,6 +439,9 @@ class Thawd:
             self.undo_restore(h, rt, key, "the stand-in gave up before the restore finished")
             return False, "cancelled", time.monotonic() - t0
         secs = time.monotonic() - t0
+        if streamed:
+            lease.add_done_callback(lambda st: self.metrics.inc(
+                "thaw_streams_total", result="installed" if st.error is None else "failed"))
         if standin is None:
             self._restored(rt, key, done, secs)
         else:
