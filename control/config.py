@@ -122,6 +122,56 @@ def _parse_words(v: Any) -> tuple[str, ...]:
     raise ValueError(f"expected a list of strings, got {v!r}")
 
 
+# A tenant id: lower-case letters, digits and '-', at most 48 characters, no
+# '.' (a workload key's first '.'-separated field is its tenant) and no '_' or
+# '%' (the node cache matches a tenant's entries with SQL LIKE). Used by
+# control/lifecycle/tenant.py for derived ids and here for mapped ones.
+TENANT_PATTERN = r"[a-z0-9](?:[a-z0-9-]{0,46}[a-z0-9])?"
+# What a mapping key names: <origin>:<name>, origin k8s (a Kubernetes
+# namespace), ctr (a containerd namespace) or user (a local user).
+_TENANT_SOURCE = r"(k8s|ctr|user):[A-Za-z0-9][A-Za-z0-9._-]{0,75}"
+
+
+class Pairs(tuple):
+    """A mapping setting, kept as sorted (key, value) pairs so Settings stays hashable."""
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return dict(self).get(key, default)
+
+
+def _parse_tenant_map(v: Any) -> Pairs:
+    """<origin>:<name> -> tenant. TOML: an inline table; env: "k8s:a=t1,ctr:b=t2"."""
+    if isinstance(v, dict):
+        items = list(v.items())
+    elif isinstance(v, str):
+        items = []
+        for part in (p.strip() for p in v.split(",")):
+            if not part:
+                continue
+            if "=" not in part:
+                raise ValueError(f"expected <origin>:<name>=<tenant> pairs separated by commas, got {part!r}")
+            k, _, t = part.partition("=")
+            items.append((k.strip(), t.strip()))
+    else:
+        raise ValueError(f"expected a table of <origin>:<name> = <tenant>, got {v!r}")
+    for k, t in items:
+        if not isinstance(k, str) or not re.fullmatch(_TENANT_SOURCE, k):
+            raise ValueError(f"{k!r} is not <origin>:<name> with origin k8s, ctr or user")
+        if not isinstance(t, str) or not re.fullmatch(TENANT_PATTERN, t):
+            raise ValueError(f"tenant {t!r} for {k!r}: expected 1-48 of a-z 0-9 '-', starting and ending "
+                             "with a letter or digit")
+    return Pairs(sorted(items))
+
+
+def _parse_address(v: Any) -> str:
+    """containerd's gRPC address: a Unix socket path (unix:// optional)."""
+    s = _parse_str(v)
+    path = s[len("unix://"):] if s.startswith("unix://") else s
+    if not path.startswith("/"):
+        raise ValueError(f"expected an absolute Unix socket path, got {s!r}")
+    return path
+
+
 def _one_of(*choices: str) -> Callable[[Any], str]:
     def parse(v: Any) -> str:
         s = _parse_str(v)
@@ -172,6 +222,8 @@ _power_of_two.kind = "integer, a power of two >= 4096"  # type: ignore[attr-defi
 _parse_opt_path.kind = "path or empty"  # type: ignore[attr-defined]
 _parse_ipv4.kind = "IPv4 address"  # type: ignore[attr-defined]
 _parse_mark.kind = "integer packet mark"  # type: ignore[attr-defined]
+_parse_tenant_map.kind = "table of <origin>:<name> = tenant"  # type: ignore[attr-defined]
+_parse_address.kind = "Unix socket path"  # type: ignore[attr-defined]
 
 
 def _kind(parse: Callable[[Any], Any]) -> str:
@@ -198,6 +250,12 @@ class Settings:
     runtime_handler: str         # CRI runtime handler name = RuntimeClass handler
     containerd_runsc_root: Path  # runsc --root of sandboxes the shim starts (+ /<namespace>)
     containerd_restart_command: tuple[str, ...]  # run by `provision --restart-containerd`
+    containerd_address: str      # containerd's gRPC socket: thawd asks it whose a container is
+    containerd_cri_namespace: str  # the containerd namespace of the CRI plugin's containers
+    containerd_info: Path        # the thaw-ctrinfo binary (go/cmd/thaw-ctrinfo)
+    containerd_info_timeout_s: float  # deadline of one thaw-ctrinfo lookup
+    # [tenancy]
+    tenant_map: Pairs            # <origin>:<name> -> tenant
     # [network]
     network_subnet: str         # sandbox addresses come from here (one /30 per sandbox)
     network_publish_address: str  # published ports listen here (DNAT); 127.0.0.1 = this node only
@@ -217,6 +275,9 @@ class Settings:
     store_timeout_s: float      # connect and read timeout of one S3 request
     store_retries: int          # botocore "standard" retry attempts per request
     store_fetcher: Path | None  # the thaw-fetch binary (go/cmd/thaw-fetch); None = fetch in-process
+    store_encrypt: bool         # encrypt chunks (and manifests) with the tenant's key
+    store_tenant_keys_dir: Path | None  # one key file per tenant, named after the tenant
+    store_manifest_key_file: Path | None  # the cluster's manifest integrity key; None = unsigned
     # [pack]
     pack_chunker: Path          # the thaw-chunk binary (go/cmd/thaw-chunk)
     pack_avg_chunk_bytes: int   # FastCDC average chunk size; min = avg/4, max = avg*4
@@ -263,6 +324,11 @@ _KEYS: dict[str, tuple[str, Callable[[Any], Any], Callable[[], Any]]] = {
     "containerd.runsc_root": ("containerd_runsc_root", _parse_abs_path, lambda: Path("/run/containerd/runsc")),
     "containerd.restart_command": ("containerd_restart_command", _parse_words,
                                    lambda: ("systemctl", "restart", "containerd")),
+    "containerd.address": ("containerd_address", _parse_address, lambda: "/run/containerd/containerd.sock"),
+    "containerd.cri_namespace": ("containerd_cri_namespace", _parse_str, lambda: "k8s.io"),
+    "containerd.info": ("containerd_info", _parse_path, lambda: _default_build_dir() / "thaw-ctrinfo"),
+    "containerd.info_timeout_s": ("containerd_info_timeout_s", _positive(_parse_float), lambda: 2.0),
+    "tenancy.map": ("tenant_map", _parse_tenant_map, lambda: Pairs()),
     "network.subnet": ("network_subnet", _parse_str, lambda: "10.213.0.0/16"),
     "network.publish_address": ("network_publish_address", _parse_ipv4, lambda: "127.0.0.1"),
     "network.probe_mark": ("network_probe_mark", _parse_mark, lambda: 0x7468),
@@ -279,6 +345,9 @@ _KEYS: dict[str, tuple[str, Callable[[Any], Any], Callable[[], Any]]] = {
     "store.timeout_s": ("store_timeout_s", _positive(_parse_float), lambda: 30.0),
     "store.retries": ("store_retries", _positive(_parse_int), lambda: 3),
     "store.fetcher": ("store_fetcher", _parse_opt_path, lambda: _default_build_dir() / "thaw-fetch"),
+    "store.encrypt": ("store_encrypt", _parse_bool, lambda: False),
+    "store.tenant_keys_dir": ("store_tenant_keys_dir", _parse_opt_path, lambda: None),
+    "store.manifest_key_file": ("store_manifest_key_file", _parse_opt_path, lambda: None),
     "pack.chunker": ("pack_chunker", _parse_path, lambda: _default_build_dir() / "thaw-chunk"),
     "pack.avg_chunk_bytes": ("pack_avg_chunk_bytes", _power_of_two, lambda: 256 << 10),
     "cache.lock_timeout_s": ("cache_lock_timeout_s", _positive(_parse_float), lambda: 900.0),
@@ -324,6 +393,17 @@ _HELP: dict[str, str] = {
                              "runsc state lives in <root>/<containerd namespace>.",
     "containerd.restart_command": "Command that restarts containerd, run by `thaw provision "
                                   "--restart-containerd` after its config changed.",
+    "containerd.address": "containerd's gRPC socket. thawd asks containerd (through thaw-ctrinfo) whose a "
+                          "container is and which image digest it runs (docs/security.md).",
+    "containerd.cri_namespace": "containerd namespace of the CRI plugin's containers: only there does "
+                                "the pod's Kubernetes namespace, from the CRI plugin's own records, name the tenant.",
+    "containerd.info": "The thaw-ctrinfo binary that reads containerd's records of a container "
+                       "(go/cmd/thaw-ctrinfo). `thaw provision` writes /opt/thaw/bin/thaw-ctrinfo.",
+    "containerd.info_timeout_s": "Deadline of one thaw-ctrinfo lookup; a container whose identity is not "
+                                 "known in time starts cold.",
+    "tenancy.map": "Node-level tenant mapping: `\"<origin>:<name>\" = \"<tenant>\"` with origin k8s (a Kubernetes "
+                   "namespace), ctr (a containerd namespace) or user (a local user); unmapped ones are "
+                   "`<origin>-<name>` (docs/security.md).",
     "thawd.socket": "thawd's gRPC Unix socket (root-only directory). Twin: the stand-in's THAW_SOCKET default.",
     "thawd.metrics_addr": "host:port of thawd's Prometheus /metrics endpoint; empty: off.",
     "thawd.prepare_timeout_s": "How long create waits for an image fetch before answering cold (the fetch goes on).",
@@ -351,6 +431,13 @@ _HELP: dict[str, str] = {
     "store.fetcher": "The thaw-fetch binary that runs a pull's ranged GETs, hashing and writes "
                      "(go/cmd/thaw-fetch; ~1.2x the in-process fetch here, docs/store.md); empty: fetch "
                      "in-process with boto3. `thaw provision` writes /opt/thaw/bin/thaw-fetch.",
+    "store.encrypt": "Encrypt every chunk and manifest with the tenant's key (AES-256-GCM, convergent within "
+                     "a tenant); a tenant without a key file then neither publishes nor restores.",
+    "store.tenant_keys_dir": "Directory of tenant keys: one file per tenant, named after the tenant id, "
+                             "holding 32 random bytes (raw or 64 hex digits), mode 0400 or 0600.",
+    "store.manifest_key_file": "The cluster's manifest key (32 random bytes, raw or hex; every node shares "
+                               "it): manifests are published with its HMAC-SHA256 tag and refused without a "
+                               "valid one. Empty: manifests are neither signed nor checked.",
     "pack.chunker": "The thaw-chunk binary (FastCDC, SHA-256 + BLAKE3, go/cmd/thaw-chunk). "
                     "`thaw provision` writes /opt/thaw/bin/thaw-chunk.",
     "pack.avg_chunk_bytes": "FastCDC average chunk size (min = avg/4, max = avg*4).",
@@ -397,6 +484,8 @@ def render_value(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return repr(value)
+    if isinstance(value, Pairs):
+        return "{" + ", ".join(f'"{k}" = "{v}"' for k, v in value) + "}"
     if isinstance(value, tuple):
         return "[" + ", ".join(f'"{w}"' for w in value) + "]"
     return f'"{value}"'

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from control.node.compat import CompatTuple
 from control.errors import ImageError, PreconditionError, ThawError
+from control.images import keys as keysmod
 from control.images.manifest import (_NAME, CHECK, MAX_FILES, Chunking, ChunkRef, FileEntry, Manifest,
                               validate_key)
 
@@ -121,8 +122,18 @@ def _thaw_version() -> str:
 
 # -- the chunk codec -----------------------------------------------------------
 
-def encode(raw: bytes) -> tuple[str, bytes]:
-    """(codec, payload): zlib where it saves >= COMPRESS_MIN_SAVING, else raw."""
+def encode(raw: bytes, key: bytes | None = None, h: str = "") -> tuple[str, bytes]:
+    """(codec, stored bytes): zlib where it saves >= COMPRESS_MIN_SAVING, else raw;
+    then, with a chunk key (keys.chunk_key of the tenant's key and the chunk's
+    SHA-256 `h`), sealed with AES-256-GCM (keys.seal_chunk). Compression comes
+    first: ciphertext does not compress."""
+    codec, payload = _compress(raw)
+    if key is not None:
+        payload = keysmod.seal_chunk(key, h, codec, payload)
+    return codec, payload
+
+
+def _compress(raw: bytes) -> tuple[str, bytes]:
     if len(raw) > 2 * _SAMPLE:
         sample = raw[:_SAMPLE // 2] + raw[len(raw) // 2:len(raw) // 2 + _SAMPLE // 2]
         if len(zlib.compress(sample, ZLIB_LEVEL)) > len(sample) * (1 - COMPRESS_MIN_SAVING):
@@ -133,8 +144,11 @@ def encode(raw: bytes) -> tuple[str, bytes]:
     return CODEC_NONE, raw
 
 
-def decode(codec: str, payload: bytes, length: int) -> bytes:
-    """The raw bytes of a chunk object; ValueError if it cannot be decoded to `length` bytes."""
+def decode(codec: str, payload: bytes | memoryview, length: int, key: bytes | None = None, h: str = "") -> bytes:
+    """The raw bytes of a stored chunk (opened first with its chunk key when it
+    is sealed); ValueError if it cannot be decoded to `length` bytes."""
+    if key is not None:
+        payload = keysmod.open_chunk(key, h, codec, payload)
     if codec == CODEC_NONE:
         raw = payload
     elif codec == CODEC_ZLIB:

@@ -8,6 +8,13 @@ thawd's, later); the modules below do the parts.
     pull: under the key's lock: a ready, compatible, intact cache entry -> lease;
           else the store's manifest for this node's tuple -> reserve space ->
           fill (local chunks, then parallel GETs) -> install -> lease
+
+With a tenant's view of the store (Store.for_tenant, issue 13), a key must
+start with "<tenant>.", manifests are signed with the cluster's manifest key
+(when configured) and sealed with the tenant's key (when it encrypts), and
+are refused on the way in unless they verify and were written for this very
+tenant, key and tuple; local copies of chunks come only from the same
+tenant's cache entries.
 """
 
 from __future__ import annotations
@@ -24,7 +31,8 @@ from control.images import transfer
 from control.images.cache import Cache, Lease
 from control.node.compat import CompatTuple, check
 from control.config import Settings
-from control.errors import ManifestError, NotFound, TupleMismatch
+from control.errors import KeyMissing, ManifestError, ManifestRefused, NotFound, TupleMismatch, UserError
+from control.images import keys as keysmod
 from control.images.manifest import Manifest
 from control.images.store import Store
 from control.images.transfer import Progress
@@ -61,9 +69,10 @@ def remote_manifest(store: Store, key: str, node: CompatTuple, reasons: list[str
     """
     reasons = list(reasons or [])
     invalid: list[ManifestError] = []
+    _check_tenant(store, key)
     exact = store.get_manifest(key, node.hash())
     if exact is not None:
-        m = _checked(exact, store.manifest_name(key, node.hash()), key)
+        m = _checked(exact, store.manifest_name(key, node.hash()), key, store)
         if not check(m.tuple, node):
             return m
     for k, th, _size in store.list_manifests(key):
@@ -73,7 +82,7 @@ def remote_manifest(store: Store, key: str, node: CompatTuple, reasons: list[str
         if body is None:
             continue
         try:
-            m = _checked(body, store.manifest_name(key, th), key)
+            m = _checked(body, store.manifest_name(key, th), key, store)
         except ManifestError as e:
             invalid.append(e)
             continue
@@ -88,13 +97,55 @@ def remote_manifest(store: Store, key: str, node: CompatTuple, reasons: list[str
     raise NotFound("image", key, "not in this node's cache and not in the store")
 
 
-def _checked(body: bytes, source: str, key: str) -> Manifest:
+def _check_tenant(store: Store, key: str) -> None:
+    tenant = getattr(store, "tenant", "")
+    if tenant and not key.startswith(tenant + "."):
+        raise UserError(f"key {key!r} is not tenant {tenant!r}'s: its keys start with {tenant + '.'!r}", field="key")
+
+
+def _checked(body: bytes, source: str, key: str, store: Store | None = None) -> Manifest:
+    """A manifest read from the store, refused (ManifestRefused) unless it opens
+    with the tenant's key (when it encrypts), carries a valid tag (when the
+    cluster has a manifest key) and was written for this tenant, key and tuple."""
+    tenant = getattr(store, "tenant", "")
+    tenant_key = getattr(store, "tenant_key", None)
+    manifest_key = getattr(store, "manifest_key", None)
+    tuple_hash = source.rsplit("/", 1)[-1].removesuffix(".json")
+    if keysmod.is_sealed_manifest(body):
+        if tenant_key is None:
+            raise KeyMissing(tenant or "(none)", "this node's keys (the manifest is encrypted; store.encrypt is off "
+                             "or the tenant has no key)")
+        try:
+            body = keysmod.open_manifest(tenant_key, tenant, key, tuple_hash, body)
+        except ValueError as e:
+            raise ManifestRefused(source, str(e)) from None
+    elif tenant_key is not None:
+        raise ManifestRefused(source, "it is not encrypted, but this tenant's images are (store.encrypt): "
+                              "written by someone without the tenant's key, or before encryption was on")
+    if manifest_key is not None:
+        manifestmod.verify(body, manifest_key, source)
     m = manifestmod.parse(body, source)
     if m.key != key:
         raise ManifestError("key", f"is {m.key!r}, but the manifest is stored under {key!r}", source)
     if not source.endswith(f"/{m.tuple_hash}.json"):
         raise ManifestError("tuple_hash", f"{m.tuple_hash} does not match the object name", source)
+    if tenant and m.tenant != tenant:
+        raise ManifestRefused(source, f"it names tenant {m.tenant or '(none)'!r}, but it is stored under tenant "
+                              f"{tenant!r}")
+    if m.encryption != getattr(store, "encryption", ""):
+        raise ManifestRefused(source, f"its chunks are sealed as {m.encryption or 'plaintext'!r}, this store's as "
+                              f"{getattr(store, 'encryption', '') or 'plaintext'!r}")
     return m
+
+
+def _published_body(store: Store, m: Manifest) -> bytes:
+    """A manifest as it goes to the store: signed, then sealed, as the tenant's settings say."""
+    body = m.to_json()
+    if getattr(store, "manifest_key", None) is not None:
+        body = manifestmod.sign(body, store.manifest_key)
+    if getattr(store, "tenant_key", None) is not None:
+        body = keysmod.seal_manifest(store.tenant_key, store.tenant, m.key, m.tuple_hash, body)
+    return body
 
 
 def pull(cache: Cache, store: Store | None, key: str, node: CompatTuple, *, workers: int,
@@ -102,6 +153,8 @@ def pull(cache: Cache, store: Store | None, key: str, node: CompatTuple, *, work
     """A leased cache entry of `key` for this node, fetched if need be. Release the lease
     (`result.lease.release()`, or use it as a context manager) once runsc is done."""
     manifestmod.validate_key(key)
+    if store is not None:
+        _check_tenant(store, key)
     notes: list[str] = []
     with cache.key_lock(key):
         notes += [f"recovered: removed {p}" for p in cache.recover_locked(key)]
@@ -122,7 +175,7 @@ def pull(cache: Cache, store: Store | None, key: str, node: CompatTuple, *, work
         m = remote_manifest(store, key, node, reasons)
         if on_total:
             on_total(m.size)
-        entry_id, stats = _fill_and_install(cache, store, m, cache.sources(m.unique_chunks()),
+        entry_id, stats = _fill_and_install(cache, store, m, cache.sources(m.unique_chunks(), tenant=_tenant(store)),
                                             workers=workers, progress=progress)
         for e in cache.entries(key):
             if e.state == "corrupt" and cache.evict(e.id):
@@ -174,20 +227,22 @@ def push(cache: Cache | None, store: Store, directory: Path, key: str, node: Com
          on_total=None) -> PushResult:
     """Publish an image directory under `key` for `node`'s tuple, then make the
     local cache hold exactly the published manifest (ours, or the winner's)."""
+    _check_tenant(store, key)
     layout = pack.pack(directory, key, node, chunker, avg_chunk)
     if on_total:
         on_total(sum(layout.unique_chunks().values()))   # what the upload progress counts
     store.ensure_bucket()
     locations, up = transfer.upload(layout, directory, store, workers=workers, progress=progress)
-    m = dataclasses.replace(layout, locations=locations)
-    won = store.put_manifest_if_absent(key, m.tuple_hash, m.to_json())
+    m = dataclasses.replace(layout, locations=locations, tenant=_tenant(store),
+                            encryption=getattr(store, "encryption", ""))
+    won = store.put_manifest_if_absent(key, m.tuple_hash, _published_body(store, m))
     final = m
     if not won:
         body = store.get_manifest(key, m.tuple_hash)
         if body is None:
             raise NotFound("manifest", store.manifest_name(key, m.tuple_hash),
                            "the conditional put lost, but the winner's manifest is not readable")
-        final = _checked(body, store.manifest_name(key, m.tuple_hash), key)
+        final = _checked(body, store.manifest_name(key, m.tuple_hash), key, store)
         log.info("push %s: another writer published first (%s)", key, final.creator)
     installed = None
     if cache is not None:
@@ -207,7 +262,8 @@ def _install_published(cache: Cache, store: Store, final: Manifest, directory: P
             # A different image under the same key and tuple (e.g. this node lost a
             # publishing race earlier): the store's manifest is the truth.
             cache.mark_corrupt(e.id)
-        sources = transfer.chain(transfer.dir_sources(ours, directory), cache.sources(final.unique_chunks()))
+        sources = transfer.chain(transfer.dir_sources(ours, directory),
+                                 cache.sources(final.unique_chunks(), tenant=_tenant(store)))
         entry_id, _ = _fill_and_install(cache, store, final, sources, workers=workers, progress=None)
         for e in cache.entries(final.key):
             if e.state == "corrupt":
@@ -230,8 +286,8 @@ def listing(cache: Cache, store: Store | None, node: CompatTuple) -> dict:
         row: dict = {"key": key, "tuple_hash": th, "manifest_bytes": nbytes}
         body = store.get_manifest(key, th)
         try:
-            m = _checked(body or b"", store.manifest_name(key, th), key)
-        except ManifestError as e:
+            m = _checked(body or b"", store.manifest_name(key, th), key, store)
+        except (ManifestError, ManifestRefused, KeyMissing) as e:
             row.update(match=False, valid=False, reasons=[str(e)])
         else:
             bad = check(m.tuple, node)
@@ -239,6 +295,10 @@ def listing(cache: Cache, store: Store | None, node: CompatTuple) -> dict:
                        creator=m.creator, chunks=len(m.unique_chunks()))
         remote.append(row)
     return out
+
+
+def _tenant(store: Store | None) -> str:
+    return getattr(store, "tenant", "") if store is not None else ""
 
 
 def verify(cache: Cache, key: str | None = None) -> list[dict]:

@@ -51,6 +51,7 @@ BINARIES = (
     ("thaw-cuda-checkpoint", False),
     ("thaw-chunk", True),          # thawd chunks every image it publishes (pack.chunker)
     ("thaw-fetch", True),          # and fetches every image it pulls (store.fetcher)
+    ("thaw-ctrinfo", True),        # and asks containerd whose a container is (containerd.info, issue 13)
 )
 STANDIN = "thaw-runsc"
 HOOKS = "thaw-runsc-hooks"
@@ -436,6 +437,8 @@ def seed_config(settings: Settings) -> str:
             values[key] = settings.install_dir / "bin" / "thaw-chunk"
         elif key == "store.fetcher" and value is not None:
             values[key] = settings.install_dir / "bin" / "thaw-fetch"
+        elif key == "containerd.info":
+            values[key] = settings.install_dir / "bin" / "thaw-ctrinfo"
         elif value != default:
             values[key] = value
     lines = ["# thaw configuration, written by `thaw provision` because none existed.",

@@ -3,7 +3,9 @@
 A thin adapter over control/images.py (pull, push) and control/cache.py so
 control/service.py sees five verbs: pull (a leased local entry, fetched if
 need be), has, publish, entries, evict. The node's compatibility tuple is
-computed once, at start.
+computed once, at start. Every verb works on the tenant's view of the store
+(its prefix, its key, the manifest key), the tenant being the first field of
+the workload key (issue 13).
 """
 from __future__ import annotations
 
@@ -15,7 +17,9 @@ from control.images.cache import Lease
 from control.node.compat import CompatTuple, node_tuple
 from control.config import Settings
 from control.errors import NotFound, StoreError, TupleMismatch
+from control.images.keys import Keyring
 from control.images.store import Store
+from control.lifecycle.tenant import store_tenant
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +29,11 @@ class ImageSource:
         self.s = settings
         self.cache = images.open_cache(settings)
         self.store = store if store is not None else Store(settings)
+        self.keys = Keyring.from_settings(settings)
         self.node = node or node_tuple(settings)
+        if self.keys.manifest_key is None:
+            log.warning("store.manifest_key_file is not set: manifests are neither signed nor checked, so anyone "
+                        "who can write the bucket can publish an image this node restores (docs/security.md)")
         try:
             self.store.ensure_bucket()
         except StoreError as e:  # the store may come up later; pulls then report it per request
@@ -33,7 +41,7 @@ class ImageSource:
 
     def pull(self, key: str) -> Lease:
         """A leased cache entry for `key` on this node; NotFound / TupleMismatch / StoreError otherwise."""
-        r = images.pull(self.cache, self.store, key, self.node, workers=self.s.store_workers)
+        r = images.pull(self.cache, self._store(key), key, self.node, workers=self.s.store_workers)
         r.lease.hit = r.hit  # thawd counts hits and misses
         for note in r.notes:
             log.info("pull %s: %s", key, note)
@@ -44,16 +52,20 @@ class ImageSource:
         if any(e.state == "ready" and e.tuple.hash() == self.node.hash() for e in self.cache.entries(key)):
             return True
         try:
-            images.remote_manifest(self.store, key, self.node)
+            images.remote_manifest(self._store(key), key, self.node)
             return True
         except (NotFound, TupleMismatch):
             return False
 
     def publish(self, directory: Path, key: str) -> bool:
         """Push a runsc image directory under `key`; True if ours won the publish."""
-        r = images.push(self.cache, self.store, directory, key, self.node, chunker=self.s.pack_chunker,
+        r = images.push(self.cache, self._store(key), directory, key, self.node, chunker=self.s.pack_chunker,
                         avg_chunk=self.s.pack_avg_chunk_bytes, workers=self.s.store_workers)
         return r.published
+
+    def _store(self, key: str) -> Store:
+        """The store as the tenant of `key` sees it (KeyMissing when it must encrypt and has no key)."""
+        return self.store.for_tenant(store_tenant(key), self.keys)
 
     def entries(self) -> list[dict]:
         return [{"key": e.key, "tuple_hash": e.tuple.hash(), "bytes": e.size, "leases": e.leases,

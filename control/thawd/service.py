@@ -21,7 +21,8 @@ from pathlib import Path
 
 from control.lifecycle import workload as workloadmod
 from control.config import Settings
-from control.errors import NotFound, ThawError, UserError
+from control.errors import IdentityError, KeyMissing, ManifestRefused, NotFound, ThawError, UserError
+from control.thawd import ctrinfo
 from control.thawd.metrics import Metrics
 from control.thawd.quarantine import Quarantine
 from control.lifecycle import profiles
@@ -80,15 +81,21 @@ class Decision:
 
 
 class Thawd:
-    def __init__(self, settings: Settings, images, metrics: Metrics | None = None) -> None:
-        """`images` is the image source (control/images.py adapter: pull/publish/evict/entries)."""
+    def __init__(self, settings: Settings, images, metrics: Metrics | None = None, identify=None) -> None:
+        """`images` is the image source (control/images.py adapter: pull/publish/evict/entries).
+        `identify(rt)` tells a container's tenant and image digest (ctrinfo.Identity) from
+        what its runtime records; default: containerd's records (control/thawd/ctrinfo.py)."""
         self.s = settings
         self.images = images
         self.metrics = metrics or Metrics()
+        self.identify = identify or (lambda rt: ctrinfo.identify_container(settings, rt.runsc_root, rt.container_id))
         self.state_dir = settings.state_dir / "thawd"
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._leases: dict[tuple[str, str], object] = {}        # (root, id) -> lease
+        # (root, id) -> ctrinfo.Identity, established at create: a tag moved later
+        # must not change which key a running container checkpoints under.
+        self._identities: dict[tuple[str, str], ctrinfo.Identity] = {}
         self._fetches: dict[str, Future] = {}                    # key -> background pull
         self._checkpointing: set[str] = set()
         self.quarantine = Quarantine(settings)
@@ -115,11 +122,37 @@ class Thawd:
         log.info("prepare %s key=%s -> %s %s", rt.container_id, d.key, "restore" if d.restore else "cold", d.reason)
         return d
 
+    def _workload(self, rt: RuntimeRef, spec: dict) -> "workloadmod.Workload | None":
+        """The workload of an opted-in container, keyed by the identity its runtime
+        records (asked once per container); IdentityError when that cannot be told
+        or its tenant annotation would widen or switch it."""
+        if not workloadmod.opted_in(spec):
+            return None
+        k = (str(rt.runsc_root), rt.container_id)
+        with self._lock:
+            ident = self._identities.get(k)
+        if ident is None:
+            ident = self.identify(rt)
+            with self._lock:
+                self._identities[k] = ident
+        return workloadmod.from_spec(spec, ident.tenant, ident.image)
+
+    def _key(self, rt: RuntimeRef, spec: dict | None = None) -> str:
+        """The container's workload key, "" when it has none thaw may use."""
+        try:
+            wl = self._workload(rt, spec if spec is not None else specmod.Bundle(rt.bundle).load())
+        except (IdentityError, UserError):
+            return ""
+        return wl.key if wl else ""
+
     def _decide(self, rt: RuntimeRef) -> Decision:
         spec = specmod.Bundle(rt.bundle).load()
-        wl = workloadmod.from_spec(spec)
-        if wl is None:
+        if not workloadmod.opted_in(spec):
             return Decision(False, "not-opted-in")
+        try:
+            wl = self._workload(rt, spec)
+        except IdentityError as e:
+            return Decision(False, str(e))
         self._prepare_gpu_spec(rt, spec)
         why = self.quarantine.reason(wl.key)
         if why is not None:
@@ -132,8 +165,7 @@ class Thawd:
         except NotFound:
             return Decision(False, "no-image", wl.key)
         except ThawError as e:
-            reason = "tuple-mismatch" if type(e).__name__ == "TupleMismatch" else "fetch-failed"
-            return Decision(False, f"{reason}: {e}", wl.key)
+            return Decision(False, f"{_fetch_reason(e)}: {e}", wl.key)
         k = (str(rt.runsc_root), rt.container_id)
         with self._lock:  # claim the fetched lease, unless another container already did
             shared = any(v is lease for v in self._leases.values())
@@ -243,7 +275,11 @@ class Thawd:
         if lease is None:
             return False, "thawd holds no restore decision for this container (thawd restarted?)", 0.0
         spec = specmod.Bundle(rt.bundle).load()
-        wl = workloadmod.from_spec(spec)
+        try:
+            wl = self._workload(rt, spec)
+        except (IdentityError, UserError) as e:   # held a lease for it at create: cannot happen unless thawd restarted
+            self._release(rt)
+            return False, str(e), time.monotonic() - t0
         key = wl.key if wl else ""
         h = self._handle(rt, spec)
         image = Path(lease.path)
@@ -282,8 +318,7 @@ class Thawd:
         if outcome not in ("RESTORE_FAILED", "COLD_STARTED"):
             raise UserError(f"outcome {outcome!r}: expected RESTORE_FAILED or COLD_STARTED", field="outcome")
         if key is None:
-            wl = workloadmod.from_spec(specmod.Bundle(rt.bundle).load())
-            key = wl.key if wl else ""
+            key = self._key(rt)
         log.info("outcome %s key=%s %s %s", rt.container_id, key, outcome, reason)
         if outcome == "RESTORE_FAILED":
             self.metrics.inc("thaw_fallbacks_total", reason=reason.split(":")[0])
@@ -313,7 +348,10 @@ class Thawd:
     def _auto_checkpoint(self, rt: RuntimeRef, key: str) -> None:
         try:
             spec = specmod.Bundle(rt.bundle).load()
-            wl = workloadmod.from_spec(spec)
+            wl = self._workload(rt, spec)
+            if wl is None or wl.key != key:
+                log.warning("auto-checkpoint of %s skipped: its key is no longer %s", rt.container_id, key)
+                return
             if wl.ready is None:
                 log.warning("auto-checkpoint of %s skipped: the workload declares no readiness probe "
                             "(annotation %s); thaw does not guess when it is warm", rt.container_id,
@@ -348,6 +386,7 @@ class Thawd:
 
     def _release_key(self, k: tuple[str, str]) -> bool:
         with self._lock:
+            self._identities.pop(k, None)
             lease = self._leases.pop(k, None)
         if lease is None:
             return False
@@ -359,7 +398,7 @@ class Thawd:
         with the workload left running: a failed save never loses it; without
         `leave_running` it is stopped only after the image is complete."""
         spec = specmod.Bundle(rt.bundle).load()
-        wl = workloadmod.from_spec(spec)
+        wl = self._workload(rt, spec)
         if wl is None:
             raise UserError(f"container {rt.container_id} did not opt in (annotation {workloadmod.ANNOTATION_WORKLOAD})")
         staging = self.s.state_dir / "thawd" / "staging"
@@ -397,3 +436,14 @@ class Thawd:
             self._leases.clear()
         for lease in leases:
             lease.release()
+
+
+def _fetch_reason(e: ThawError) -> str:
+    """The decision reason (and metrics label) of a failed pull."""
+    if isinstance(e, ManifestRefused):
+        return "manifest-refused"
+    if isinstance(e, KeyMissing):
+        return "no-tenant-key"
+    if type(e).__name__ == "TupleMismatch":
+        return "tuple-mismatch"
+    return "fetch-failed"

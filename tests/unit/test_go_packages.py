@@ -19,5 +19,5 @@ def test_go_unit_tests_pass():
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     ran = {line.split()[1] for line in r.stdout.splitlines() if line.startswith("ok ")}
     # The packages whose tests guard the product: a rename that drops one from ./... fails here.
-    for pkg in ("cmd/thaw-fetch", "internal/standin", "internal/runscargv"):
+    for pkg in ("cmd/thaw-fetch", "cmd/thaw-ctrinfo", "internal/standin", "internal/runscargv"):
         assert f"thaw.dev/thaw/go/{pkg}" in ran, (pkg, r.stdout[-2000:])
