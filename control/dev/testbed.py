@@ -33,6 +33,10 @@ COUNTER = b"""#!/bin/sh
 boot=$(cat /proc/sys/kernel/random/uuid)
 dd if=/dev/urandom of=/tmp/weights bs=1048576 count=${WEIGHTS_MB:-4} 2>/dev/null
 r=0; while [ $r -lt ${WARMUP_ROUNDS:-1} ]; do sha256sum /tmp/weights > /tmp/digest; r=$((r+1)); done
+# A known string in memory, 32 times between 64 KiB of random bytes: most
+# chunks holding it are then stored uncompressed, so in a plaintext store it is
+# there to be found (tests/integration/test_tenancy.py).
+if [ -n "$SECRET" ]; then for i in $(seq 32); do head -c 65536 /dev/urandom; echo -n "$SECRET"; done > /tmp/secret; fi
 echo $boot > /tmp/boot
 touch /tmp/ready
 i=0
@@ -61,6 +65,10 @@ class Stack:
             "THAW_STORE_CREDENTIALS_FILE": str(self.base / "aws-credentials"),
             "THAW_PACK_CHUNKER": str(BUILD / "thaw-chunk"), "THAW_STORE_FETCHER": str(BUILD / "thaw-fetch"),
             "THAW_THAWD_HEALTH_TIMEOUT_S": "20",
+            # thawd asks this stack's containerd whose a container is (issue 13).
+            "THAW_CONTAINERD_ADDRESS": str(self.base / "ctrd" / "containerd.sock"),
+            "THAW_CONTAINERD_RUNSC_ROOT": str(self.base / "ctrd" / "runsc-root"),
+            "THAW_CONTAINERD_INFO": str(BUILD / "thaw-ctrinfo"),
             **self.extra_env,
         })
         return env
@@ -124,15 +132,19 @@ class Stack:
             raise ThawError(f"thaw stats failed: {p.stderr.strip()}")
         return json.loads(p.stdout)
 
+    def metrics(self) -> dict[str, float]:
+        """thawd's counters (the same as its /metrics endpoint's)."""
+        return self.stats()["counters"]
+
     def decisions(self) -> list[dict]:
         p = self.ctrd.base / "standin.log"
         return [json.loads(line) for line in p.read_text().splitlines()] if p.exists() else []
 
-    def state(self, cid: str, timeout_s: float = 60) -> tuple[str, int]:
+    def state(self, cid: str, timeout_s: float = 60, ns: str = "thaw") -> tuple[str, int]:
         """(boot id, counter) read from inside the container."""
         end = time.monotonic() + timeout_s
         while True:
-            p = self.ctrd.exec(cid, "cat", "/tmp/state", check=False)
+            p = self.ctrd.exec(cid, "cat", "/tmp/state", check=False, ns=ns)
             if p.returncode == 0 and len(p.stdout.split()) == 2:
                 boot, i = p.stdout.split()
                 return boot, int(i)
@@ -140,10 +152,10 @@ class Stack:
                 raise Timeout(f"{cid} reporting its state", timeout_s)
             time.sleep(0.1)
 
-    def wait_published(self, timeout_s: float = 120) -> dict:
+    def wait_published(self, timeout_s: float = 120, key_prefix: str = "") -> dict:
         end = time.monotonic() + timeout_s
         while time.monotonic() < end:
-            entries = [e for e in self.stats()["entries"] if e["state"] == "ready"]
+            entries = [e for e in self.stats()["entries"] if e["state"] == "ready" and e["key"].startswith(key_prefix)]
             if entries:
                 return entries[0]
             time.sleep(0.5)

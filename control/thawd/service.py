@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import shutil
 import threading
@@ -403,6 +404,7 @@ class Thawd:
             raise UserError(f"container {rt.container_id} did not opt in (annotation {workloadmod.ANNOTATION_WORKLOAD})")
         staging = self.s.state_dir / "thawd" / "staging"
         staging.mkdir(parents=True, exist_ok=True)
+        os.chmod(staging, 0o700)   # a checkpoint is the workload's memory in plaintext (docs/security.md)
         out = staging / f"{rt.container_id}-{uuid.uuid4().hex[:8]}"
         try:
             saved = Engine(self.s).checkpoint(self._handle(rt, spec), out, stop_after=not leave_running)

@@ -33,7 +33,7 @@ def test_cold_then_published_then_restored(cs):
     cs.ctrd.run(IMAGE, "first", ANNOTATIONS)
     boot1, _ = cs.state("first")
     entry = cs.wait_published()
-    assert entry["key"].startswith("default.counter.")
+    assert entry["key"].startswith("ctr-thaw.counter.")   # the containerd namespace is the tenant
     saved_boot, saved_i = cs.state("first")
     assert saved_boot == boot1  # --leave-running: the cold container keeps serving
     cs.ctrd.remove("first")
