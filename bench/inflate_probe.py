@@ -16,7 +16,7 @@ import workloads  # noqa: E402
 
 from control import config
 
-from control.images import chunk as pack  # noqa: E402
+from control.images import pack  # noqa: E402
 
 CHUNK = 256 << 10
 

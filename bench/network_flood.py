@@ -334,8 +334,8 @@ def _settings(base: Path, subnet: str) -> configmod.Settings:
         "THAW_RUNSC_PATH": str(REPO / "build" / "runsc"),
         "THAW_NETWORK_SUBNET": subnet,
         "THAW_CACHE_DIR": str(base / "cache"),
-        "THAW_HEALTH_TIMEOUT_S": "10",
-        "THAW_HEALTH_ATTEMPT_TIMEOUT_S": "0.5",
+        "THAW_THAWD_HEALTH_TIMEOUT_S": "10",
+        "THAW_THAWD_HEALTH_ATTEMPT_TIMEOUT_S": "0.5",
     }
     base.mkdir(parents=True, exist_ok=True)
     (base / "empty-config.toml").write_text("")

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the pinned gVisor stack (runsc, containerd-shim-runsc-v1) and
-# containerd + ctr from the Go module proxy into one build directory
+# Builds the pinned gVisor stack (runsc, containerd-shim-runsc-v1),
+# containerd + ctr, crictl and three CNI plugins (cni-bin/) from the Go module
+# proxy into one build directory
 # (THAW_BUILD_DIR, default ./build), then thaw's own Go commands (go/cmd/*).
 # The upstream binaries are rebuilt only when their inputs (go/go.mod,
 # go/go.sum, this script, the Go version) change: .stamp holds the hash of
@@ -11,7 +12,7 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 out=${THAW_BUILD_DIR:-"$here/build"}
 mkdir -p "$out"
 
-pins=$(cd "$here/go" && go list -m -f '{{.Path}}@{{.Version}}' gvisor.dev/gvisor github.com/containerd/containerd/v2)
+pins=$(cd "$here/go" && go list -m -f '{{.Path}}@{{.Version}}' gvisor.dev/gvisor github.com/containerd/containerd/v2 sigs.k8s.io/cri-tools github.com/containernetworking/plugins)
 inputs=$( (cd "$here" && echo "$pins" && cat ci/build-go.sh go/overlay/*/*.go; go version) | sha256sum | cut -c1-16)
 
 build_own() {
@@ -23,7 +24,7 @@ build_own() {
 }
 up_to_date=1
 [[ -f "$out/.stamp" && "$(cat "$out/.stamp")" == "$inputs" ]] || up_to_date=0
-for b in runsc containerd-shim-runsc-v1 containerd ctr; do
+for b in runsc containerd-shim-runsc-v1 containerd ctr crictl cni-bin/ptp cni-bin/host-local cni-bin/loopback; do
   [[ -x "$out/$b" ]] || up_to_date=0
 done
 if (( up_to_date )); then
@@ -36,6 +37,8 @@ cd "$here/go"
 export CGO_ENABLED=0 GOFLAGS=-buildvcs=false
 gvisor_version=$(go list -m -f '{{.Version}}' gvisor.dev/gvisor)
 containerd_version=$(go list -m -f '{{.Version}}' github.com/containerd/containerd/v2)
+critools_version=$(go list -m -f '{{.Version}}' sigs.k8s.io/cri-tools)
+cni_version=$(go list -m -f '{{.Version}}' github.com/containernetworking/plugins)
 # The label runsc restores against: restore refuses a different version
 # string, and unstamped builds all say VERSION_MISSING (docs/gvisor-facts.md).
 # Twin: control/config.py RUNSC_VERSION_LABEL.
@@ -90,6 +93,20 @@ rm -rf "$shim_mod"
 install containerd "github.com/containerd/containerd/v2/cmd/containerd@$containerd_version" \
   -tags "no_btrfs no_devmapper no_zfs" -ldflags "-s -w"
 install ctr "github.com/containerd/containerd/v2/cmd/ctr@$containerd_version" -ldflags "-s -w"
+# crictl talks CRI to containerd as the kubelet does (tests/integration pod
+# tests, docs/containerd.md#cri). Its version is stamped the way cri-tools'
+# Makefile does (GO_LDFLAGS -X .../pkg/version.Version); unstamped it says "unknown".
+install crictl "sigs.k8s.io/cri-tools/cmd/crictl@$critools_version" \
+  -ldflags "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=${critools_version#v}"
+# containerd's CRI plugin refuses to start a pod outside the host network
+# without a CNI network that gives the pod's eth0 an address ("cni plugin not
+# initialized", then "failed to find network info"): ptp (a veth pair, no
+# bridge) with host-local addresses, plus loopback, which CRI runs for every
+# pod's lo (docs/containerd.md#cri).
+mkdir -p "$out/cni-bin"
+for p in main/ptp ipam/host-local main/loopback; do
+  install "cni-bin/${p#*/}" "github.com/containernetworking/plugins/plugins/$p@$cni_version" -ldflags "-s -w"
+done
 echo "$inputs" > "$out/.stamp"
 build_own
 echo "build: done -> $out ($("$out/runsc" --version | head -1))"

@@ -2,8 +2,9 @@
 # Every set-up step thaw needs on a fresh machine, idempotent and cached:
 #   1. Debian packages (only when a tool is missing)
 #   2. the Python virtualenv in .venv with thaw installed editable (+ test extras)
-#   3. the Go builds (ci/build-go.sh: runsc, shim, containerd, ctr)
+#   3. the Go builds (ci/build-go.sh: runsc, shim, containerd, ctr, crictl, CNI plugins)
 #   4. the CUDA checkpoint helper (C, libcuda loaded at run time)
+#   5. the DaemonSet image (ci/build-image.sh: an OCI archive, no daemon)
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
@@ -17,6 +18,7 @@ command -v gcc >/dev/null || need_apt+=(gcc libc6-dev)
 command -v go >/dev/null || need_apt+=(golang-go)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
 command -v xz >/dev/null || need_apt+=(xz-utils)
+command -v mmdebstrap >/dev/null || need_apt+=(mmdebstrap)   # the DaemonSet image's Debian base
 if ((${#need_apt[@]})); then
   echo "setup: apt-get install ${need_apt[*]}"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
@@ -34,6 +36,10 @@ else
 fi
 
 bash ci/gen-proto.sh   # go/gen/thawpb must exist before the Go build
+# Byte-compile thaw's own packages as an installed wheel would be (the Makefile
+# sets PYTHONDONTWRITEBYTECODE so test runs leave no __pycache__ behind; without
+# this every `thaw` command would compile its modules again: ~50 ms here).
+.venv/bin/python -m compileall -q control runsc_hooks nvproxy
 bash ci/build-go.sh
 
 helper_src=nvproxy/cuda_checkpoint/thaw-cuda-checkpoint.c
@@ -52,5 +58,7 @@ if [[ ! -x "$build/busybox" ]]; then
   install -m 0755 "$tmp/x/bin/busybox" "$build/busybox"
   rm -rf "$tmp"
 fi
+
+bash ci/build-image.sh
 
 echo "setup: ready"

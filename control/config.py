@@ -1,14 +1,21 @@
-"""thaw's settings: one frozen dataclass, read once.
+"""thaw's settings: one table of keys, one frozen dataclass made from it, read once.
 
 Precedence, highest first: CLI flag > environment (THAW_<SECTION>_<KEY>) >
 TOML file (THAW_CONFIG, else /etc/thaw/config.toml when it exists) > default.
-Every key is declared once in `_KEYS`; a bad value raises ConfigError naming
-the key and where the value came from. No other module reads os.environ.
+
+Every key is one `Key` row in `KEYS`: its name, what it accepts, its default,
+its help line and, for numbers, its range. Everything else is derived from
+that row: the environment variable, the `Settings` field, validation,
+`thaw config`, the docs table (ci/update-config-docs.py), provision's seeded
+config, and the Go stand-in's table of the keys it reads
+(go/internal/standin/config_keys.go, generated). A bad value raises ConfigError
+naming the key and where the value came from. No other module reads os.environ.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import re
 import tomllib
@@ -18,21 +25,34 @@ from typing import Any, Callable, Mapping
 
 from control.errors import ConfigError
 
-DEFAULT_CONFIG_FILE = Path("/etc/thaw/config.toml")
+DEFAULT_CONFIG_FILE = Path("/etc/thaw/config.toml")  # twin: go/internal/standin/config.go DefaultConfigFile
 REPO_ROOT = Path(__file__).resolve().parent.parent
+BUILD_DIR = REPO_ROOT / "build"
 
 # The version label the build stamps into runsc (ci/build-go.sh computes the
-# same "thaw-gvisor-<commit>" from go/go.mod); restore refuses images written
-# by a runsc with another label. Twin: ci/build-go.sh `label`.
+# same "thaw-gvisor-<commit>" from go/go.mod's gvisor.dev/gvisor pseudo-version);
+# restore refuses images written by a runsc with another label. Not derived at
+# import: an installed thaw has no go/go.mod. Twins: go/go.mod, ci/build-go.sh
+# `label`; tests/unit/test_config.py checks all three agree.
 GVISOR_COMMIT = "160fafc42237"
 RUNSC_VERSION_LABEL = f"thaw-gvisor-{GVISOR_COMMIT}"
 
-
-def _default_build_dir() -> Path:
-    return REPO_ROOT / "build"
+_SIZE_UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
-def _parse_bool(v: Any) -> bool:
+# -- kinds: what a key accepts ------------------------------------------------------
+
+@dataclass(frozen=True)
+class Kind:
+    """A parser (raises ValueError on a bad value), the type of the Settings
+    field it fills, and what it accepts in words (the docs' type column)."""
+    name: str
+    parse: Callable[[Any], Any]
+    type: Any
+    numeric: bool = False   # numeric kinds need a range on every key that uses them
+
+
+def _bool(v: Any) -> bool:
     if isinstance(v, bool):
         return v
     s = str(v).strip().lower()
@@ -43,41 +63,39 @@ def _parse_bool(v: Any) -> bool:
     raise ValueError(f"expected a boolean (true/false), got {v!r}")
 
 
-def _parse_int(v: Any) -> int:
+def _int(v: Any) -> int:
     if isinstance(v, bool) or not isinstance(v, (int, str)):
         raise ValueError(f"expected an integer, got {v!r}")
     if isinstance(v, int):
         return v
-    s = v.strip().replace("_", "")
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
     try:
-        if s and s[-1].lower() in units:
-            return int(float(s[:-1]) * units[s[-1].lower()])
+        return int(v.strip().replace("_", ""))
+    except ValueError:
+        raise ValueError(f"expected an integer, got {v!r}") from None
+
+
+def _size(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, str)):
+        raise ValueError(f"expected a size in bytes, got {v!r}")
+    if isinstance(v, int):
+        return v
+    s = v.strip().replace("_", "")
+    try:
+        if s and s[-1].lower() in _SIZE_UNITS:
+            return int(float(s[:-1]) * _SIZE_UNITS[s[-1].lower()])
         return int(s)
     except ValueError:
-        raise ValueError(f"expected an integer (suffixes k, m, g, t allowed), got {v!r}") from None
+        raise ValueError(f"expected a size in bytes (suffixes k, m, g, t allowed), got {v!r}") from None
 
 
-def _parse_mark(v: Any) -> int:
-    """A netfilter mark: 1 .. 2**32-1, decimal or 0x hex."""
-    if isinstance(v, bool):
-        raise ValueError(f"expected an integer mark, got {v!r}")
-    n = v if isinstance(v, int) else int(str(v).strip(), 0)
-    if not 0 < n < 1 << 32:
-        raise ValueError(f"a mark must be 1 .. 0xffffffff, got {v!r}")
-    return n
+def _power_of_two(v: Any) -> int:
+    x = _size(v)
+    if x <= 0 or x & (x - 1):
+        raise ValueError(f"expected a power of two, got {v!r}")
+    return x
 
 
-def _parse_ipv4(v: Any) -> str:
-    import ipaddress
-    s = _parse_str(v)
-    try:
-        return str(ipaddress.IPv4Address(s))
-    except ValueError:
-        raise ValueError(f"expected an IPv4 address, got {s!r}") from None
-
-
-def _parse_float(v: Any) -> float:
+def _float(v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float, str)):
         raise ValueError(f"expected a number, got {v!r}")
     try:
@@ -89,32 +107,36 @@ def _parse_float(v: Any) -> float:
     return f
 
 
-def _parse_str(v: Any) -> str:
+def _str(v: Any) -> str:
     if not isinstance(v, (str, int, float)) or isinstance(v, bool):
         raise ValueError(f"expected a string, got {v!r}")
     return str(v)
 
 
-def _parse_opt_path(v: Any) -> Path | None:
-    s = _parse_str(v)
-    return Path(s) if s else None
-
-
-def _parse_path(v: Any) -> Path:
-    s = _parse_str(v)
+def _path(v: Any) -> Path:
+    if isinstance(v, Path):
+        v = str(v)
+    s = _str(v)
     if not s:
         raise ValueError("expected a path, got an empty string")
     return Path(s)
 
 
-def _parse_abs_path(v: Any) -> Path:
-    p = _parse_path(v)
+def _opt_path(v: Any) -> Path | None:
+    if v is None:
+        return None
+    s = _str(str(v) if isinstance(v, Path) else v)
+    return Path(s) if s else None
+
+
+def _abs_path(v: Any) -> Path:
+    p = _path(v)
     if not p.is_absolute():
         raise ValueError(f"expected an absolute path, got {str(p)!r}")
     return p
 
 
-def _parse_words(v: Any) -> tuple[str, ...]:
+def _words(v: Any) -> tuple[str, ...]:
     if isinstance(v, str):
         return tuple(w for w in v.split() if w)
     if isinstance(v, (list, tuple)) and all(isinstance(w, str) for w in v):
@@ -122,12 +144,52 @@ def _parse_words(v: Any) -> tuple[str, ...]:
     raise ValueError(f"expected a list of strings, got {v!r}")
 
 
-# A tenant id: lower-case letters, digits and '-', at most 48 characters, no
-# '.' (a workload key's first '.'-separated field is its tenant) and no '_' or
-# '%' (the node cache matches a tenant's entries with SQL LIKE). Used by
-# control/lifecycle/tenant.py for derived ids and here for mapped ones.
+def _dns_label(v: Any) -> str:
+    # A Kubernetes RuntimeClass handler must be a DNS-1123 label
+    # (k8s.io/api node/v1 RuntimeClass.Handler), and CRI looks the handler up
+    # by this name in containerd's runtimes table.
+    s = _str(v)
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", s):
+        raise ValueError(f"expected a DNS label (lower case letters, digits, '-', at most 63), got {s!r}")
+    return s
+
+
+def _ipv4(v: Any) -> str:
+    s = _str(v)
+    try:
+        return str(ipaddress.IPv4Address(s.strip()))
+    except ValueError:
+        raise ValueError(f"expected an IPv4 address, got {s!r}") from None
+
+
+def _ipv4_slots(v: Any) -> str:
+    """An IPv4 network that holds at least one /30: runsc_hooks/network.py
+    slot_addresses gives each sandbox one /30 of it."""
+    s = _str(v)
+    try:
+        net = ipaddress.IPv4Network(s.strip())  # strict: host bits set is an error
+    except ValueError as e:
+        raise ValueError(f"expected an IPv4 network such as 10.213.0.0/16, got {s!r} ({e})") from None
+    if net.prefixlen > 30:
+        raise ValueError(f"expected an IPv4 network of /30 or larger (one /30 per sandbox), got {s!r}")
+    return str(net)
+
+
+def _mark(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, str)):
+        raise ValueError(f"expected an integer mark, got {v!r}")
+    try:
+        return v if isinstance(v, int) else int(v.strip(), 0)
+    except ValueError:
+        raise ValueError(f"expected an integer mark (decimal or 0x hex), got {v!r}") from None
+
+
+# A tenant id (issue 13): lower-case letters, digits and '-', at most 48
+# characters, no '.' (a workload key's first '.'-separated field is its tenant)
+# and no '_' or '%' (the node cache matches a tenant's entries with SQL LIKE).
+# control/lifecycle/tenant.py derives ids of this form; tenancy.map values must be.
 TENANT_PATTERN = r"[a-z0-9](?:[a-z0-9-]{0,46}[a-z0-9])?"
-# What a mapping key names: <origin>:<name>, origin k8s (a Kubernetes
+# What a tenancy.map key names: <origin>:<name>, origin k8s (a Kubernetes
 # namespace), ctr (a containerd namespace) or user (a local user).
 _TENANT_SOURCE = r"(k8s|ctr|user):[A-Za-z0-9][A-Za-z0-9._-]{0,75}"
 
@@ -135,12 +197,14 @@ _TENANT_SOURCE = r"(k8s|ctr|user):[A-Za-z0-9][A-Za-z0-9._-]{0,75}"
 class Pairs(tuple):
     """A mapping setting, kept as sorted (key, value) pairs so Settings stays hashable."""
 
-    def get(self, key: str, default: Any = None) -> Any:
-        return dict(self).get(key, default)
+    def get(self, name: str, default: Any = None) -> Any:
+        return dict(self).get(name, default)
 
 
-def _parse_tenant_map(v: Any) -> Pairs:
+def _tenant_map(v: Any) -> Pairs:
     """<origin>:<name> -> tenant. TOML: an inline table; env: "k8s:a=t1,ctr:b=t2"."""
+    if isinstance(v, Pairs):
+        return v
     if isinstance(v, dict):
         items = list(v.items())
     elif isinstance(v, str):
@@ -163,321 +227,314 @@ def _parse_tenant_map(v: Any) -> Pairs:
     return Pairs(sorted(items))
 
 
-def _parse_address(v: Any) -> str:
+def _socket_address(v: Any) -> str:
     """containerd's gRPC address: a Unix socket path (unix:// optional)."""
-    s = _parse_str(v)
+    s = _str(v)
     path = s[len("unix://"):] if s.startswith("unix://") else s
     if not path.startswith("/"):
         raise ValueError(f"expected an absolute Unix socket path, got {s!r}")
     return path
 
 
-def _one_of(*choices: str) -> Callable[[Any], str]:
+BOOL = Kind("boolean", _bool, bool)
+INT = Kind("integer", _int, int, numeric=True)
+SIZE = Kind("size (k, m, g, t suffixes)", _size, int, numeric=True)
+POW2_SIZE = Kind("size, a power of two", _power_of_two, int, numeric=True)
+SECONDS = Kind("seconds", _float, float, numeric=True)
+STR = Kind("string", _str, str)
+PATH = Kind("path", _path, Path)
+ABS_PATH = Kind("absolute path", _abs_path, Path)
+OPT_PATH = Kind("path or empty", _opt_path, Path | None)
+WORDS = Kind("list of strings", _words, tuple[str, ...])
+DNS_LABEL = Kind("DNS label", _dns_label, str)
+IPV4 = Kind("IPv4 address", _ipv4, str)
+IPV4_SLOTS = Kind("IPv4 network, /30 or larger", _ipv4_slots, str)
+MARK = Kind("packet mark (decimal or 0x hex)", _mark, int, numeric=True)
+TENANT_MAP = Kind("table of <origin>:<name> = tenant", _tenant_map, Pairs)
+SOCKET = Kind("Unix socket path", _socket_address, str)
+
+
+def one_of(*choices: str) -> Kind:
     def parse(v: Any) -> str:
-        s = _parse_str(v)
+        s = _str(v)
         if s not in choices:
             raise ValueError(f"expected one of {', '.join(choices)}, got {s!r}")
         return s
-    parse.kind = "one of " + ", ".join(choices)  # type: ignore[attr-defined]
-    return parse
+    return Kind("one of " + ", ".join(choices), parse, str)
 
 
-def _positive(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    def check(v: Any) -> Any:
-        x = parse(v)
-        if x <= 0:
-            raise ValueError(f"expected a value > 0, got {v!r}")
-        return x
-    check.kind = _kind(parse) + " > 0"  # type: ignore[attr-defined]
-    return check
-
-
-def _dns_label(v: Any) -> str:
-    # A Kubernetes RuntimeClass handler must be a DNS-1123 label
-    # (k8s.io/api node/v1 RuntimeClass.Handler), and CRI looks the handler up
-    # by this name in containerd's runtimes table.
-    s = _parse_str(v)
-    if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", s):
-        raise ValueError(f"expected a DNS label (lower case letters, digits, '-', at most 63), got {s!r}")
-    return s
-
-
-def _power_of_two(v: Any) -> int:
-    x = _parse_int(v)
-    if x < 4096 or x & (x - 1):
-        raise ValueError(f"must be a power of two >= 4096, got {v!r}")
-    return x
-
-
-# What each parser accepts, for docs/configuration.md.
-_parse_bool.kind = "boolean"  # type: ignore[attr-defined]
-_parse_int.kind = "integer (k, m, g, t suffixes)"  # type: ignore[attr-defined]
-_parse_float.kind = "number"  # type: ignore[attr-defined]
-_parse_str.kind = "string"  # type: ignore[attr-defined]
-_parse_path.kind = "path"  # type: ignore[attr-defined]
-_parse_abs_path.kind = "absolute path"  # type: ignore[attr-defined]
-_parse_words.kind = "list of strings"  # type: ignore[attr-defined]
-_dns_label.kind = "DNS label"  # type: ignore[attr-defined]
-_power_of_two.kind = "integer, a power of two >= 4096"  # type: ignore[attr-defined]
-_parse_opt_path.kind = "path or empty"  # type: ignore[attr-defined]
-_parse_ipv4.kind = "IPv4 address"  # type: ignore[attr-defined]
-_parse_mark.kind = "integer packet mark"  # type: ignore[attr-defined]
-_parse_tenant_map.kind = "table of <origin>:<name> = tenant"  # type: ignore[attr-defined]
-_parse_address.kind = "Unix socket path"  # type: ignore[attr-defined]
-
-
-def _kind(parse: Callable[[Any], Any]) -> str:
-    return getattr(parse, "kind", "value")
-
+# -- keys -----------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class Settings:
-    # [runsc]
-    runsc_path: Path            # the real runsc binary
-    runsc_root: Path            # runsc --root: where runsc keeps sandbox state
-    runsc_platform: str         # runsc --platform (systrap fits VMs without nested virt)
-    runsc_flags: tuple[str, ...]  # extra global flags for every runsc call
-    runsc_timeout_s: float      # default deadline of one runsc call
-    # [node]
-    state_dir: Path             # thaw's own state: sandbox records, netns leases
-    log_dir: Path               # runsc debug logs, one directory per sandbox
-    machine_type: str           # part of the compatibility tuple
-    install_dir: Path           # where `thaw provision` installs binaries (bin/ under it)
-    gpu: str                    # auto | yes | no: is this a GPU node?
-    # [containerd]
-    containerd_config: Path      # containerd's main config file
-    containerd_dropin_dir: Path  # where thaw's drop-in goes (imported by the main config)
-    runtime_handler: str         # CRI runtime handler name = RuntimeClass handler
-    containerd_runsc_root: Path  # runsc --root of sandboxes the shim starts (+ /<namespace>)
-    containerd_restart_command: tuple[str, ...]  # run by `provision --restart-containerd`
-    containerd_address: str      # containerd's gRPC socket: thawd asks it whose a container is
-    containerd_cri_namespace: str  # the containerd namespace of the CRI plugin's containers
-    containerd_info: Path        # the thaw-ctrinfo binary (go/cmd/thaw-ctrinfo)
-    containerd_info_timeout_s: float  # deadline of one thaw-ctrinfo lookup
-    # [tenancy]
-    tenant_map: Pairs            # <origin>:<name> -> tenant
-    # [network]
-    network_subnet: str         # sandbox addresses come from here (one /30 per sandbox)
-    network_publish_address: str  # published ports listen here (DNAT); 127.0.0.1 = this node only
-    network_probe_mark: int     # SO_MARK of health probes: the only packets a closed gate lets in
-    network_egress: bool        # forwarding on the host veth + masquerade of the sandbox address
-    # [health]
-    health_timeout_s: float     # deadline of a restore's health check
-    health_attempt_timeout_s: float  # of one probe attempt
-    # [store]
-    store_endpoint: str         # S3 endpoint URL; empty = boto3's default resolution
-    store_bucket: str
-    store_region: str
-    store_prefix: str
-    store_profile: str          # boto3 profile name; empty = boto3's default chain
-    store_credentials_file: Path | None  # boto3 shared credentials file; None = boto3's default
-    store_workers: int          # parallel chunk transfers (each holds one chunk in memory)
-    store_timeout_s: float      # connect and read timeout of one S3 request
-    store_retries: int          # botocore "standard" retry attempts per request
-    store_fetcher: Path | None  # the thaw-fetch binary (go/cmd/thaw-fetch); None = fetch in-process
-    store_encrypt: bool         # encrypt chunks (and manifests) with the tenant's key
-    store_tenant_keys_dir: Path | None  # one key file per tenant, named after the tenant
-    store_manifest_key_file: Path | None  # the cluster's manifest integrity key; None = unsigned
-    # [pack]
-    pack_chunker: Path          # the thaw-chunk binary (go/cmd/thaw-chunk)
-    pack_avg_chunk_bytes: int   # FastCDC average chunk size; min = avg/4, max = avg*4
-    # [cache]
-    cache_dir: Path
-    cache_budget_bytes: int
-    cache_lock_timeout_s: float  # how long a pull waits for another pull of the same key
-    cache_verify: str           # on use: "stat" (sizes and mtimes) or "full" (re-hash every chunk)
-    cache_direct_io: bool       # fills write fetched pages with O_DIRECT
-    cache_min_free_bytes: int    # provision/doctor fail below this much free space
-    # [thawd]
-    thawd_socket: Path          # gRPC Unix socket; twin: go/internal/standin DefaultSocket
-    thawd_metrics_addr: str     # host:port of the Prometheus endpoint; empty = off
-    thawd_prepare_timeout_s: float  # how long create waits for a fetch before answering cold
-    thawd_health_timeout_s: float   # deadline of the post-restore health check
-    thawd_ready_timeout_s: float    # how long a cold start may take to get ready for auto-checkpoint
-    thawd_quarantine_after: int     # consecutive failed restores that quarantine an image
-    thawd_auto_checkpoint: bool     # checkpoint opted-in workloads after their first cold start
-    thawd_leave_running: bool       # keep serving after the automatic checkpoint (else recycle)
-    # [checkpoint]
-    checkpoint_compression: str  # runsc --compression
-    restore_background: bool     # runsc restore --background
+class Key:
+    """One setting. `name` is "section.name" (`name` inside `[section]`)."""
+    name: str
+    kind: Kind
+    default: Any
+    help: str
+    range: tuple[float, float] | None = None  # inclusive bounds; every numeric key has one
+    field: str = ""          # the Settings attribute; default: the name with "." -> "_"
+    standin: bool = False    # the Go stand-in reads it too (go/internal/standin/config_keys.go)
+    installed: str = ""      # a binary `thaw provision` installs into <node.install_dir>/bin
+
+    def __post_init__(self) -> None:
+        if not self.field:
+            object.__setattr__(self, "field", self.name.replace(".", "_"))
+        if self.kind.numeric != (self.range is not None):
+            raise TypeError(f"config key {self.name}: numeric keys, and only they, need a range")
 
     @property
-    def runsc_available(self) -> bool:
-        return self.runsc_path.is_file() and os.access(self.runsc_path, os.X_OK)
+    def env(self) -> str:
+        """THAW_<SECTION>_<NAME>."""
+        return "THAW_" + self.name.replace(".", "_").upper()
+
+    @property
+    def type_doc(self) -> str:
+        if self.range is None:
+            return self.kind.name
+        lo, hi = (_show_number(self, x) for x in self.range)
+        return f"{self.kind.name}, {lo} .. {hi}"
+
+    def parse(self, raw: Any, source: str) -> Any:
+        """The value of `raw` from `source` ("env THAW_...", "file PATH", ...)."""
+        try:
+            value = self.kind.parse(raw)
+            if self.range is not None and not self.range[0] <= value <= self.range[1]:
+                lo, hi = (_show_number(self, x) for x in self.range)
+                raise ValueError(f"expected {lo} .. {hi}, got {raw!r}")
+        except ValueError as e:
+            raise ConfigError(self.name, f"{e} (from {source})") from None
+        return value
 
 
-# key (section.name) -> (field, parser, default factory)
-_KEYS: dict[str, tuple[str, Callable[[Any], Any], Callable[[], Any]]] = {
-    "runsc.path": ("runsc_path", _parse_path, lambda: _default_build_dir() / "runsc"),
-    "runsc.root": ("runsc_root", _parse_path, lambda: Path("/run/thaw/runsc")),
-    "runsc.platform": ("runsc_platform", _one_of("systrap", "ptrace", "kvm"), lambda: "systrap"),
-    "runsc.flags": ("runsc_flags", _parse_words, lambda: ()),
-    "runsc.timeout_s": ("runsc_timeout_s", _positive(_parse_float), lambda: 120.0),
-    "node.state_dir": ("state_dir", _parse_abs_path, lambda: Path("/var/lib/thaw")),
-    "node.log_dir": ("log_dir", _parse_abs_path, lambda: Path("/var/log/thaw")),
-    "node.machine_type": ("machine_type", _parse_str, lambda: "unknown"),
-    "node.install_dir": ("install_dir", _parse_abs_path, lambda: Path("/opt/thaw")),
-    "node.gpu": ("gpu", _one_of("auto", "yes", "no"), lambda: "auto"),
-    "containerd.config": ("containerd_config", _parse_abs_path, lambda: Path("/etc/containerd/config.toml")),
-    "containerd.dropin_dir": ("containerd_dropin_dir", _parse_abs_path, lambda: Path("/etc/containerd/conf.d")),
-    "containerd.runtime_handler": ("runtime_handler", _dns_label, lambda: "runsc-thaw"),
-    "containerd.runsc_root": ("containerd_runsc_root", _parse_abs_path, lambda: Path("/run/containerd/runsc")),
-    "containerd.restart_command": ("containerd_restart_command", _parse_words,
-                                   lambda: ("systemctl", "restart", "containerd")),
-    "containerd.address": ("containerd_address", _parse_address, lambda: "/run/containerd/containerd.sock"),
-    "containerd.cri_namespace": ("containerd_cri_namespace", _parse_str, lambda: "k8s.io"),
-    "containerd.info": ("containerd_info", _parse_path, lambda: _default_build_dir() / "thaw-ctrinfo"),
-    "containerd.info_timeout_s": ("containerd_info_timeout_s", _positive(_parse_float), lambda: 2.0),
-    "tenancy.map": ("tenant_map", _parse_tenant_map, lambda: Pairs()),
-    "network.subnet": ("network_subnet", _parse_str, lambda: "10.213.0.0/16"),
-    "network.publish_address": ("network_publish_address", _parse_ipv4, lambda: "127.0.0.1"),
-    "network.probe_mark": ("network_probe_mark", _parse_mark, lambda: 0x7468),
-    "network.egress": ("network_egress", _parse_bool, lambda: True),
-    "health.timeout_s": ("health_timeout_s", _parse_float, lambda: 30.0),
-    "health.attempt_timeout_s": ("health_attempt_timeout_s", _parse_float, lambda: 2.0),
-    "store.endpoint": ("store_endpoint", _parse_str, lambda: ""),
-    "store.bucket": ("store_bucket", _parse_str, lambda: "thaw"),
-    "store.region": ("store_region", _parse_str, lambda: "us-east-1"),
-    "store.prefix": ("store_prefix", _parse_str, lambda: ""),
-    "store.profile": ("store_profile", _parse_str, lambda: ""),
-    "store.credentials_file": ("store_credentials_file", _parse_opt_path, lambda: None),
-    "store.workers": ("store_workers", _positive(_parse_int), lambda: 8),
-    "store.timeout_s": ("store_timeout_s", _positive(_parse_float), lambda: 30.0),
-    "store.retries": ("store_retries", _positive(_parse_int), lambda: 3),
-    "store.fetcher": ("store_fetcher", _parse_opt_path, lambda: _default_build_dir() / "thaw-fetch"),
-    "store.encrypt": ("store_encrypt", _parse_bool, lambda: False),
-    "store.tenant_keys_dir": ("store_tenant_keys_dir", _parse_opt_path, lambda: None),
-    "store.manifest_key_file": ("store_manifest_key_file", _parse_opt_path, lambda: None),
-    "pack.chunker": ("pack_chunker", _parse_path, lambda: _default_build_dir() / "thaw-chunk"),
-    "pack.avg_chunk_bytes": ("pack_avg_chunk_bytes", _power_of_two, lambda: 256 << 10),
-    "cache.lock_timeout_s": ("cache_lock_timeout_s", _positive(_parse_float), lambda: 900.0),
-    "cache.verify": ("cache_verify", _one_of("stat", "full"), lambda: "stat"),
-    "cache.dir": ("cache_dir", _parse_abs_path, lambda: Path("/var/lib/thaw/cache")),
-    "cache.budget_bytes": ("cache_budget_bytes", _positive(_parse_int), lambda: 100 << 30),
-    "cache.min_free_bytes": ("cache_min_free_bytes", _parse_int, lambda: 10 << 30),
-    "cache.direct_io": ("cache_direct_io", _parse_bool, lambda: True),
-    "thawd.socket": ("thawd_socket", _parse_abs_path, lambda: Path("/run/thaw/thawd.sock")),
-    "thawd.metrics_addr": ("thawd_metrics_addr", _parse_str, lambda: "127.0.0.1:9464"),
-    "thawd.prepare_timeout_s": ("thawd_prepare_timeout_s", _parse_float, lambda: 4.0),
-    "thawd.health_timeout_s": ("thawd_health_timeout_s", _parse_float, lambda: 30.0),
-    "thawd.ready_timeout_s": ("thawd_ready_timeout_s", _parse_float, lambda: 600.0),
-    "thawd.quarantine_after": ("thawd_quarantine_after", _parse_int, lambda: 3),
-    "thawd.auto_checkpoint": ("thawd_auto_checkpoint", _parse_bool, lambda: True),
-    "thawd.leave_running": ("thawd_leave_running", _parse_bool, lambda: True),
-    "checkpoint.compression": ("checkpoint_compression", _one_of("none", "flate-best-speed"), lambda: "none"),
-    "checkpoint.restore_background": ("restore_background", _parse_bool, lambda: False),
+def _show_number(key: Key, x: float) -> str:
+    if key.kind in (SIZE, POW2_SIZE) and x:
+        for suffix, unit in reversed(_SIZE_UNITS.items()):
+            if x % unit == 0:
+                return f"{int(x // unit)}{suffix}"
+    if key.kind is MARK and x >= 1 << 16:
+        return hex(int(x))
+    return f"{x:g}"
+
+
+_K, _M, _G, _T = (_SIZE_UNITS[u] for u in "kmgt")
+_DAY = 86400.0
+
+KEYS: tuple[Key, ...] = (
+    # [runsc]
+    Key("runsc.path", PATH, BUILD_DIR / "runsc",
+        "The real runsc binary (thawd and the stand-in run it). Default: the build directory; "
+        "`thaw provision` writes <node.install_dir>/bin/runsc. The stand-in runs the runsc installed "
+        "beside it.", installed="runsc"),
+    Key("runsc.root", PATH, Path("/run/thaw/runsc"),
+        "runsc --root for sandboxes thaw starts itself (tests, `thaw run`)."),
+    Key("runsc.platform", one_of("systrap", "ptrace", "kvm"), "systrap",
+        "runsc --platform; systrap fits VMs without nested virtualisation."),
+    Key("runsc.flags", WORDS, (),
+        "Extra runsc global flags (`--name` or `--name=value`) on every call, also written into "
+        "runsc.toml's [runsc_config] for containerd's shim."),
+    Key("runsc.timeout_s", SECONDS, 120.0, "Deadline of one runsc call.", range=(1, _DAY)),
+    # [node]
+    Key("node.state_dir", ABS_PATH, Path("/var/lib/thaw"),
+        "thaw's own state: sandbox records, netns leases.", field="state_dir"),
+    Key("node.log_dir", ABS_PATH, Path("/var/log/thaw"),
+        "runsc and shim logs (the shim writes <log_dir>/shim/runsc-shim-<id>.log).", field="log_dir"),
+    Key("node.machine_type", STR, "unknown",
+        "Machine type in the compatibility tuple (e.g. the cloud instance type).", field="machine_type"),
+    Key("node.install_dir", ABS_PATH, Path("/opt/thaw"),
+        "Where `thaw provision` installs runsc, the shim, the stand-in and the CUDA helper (<dir>/bin).",
+        field="install_dir"),
+    Key("node.gpu", one_of("auto", "yes", "no"), "auto",
+        "Is this a GPU node? auto: if an NVIDIA GPU is found. yes: missing GPU fails the checks. "
+        "no: never enable nvproxy.", field="gpu"),
+    # [containerd]
+    Key("containerd.config", ABS_PATH, Path("/etc/containerd/config.toml"),
+        "containerd's main config file; provision adds one `imports` line to it only if it does not "
+        "already import the drop-in directory."),
+    Key("containerd.dropin_dir", ABS_PATH, Path("/etc/containerd/conf.d"),
+        "Directory of containerd config drop-ins; thaw writes thaw.toml here."),
+    Key("containerd.runtime_handler", DNS_LABEL, "runsc-thaw",
+        "CRI runtime handler name (the RuntimeClass `handler`).", field="runtime_handler"),
+    Key("containerd.runsc_root", ABS_PATH, Path("/run/containerd/runsc"),
+        "runsc root of sandboxes containerd's shim starts (runsc.toml `root`); runsc state lives in "
+        "<root>/<containerd namespace>."),
+    Key("containerd.restart_command", WORDS, ("systemctl", "restart", "containerd"),
+        "Command that restarts containerd, run by `thaw provision --restart-containerd` after its "
+        "config changed."),
+    Key("containerd.address", SOCKET, "/run/containerd/containerd.sock",
+        "containerd's gRPC socket. thawd asks containerd (through thaw-ctrinfo) whose a container is and "
+        "which image digest it runs (docs/security.md)."),
+    Key("containerd.cri_namespace", STR, "k8s.io",
+        "containerd namespace of the CRI plugin's containers: only there does the pod's Kubernetes "
+        "namespace, from the CRI plugin's own records, name the tenant."),
+    Key("containerd.info", PATH, BUILD_DIR / "thaw-ctrinfo",
+        "The thaw-ctrinfo binary that reads containerd's records of a container (go/cmd/thaw-ctrinfo). "
+        "`thaw provision` writes /opt/thaw/bin/thaw-ctrinfo.", installed="thaw-ctrinfo"),
+    Key("containerd.info_timeout_s", SECONDS, 2.0,
+        "Deadline of one thaw-ctrinfo lookup; a container whose identity is not known in time starts cold.",
+        range=(0.1, 60)),
+    # [tenancy]
+    Key("tenancy.map", TENANT_MAP, Pairs(),
+        "Node-level tenant mapping: `\"<origin>:<name>\" = \"<tenant>\"` with origin k8s (a Kubernetes "
+        "namespace), ctr (a containerd namespace) or user (a local user); unmapped ones are "
+        "`<origin>-<name>` (docs/security.md).", field="tenant_map"),
+    # [network]
+    Key("network.subnet", IPV4_SLOTS, "10.213.0.0/16", "Sandbox addresses come from here (one /30 per sandbox)."),
+    Key("network.publish_address", IPV4, "127.0.0.1",
+        "Node address published sandbox ports are forwarded from (DNAT)."),
+    Key("network.probe_mark", MARK, 0x7468,
+        "Packet mark of thaw's health probes: they pass a closed ingress gate.", range=(1, (1 << 32) - 1)),
+    Key("network.egress", BOOL, True, "Masquerade sandbox traffic leaving the node."),
+    # [store]
+    Key("store.endpoint", STR, "",
+        "S3 endpoint URL; empty: boto3's default resolution (AWS). Credentials are not thaw keys: boto3 "
+        "reads AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or its other sources."),
+    Key("store.bucket", STR, "thaw", "S3 bucket holding chunks and manifests."),
+    Key("store.region", STR, "us-east-1", "S3 region."),
+    Key("store.prefix", STR, "", "Key prefix inside the bucket."),
+    Key("store.profile", STR, "", "boto3 profile name; empty: boto3's default credential chain."),
+    Key("store.credentials_file", OPT_PATH, None, "boto3 shared credentials file; empty: boto3's default."),
+    Key("store.workers", INT, 8, "Parallel chunk transfers; each holds one chunk in memory (the memory bound).",
+        range=(1, 256)),
+    Key("store.timeout_s", SECONDS, 30.0, "Connect and read timeout of one S3 request.", range=(1, 3600)),
+    Key("store.retries", INT, 3, "Retries of a failed S3 request after its first try, counted as botocore's "
+        "'standard' mode counts them (3: 4 tries; 0: none). Twin: go/cmd/thaw-fetch/retry.go.", range=(0, 20)),
+    Key("store.retry_budget_s", SECONDS, 30.0, "A failed S3 request is retried on past store.retries until this "
+        "long after its first try, so a pull rides out a store's slow-down or 5xx window; 0: botocore's standard "
+        "mode alone (docs/store.md, \"Retry policy\").", range=(0, 3600)),
+    # SigV4 presigned URLs live at most 7 days; with temporary credentials a
+    # URL stops working when they expire, whichever comes first.
+    Key("store.presign_expires_s", INT, 6 * 3600,
+        "Lifetime of the presigned URLs a fetch reads packs through: hours of margin for a large image "
+        "on a slow link (S3 allows 7 days at most).", range=(60, 7 * _DAY)),
+    Key("store.fetcher", OPT_PATH, BUILD_DIR / "thaw-fetch",
+        "The thaw-fetch binary that runs a pull's ranged GETs, hashing and writes (go/cmd/thaw-fetch; "
+        "~1.2x the in-process fetch here, docs/store.md); empty: fetch in-process with boto3. "
+        "`thaw provision` writes /opt/thaw/bin/thaw-fetch.", installed="thaw-fetch"),
+    Key("store.encrypt", BOOL, False,
+        "Encrypt every chunk and manifest with the tenant's key (AES-256-GCM, convergent within a tenant); "
+        "a tenant without a key file then neither publishes nor restores."),
+    Key("store.tenant_keys_dir", OPT_PATH, None,
+        "Directory of tenant keys: one file per tenant, named after the tenant id, holding 32 random bytes "
+        "(raw or 64 hex digits), mode 0400 or 0600."),
+    Key("store.manifest_key_file", OPT_PATH, None,
+        "The cluster's manifest key (32 random bytes, raw or hex; every node shares it): manifests are "
+        "published with its HMAC-SHA256 tag and refused without a valid one. Empty: manifests are neither "
+        "signed nor checked."),
+    # [pack]
+    Key("pack.chunker", PATH, BUILD_DIR / "thaw-chunk",
+        "The thaw-chunk binary (FastCDC, SHA-256 + BLAKE3, go/cmd/thaw-chunk). `thaw provision` writes "
+        "/opt/thaw/bin/thaw-chunk.", installed="thaw-chunk"),
+    # Max: chunks are at most 4x the average, and manifest.MAX_CHUNK_BYTES is 64 MiB.
+    Key("pack.avg_chunk_bytes", POW2_SIZE, 256 * _K, "FastCDC average chunk size (min = avg/4, max = avg*4).",
+        range=(4 * _K, 16 * _M)),
+    # [cache]
+    Key("cache.dir", ABS_PATH, Path("/var/lib/thaw/cache"), "Local checkpoint cache (put it on local NVMe)."),
+    Key("cache.budget_bytes", SIZE, 100 * _G,
+        "Cache size budget; least recently used entries are evicted above it. doctor warns when the file "
+        "system has less free space.", range=(1 * _M, 1024 * _T)),
+    Key("cache.lock_timeout_s", SECONDS, 900.0, "How long a pull waits for another pull of the same key.",
+        range=(1, _DAY)),
+    Key("cache.verify", one_of("stat", "full"), "stat",
+        "On use: stat (sizes and mtimes) or full (re-hash every chunk)."),
+    Key("cache.direct_io", BOOL, True,
+        "Write fetched pages with O_DIRECT (whole pages; the file system's refusal falls back to buffered "
+        "writes): no page-cache copy or reclaim, and the node's cached files are not evicted; the first "
+        "restore then reads the image from disk. With thaw-fetch it made a 2 GiB fetch ~1.2x faster than "
+        "buffered writes here (docs/store.md)."),
+    Key("cache.min_free_bytes", SIZE, 10 * _G,
+        "provision and doctor fail when the cache file system has less free space.", range=(0, 1024 * _T)),
+    # [thawd]
+    Key("thawd.socket", ABS_PATH, Path("/run/thaw/thawd.sock"),
+        "thawd's gRPC Unix socket (root-only directory); the stand-in dials it.", standin=True),
+    Key("thawd.metrics_addr", STR, "127.0.0.1:9464", "host:port of thawd's Prometheus /metrics endpoint; empty: off."),
+    Key("thawd.prepare_timeout_s", SECONDS, 4.0,
+        "How long create waits for an image fetch before answering cold (the fetch goes on). The stand-in "
+        "gives thawd this plus 1 s to answer (go/internal/standin prepareSlack).", range=(0.5, 60), standin=True),
+    Key("thawd.health_timeout_s", SECONDS, 30.0,
+        "Deadline of a health check, all attempts: thawd's check after a restore under containerd (an "
+        "unhealthy restore starts cold; PrepareRestore tells the stand-in how long to wait for it, this plus "
+        "runsc.timeout_s and the hooks), and `thaw restore`'s and `thaw health`'s.",
+        range=(0.5, 3600)),
+    Key("thawd.health_attempt_timeout_s", SECONDS, 2.0,
+        "Timeout of one health probe attempt of `thaw restore` / `thaw health`.", range=(0.1, 600)),
+    Key("thawd.ready_timeout_s", SECONDS, 600.0,
+        "How long a cold-started workload may take to become ready for its automatic checkpoint.",
+        range=(1, _DAY)),
+    Key("thawd.quarantine_after", INT, 3,
+        "Consecutive failed restores after which an image is quarantined (cold starts only).", range=(1, 1000)),
+    Key("thawd.auto_checkpoint", BOOL, True,
+        "Checkpoint an opted-in workload automatically after its first cold start."),
+    Key("thawd.leave_running", BOOL, True,
+        "Keep the workload serving after the automatic checkpoint (false: recycle it)."),
+    Key("thawd.workers", INT, 8,
+        "thawd's background jobs at once: image pulls and automatic checkpoints (one of those waits up to "
+        "ready_timeout_s for its workload; a pull beyond this waits, and its create answers cold).",
+        range=(1, 256)),
+    Key("thawd.rpc_workers", INT, 16,
+        "gRPC requests thawd serves at once; a container start holds one for up to prepare_timeout_s "
+        "(create) and its Restore deadline (start).", range=(1, 1024)),
+    # [standin]: the runsc stand-in (go/cmd/thaw-runsc-hooks) reads these from the same file and env.
+    Key("standin.state_dir", ABS_PATH, Path("/run/thaw/standin"),
+        "Where the stand-in keeps create's decision for start and delete (one small file per container).",
+        standin=True),
+    Key("standin.log", ABS_PATH, Path("/var/log/thaw/standin.log"),
+        "The stand-in's decision log: one JSON line per create/start/delete decision.", standin=True),
+    # [checkpoint]
+    Key("checkpoint.compression", one_of("none", "flate-best-speed"), "none", "runsc checkpoint --compression."),
+    Key("checkpoint.restore_background", BOOL, False,
+        "runsc restore --background (the app runs while pages still load).", field="restore_background"),
+)
+
+_BY_NAME: dict[str, Key] = {k.name: k for k in KEYS}
+# Keys that were merged or renamed: a file or env still naming one is an error
+# that says where the value goes now, never silently ignored.
+RENAMED: dict[str, str] = {
+    "health.timeout_s": "thawd.health_timeout_s",
+    "health.attempt_timeout_s": "thawd.health_attempt_timeout_s",
 }
 
-# One line per key for docs/configuration.md (`thaw config --markdown`); a
-# unit test checks every key has one and that the doc is up to date.
-_HELP: dict[str, str] = {
-    "runsc.path": "The real runsc binary (thawd and the stand-in run it). "
-                  "Default: the build directory; `thaw provision` writes /opt/thaw/bin/runsc.",
-    "runsc.root": "runsc --root for sandboxes thaw starts itself (tests, `thaw run`).",
-    "runsc.platform": "runsc --platform; systrap fits VMs without nested virtualisation.",
-    "runsc.flags": "Extra runsc global flags (`--name` or `--name=value`) on every call, also "
-                   "written into runsc.toml's [runsc_config] for containerd's shim.",
-    "runsc.timeout_s": "Deadline of one runsc call, seconds.",
-    "node.state_dir": "thaw's own state: sandbox records, netns leases.",
-    "node.log_dir": "runsc and shim logs (the shim writes <log_dir>/shim/runsc-shim-<id>.log).",
-    "node.machine_type": "Machine type in the compatibility tuple (e.g. the cloud instance type).",
-    "node.install_dir": "Where `thaw provision` installs runsc, the shim, the stand-in and the CUDA "
-                        "helper (<dir>/bin).",
-    "node.gpu": "Is this a GPU node? auto: if an NVIDIA GPU is found. yes: missing GPU fails the checks. "
-                "no: never enable nvproxy.",
-    "containerd.config": "containerd's main config file; provision adds one `imports` line to it only if "
-                         "it does not already import the drop-in directory.",
-    "containerd.dropin_dir": "Directory of containerd config drop-ins; thaw writes thaw.toml here.",
-    "containerd.runtime_handler": "CRI runtime handler name (the RuntimeClass `handler`).",
-    "containerd.runsc_root": "runsc root of sandboxes containerd's shim starts (runsc.toml `root`); "
-                             "runsc state lives in <root>/<containerd namespace>.",
-    "containerd.restart_command": "Command that restarts containerd, run by `thaw provision "
-                                  "--restart-containerd` after its config changed.",
-    "containerd.address": "containerd's gRPC socket. thawd asks containerd (through thaw-ctrinfo) whose a "
-                          "container is and which image digest it runs (docs/security.md).",
-    "containerd.cri_namespace": "containerd namespace of the CRI plugin's containers: only there does "
-                                "the pod's Kubernetes namespace, from the CRI plugin's own records, name the tenant.",
-    "containerd.info": "The thaw-ctrinfo binary that reads containerd's records of a container "
-                       "(go/cmd/thaw-ctrinfo). `thaw provision` writes /opt/thaw/bin/thaw-ctrinfo.",
-    "containerd.info_timeout_s": "Deadline of one thaw-ctrinfo lookup; a container whose identity is not "
-                                 "known in time starts cold.",
-    "tenancy.map": "Node-level tenant mapping: `\"<origin>:<name>\" = \"<tenant>\"` with origin k8s (a Kubernetes "
-                   "namespace), ctr (a containerd namespace) or user (a local user); unmapped ones are "
-                   "`<origin>-<name>` (docs/security.md).",
-    "thawd.socket": "thawd's gRPC Unix socket (root-only directory). Twin: the stand-in's THAW_SOCKET default.",
-    "thawd.metrics_addr": "host:port of thawd's Prometheus /metrics endpoint; empty: off.",
-    "thawd.prepare_timeout_s": "How long create waits for an image fetch before answering cold (the fetch goes on).",
-    "thawd.health_timeout_s": "Deadline of the health check after a restore; unhealthy restores start cold.",
-    "thawd.ready_timeout_s": "How long a cold-started workload may take to become ready for its automatic checkpoint.",
-    "thawd.quarantine_after": "Consecutive failed restores after which an image is quarantined (cold starts only).",
-    "thawd.auto_checkpoint": "Checkpoint an opted-in workload automatically after its first cold start.",
-    "thawd.leave_running": "Keep the workload serving after the automatic checkpoint (false: recycle it).",
-    "network.subnet": "Sandbox addresses come from here (one /30 per sandbox).",
-    "network.publish_address": "Node address published sandbox ports are forwarded from (DNAT).",
-    "network.probe_mark": "Packet mark of thaw's health probes: they pass a closed ingress gate.",
-    "network.egress": "Masquerade sandbox traffic leaving the node.",
-    "health.timeout_s": "Deadline of a sandbox health check (all attempts).",
-    "health.attempt_timeout_s": "Timeout of one health probe attempt.",
-    "store.endpoint": "S3 endpoint URL; empty: boto3's default resolution (AWS). Credentials are not "
-                      "thaw keys: boto3 reads AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or its other sources.",
-    "store.bucket": "S3 bucket holding chunks and manifests.",
-    "store.region": "S3 region.",
-    "store.prefix": "Key prefix inside the bucket.",
-    "store.profile": "boto3 profile name; empty: boto3's default credential chain.",
-    "store.credentials_file": "boto3 shared credentials file; empty: boto3's default.",
-    "store.workers": "Parallel chunk transfers; each holds one chunk in memory (the memory bound).",
-    "store.timeout_s": "Connect and read timeout of one S3 request.",
-    "store.retries": "botocore 'standard' retry attempts per S3 request.",
-    "store.fetcher": "The thaw-fetch binary that runs a pull's ranged GETs, hashing and writes "
-                     "(go/cmd/thaw-fetch; ~1.2x the in-process fetch here, docs/store.md); empty: fetch "
-                     "in-process with boto3. `thaw provision` writes /opt/thaw/bin/thaw-fetch.",
-    "store.encrypt": "Encrypt every chunk and manifest with the tenant's key (AES-256-GCM, convergent within "
-                     "a tenant); a tenant without a key file then neither publishes nor restores.",
-    "store.tenant_keys_dir": "Directory of tenant keys: one file per tenant, named after the tenant id, "
-                             "holding 32 random bytes (raw or 64 hex digits), mode 0400 or 0600.",
-    "store.manifest_key_file": "The cluster's manifest key (32 random bytes, raw or hex; every node shares "
-                               "it): manifests are published with its HMAC-SHA256 tag and refused without a "
-                               "valid one. Empty: manifests are neither signed nor checked.",
-    "pack.chunker": "The thaw-chunk binary (FastCDC, SHA-256 + BLAKE3, go/cmd/thaw-chunk). "
-                    "`thaw provision` writes /opt/thaw/bin/thaw-chunk.",
-    "pack.avg_chunk_bytes": "FastCDC average chunk size (min = avg/4, max = avg*4).",
-    "cache.lock_timeout_s": "How long a pull waits for another pull of the same key.",
-    "cache.verify": "On use: stat (sizes and mtimes) or full (re-hash every chunk).",
-    "cache.dir": "Local checkpoint cache (put it on local NVMe).",
-    "cache.budget_bytes": "Cache size budget; least recently used entries are evicted above it. "
-                          "doctor warns when the file system has less free space.",
-    "cache.direct_io": "Write fetched pages with O_DIRECT (whole pages; the file system's refusal falls "
-                       "back to buffered writes): no page-cache copy or reclaim, and the node's cached files "
-                       "are not evicted; the first restore then reads the image from disk. With thaw-fetch "
-                       "it made a 2 GiB fetch ~1.2x faster than buffered writes here (docs/store.md).",
-    "cache.min_free_bytes": "provision and doctor fail when the cache file system has less free space.",
-    "checkpoint.compression": "runsc checkpoint --compression.",
-    "checkpoint.restore_background": "runsc restore --background (the app runs while pages still load).",
-}
+
+def key(name: str) -> Key:
+    """The Key of a dotted name; ConfigError for an unknown one."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise ConfigError(name, _unknown(name)) from None
 
 
-def env_name(key: str) -> str:
-    """THAW_<SECTION>_<NAME> for a dotted key."""
-    return "THAW_" + key.replace(".", "_").upper()
+def _unknown(name: str, where: str = "") -> str:
+    new = RENAMED.get(name)
+    if new:
+        return f"renamed to {new}" + (f" (found in {where})" if where else "")
+    return "unknown key" + (f" in {where}" if where else "")
 
 
-def keys() -> list[tuple[str, str, Any]]:
-    """(key, env name, default) of every setting, for docs and `thaw config`."""
-    return [(k, env_name(k), default()) for k, (_, _, default) in _KEYS.items()]
+# -- Settings: made from KEYS ----------------------------------------------------------
+
+def _runsc_available(self) -> bool:
+    return self.runsc_path.is_file() and os.access(self.runsc_path, os.X_OK)
 
 
-def field_name(key: str) -> str:
-    """The Settings attribute of a dotted key."""
-    return _KEYS[key][0]
+Settings = dataclasses.make_dataclass(
+    "Settings", [(k.field, k.kind.type) for k in KEYS], frozen=True,
+    namespace={"__doc__": "Every key's value, one field per KEYS row (Key.field).", "__module__": __name__,
+               "runsc_available": property(_runsc_available)})
 
 
-def describe(key: str) -> tuple[str, str]:
-    """(type, one-line help) of a key, for docs."""
-    return _kind(_KEYS[key][1]), _HELP.get(key, "")
+def values(settings: Settings) -> list[tuple[Key, Any]]:
+    """(key, value) of every setting, in table order."""
+    return [(k, getattr(settings, k.field)) for k in KEYS]
 
+
+def replace(settings: Settings, **changes: Any) -> Settings:
+    return dataclasses.replace(settings, **changes)
+
+
+# -- rendering --------------------------------------------------------------------------
 
 def render_value(value: Any) -> str:
-    """A setting's value as TOML would spell it (docs, `thaw config`)."""
+    """A setting's value as TOML would spell it (docs, `thaw config`, seed configs)."""
     if value is None:
         return '""'
     if isinstance(value, bool):
@@ -491,20 +548,46 @@ def render_value(value: Any) -> str:
     return f'"{value}"'
 
 
+def render_toml(items: list[tuple[Key, Any]], header: tuple[str, ...] = ()) -> str:
+    """A config file setting `items` (grouped into their sections, in order)."""
+    lines = list(header)
+    section = None
+    for k, value in items:
+        sec, name = k.name.split(".", 1)
+        if sec != section:
+            lines += ([""] if lines else []) + [f"[{sec}]"]
+            section = sec
+        lines.append(f"{name} = {render_value(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def json_value(value: Any) -> Any:
+    """A setting's value as JSON (`thaw config --json`)."""
+    if isinstance(value, Pairs):
+        return dict(value)
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, (bool, int, float, str)) or value is None:
+        return value
+    return str(value)
+
+
 def markdown_table() -> str:
-    """docs/configuration.md's key table, generated from _KEYS (`thaw config --markdown`)."""
+    """docs/configuration.md's key table, generated from KEYS (`thaw config --markdown`)."""
     rows = ["| key | env | type | default | meaning |", "| --- | --- | --- | --- | --- |"]
-    for key, env, default in keys():
-        kind, help_ = describe(key)
-        if isinstance(default, Path) and default.is_relative_to(REPO_ROOT):
-            shown = f"`<repo>/{default.relative_to(REPO_ROOT)}`"  # the same doc in every checkout
-        elif key.endswith("_bytes") and default % (1 << 30) == 0:
-            shown = f'`"{default >> 30}g"`'
+    for k in KEYS:
+        d = k.default
+        if isinstance(d, Path) and d.is_relative_to(REPO_ROOT):
+            shown = f"`<repo>/{d.relative_to(REPO_ROOT)}`"  # the same doc in every checkout
+        elif k.kind in (SIZE, POW2_SIZE):
+            shown = f'`"{_show_number(k, d)}"`'
         else:
-            shown = f"`{render_value(default)}`"
-        rows.append(f"| `{key}` | `{env}` | {kind} | {shown} | {help_} |")
+            shown = f"`{render_value(d)}`"
+        rows.append(f"| `{k.name}` | `{k.env}` | {k.type_doc} | {shown} | {k.help} |")
     return "\n".join(rows) + "\n"
 
+
+# -- loading ------------------------------------------------------------------------------
 
 def load(overrides: Mapping[str, Any] | None = None,
          environ: Mapping[str, str] | None = None,
@@ -515,33 +598,31 @@ def load(overrides: Mapping[str, Any] | None = None,
     `overrides` are CLI values by dotted key; None values are ignored. The
     file is `config_file`, else $THAW_CONFIG, else `default_file` when it
     exists (`thaw provision --root DIR` passes DIR/etc/thaw/config.toml).
+    The stand-in follows the same rules for its keys (go/internal/standin/config.go).
     """
     environ = os.environ if environ is None else environ
-    values: dict[str, Any] = {}
+    found: dict[str, Any] = {}
 
     path = config_file or (Path(environ["THAW_CONFIG"]) if environ.get("THAW_CONFIG") else None)
     if path is None and default_file.is_file():
         path = default_file
     if path is not None:
-        for key, raw in _read_toml(path).items():
-            values[key] = _parse(key, raw, f"file {path}")
+        for name, raw in _read_toml(path).items():
+            found[name] = key(name).parse(raw, f"file {path}")
 
-    for key in _KEYS:
-        name = env_name(key)
-        if name in environ:
-            values[key] = _parse(key, environ[name], f"env {name}")
+    for old, new in RENAMED.items():
+        old_env = "THAW_" + old.replace(".", "_").upper()
+        if old_env in environ:
+            raise ConfigError(old, f"renamed to {new}: set {key(new).env} instead of {old_env}")
+    for k in KEYS:
+        if k.env in environ:
+            found[k.name] = k.parse(environ[k.env], f"env {k.env}")
 
-    for key, raw in (overrides or {}).items():
-        if raw is None:
-            continue
-        if key not in _KEYS:
-            raise ConfigError(key, "unknown key")
-        values[key] = _parse(key, raw, "command line")
+    for name, raw in (overrides or {}).items():
+        if raw is not None:
+            found[name] = key(name).parse(raw, "command line")
 
-    kwargs = {}
-    for key, (fieldname, _, default) in _KEYS.items():
-        kwargs[fieldname] = values[key] if key in values else default()
-    return Settings(**kwargs)
+    return Settings(**{k.field: found.get(k.name, k.default) for k in KEYS})
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -556,21 +637,8 @@ def _read_toml(path: Path) -> dict[str, Any]:
         if not isinstance(table, dict):
             raise ConfigError(section, f"expected a [{section}] table in {path}")
         for name, raw in table.items():
-            key = f"{section}.{name}"
-            if key not in _KEYS:
-                raise ConfigError(key, f"unknown key in {path}")
-            flat[key] = raw
+            dotted = f"{section}.{name}"
+            if dotted not in _BY_NAME:
+                raise ConfigError(dotted, _unknown(dotted, str(path)))
+            flat[dotted] = raw
     return flat
-
-
-def _parse(key: str, raw: Any, source: str) -> Any:
-    if key not in _KEYS:
-        raise ConfigError(key, "unknown key")
-    try:
-        return _KEYS[key][1](raw)
-    except ValueError as e:
-        raise ConfigError(key, f"{e} (from {source})") from None
-
-
-def replace(settings: Settings, **changes: Any) -> Settings:
-    return dataclasses.replace(settings, **changes)

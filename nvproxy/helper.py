@@ -22,6 +22,9 @@ from runsc_hooks import spec as specmod
 # Where the helper is in every GPU sandbox. The directory is mounted, not the
 # file: the GPU smoke proved a directory bind across checkpoint/restore.
 # Twin: bench/gpu/smoke.py HELPER_DEST.
+# The helper as installed beside runsc (build/ or <node.install_dir>/bin);
+# provision installs it under this name and thawd and the CLI stage it from there.
+BINARY_NAME = "thaw-cuda-checkpoint"
 HELPER_DIR = "/thaw/bin"
 HELPER_NAME = "cuda-checkpoint"
 HELPER_PATH = f"{HELPER_DIR}/{HELPER_NAME}"

@@ -168,6 +168,51 @@ def namespace_address(netns_path: str | None) -> tuple[str | None, str | None]:
     return None, None
 
 
+def snapshot(netns_path: str) -> list[dict]:
+    """The IPv4 addresses and routes of a network namespace's interfaces, before
+    runsc takes them over: runsc removes the addresses from the host side of the
+    namespace it runs in (runsc/sandbox/network.go removeLinkAddresses, so the
+    host stack does not answer too), and the kernel drops the routes through
+    them. A restore that fails leaves the namespace without them, and the cold
+    start that follows in the same namespace would have no network:
+    `reapply` puts them back first."""
+    from pyroute2 import NetNS
+    out = []
+    with NetNS(netns_path) as ns:
+        names = {link["index"]: link.get_attr("IFLA_IFNAME") for link in ns.get_links()}
+        for addr in ns.get_addr(family=2):
+            name = names.get(addr["index"], "")
+            if name and name != "lo":
+                out.append({"kind": "addr", "ifname": name, "address": addr.get_attr("IFA_ADDRESS"),
+                            "prefixlen": addr["prefixlen"]})
+        for r in ns.get_routes(family=2, table=254):
+            oif = names.get(r.get_attr("RTA_OIF"), "")
+            if oif and oif != "lo":
+                out.append({"kind": "route", "ifname": oif, "dst": r.get_attr("RTA_DST"), "dst_len": r["dst_len"],
+                            "gateway": r.get_attr("RTA_GATEWAY"), "scope": r["scope"],
+                            "proto": r["proto"]})
+    return out
+
+
+def reapply(netns_path: str, snap: list[dict]) -> None:
+    """Put a `snapshot`'s addresses, then its routes, back (what exists is kept)."""
+    from pyroute2 import NetNS
+    from pyroute2.netlink.exceptions import NetlinkError
+    with NetNS(netns_path) as ns:
+        idx = {link.get_attr("IFLA_IFNAME"): link["index"] for link in ns.get_links()}
+        for kind in ("addr", "route"):
+            for e in (x for x in snap if x["kind"] == kind and x["ifname"] in idx):
+                try:
+                    if kind == "addr":
+                        ns.addr("add", index=idx[e["ifname"]], address=e["address"], prefixlen=e["prefixlen"])
+                    elif e["proto"] != 2:   # RTPROT_KERNEL: the kernel adds the prefix route with the address
+                        kw = {"dst": f"{e['dst']}/{e['dst_len']}"} if e["dst"] else {"dst": "0.0.0.0/0"}
+                        ns.route("add", oif=idx[e["ifname"]], gateway=e["gateway"], scope=e["scope"], **kw)
+                except NetlinkError as err:
+                    if err.code != errno.EEXIST:
+                        raise
+
+
 def addresses_in_use() -> set[str]:
     """IPv4 addresses on this node's host-side thaw interfaces."""
     used = set()

@@ -11,20 +11,19 @@ import functools
 import os
 import pwd
 import sys
-import threading
-import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import click
 
-from control.node import compat
+if TYPE_CHECKING:
+    from control.node import compat
 
-from control.images import image as images
 from control.cli.common import Context, handle_errors, json_option
-from control.images.keys import Keyring
-from control.images.store import Store
-from control.lifecycle import tenant as tenantmod
+from control.cli.progress import Bar, size as _size
+
+if TYPE_CHECKING:
+    from control.images.store import Store
 
 
 def store_options(f: Callable) -> Callable:
@@ -54,56 +53,13 @@ def store_options(f: Callable) -> Callable:
     return wrapper
 
 
-class Bar:
-    """One line on stderr: label, percent, bytes done / total, bytes/s. Thread-safe."""
-
-    def __init__(self, label: str, enabled: bool) -> None:
-        self.label, self.enabled = label, enabled
-        self.total = 0
-        self.done = 0
-        self.t0 = time.monotonic()
-        self._last = 0.0
-        self._lock = threading.Lock()
-
-    def set_total(self, n: int) -> None:
-        self.total = n
-        self.t0 = time.monotonic()
-
-    def __call__(self, n: int) -> None:
-        with self._lock:
-            self.done += n
-            now = time.monotonic()
-            if self.enabled and now - self._last >= 0.1:
-                self._last = now
-                self._draw("\r")
-
-    def _draw(self, lead: str, end: str = "") -> None:
-        dt = max(time.monotonic() - self.t0, 1e-6)
-        pct = 100.0 * self.done / self.total if self.total else 100.0
-        width = 24
-        fill = int(width * min(pct, 100) / 100)
-        sys.stderr.write(f"{lead}{self.label} [{'#' * fill}{'.' * (width - fill)}] {pct:5.1f}% "
-                         f"{_size(self.done)}/{_size(self.total)} {_size(self.done / dt)}/s{end}")
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            self._draw("\r", "\n")
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return str(n)
-
-
 def _node(obj: Context) -> compat.CompatTuple:
+    from control.node import compat
     return compat.node_tuple(obj.settings)
 
 
 def _tenant(obj: Context) -> str:
+    from control.lifecycle import tenant as tenantmod
     uid = os.geteuid()
     try:
         user = pwd.getpwuid(uid).pw_name
@@ -114,6 +70,9 @@ def _tenant(obj: Context) -> str:
 
 def _store(obj: Context) -> Store:
     """The store as this command's tenant sees it."""
+    from control.images.keys import Keyring
+    from control.images.store import Store
+    from control.lifecycle import tenant as tenantmod
     s = obj.settings
     return Store(s).for_tenant(tenantmod.store_tenant(_tenant(obj)), Keyring.from_settings(s))
 
@@ -123,13 +82,14 @@ def _store(obj: Context) -> Store:
 @click.option("--key", "key", required=True,
               help="Workload key the image is published under: <tenant>.<name> (e.g. user-root.myapp).")
 @click.option("--cache/--no-cache", "use_cache", default=True,
-              help="Also install the published image into this node's cache.")
+              help="Also cache the image on this node (DIR is copied into the cache, then published from there).")
 @store_options
 @json_option
 @click.pass_obj
 @handle_errors
 def push_cmd(obj: Context, directory: Path, key: str, use_cache: bool) -> None:
     """Publish a runsc checkpoint image directory under KEY (first writer wins)."""
+    from control.images import image as images
     s = obj.settings
     bar = Bar(f"push {key}", obj.progress)
     r = images.push(images.open_cache(s) if use_cache else None, _store(obj), directory, key, _node(obj),
@@ -141,7 +101,7 @@ def push_cmd(obj: Context, directory: Path, key: str, use_cache: bool) -> None:
         f"{'published' if r.published else 'already published by ' + str(r.manifest_creator.get('host'))} "
         f"{key} ({r.tuple_hash[:12]}): {_size(r.size)}, {u.uploaded_chunks}/{u.chunks} chunks sent "
         f"({_size(u.uploaded_bytes)}), {u.present_chunks} already in the store"
-        + (f"; cached as {r.installed}" if r.installed else "")))
+        + (f"; cached as {r.installed}" if r.installed else "") + "".join(f"\n  {n}" for n in r.notes)))
 
 
 @click.command("pull")
@@ -152,6 +112,7 @@ def push_cmd(obj: Context, directory: Path, key: str, use_cache: bool) -> None:
 @handle_errors
 def pull_cmd(obj: Context, key: str) -> None:
     """Make KEY's image ready in this node's cache (fetching only what is missing)."""
+    from control.images import image as images
     s = obj.settings
     bar = Bar(f"pull {key}", obj.progress)
     r = images.pull(images.open_cache(s), _store(obj), key, _node(obj), workers=s.store_workers,
@@ -177,6 +138,7 @@ def pull_cmd(obj: Context, key: str) -> None:
 @handle_errors
 def ls_cmd(obj: Context, local_only: bool) -> None:
     """Images in this node's cache and in the store, with sizes and whether this node can restore them."""
+    from control.images import image as images
     s = obj.settings
     d = images.listing(images.open_cache(s), None if local_only else _store(obj), _node(obj))
     from control.thawd.quarantine import read_quarantine
@@ -207,6 +169,7 @@ def ls_cmd(obj: Context, local_only: bool) -> None:
 @handle_errors
 def gc_cmd(obj: Context) -> None:
     """Remove crash leftovers and corrupt entries; evict least recently used entries over budget."""
+    from control.images import image as images
     cache = images.open_cache(obj.settings)
     busy: list[str] = []
     r = cache.gc(on_busy=busy.append)
@@ -223,6 +186,7 @@ def gc_cmd(obj: Context) -> None:
 @handle_errors
 def verify_cmd(obj: Context, key: str | None) -> None:
     """Re-hash every cached chunk (of KEY); corrupt entries are evicted (the next pull refetches)."""
+    from control.images import image as images
     rows = images.verify(images.open_cache(obj.settings), key)
     obj.emit(rows, lambda rs: "\n".join(
         f"{r['id']}: {'ok' if r['ok'] else 'CORRUPT: ' + r['problem'] + (' (evicted)' if r['evicted'] else ' (in use)')}"

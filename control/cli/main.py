@@ -48,13 +48,8 @@ def config_cmd(obj: Context, markdown: bool) -> None:
     if markdown:
         click.echo(configmod.markdown_table(), nl=False)
         return
-    s = obj.settings
-    rows = []
-    for key, env, _default in configmod.keys():
-        field = configmod._KEYS[key][0]
-        value = getattr(s, field)
-        rows.append({"key": key, "env": env, "value": list(value) if isinstance(value, tuple) else str(value)
-                     if not isinstance(value, (int, float, bool)) else value})
+    rows = [{"key": k.name, "env": k.env, "value": configmod.json_value(v)}
+            for k, v in configmod.values(obj.settings)]
     obj.emit(rows, lambda r: "\n".join(f"{x['key']:<32} {x['value']!s:<40} ({x['env']})" for x in r))
 
 

@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
+if TYPE_CHECKING:
+    from control.node import doctor as doctormod
+    from control.node import provision as prov
+
 from control import config as configmod
-from control.node import doctor as doctormod
-from control.node import provision as prov
 from control.cli.common import Context, handle_errors, json_option
 from control.errors import PreconditionError, ProvisionError, exit_code
 
@@ -24,11 +27,6 @@ def _thaw_command() -> tuple[str, ...]:
     """How the systemd unit runs this thaw: its console script, else the module."""
     script = Path(sys.executable).parent / "thaw"
     return (str(script),) if script.is_file() else (sys.executable, "-m", "control.cli.main")
-
-
-def _has_serve() -> bool:
-    root = click.get_current_context().find_root().command
-    return isinstance(root, click.Group) and "serve" in root.commands
 
 
 def _checks_text(checks: list[doctormod.Check]) -> str:
@@ -84,10 +82,11 @@ def provision_cmd(obj: Context, dry_run: bool, root: Path, source_dir: Path | No
     """Turn this node into a thaw node: check it, install runsc, the shim, the
     stand-in and the CUDA helper, write runsc.toml, the containerd drop-in,
     a CDI spec, the cache directory and the thawd unit. Idempotent."""
+    from control.node import provision as prov
     settings = obj.settings_under(root.resolve())
     opts = prov.Options(source_dir=(source_dir or configmod.REPO_ROOT / "build").resolve(),
                         root=root.resolve(), dry_run=dry_run, systemd=not no_systemd,
-                        restart_containerd=restart_containerd, thawd_available=_has_serve(),
+                        restart_containerd=restart_containerd,
                         thaw_command=_thaw_command())
     report: prov.Report | None = None
     try:
@@ -115,10 +114,12 @@ def provision_cmd(obj: Context, dry_run: bool, root: Path, source_dir: Path | No
 def doctor_cmd(obj: Context, root: Path, no_systemd: bool) -> None:
     """Check this node: pass / warn / fail per line; exit non-zero on any fail
     (usable as a readiness probe)."""
+    from control.node import doctor as doctormod
+    from control.node import provision as prov
     settings = obj.settings_under(root.resolve())
     opts = prov.Options(source_dir=prov.Layout(root.resolve()).host(settings.install_dir / "bin"),
                         root=root.resolve(), systemd=not no_systemd,
-                        thawd_available=_has_serve(), thaw_command=_thaw_command(), compare_binaries=False)
+                        thaw_command=_thaw_command(), compare_binaries=False)
     checks, compat = prov.doctor_checks(settings, opts)
     status = doctormod.worst(checks)
     obj.emit({"status": status, "checks": [c.to_dict() for c in checks], "compatibility_tuple": compat},

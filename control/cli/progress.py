@@ -1,7 +1,8 @@
-"""Progress display for long steps: one line per step on stderr.
+"""Progress on stderr: `Progress` times long steps (one line per step), `Bar`
+shows bytes moved (push, pull).
 
-On a terminal the line updates in place with the elapsed time; elsewhere (CI,
-pipes) each step prints once when it ends, so logs stay readable.
+On a terminal the line updates in place; elsewhere (CI, pipes) each step
+prints once when it ends, so logs stay readable.
 """
 from __future__ import annotations
 
@@ -44,3 +45,48 @@ class Progress:
             mark = "done" if ok else "FAILED"
             self.stream.write(f"{chr(13) if self.tty else ''}  {label} ... {mark} ({time.monotonic() - t0:.2f}s)\n")
             self.stream.flush()
+
+
+class Bar:
+    """One line on stderr: label, percent, bytes done / total, bytes/s. Thread-safe."""
+
+    def __init__(self, label: str, enabled: bool) -> None:
+        self.label, self.enabled = label, enabled
+        self.total = 0
+        self.done = 0
+        self.t0 = time.monotonic()
+        self._last = 0.0
+        self._lock = threading.Lock()
+
+    def set_total(self, n: int) -> None:
+        self.total = n
+        self.t0 = time.monotonic()
+
+    def __call__(self, n: int) -> None:
+        with self._lock:
+            self.done += n
+            now = time.monotonic()
+            if self.enabled and now - self._last >= 0.1:
+                self._last = now
+                self._draw("\r")
+
+    def _draw(self, lead: str, end: str = "") -> None:
+        dt = max(time.monotonic() - self.t0, 1e-6)
+        pct = 100.0 * self.done / self.total if self.total else 100.0
+        width = 24
+        fill = int(width * min(pct, 100) / 100)
+        sys.stderr.write(f"{lead}{self.label} [{'#' * fill}{'.' * (width - fill)}] {pct:5.1f}% "
+                         f"{size(self.done)}/{size(self.total)} {size(self.done / dt)}/s{end}")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self._draw("\r", "\n")
+
+
+def size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return str(n)

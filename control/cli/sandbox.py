@@ -11,19 +11,20 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
+
+if TYPE_CHECKING:
+    from control.lifecycle.sandbox import Sandboxes
 
 from control.cli.common import Context, handle_errors, json_option
 from control.errors import UserError
 from control.cli.progress import Progress
-from control.lifecycle.sandbox import Sandboxes
-from runsc_hooks import network as netmod
-from runsc_hooks import spec as specmod
-from runsc_hooks import probe as probemod
 
 
 def _sandboxes(obj: Context, debug: bool = False) -> Sandboxes:
+    from control.lifecycle.sandbox import Sandboxes
     return Sandboxes(obj.settings, debug_log=debug)
 
 
@@ -40,6 +41,8 @@ class RunOptions:
 
 
 def run_sandbox(obj: Context, o: RunOptions) -> dict:
+    from runsc_hooks import network as netmod
+    from runsc_hooks import spec as specmod
     if bool(o.bundle) == bool(o.command):
         raise UserError("give either --bundle DIR or a command after --, not both or neither")
     sb = _sandboxes(obj)
@@ -208,6 +211,8 @@ class HealthOptions:
 
 
 def health(obj: Context, o: HealthOptions) -> dict:
+    from control.lifecycle.sandbox import Sandboxes
+    from runsc_hooks import probe as probemod
     probes = [probemod.parse(p) for p in o.probes] or None  # parse at the edge: a bad probe is a UserError
     result, gate_closed = Sandboxes(obj.settings).health(o.id, probes,
                                                          probemod.Policy(o.timeout_s, o.attempt_timeout_s))
@@ -229,19 +234,20 @@ def _human(d: dict) -> str:
 @click.option("--probe", "probes", multiple=True,
               help="running | tcp:PORT | http:PORT/PATH[=STATUS][~BODY] | gpu:PORT/PATH[#FIELD] | exec:CMD "
                    "(repeatable; default: the sandbox's own probes).")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.01), default=None,
-              help="Deadline of the whole check in seconds [health.timeout_s].")
-@click.option("--attempt-timeout", "attempt_timeout_s", type=click.FloatRange(min=0.001), default=None,
-              help="Deadline of one probe attempt in seconds [health.attempt_timeout_s].")
+@click.option("--timeout", "timeout_s", type=float, default=None,
+              help="Deadline of the whole check in seconds [thawd.health_timeout_s].")
+@click.option("--attempt-timeout", "attempt_timeout_s", type=float, default=None,
+              help="Deadline of one probe attempt in seconds [thawd.health_attempt_timeout_s].")
 @json_option
 @click.pass_obj
 @handle_errors
 def health_cmd(obj: Context, sid: str, probes: tuple[str, ...], timeout_s: float | None,
                attempt_timeout_s: float | None) -> None:
     """Check sandbox SID now; exit 0 only when it is healthy and its gate is open."""
+    obj.override("thawd.health_timeout_s", timeout_s)  # validated against the key's range
+    obj.override("thawd.health_attempt_timeout_s", attempt_timeout_s)
     s = obj.settings
-    out = health(obj, HealthOptions(sid, probes, s.health_timeout_s if timeout_s is None else timeout_s,
-                                    s.health_attempt_timeout_s if attempt_timeout_s is None else attempt_timeout_s))
+    out = health(obj, HealthOptions(sid, probes, s.thawd_health_timeout_s, s.thawd_health_attempt_timeout_s))
     obj.emit(out, _human)
     sys.exit(EXIT_READY if out["ready"] else EXIT_NOT_READY)
 

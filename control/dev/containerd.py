@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from control import config as configmod
 from control.node import containerd_config
 from control.config import Settings
 from control.errors import PreconditionError, ThawError, Timeout
@@ -43,16 +44,19 @@ class PrivateContainerd:
         self.socket = self.base / "containerd.sock"
         self.runsc_root = self.base / "runsc-root"
         self.runsc_toml = self.base / "runsc.toml"
+        self.config_file = self.base / "thaw-config.toml"
+        self.settings = configmod.replace(self.settings, standin_state_dir=self.base / "standin",
+                                          standin_log=self.base / "standin.log")
         self.proc: subprocess.Popen | None = None
 
     def env(self) -> dict[str, str]:
-        """Environment for containerd (and so the shim and the stand-in)."""
+        """Environment for containerd (and so the shim and the stand-in): the
+        stand-in reads its keys from config_file, as on a node it reads
+        /etc/thaw/config.toml; runsc is the build's (a node's is beside the stand-in)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("THAW_")}
         env["PATH"] = f"{self.build}:{env.get('PATH', '/usr/bin:/bin')}"
         env["THAW_REAL_RUNSC"] = str(self.build / "runsc")
-        env["THAW_SOCKET"] = str(self.settings.thawd_socket)
-        env["THAW_STANDIN_STATE"] = str(self.base / "standin")
-        env["THAW_STANDIN_LOG"] = str(self.base / "standin.log")
+        env["THAW_CONFIG"] = str(self.config_file)
         return env
 
     def start(self, timeout_s: float = 30.0) -> "PrivateContainerd":
@@ -60,6 +64,9 @@ class PrivateContainerd:
             if not (self.build / b).is_file():
                 raise PreconditionError(f"{b} is not built in {self.build}: run `make setup`")
         self.base.mkdir(parents=True, exist_ok=True)
+        self.config_file.write_text(configmod.render_toml(
+            [(k, v) for k, v in configmod.values(self.settings) if k.standin],
+            header=("# The stand-in's keys, from the settings thawd runs with (control/dev/containerd.py).",)))
         binary = self.build / ("thaw-runsc" if self.use_standin else "runsc")
         self.runsc_toml.write_text(containerd_config.runsc_toml(
             self.settings, binary, root=self.runsc_root, log_path=f"{self.base}/shim-logs/"))
@@ -106,12 +113,17 @@ class PrivateContainerd:
         raise ThawError(f"image {ref} not in namespace {ns}")
 
     def run(self, image: str, cid: str, annotations: dict[str, str] | None = None,
-            args: list[str] | None = None, env: dict[str, str] | None = None, ns: str = NAMESPACE,
-            create_only: bool = False) -> None:
-        """`ctr run -d` with gVisor's shim and this instance's runsc.toml (with
-        `create_only`, `ctr containers create`: `start` then makes the task)."""
+            args: list[str] | None = None, env: dict[str, str] | None = None, netns: str | None = None,
+            ns: str = NAMESPACE, create_only: bool = False) -> None:
+        """`ctr run -d` with gVisor's shim and this instance's runsc.toml; `netns`:
+        a network namespace the container joins (ctr has no CNI: e.g. one thaw
+        plumbed, runsc_hooks/network.py `plumb`), so the node reaches it; `ns`:
+        the containerd namespace (thaw's tenant under plain containerd); with
+        `create_only`, `ctr containers create` (start_task then makes the task)."""
         argv = ["run", "-d", "--null-io"] if not create_only else ["containers", "create"]
         argv += ["--runtime", RUNTIME, "--runtime-config-path", str(self.runsc_toml)]
+        if netns:
+            argv += ["--with-ns", f"network:{netns}"]
         # gVisor's shim hands the container's stdio to `runsc create` only for
         # a sandbox (pod root) container; for an unannotated one it captures
         # runsc's output through a pipe that the sandbox inherits, and create

@@ -137,7 +137,7 @@ class Stack:
         return self.stats()["counters"]
 
     def decisions(self) -> list[dict]:
-        p = self.ctrd.base / "standin.log"
+        p = self.ctrd.settings.standin_log
         return [json.loads(line) for line in p.read_text().splitlines()] if p.exists() else []
 
     def state(self, cid: str, timeout_s: float = 60, ns: str = "thaw") -> tuple[str, int]:

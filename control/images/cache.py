@@ -5,14 +5,20 @@ Layout under the cache root:
                                    chunks (where each chunk lies, for dedup), leases,
                                    reservations of space for downloads in progress
     entries/<key>@<tuple16>@<id>/  one entry: the image files and .thaw-manifest.json
-    tmp/<entry>.partial/           an entry being written (never served)
+    tmp/<entry>.<pid>-<start>.partial/
+                                   an entry being written (never served), named with
+                                   its writer (Owner: pid + start time)
     locks/<key>.lock               one filelock per workload key (never deleted)
     trash/                         entries on their way out
 
 Rules (docs/store.md): an entry is served only if its index row says `ready`,
 and that row is written after the directory was filled, fsynced and renamed
-into entries/; anything else found after a crash (a partial, a directory
-without a row) is removed under the key's lock before the key is served. N
+into entries/; anything else found after a crash (a partial whose writer is
+gone, a directory without a row) is removed under the key's lock before the
+key is served. A partial is written either by a fill (under the key's lock)
+or by `runsc checkpoint` (control/images/image.py `staged`: no lock while
+runsc writes and the image is published; the lock only to install it), so
+recovery leaves the partials of live writers alone. N
 pulls of one key take the key's lock in turn: the first downloads, the others
 find the entry ready. A lease (pid + start time) pins an entry while runsc
 reads it; eviction skips leased entries and reaps leases of dead processes.
@@ -36,7 +42,7 @@ from filelock import FileLock
 from filelock import Timeout as LockTimeout
 
 from control.images import manifest as manifestmod
-from control.images import chunk as pack
+from control.images import chunk
 from control.node.compat import CompatTuple, check
 from control.errors import CacheFull, NotFound, Timeout
 from control.images.manifest import Manifest
@@ -46,6 +52,18 @@ from control.files import Owner, fsync_path, process_start
 log = logging.getLogger(__name__)
 
 MANIFEST_FILE = ".thaw-manifest.json"   # a dot-name: no image file can be called that
+_PARTIAL = ".partial"
+
+
+def partial_owner(path: Path) -> Owner | None:
+    """The writer named in a partial directory's name (<entry>.<pid>-<start>.partial);
+    None for a name that names none (written by an older thaw: a leftover)."""
+    stem = path.name[:-len(_PARTIAL)] if path.name.endswith(_PARTIAL) else ""
+    tail = stem.rsplit(".", 1)[-1] if "." in stem else ""
+    pid, _, start = tail.partition("-")
+    if not (pid.isdigit() and start.isdigit()):
+        return None
+    return Owner(int(pid), start)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (
@@ -268,7 +286,7 @@ class Cache:
             if full:
                 for off, c in f.placed():
                     data = read_local(LocalCopy(p, off, entry.id), c.length)
-                    if data is None or pack.sha256(data) != c.hash:
+                    if data is None or chunk.sha256(data) != c.hash:
                         return f"{f.name} chunk at offset {off} does not hash to {c.hash[:16]}"
         return None
 
@@ -377,15 +395,21 @@ class Cache:
 
     # -- install ----------------------------------------------------------------------------
 
-    def new_partial(self, m: Manifest) -> tuple[str, Path]:
-        eid = f"{m.key}@{m.tuple_hash[:16]}@{secrets.token_hex(4)}"
-        p = self.root / "tmp" / f"{eid}.partial"
+    def new_partial(self, key: str, tuple_hash: str) -> tuple[str, Path]:
+        """A new, empty directory for an entry of `key` (entry id, path), named
+        with this process as its writer: recovery removes it only once this
+        process is gone. The caller removes it if it does not install it."""
+        manifestmod.validate_key(key)
+        eid = f"{key}@{tuple_hash[:16]}@{secrets.token_hex(4)}"
+        me = Owner.me()
+        p = self.root / "tmp" / f"{eid}.{me.pid}-{me.start}{_PARTIAL}"
         p.mkdir()
         return eid, p
 
     def install_locked(self, eid: str, partial: Path, m: Manifest) -> Entry:
-        """Make a filled partial directory a ready entry. Precondition: key lock held,
-        every image file in `partial` written and fsynced."""
+        """Make a filled partial directory a ready entry, by rename (no byte is
+        copied). Precondition: key lock held, every image file in `partial`
+        written and fsynced, and matching `m`."""
         mpath = partial / MANIFEST_FILE
         with open(mpath, "wb") as f:
             f.write(m.to_json())
@@ -429,7 +453,10 @@ class Cache:
         directories without an index row, rows whose directory is gone, unfinished
         evictions. Precondition: the key's lock is held. What was removed."""
         removed = []
-        for p in (self.root / "tmp").glob(f"{key}@*.partial"):
+        for p in (self.root / "tmp").glob(f"{key}@*{_PARTIAL}"):
+            owner = partial_owner(p)
+            if owner is not None and owner.alive():
+                continue   # being written (a checkpoint, in this process or another): not a leftover
             shutil.rmtree(p, ignore_errors=True)
             removed.append(str(p))
         known = {e.id: e for e in self.entries(key)}
@@ -450,6 +477,8 @@ class Cache:
     def keys(self) -> list[str]:
         names = {p.name[:-len(".lock")] for p in (self.root / "locks").glob("*.lock")}
         names |= {e.key for e in self.entries()}
+        # A checkpoint killed before it took its key's lock leaves only a partial.
+        names |= {p.name.split("@", 1)[0] for p in (self.root / "tmp").glob(f"*@*{_PARTIAL}")}
         return sorted(names)
 
     def gc(self, budget: int | None = None, on_busy: Callable[[str], None] | None = None) -> dict:

@@ -1,11 +1,15 @@
-"""Packing: a runsc image directory -> content-defined chunks and a manifest;
-and the per-chunk codec (compress only where it pays).
+"""Chunking: a runsc image directory -> content-defined chunks, each named by
+its SHA-256 and checked by its BLAKE3, gathered into a manifest.
 
 Chunking and hashing run in `thaw-chunk` (go/cmd/thaw-chunk): FastCDC with
-normalized chunking over a memory map, SHA-256 on every core. Pure Python
-chunks at a few MB/s; the Go command at ~1.7 GB/s here (docs/store.md).
+normalized chunking over a memory map, SHA-256 and BLAKE3 on every core, in
+the one pass that reads the image. Pure Python chunks at a few MB/s; the Go
+command at ~1.7 GB/s here (docs/store.md). Nothing after it hashes the image
+again on the way to the store: the upload trusts these names, and the
+publisher checks with `file_state` that the files did not change meanwhile.
 `reference_cuts` is a slow Python twin of the Go cut rule, used by the tests
-to pin the boundary format.
+to pin the boundary format. How chunks are stored (packs, the codec) is
+control/images/pack.py's.
 """
 
 from __future__ import annotations
@@ -17,30 +21,17 @@ import os
 import socket
 import subprocess
 import time
-import zlib
 from datetime import datetime, timezone
 from pathlib import Path
 
 from control.node.compat import CompatTuple
 from control.errors import ImageError, PreconditionError, ThawError
-from control.images import keys as keysmod
 from control.images.manifest import (_NAME, CHECK, MAX_FILES, Chunking, ChunkRef, FileEntry, Manifest,
                               validate_key)
 
 # Twin: go/cmd/thaw-chunk/fastcdc.go Algorithm and gearSeed.
 ALGORITHM = "fastcdc-gear-v1"
 _GEAR_SEED = 0x7468617763646331
-
-# Codec names stored in each chunk object's metadata (control/store.py).
-CODEC_NONE = "none"
-CODEC_ZLIB = "zlib"
-# A chunk is stored compressed only if zlib (level 1) saves at least this
-# fraction; a 16 KiB sample (two 8 KiB pieces) is tried first so incompressible chunks (model
-# weights, random data: zlib runs at ~45 MB/s on those here) cost ~0.35 ms each.
-COMPRESS_MIN_SAVING = 0.10
-_SAMPLE = 16 << 10
-ZLIB_LEVEL = 1
-
 
 def chunk_params(avg: int) -> tuple[int, int, int]:
     """(min, avg, max): min = avg/4, max = 4*avg (FastCDC's usual spread)."""
@@ -97,15 +88,25 @@ def chunk_files(paths: list[Path], chunker: Path, avg: int) -> tuple[Chunking, l
     return Chunking(ALGORITHM, mn, av, mx, check=CHECK), entries
 
 
-def pack(directory: Path, key: str, tup: CompatTuple, chunker: Path, avg: int) -> Manifest:
-    """Chunk and hash an image directory into a manifest (reads every byte once)."""
+def file_state(paths: list[Path]) -> list[tuple]:
+    """What changes when a file is written: inode, size, mtime and ctime (a
+    write moves ctime, which no user can set back). Equal states before and
+    after a step mean the step saw the bytes the chunk names were computed from."""
+    out = []
+    for p in paths:
+        st = p.stat()
+        out.append((p.name, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+    return out
+
+
+def chunk_image(directory: Path, key: str, tup: CompatTuple, chunker: Path, avg: int) -> Manifest:
+    """Chunk and hash an image directory into a manifest without locations (reads every byte once)."""
     validate_key(key)
     files = image_files(directory)
-    before = [(p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+    before = file_state(files)
     chunking, entries = chunk_files(files, chunker, avg)
-    after = [(p.stat().st_size, p.stat().st_mtime_ns) for p in files]
-    if before != after:
-        raise ImageError(str(directory), "files changed while being packed")
+    if file_state(files) != before:
+        raise ImageError(str(directory), "files changed while being chunked")
     creator = {"host": socket.gethostname(), "thaw": _thaw_version(), "pid": os.getpid(),
                "created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
                "packed_at": round(time.time(), 3)}
@@ -118,50 +119,6 @@ def _thaw_version() -> str:
         return version("thaw")
     except PackageNotFoundError:
         return "unknown"
-
-
-# -- the chunk codec -----------------------------------------------------------
-
-def encode(raw: bytes, key: bytes | None = None, h: str = "") -> tuple[str, bytes]:
-    """(codec, stored bytes): zlib where it saves >= COMPRESS_MIN_SAVING, else raw;
-    then, with a chunk key (keys.chunk_key of the tenant's key and the chunk's
-    SHA-256 `h`), sealed with AES-256-GCM (keys.seal_chunk). Compression comes
-    first: ciphertext does not compress."""
-    codec, payload = _compress(raw)
-    if key is not None:
-        payload = keysmod.seal_chunk(key, h, codec, payload)
-    return codec, payload
-
-
-def _compress(raw: bytes) -> tuple[str, bytes]:
-    if len(raw) > 2 * _SAMPLE:
-        sample = raw[:_SAMPLE // 2] + raw[len(raw) // 2:len(raw) // 2 + _SAMPLE // 2]
-        if len(zlib.compress(sample, ZLIB_LEVEL)) > len(sample) * (1 - COMPRESS_MIN_SAVING):
-            return CODEC_NONE, raw
-    z = zlib.compress(raw, ZLIB_LEVEL)
-    if len(z) <= len(raw) * (1 - COMPRESS_MIN_SAVING):
-        return CODEC_ZLIB, z
-    return CODEC_NONE, raw
-
-
-def decode(codec: str, payload: bytes | memoryview, length: int, key: bytes | None = None, h: str = "") -> bytes:
-    """The raw bytes of a stored chunk (opened first with its chunk key when it
-    is sealed); ValueError if it cannot be decoded to `length` bytes."""
-    if key is not None:
-        payload = keysmod.open_chunk(key, h, codec, payload)
-    if codec == CODEC_NONE:
-        raw = payload
-    elif codec == CODEC_ZLIB:
-        d = zlib.decompressobj()
-        try:
-            raw = d.decompress(payload, length + 1)
-        except zlib.error as e:
-            raise ValueError(f"zlib: {e}") from None
-    else:
-        raise ValueError(f"unknown codec {codec!r}")
-    if len(raw) != length:
-        raise ValueError(f"decodes to {len(raw)} bytes, expected {length}")
-    return raw
 
 
 def sha256(data: bytes | memoryview) -> str:

@@ -1,10 +1,16 @@
 """What thaw does with checkpoint images across the store and the node cache:
-push, pull, list, verify. Each function is one CLI command's work (and
-thawd's, later); the modules below do the parts.
+checkpoint-and-publish, push, pull, list, verify. Each function is one CLI
+command's or thawd's work; the modules below do the parts.
 
-    push: pack (chunk + hash) -> upload missing chunks -> publish the manifest
-          (If-None-Match: first writer wins) -> install the winner's manifest
-          into the local cache (chunks copied from the pushed directory)
+    publish_staged: an image written straight into a cache partial (`staged`:
+          `runsc checkpoint --image-path` points there) -> chunk (thaw-chunk:
+          SHA-256 + BLAKE3, the one pass that hashes) -> upload missing chunks
+          in packs (read, encoded, not hashed again) -> publish the manifest
+          (If-None-Match: first writer wins) -> under the key's lock, the
+          partial becomes the cache entry by rename. Written once, hashed once.
+    push: `thaw push DIR`: DIR (the user's, e.g. `thaw checkpoint --out`) is
+          copied into a staged partial, then publish_staged; with --no-cache
+          it is published in place and nothing is cached.
     pull: under the key's lock: a ready, compatible, intact cache entry -> lease;
           else the store's manifest for this node's tuple -> reserve space ->
           fill (local chunks, then parallel GETs) -> install -> lease
@@ -21,17 +27,22 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import shutil
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
+from control.images import chunk
 from control.images import manifest as manifestmod
-from control.images import chunk as pack
 from control.images import transfer
 from control.images.cache import Cache, Lease
 from control.node.compat import CompatTuple, check
 from control.config import Settings
-from control.errors import KeyMissing, ManifestError, ManifestRefused, NotFound, TupleMismatch, UserError
+from control.errors import (CacheFull, ImageError, KeyMissing, ManifestError, ManifestRefused, NotFound,
+                            TupleMismatch, UserError)
+from control.files import fsync_path
 from control.images import keys as keysmod
 from control.images.manifest import Manifest
 from control.images.store import Store
@@ -148,6 +159,10 @@ def _published_body(store: Store, m: Manifest) -> bytes:
     return body
 
 
+def _tenant(store: Store | None) -> str:
+    return getattr(store, "tenant", "") if store is not None else ""
+
+
 def pull(cache: Cache, store: Store | None, key: str, node: CompatTuple, *, workers: int,
          progress: Progress | None = None, on_total=None) -> PullResult:
     """A leased cache entry of `key` for this node, fetched if need be. Release the lease
@@ -175,7 +190,8 @@ def pull(cache: Cache, store: Store | None, key: str, node: CompatTuple, *, work
         m = remote_manifest(store, key, node, reasons)
         if on_total:
             on_total(m.size)
-        entry_id, stats = _fill_and_install(cache, store, m, cache.sources(m.unique_chunks(), tenant=_tenant(store)),
+        entry_id, stats = _fill_and_install(cache, store, m,
+                                            cache.sources(m.unique_chunks(), tenant=_tenant(store)),
                                             workers=workers, progress=progress)
         for e in cache.entries(key):
             if e.state == "corrupt" and cache.evict(e.id):
@@ -190,13 +206,10 @@ def _fill_and_install(cache: Cache, store: Store | None, m: Manifest, sources: t
     """Precondition: the key's lock is held."""
     rid = cache.reserve(m.key, m.size)
     try:
-        entry_id, partial = cache.new_partial(m)
+        entry_id, partial = cache.new_partial(m.key, m.tuple_hash)
         try:
-            def bad(owner: str) -> None:
-                if owner != "source":
-                    cache.mark_corrupt(owner)
             stats = transfer.fill(m, partial, store, sources, workers=workers, progress=progress,
-                                  on_bad_source=bad, direct_io=cache.direct_io)
+                                  on_bad_source=cache.mark_corrupt, direct_io=cache.direct_io)
             cache.install_locked(entry_id, partial, m)
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)
@@ -215,24 +228,123 @@ class PushResult:
     manifest_creator: dict
     upload: transfer.UploadStats
     installed: str | None         # the local entry now holding the store's manifest
+    notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {"key": self.key, "tuple_hash": self.tuple_hash, "size": self.size, "published": self.published,
                 "manifest_creator": self.manifest_creator, "upload": self.upload.to_dict(),
-                "installed": self.installed}
+                "installed": self.installed, "notes": self.notes}
+
+
+@dataclass
+class Staged:
+    """A cache partial that a new image of `key` is being written into."""
+    key: str
+    node: CompatTuple
+    entry_id: str
+    path: Path
+    installed: bool = False
+
+
+@contextmanager
+def staged(cache: Cache, key: str, node: CompatTuple) -> Iterator[Staged]:
+    """A new partial directory in the cache for an image of `key` on this node:
+    write the image there (`runsc checkpoint --image-path`), then
+    `publish_staged`. Until then it is invisible to pulls; it is named with
+    this process, so recovery leaves it alone while this process lives and
+    reclaims it after a kill -9. Whatever was not installed by the end of the
+    block is removed."""
+    manifestmod.validate_key(key)
+    eid, path = cache.new_partial(key, node.hash())
+    st = Staged(key, node, eid, path)
+    try:
+        yield st
+    finally:
+        if not st.installed:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def publish_staged(cache: Cache, store: Store, st: Staged, *, chunker: Path, avg_chunk: int, workers: int,
+                   progress: Progress | None = None, on_total=None) -> PushResult:
+    """Publish the image written into `st` under its key for its node, then
+    make it the cache entry by rename (ours won, or the store holds the same
+    files); if another writer's different image won, that one is fetched
+    into the cache instead and ours is dropped."""
+    ours, up, won, final = _publish(store, st.path, st.key, st.node, chunker=chunker, avg_chunk=avg_chunk,
+                                    workers=workers, progress=progress, on_total=on_total)
+    notes: list[str] = []
+    installed = None
+    try:
+        installed = _install(cache, store, st, ours, final, workers)
+    except CacheFull as e:
+        # The image is published; only this node's copy is missing. A later pull
+        # fetches it when there is room.
+        notes.append(f"not cached: {e}")
+    return PushResult(st.key, final.tuple_hash, final.size, won, final.creator, up, installed, notes)
 
 
 def push(cache: Cache | None, store: Store, directory: Path, key: str, node: CompatTuple, *,
          chunker: Path, avg_chunk: int, workers: int, progress: Progress | None = None,
          on_total=None) -> PushResult:
-    """Publish an image directory under `key` for `node`'s tuple, then make the
-    local cache hold exactly the published manifest (ours, or the winner's)."""
+    """Publish the image directory `directory` under `key` for `node`'s tuple
+    (`thaw push DIR`). With a cache, DIR is copied into a staged entry first:
+    the copy is what is chunked, published and installed by rename, so what is
+    cached is exactly what was published even if DIR changes later. Without
+    one, DIR is published in place (its files must not change meanwhile:
+    checked)."""
+    if cache is None:
+        manifestmod.validate_key(key)
+        ours, up, won, final = _publish(store, directory, key, node, chunker=chunker, avg_chunk=avg_chunk,
+                                        workers=workers, progress=progress, on_total=on_total)
+        return PushResult(key, final.tuple_hash, final.size, won, final.creator, up, None)
+    files = chunk.image_files(directory)   # refuse a bad directory by its own name, before copying
+    with staged(cache, key, node) as st:
+        before = chunk.file_state(files)
+        for f in files:
+            _copy_file(f, st.path / f.name)
+        if chunk.file_state(files) != before:
+            raise ImageError(str(directory), "files changed while being copied into the cache")
+        return publish_staged(cache, store, st, chunker=chunker, avg_chunk=avg_chunk, workers=workers,
+                              progress=progress, on_total=on_total)
+
+
+def _copy_file(src: Path, dst: Path) -> None:
+    """Copy in the kernel (copy_file_range: a reflink where the file system
+    shares extents, no user-space buffer elsewhere)."""
+    with open(src, "rb") as fi, open(dst, "xb") as fo:
+        n = os.fstat(fi.fileno()).st_size
+        done = 0
+        try:
+            while done < n:
+                k = os.copy_file_range(fi.fileno(), fo.fileno(), n - done)
+                if k == 0:
+                    break
+                done += k
+        except OSError:   # e.g. EXDEV or EINVAL on older kernels and some file systems
+            fi.seek(done)
+            fo.seek(done)
+            shutil.copyfileobj(fi, fo, 16 << 20)
+            done = fo.tell()
+        if done != n:
+            raise ImageError(str(src), f"copied {done} of {n} bytes: the file changed while being copied")
+
+
+def _publish(store: Store, directory: Path, key: str, node: CompatTuple, *, chunker: Path, avg_chunk: int,
+             workers: int, progress: Progress | None,
+             on_total) -> tuple[Manifest, transfer.UploadStats, bool, Manifest]:
+    """Chunk, upload and publish `directory`: (our manifest, upload stats,
+    whether ours won, the manifest the store now holds)."""
     _check_tenant(store, key)
-    layout = pack.pack(directory, key, node, chunker, avg_chunk)
+    files = chunk.image_files(directory)
+    before = chunk.file_state(files)
+    layout = chunk.chunk_image(directory, key, node, chunker, avg_chunk)
     if on_total:
         on_total(sum(layout.unique_chunks().values()))   # what the upload progress counts
     store.ensure_bucket()
     locations, up = transfer.upload(layout, directory, store, workers=workers, progress=progress)
+    # The upload trusted thaw-chunk's names; this is what makes that safe.
+    if chunk.file_state(files) != before:
+        raise ImageError(str(directory), "files changed while being published (nothing was published)")
     m = dataclasses.replace(layout, locations=locations, tenant=_tenant(store),
                             encryption=getattr(store, "encryption", ""))
     won = store.put_manifest_if_absent(key, m.tuple_hash, _published_body(store, m))
@@ -244,14 +356,14 @@ def push(cache: Cache | None, store: Store, directory: Path, key: str, node: Com
                            "the conditional put lost, but the winner's manifest is not readable")
         final = _checked(body, store.manifest_name(key, m.tuple_hash), key, store)
         log.info("push %s: another writer published first (%s)", key, final.creator)
-    installed = None
-    if cache is not None:
-        installed = _install_published(cache, store, final, directory, m, workers)
-    return PushResult(key, m.tuple_hash, final.size, won, final.creator, up, installed)
+    return m, up, won, final
 
 
-def _install_published(cache: Cache, store: Store, final: Manifest, directory: Path, ours: Manifest,
-                       workers: int) -> str:
+def _install(cache: Cache, store: Store, st: Staged, ours: Manifest, final: Manifest, workers: int) -> str:
+    """Make the cache hold `final` (the store's manifest) for st's key and tuple.
+    CacheFull if there is no room."""
+    for f in ours.files:
+        fsync_path(st.path / f.name)   # runsc does not fsync; durable before the rename makes an entry
     with cache.key_lock(final.key):
         cache.recover_locked(final.key)
         for e in cache.entries(final.key):
@@ -262,9 +374,20 @@ def _install_published(cache: Cache, store: Store, final: Manifest, directory: P
             # A different image under the same key and tuple (e.g. this node lost a
             # publishing race earlier): the store's manifest is the truth.
             cache.mark_corrupt(e.id)
-        sources = transfer.chain(transfer.dir_sources(ours, directory),
-                                 cache.sources(final.unique_chunks(), tenant=_tenant(store)))
-        entry_id, _ = _fill_and_install(cache, store, final, sources, workers=workers, progress=None)
+        if final.files == ours.files:
+            rid = cache.reserve(final.key, final.size)
+            try:
+                cache.install_locked(st.entry_id, st.path, final)
+                st.installed = True
+            finally:
+                cache.unreserve(rid)
+            entry_id = st.entry_id
+        else:
+            # Another node's image won the race: ours is dropped (`staged` removes
+            # it) and the winner's is fetched as a pull would fetch it.
+            entry_id, _ = _fill_and_install(cache, store, final,
+                                            cache.sources(final.unique_chunks(), tenant=_tenant(store)),
+                                            workers=workers, progress=None)
         for e in cache.entries(final.key):
             if e.state == "corrupt":
                 cache.evict(e.id)
@@ -295,10 +418,6 @@ def listing(cache: Cache, store: Store | None, node: CompatTuple) -> dict:
                        creator=m.creator, chunks=len(m.unique_chunks()))
         remote.append(row)
     return out
-
-
-def _tenant(store: Store | None) -> str:
-    return getattr(store, "tenant", "") if store is not None else ""
 
 
 def verify(cache: Cache, key: str | None = None) -> list[dict]:

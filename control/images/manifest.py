@@ -60,7 +60,7 @@ MAX_FILES = 16
 MAX_MANIFEST_BYTES = 64 << 20      # a 1 TiB image at 256 KiB chunks is ~ 350 MB of JSON; ours are far smaller
 MAX_CHUNK_BYTES = 64 << 20         # no chunker setting we accept makes larger chunks
 MAX_PACK_BYTES = 1 << 30
-CODECS = ("none", "zlib")          # twin: control/pack.py CODEC_*
+CODECS = ("none", "zlib")          # twin: control/images/pack.py CODEC_*
 
 # Keys and file names: one path component, no dot-files, safe in S3 keys,
 # file names and SQLite without quoting.
@@ -86,7 +86,7 @@ class ChunkRef:
 @dataclass(frozen=True)
 class Location:
     """Where a chunk's encoded bytes lie in the store."""
-    pack: str      # pack object name (SHA-256 of the pack)
+    pack: str      # pack object name (control/images/pack.py name: SHA-256 of its table of contents)
     offset: int
     stored: int    # encoded length
     codec: str

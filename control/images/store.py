@@ -28,7 +28,9 @@ Every botocore failure becomes StoreError naming the operation and object.
 
 from __future__ import annotations
 
+import copy
 import logging
+import re
 from typing import Iterator
 
 import boto3
@@ -36,23 +38,15 @@ import botocore.session
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-import copy
-import re
-
 from control.config import TENANT_PATTERN, Settings
 from control.errors import StoreError, UserError
 from control.images import keys as keysmod
 from control.images.manifest import CODECS, Location
+from control.images.retry import RetryPolicy
 
 log = logging.getLogger(__name__)
 
 _NOT_FOUND = {"404", "NoSuchKey", "NotFound"}
-
-
-# A fill's presigned URLs live this long: hours of margin for a large image on
-# a slow link. SigV4 allows up to 7 days; with temporary credentials a URL
-# stops working when they expire, whichever comes first.
-PRESIGN_EXPIRES_S = 6 * 3600
 
 
 class Store:
@@ -80,12 +74,24 @@ class Store:
             response_checksum_validation="when_required",
         )
         self.client = session.client("s3", endpoint_url=self.endpoint or None, config=cfg)
+        # A pull's reads (manifests, listings, ranged pack GETs) retry under thaw's
+        # own policy (control/images/retry.py: botocore's standard mode plus a time
+        # budget, twin of thaw-fetch's), so botocore must not retry them as well.
+        self.policy = RetryPolicy.from_settings(settings)
+        self.retried = 0   # requests retried under the policy (a pull's FillStats.retries)
+        self.reader = session.client("s3", endpoint_url=self.endpoint or None,
+                                     config=cfg.merge(Config(retries={"total_max_attempts": 1, "mode": "standard"})))
         self.fetcher = settings.store_fetcher   # transfer.fill hands ranged reads to it when set
         self.timeout_s = settings.store_timeout_s
         self.retries = settings.store_retries
+        self.presign_expires_s = settings.store_presign_expires_s
+        self.retry_budget_s = settings.store_retry_budget_s
         self.tenant = ""                        # set by for_tenant
         self.tenant_key: bytes | None = None    # the tenant's key when it encrypts (never logged)
         self.manifest_key: bytes | None = None  # the cluster's manifest key, when configured
+
+    def _count_retry(self) -> None:
+        self.retried += 1   # an int += under the GIL: a lost count would only understate a statistic
 
     def for_tenant(self, tenant: str, keyring: "keysmod.Keyring | None" = None) -> "Store":
         """This store as one tenant sees it: its own prefix (tenants/<tenant>/), its
@@ -98,6 +104,7 @@ class Store:
         view.tenant = tenant
         view.tenant_key = keyring.tenant_key(tenant) if keyring is not None else None
         view.manifest_key = keyring.manifest_key if keyring is not None else None
+        view.retried = 0
         return view
 
     def __repr__(self) -> str:   # never the keys
@@ -132,7 +139,8 @@ class Store:
             problem = f"{err.get('Code', '?')}: {err.get('Message', '')}".strip()
         else:
             problem = f"{type(e).__name__}: {e}"
-        return StoreError(op, f"s3://{self.bucket}/{obj}", problem, self.endpoint)
+        note = getattr(e, "retry_note", "")
+        return StoreError(op, f"s3://{self.bucket}/{obj}", f"{problem}; {note}" if note else problem, self.endpoint)
 
     # -- bucket --------------------------------------------------------------
 
@@ -166,12 +174,13 @@ class Store:
         except (ClientError, BotoCoreError) as e:
             raise self._fail("put", name, e) from None
 
-    def presign_get(self, pack: str, expires_s: int = PRESIGN_EXPIRES_S) -> str:
-        """A URL that GETs a pack (any byte range) without credentials until it expires.
+    def presign_get(self, pack: str) -> str:
+        """A URL that GETs a pack (any byte range) without credentials for
+        store.presign_expires_s (or until temporary credentials expire).
         Signed locally by boto3, so endpoint, addressing and credentials stay configured
         the boto3 way for the fetcher that uses it (go/cmd/thaw-fetch)."""
         try:
-            return self.client.generate_presigned_url("get_object", ExpiresIn=expires_s,
+            return self.client.generate_presigned_url("get_object", ExpiresIn=self.presign_expires_s,
                                                       Params={"Bucket": self.bucket, "Key": self.pack_name(pack)})
         except (ClientError, BotoCoreError) as e:
             raise self._fail("presign", self.pack_name(pack), e) from None
@@ -180,12 +189,14 @@ class Store:
         return f"s3://{self.bucket}/{name}"
 
     def get_range_into(self, pack: str, offset: int, buf: memoryview) -> None:
-        """Fill `buf` with len(buf) bytes of a pack from `offset` (one ranged GET, no copy)."""
+        """Fill `buf` with len(buf) bytes of a pack from `offset` (one ranged GET, no copy),
+        retried under the store's retry policy (a body that breaks off is retried too)."""
         name = self.pack_name(pack)
         length = len(buf)
-        got = 0
-        try:
-            r = self.client.get_object(Bucket=self.bucket, Key=name, Range=f"bytes={offset}-{offset + length - 1}")
+
+        def once() -> int:
+            got = 0
+            r = self.reader.get_object(Bucket=self.bucket, Key=name, Range=f"bytes={offset}-{offset + length - 1}")
             body = r["Body"]
             while got < length:
                 n = body.readinto(buf[got:])
@@ -196,6 +207,9 @@ class Store:
             # returns the connection to its pool instead of dropping it.
             if got == length and body.readinto(bytearray(1)):
                 got += 1
+            return got
+        try:
+            got = self.policy.call(once, on_retry=self._count_retry)
         except (ClientError, BotoCoreError) as e:
             raise self._fail("get", f"{name} bytes {offset}+{length}", e) from None
         if got != length:
@@ -259,7 +273,7 @@ class Store:
     def get_manifest(self, key: str, tuple_hash: str) -> bytes | None:
         name = self.manifest_name(key, tuple_hash)
         try:
-            return self.client.get_object(Bucket=self.bucket, Key=name)["Body"].read()
+            return self.policy.call(lambda: self.reader.get_object(Bucket=self.bucket, Key=name)["Body"].read())
         except ClientError as e:
             if e.response.get("Error", {}).get("Code") in _NOT_FOUND:
                 return None
@@ -271,7 +285,9 @@ class Store:
         """(key, tuple_hash, bytes) of every manifest, or of one key's."""
         base = f"{self.prefix}manifests/" + (f"{key}/" if key else "")
         try:
-            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base):
+            pages = self.policy.call(lambda: list(self.reader.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=base)))
+            for page in pages:
                 for obj in page.get("Contents", []):
                     rest = obj["Key"][len(f"{self.prefix}manifests/"):]
                     k, _, leaf = rest.partition("/")

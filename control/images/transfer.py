@@ -4,21 +4,23 @@ an entry directory from local copies and ranged reads of the store's packs.
 Both run `workers` threads. A fill reads ranges of at most RANGE_BYTES
 (coalescing neighbouring chunks of one pack across gaps up to GAP_BYTES), so
 it holds at most workers x RANGE_BYTES (8 x 16 MiB) plus one decoded chunk
-per worker in memory, however large the image. An upload builds packs of
-PACK_BYTES, one per thread, on at most PACK_WORKERS threads. hashlib, zlib,
-socket reads and pread/pwrite release the GIL, so threads overlap on every core.
+per worker in memory, however large the image. An upload reads each pack's
+chunks (control/images/pack.py: PACK_BYTES, file order) in long preads and
+sends one pack per thread on at most PACK_WORKERS threads; it does not hash
+them again (their names come from thaw-chunk). hashlib, zlib, socket reads
+and pread/pwrite release the GIL, so threads overlap on every core.
 
 Filling writes each chunk straight to its offsets in files created at full
 size, with the extents it will write allocated up front (see _preallocate): an
 all-zero chunk is left as a hole (the file is sparse, reads give
-zeros, its hash is known), a chunk already on this node (another entry, or
-the directory being pushed) is copied after its hash is checked, and only the
-rest is fetched. Every byte written has been checked against the manifest.
+zeros, its hash is known), a chunk already on this node (another cache
+entry) is copied after its hash is checked, and only the rest is fetched.
+Every byte written has been checked against the manifest.
 
 The fetched rest goes to thaw-fetch (go/cmd/thaw-fetch, `store.fetcher`) when
 the store has one: this module plans the ranges, presigns one URL per pack
-and hands both over (_fetch_with); the Go side GETs, checks each chunk's
-BLAKE3 (schema 2) or SHA-256 and writes. Without a fetcher the same plan runs
+and hands both over (_fetch_with); the Go side GETs, checks each chunk
+against its SHA-256 name and writes. Without a fetcher the same plan runs
 here, in threads (from_store in fill). docs/store.md, "Why the fetch is in Go".
 
 With `direct_io` (cache.direct_io, on by default), a fetched range is read
@@ -46,8 +48,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from control.images import chunk as pack
-from control.errors import IntegrityError, PreconditionError, StoreError, ThawError
+from control.images import chunk
+from control.images import pack
+from control.errors import ImageError, IntegrityError, PreconditionError, StoreError, ThawError
 from control.images.manifest import Location, Manifest
 from control.images.store import Store
 
@@ -59,7 +62,7 @@ class LocalCopy:
     """A place on this node that may hold a chunk's bytes (checked before use)."""
     path: Path
     offset: int
-    owner: str           # a cache entry id, or "source" for a directory being pushed
+    owner: str           # the cache entry id
 
 
 Sources = Callable[[str], list[LocalCopy]]
@@ -79,7 +82,7 @@ class FillStats:
     bad_sources: list[str] = field(default_factory=list)
     engine: str = ""             # who fetched: "thaw-fetch" (store.fetcher) or "python"
     direct_bytes: int = 0        # of written_bytes, written with O_DIRECT (thaw-fetch counts them)
-    retries: int = 0             # GETs retried (thaw-fetch counts them)
+    retries: int = 0             # GETs retried under the store's retry policy (either engine)
     seconds: float = 0.0
 
     def to_dict(self) -> dict:
@@ -276,12 +279,10 @@ def read_local(copy: LocalCopy, length: int) -> bytes | None:
     return data if len(data) == length else None
 
 
-# Fetch and pack sizes, chosen by measurement on SeaweedFS (docs/store.md):
-# 8-16 MiB ranges read fastest; 32 MiB packs keep the object count low.
+# Fetch sizes, chosen by measurement on SeaweedFS (docs/store.md): 8-16 MiB
+# ranges read fastest. Pack sizes: control/images/pack.py.
 RANGE_BYTES = 16 << 20
 GAP_BYTES = 1 << 20        # read through a gap this small rather than issue another GET
-PACK_BYTES = 32 << 20
-PACK_WORKERS = 4
 
 
 @dataclass(frozen=True)
@@ -367,7 +368,7 @@ def fill(manifest: Manifest, dest: Path, store: Store | None, sources: Sources, 
         # never meets the mask), except where a file ends; only those lengths
         # are worth comparing with the hash of zeros.
         zero_lengths = {manifest.chunking.max} | {f.chunks[-1].length for f in manifest.files if f.chunks}
-        zeros = {pack.zero_hash(n): n for n in zero_lengths}
+        zeros = {chunk.zero_hash(n): n for n in zero_lengths}
 
         def put(h: str, data: bytes | memoryview) -> None:
             for fd, off in places[h]:
@@ -400,7 +401,7 @@ def fill(manifest: Manifest, dest: Path, store: Store | None, sources: Sources, 
             length = lengths[h]
             for copy in sources(h):
                 data = read_local(copy, length)
-                if data is not None and pack.sha256(data) == h:
+                if data is not None and chunk.sha256(data) == h:
                     put(h, data)
                     with lock:
                         stats.local_chunks += 1
@@ -441,7 +442,7 @@ def fill(manifest: Manifest, dest: Path, store: Store | None, sources: Sources, 
                     raise IntegrityError("store", h, f"bytes at {store.pack_name(r.pack)} offset {loc.offset} "
                                                      f"do not decode ({e}): the stored chunk was altered or "
                                                      "damaged") from None
-                got = pack.sha256(data)
+                got = chunk.sha256(data)
                 if got != h:
                     raise IntegrityError("store", h, f"bytes at {store.pack_name(r.pack)} offset {loc.offset} "
                                                      f"hash to {got}: the stored chunk was altered or damaged")
@@ -474,8 +475,10 @@ def fill(manifest: Manifest, dest: Path, store: Store | None, sources: Sources, 
             _fetch_with(fetcher, store, plan_ranges(manifest, remote), files,
                         {h: [(file_index[fd], off) for fd, off in places[h]] for h in remote}, lengths, checks,
                         workers=workers, direct_io=direct_io, progress=progress, stats=stats, sealed=sealed)
-        else:
+        elif remote:
+            before = getattr(store, "retried", 0)
             _run_pool(workers, plan_ranges(manifest, remote), from_store)
+            stats.retries += getattr(store, "retried", 0) - before
         for fd in direct:
             os.fsync(fd)
     finally:
@@ -494,9 +497,11 @@ def _fetch_with(fetcher: Path, store: Store, ranges: list[_Range], files: list[s
                 workers: int,
                 direct_io: bool, progress: Progress | None, stats: FillStats, sealed: bool = False) -> None:
     """Run `ranges` through thaw-fetch (go/cmd/thaw-fetch): ranged GETs of
-    presigned pack URLs, every chunk checked (its BLAKE3 from `checks` where the
-    manifest has one, else its SHA-256), writes to `places` (file index, offset),
-    O_DIRECT where `direct_io`. Same errors as the in-process path.
+    presigned pack URLs, every chunk checked against its SHA-256 name (`checks`,
+    the manifest's BLAKE3, travel in the plan and are not used), writes to
+    `places` (file index, offset), O_DIRECT where `direct_io`, retries as the
+    store's retry policy says (docs/store.md, "Retry policy"). Same errors as
+    the in-process path.
 
     `sealed`: each chunk's entry carries an eighth element, its AES-256-GCM key
     in hex (keys.chunk_key: one chunk's key, never the tenant's). The plan goes
@@ -510,7 +515,10 @@ def _fetch_with(fetcher: Path, store: Store, ranges: list[_Range], files: list[s
             objects.append({"url": store.presign_get(p), "name": store.pack_name(p)})
         return index[p]
 
-    plan = {"version": GO_PLAN_VERSION, "workers": workers, "attempts": store.retries,
+    # Fields left out of "retry" take thaw-fetch's defaults (base_s 1, transient_base_s 0.05,
+    # max_backoff_s 20: botocore's). Twin: control/images/retry.py RetryPolicy.
+    plan = {"version": GO_PLAN_VERSION, "workers": workers,
+            "retry": {"max_attempts": store.retries, "budget_s": store.retry_budget_s},
             "timeout_s": store.timeout_s, "direct_io": direct_io, "files": files, "objects": objects,
             "ranges": [[obj(r.pack), r.start, r.length,
                         [[h, lengths[h], loc.offset - r.start, loc.stored, loc.codec, places[h], checks.get(h, "")]
@@ -571,8 +579,10 @@ def upload(layout: Manifest, src: Path, store: Store, *, workers: int,
     """Send every chunk of `layout` (read from directory `src`) that the store
     lacks, in packs, then the chunks' pointers; where every chunk now lies.
 
-    Chunks are re-hashed as they are read, so a file changed after packing is
-    refused rather than published under a wrong name.
+    The chunks are not hashed again: their names come from thaw-chunk's pass
+    over these files, and the caller checks (chunk.file_state) that the files
+    did not change between that pass and the manifest's publication. A file
+    found shorter than the layout says is refused here.
     """
     t0 = time.monotonic()
     stats = UploadStats()
@@ -595,61 +605,54 @@ def upload(layout: Manifest, src: Path, store: Store, *, workers: int,
 
     _run_pool(workers, list(first), probe)
     missing = [h for h in first if h not in locations]   # file order: packs hold neighbours
-    groups: list[list[str]] = []
-    size = 0
-    for h in missing:
-        if not groups or size >= PACK_BYTES:
-            groups.append([])
-            size = 0
-        groups[-1].append(h)
-        size += first[h][2]
 
-    def build(group: list[str]) -> None:
-        parts, offs = [], []
-        off = 0
-        for h in group:
-            name, at, length = first[h]
-            data = read_local(LocalCopy(src / name, at, "source"), length)
-            if data is None or pack.sha256(data) != h:
-                raise IntegrityError("source", h, f"{src / name} at offset {at} no longer holds this chunk "
-                                                  "(the image changed after it was packed)")
-            codec, payload = pack.encode(data, store.chunk_key(h), h)   # sealed when the tenant encrypts
-            parts.append(payload)
-            offs.append((h, off, len(payload), codec))
-            off += len(payload)
-        body = b"".join(parts)
-        pack_name = pack.sha256(body)
-        store.put_pack(pack_name, body)
+    def send(group: list[str]) -> None:
+        # Sealed with the tenant's chunk keys when it encrypts (store.chunk_key; pack.build).
+        p = pack.build(_read_chunks(src, [(h, *first[h]) for h in group]),
+                       chunk_key=store.chunk_key, name_key=store.tenant_key)
+        store.put_pack(p.name, p.body)
         with lock:
-            for h, o, n, codec in offs:
-                locations[h] = Location(pack_name, o, n, codec)
+            for h, loc, n in p.chunks:
+                locations[h] = loc
                 stats.uploaded_chunks += 1
-                stats.uploaded_bytes += n
-                stats.uploaded_raw_bytes += first[h][2]
-                stats.compressed_chunks += codec != pack.CODEC_NONE
+                stats.uploaded_bytes += loc.stored
+                stats.uploaded_raw_bytes += n
+                stats.compressed_chunks += loc.codec != pack.CODEC_NONE
             stats.packs += 1
         if progress:
-            progress(sum(first[h][2] for h in group))
+            progress(p.raw_bytes)
 
-    _run_pool(min(workers, PACK_WORKERS), groups, build)
+    _run_pool(min(workers, pack.PACK_WORKERS), pack.groups([(h, first[h][2]) for h in missing]), send)
     _run_pool(workers, missing, lambda h: store.put_chunk_pointer(h, locations[h], first[h][2]))
     stats.seconds = time.monotonic() - t0
     return locations, stats
 
 
-def dir_sources(manifest: Manifest, src: Path) -> Sources:
-    """Local copies of every chunk of `manifest` inside directory `src` (a push)."""
-    at: dict[str, LocalCopy] = {}
-    for f in manifest.files:
-        for off, c in f.placed():
-            at.setdefault(c.hash, LocalCopy(src / f.name, off, "source"))
-    return lambda h: [at[h]] if h in at else []
-
-
-def chain(*fns: Sources) -> Sources:
-    def look(h: str) -> list[LocalCopy]:
-        out: list[LocalCopy] = []
-        for fn in fns:
-            out.extend(fn(h))
-        return out
-    return look
+def _read_chunks(src: Path, chunks: list[tuple[str, str, int, int]]) -> list[tuple[str, memoryview]]:
+    """The bytes of (hash, file name, offset, length) chunks: runs that are
+    contiguous in one file are read with one pread each (a pack is mostly one run)."""
+    out: list[tuple[str, memoryview]] = []
+    i = 0
+    while i < len(chunks):
+        name, start = chunks[i][1], chunks[i][2]
+        end, j = start, i
+        while j < len(chunks) and chunks[j][1] == name and chunks[j][2] == end:
+            end += chunks[j][3]
+            j += 1
+        path = src / name
+        try:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                data = _pread_exact(fd, end - start, start)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            raise ImageError(str(path), f"cannot read it again to upload ({e})") from None
+        if len(data) != end - start:
+            raise ImageError(str(path), f"is shorter than when it was chunked (no bytes at {start + len(data)}): "
+                                        "the image changed after it was chunked")
+        view = memoryview(data)
+        for h, _, off, n in chunks[i:j]:
+            out.append((h, view[off - start:off - start + n]))
+        i = j
+    return out

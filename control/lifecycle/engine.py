@@ -134,8 +134,8 @@ class Engine:
                                gone=lambda: status(r, h.id) in ("stopped", "absent"))
 
     def policy(self, timeout_s: float | None = None) -> probemod.Policy:
-        return probemod.Policy(self.s.health_timeout_s if timeout_s is None else timeout_s,
-                               self.s.health_attempt_timeout_s)
+        return probemod.Policy(self.s.thawd_health_timeout_s if timeout_s is None else timeout_s,
+                               self.s.thawd_health_attempt_timeout_s)
 
     def check(self, h: Handle, probes: list, policy: probemod.Policy | None = None) -> probemod.HealthResult:
         """Run `probes` (text or parsed) against the sandbox until they pass or the deadline passes;

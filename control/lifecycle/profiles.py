@@ -33,8 +33,6 @@ from __future__ import annotations
 import copy
 import logging
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence, Union
 
@@ -221,6 +219,8 @@ def run_hooks(profile: Profile, phase: str, target: Target) -> list[dict]:
 
 
 def _http(hook: HttpHook, host: str, name: str) -> tuple[int, str]:
+    import urllib.error  # here, not at the top: `thaw restore` of a sandbox without hooks never pays for it
+    import urllib.request
     url = f"http://{host}:{hook.port}{hook.path}"
     data = hook.body.encode() if hook.body or hook.method in ("POST", "PUT") else None
     req = urllib.request.Request(url, data=data, method=hook.method)

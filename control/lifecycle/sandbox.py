@@ -40,13 +40,12 @@ from control.config import Settings
 from control.files import Owner, fsync_path, write_json_atomic
 from control.lifecycle.engine import Engine, Handle, status as engine_status
 from control.errors import (AlreadyExists, ImageError, InvalidTransition, NotFound, PreconditionError,
-                            RunscError, ThawError, UnhealthyRestore, UserError)
+                            ThawError, UnhealthyRestore, UserError)
 from runsc_hooks import gate as gatemod
 from runsc_hooks import probe as probemod
 from runsc_hooks import network as netmod
 from runsc_hooks import spec as specmod
-from runsc_hooks.runsc import (IMAGE_FILES, CheckpointOptions, CreateOptions, GlobalOptions, RestoreOptions,
-                               Runsc)
+from runsc_hooks.runsc import IMAGE_FILES, CreateOptions, GlobalOptions, RestoreOptions, Runsc
 
 log = logging.getLogger(__name__)
 
@@ -347,7 +346,7 @@ class Sandboxes:
             meta = {"version": IMAGE_META_VERSION, "sandbox": sid, "spec": spec, "net": rec.net,
                     "probes": rec.probes, "files": saved.files, "runsc_version": r.version(),
                     "platform": self.settings.runsc_platform, "network": "sandbox" if rec.net else "none",
-                    "nvproxy": r.options.nvproxy or saved.gpu, "gpu": _gpu_needs(spec),
+                    "nvproxy": r.options.nvproxy or saved.gpu, "gpu": gpu_needs(spec),
                     "rootfs": _rootfs_layout(spec, self.settings), "checkpoint_s": saved.seconds,
                     "created_at": time.time()}
             write_json_atomic(partial / IMAGE_META, meta)
@@ -430,7 +429,6 @@ class Sandboxes:
             self._move(rec, State.RUNNING)
             ready_at = time.monotonic()  # the gate opened (bench/network_flood.py measures from here)
         except BaseException as e:
-            from control.errors import UnhealthyRestore
             if isinstance(e, UnhealthyRestore):
                 rec.health = e.health
             self._undo(r, rec)
@@ -603,6 +601,9 @@ def read_image(image: Path) -> dict:
         raise ImageError(str(image), f"{IMAGE_META} is missing (not written by `thaw checkpoint`?)") from None
     except ValueError as e:
         raise ImageError(str(image), f"{IMAGE_META} is not valid JSON: {e}") from None
+    if isinstance(meta, dict) and meta.get("door", "cli") != "cli":
+        raise ImageError(str(image), f"made under {meta['door']} (its spec names that container's root "
+                         "filesystem and mounts): it restores through containerd, not `thaw restore`")
     if not isinstance(meta, dict) or meta.get("version") != IMAGE_META_VERSION:
         raise ImageError(str(image), f"{IMAGE_META} has unknown version {meta.get('version') if isinstance(meta, dict) else meta!r}")
     files = meta.get("files")
@@ -639,7 +640,7 @@ def _rootfs_layout(spec: dict, settings: Settings) -> dict:
     return {"layout": "path", "path": str(root)}
 
 
-def _gpu_needs(spec: dict) -> dict | None:
+def gpu_needs(spec: dict) -> dict | None:
     """What a restore of this image needs in GPUs (thaw.json "gpu"): count and the
     node's product and driver when it was saved; None for a CPU image."""
     from control.lifecycle.engine import uses_gpu

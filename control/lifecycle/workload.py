@@ -43,7 +43,6 @@ ANNOTATION_TENANT = "thaw.dev/tenant"
 ANNOTATION_KEY_ENV = "thaw.dev/key-env"
 ANNOTATION_READY = "thaw.dev/ready"
 ANNOTATION_HEALTH = "thaw.dev/health"
-ANNOTATION_PROFILE = "thaw.dev/profile"
 
 _DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@+-]{0,199}$")

@@ -26,7 +26,8 @@ import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from control.config import RUNSC_VERSION_LABEL, Settings
+from control import config
+from control.config import RUNSC_VERSION_LABEL, Settings, render_value
 from control.errors import ThawError
 from control.node import compat
 from nvproxy import gpu as gpumod
@@ -190,6 +191,25 @@ def check_thawd(sock: Path, reachable: bool, error: str) -> Check:
     if reachable:
         return Check("thawd", PASS, f"listening on {sock}")
     return Check("thawd", FAIL, f"{sock}: {error or 'not reachable'} (is thawd running? `thaw serve`)")
+
+
+def check_standin_config(used: Settings, node_file: Path, seen: Settings | None, error: str = "") -> Check:
+    """Does the stand-in see the settings thawd runs with? It reads the node's
+    file (`node_file`) and containerd's environment, not thawd's: under
+    Kubernetes thawd reads the ConfigMap while the stand-in reads the host's
+    /etc/thaw/config.toml, which provision seeds only once. `seen` is
+    control.config.load of that file with no THAW_* variables."""
+    if seen is None:
+        return Check("stand-in config", FAIL, f"{node_file}: {error}; the stand-in starts every container cold")
+    keys = [k for k in config.KEYS if k.standin]
+    differ = [(k, getattr(used, k.field), getattr(seen, k.field)) for k in keys
+              if getattr(used, k.field) != getattr(seen, k.field)]
+    if not differ:
+        return Check("stand-in config", PASS, f"the stand-in reads the same {', '.join(k.name for k in keys)}")
+    what = "; ".join(f"{k.name} is {render_value(a)} here, {render_value(b)} for the stand-in" for k, a, b in differ)
+    status = FAIL if any(k.name == "thawd.socket" for k, _, _ in differ) else WARN
+    return Check("stand-in config", status, f"{what} (it reads {node_file} and containerd's environment: "
+                 "set these there)")
 
 
 # -- facts (the host) ------------------------------------------------------------

@@ -24,10 +24,11 @@ from typing import Callable
 
 from control.node import containerd_config as cc
 from control.node import doctor
-from control.config import DEFAULT_CONFIG_FILE, Settings, field_name, keys, render_value
+from control import config
+from control.config import DEFAULT_CONFIG_FILE, Settings
 from control.errors import PreconditionError, ProvisionError, ThawError
 from control.files import write_file_atomic
-from nvproxy import cdi
+from nvproxy import cdi, helper
 from nvproxy.gpu import NodeGpus
 
 RUNSC_TOML = Path("/etc/thaw/runsc.toml")
@@ -55,7 +56,7 @@ BINARIES = (
 )
 STANDIN = "thaw-runsc"
 HOOKS = "thaw-runsc-hooks"
-CUDA_HELPER = "thaw-cuda-checkpoint"
+CUDA_HELPER = helper.BINARY_NAME
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,6 @@ class Options:
     dry_run: bool = False
     systemd: bool = True              # write and enable the thawd unit
     restart_containerd: bool = False  # run containerd.restart_command if its config changed
-    thawd_available: bool = False     # this thaw has a `serve` command
     thaw_command: tuple[str, ...] = ("thaw",)
     compare_binaries: bool = True     # doctor: existence and mode only
 
@@ -415,8 +415,6 @@ def _no_systemd(root: Path) -> str:
 def _start_thawd(earlier: list[Plan], opts: Options, live: bool) -> tuple[bool, str]:
     if not live:
         return False, _no_systemd(opts.root) + ": start thawd yourself (`thaw serve`)"
-    if not opts.thawd_available:
-        return False, "this thaw has no `serve` command yet: unit written and enabled, not started"
     active = subprocess.run(["systemctl", "is-active", "--quiet", "thawd.service"]).returncode == 0
     changed = [p.step for p in earlier if p.step in ("thawd unit", "thaw config", "install runsc")
                and p.action in (CREATE, UPDATE)]
@@ -426,31 +424,18 @@ def _start_thawd(earlier: list[Plan], opts: Options, live: bool) -> tuple[bool, 
 
 
 def seed_config(settings: Settings) -> str:
-    """/etc/thaw/config.toml for a node that has none: runsc.path at the
-    installed runsc, plus every key provision ran with that is not a default."""
-    values = {}
-    for key, _env, default in keys():
-        value = getattr(settings, field_name(key))
-        if key == "runsc.path":
-            values[key] = settings.install_dir / "bin" / "runsc"
-        elif key == "pack.chunker":
-            values[key] = settings.install_dir / "bin" / "thaw-chunk"
-        elif key == "store.fetcher" and value is not None:
-            values[key] = settings.install_dir / "bin" / "thaw-fetch"
-        elif key == "containerd.info":
-            values[key] = settings.install_dir / "bin" / "thaw-ctrinfo"
-        elif value != default:
-            values[key] = value
-    lines = ["# thaw configuration, written by `thaw provision` because none existed.",
-             "# Every key, its default and its environment override: docs/configuration.md."]
-    section = None
-    for key in values:
-        sec, name = key.split(".", 1)
-        if sec != section:
-            lines += ["", f"[{sec}]"]
-            section = sec
-        lines.append(f"{name} = {render_value(values[key])}")
-    return "\n".join(lines) + "\n"
+    """/etc/thaw/config.toml for a node that has none: every key whose binary
+    provision installs (Key.installed) at <node.install_dir>/bin, plus every key
+    provision ran with that is not a default. The stand-in reads this file too."""
+    items = []
+    for k, value in config.values(settings):
+        if k.installed and value is not None:
+            items.append((k, settings.install_dir / "bin" / k.installed))
+        elif value != k.default:
+            items.append((k, value))
+    return config.render_toml(items, header=(
+        "# thaw configuration, written by `thaw provision` because none existed.",
+        "# Every key, its default and its environment override: docs/configuration.md."))
 
 
 def thawd_unit(thaw_command: tuple[str, ...]) -> str:
@@ -578,7 +563,19 @@ def doctor_checks(settings: Settings, opts: Options) -> tuple[list[doctor.Check]
         checks.append(_installed(p))
     ok, why = doctor.thawd_reachable(lay.host(settings.thawd_socket))
     checks.append(doctor.check_thawd(settings.thawd_socket, ok, why))
+    checks.append(standin_config_check(settings, lay))
     return checks, doctor.compatibility_tuple(settings, facts)
+
+
+def standin_config_check(settings: Settings, lay: Layout) -> doctor.Check:
+    """What the stand-in reads (the node's config file, no THAW_* variables:
+    containerd's environment) against what this thaw runs with."""
+    node_file = lay.host(DEFAULT_CONFIG_FILE)
+    try:
+        seen = config.load(environ={}, default_file=node_file)
+    except ThawError as e:
+        return doctor.check_standin_config(settings, node_file, None, str(e))
+    return doctor.check_standin_config(settings, node_file, seen)
 
 
 def _installed(p: Plan) -> doctor.Check:

@@ -1,8 +1,9 @@
 """thawd's view of checkpoint images: the node cache backed by the object store.
 
-A thin adapter over control/images.py (pull, push) and control/cache.py so
-control/service.py sees five verbs: pull (a leased local entry, fetched if
-need be), has, publish, entries, evict. The node's compatibility tuple is
+A thin adapter over control/images/image.py and control/images/cache.py so
+control/thawd/service.py sees six verbs: pull (a leased local entry, fetched
+if need be), has, staged (a cache partial for `runsc checkpoint` to write
+into), publish (it), entries, evict. The node's compatibility tuple is
 computed once, at start. Every verb works on the tenant's view of the store
 (its prefix, its key, the manifest key), the tenant being the first field of
 the workload key (issue 13).
@@ -10,7 +11,7 @@ the workload key (issue 13).
 from __future__ import annotations
 
 import logging
-from pathlib import Path
+from contextlib import AbstractContextManager
 
 from control.images import image as images
 from control.images.cache import Lease
@@ -57,10 +58,18 @@ class ImageSource:
         except (NotFound, TupleMismatch):
             return False
 
-    def publish(self, directory: Path, key: str) -> bool:
-        """Push a runsc image directory under `key`; True if ours won the publish."""
-        r = images.push(self.cache, self._store(key), directory, key, self.node, chunker=self.s.pack_chunker,
-                        avg_chunk=self.s.pack_avg_chunk_bytes, workers=self.s.store_workers)
+    def staged(self, key: str) -> AbstractContextManager[images.Staged]:
+        """A cache partial for a new image of `key` (`.path`: where runsc writes it);
+        removed at the end of the block unless `publish` installed it."""
+        return images.staged(self.cache, key, self.node)
+
+    def publish(self, st: images.Staged) -> bool:
+        """Publish a staged image and make it this node's cache entry (by rename);
+        True if ours won the publish."""
+        r = images.publish_staged(self.cache, self._store(st.key), st, chunker=self.s.pack_chunker,
+                                  avg_chunk=self.s.pack_avg_chunk_bytes, workers=self.s.store_workers)
+        for note in r.notes:
+            log.info("publish %s: %s", st.key, note)
         return r.published
 
     def _store(self, key: str) -> Store:

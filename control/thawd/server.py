@@ -141,7 +141,7 @@ def prepare_socket(path: Path) -> None:
 def build(settings: Settings, images, tuple_hash: str) -> tuple[grpc.Server, Thawd, Metrics]:
     metrics = Metrics()
     thawd = Thawd(settings, images, metrics)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="rpc"))
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.thawd_rpc_workers, thread_name_prefix="rpc"))
     pbg.add_ThawdServicer_to_server(ThawdServicer(thawd, tuple_hash), server)
     prepare_socket(settings.thawd_socket)
     server.add_insecure_port(f"unix:{settings.thawd_socket}")

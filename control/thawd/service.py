@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import shutil
 import threading
 import time
-import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +24,9 @@ from control.errors import IdentityError, KeyMissing, ManifestRefused, NotFound,
 from control.thawd import ctrinfo
 from control.thawd.metrics import Metrics
 from control.thawd.quarantine import Quarantine
+from control.files import write_json_atomic
 from control.lifecycle import profiles
+from control.lifecycle import sandbox as sandboxmod
 from control.lifecycle.engine import Engine, Handle, uses_gpu
 from runsc_hooks import gate as gatemod
 from runsc_hooks import network as netmod
@@ -39,8 +39,6 @@ _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,255}$")
 # The shim's config.json as it was before thawd rewrote it. Twin:
 # go/internal/standin/standin.go origConfigName.
 ORIG_CONFIG = "config.json.thaw-orig"
-# Installed beside runsc (build/ or <node.install_dir>/bin). Twin: control/provision.py CUDA_HELPER.
-CUDA_HELPER_BINARY = "thaw-cuda-checkpoint"
 
 
 @dataclass(frozen=True)
@@ -99,8 +97,9 @@ class Thawd:
         self._identities: dict[tuple[str, str], ctrinfo.Identity] = {}
         self._fetches: dict[str, Future] = {}                    # key -> background pull
         self._checkpointing: set[str] = set()
+        self._networks: dict[tuple[str, str], tuple[str, list]] = {}   # (root, id) -> netns config before restore
         self.quarantine = Quarantine(settings)
-        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="thawd")
+        self._pool = ThreadPoolExecutor(max_workers=settings.thawd_workers, thread_name_prefix="thawd")
 
     # -- quarantine ------------------------------------------------------------
 
@@ -147,6 +146,7 @@ class Thawd:
         return wl.key if wl else ""
 
     def _decide(self, rt: RuntimeRef) -> Decision:
+        t0 = time.monotonic()
         spec = specmod.Bundle(rt.bundle).load()
         if not workloadmod.opted_in(spec):
             return Decision(False, "not-opted-in")
@@ -160,7 +160,9 @@ class Thawd:
             return Decision(False, f"quarantined: {why}", wl.key)
         fut = self._fetch(wl.key)
         try:
-            lease = fut.result(timeout=self.s.thawd_prepare_timeout_s)
+            # The identity lookup came out of the same budget: the stand-in waits
+            # thawd.prepare_timeout_s + 1 s for the whole answer.
+            lease = fut.result(timeout=max(0.05, self.s.thawd_prepare_timeout_s - (time.monotonic() - t0)))
         except TimeoutError:
             return Decision(False, "fetch-in-progress: the image is still being fetched", wl.key)
         except NotFound:
@@ -186,9 +188,29 @@ class Thawd:
             old.release()
         self.metrics.inc("thaw_cache_hits_total" if getattr(lease, "hit", True) else "thaw_cache_misses_total")
         h = self._handle(rt, spec)
+        why = self._spec_mismatch(Path(lease.path), spec)
+        if why:
+            self._release_key(k)
+            return Decision(False, f"spec-mismatch: {why}", wl.key)
         if h.gate is not None:  # no packet reaches the sandbox until the restore is healthy
             gatemod.close(h.gate, self.s.network_probe_mark, f"restore of {rt.container_id}")
+        self._remember_network(k, spec)
         return Decision(True, "image-ready", wl.key, str(lease.path), self.restore_deadline_s(spec))
+
+    def _spec_mismatch(self, image: Path, spec: dict) -> str:
+        """Why runsc would refuse to restore `image` into a container with `spec`
+        (mount destinations/types/options, devices, the GPU count: nvproxy/cdi.py
+        check_restore_compatible), said before runsc runs; "" when it would not."""
+        from nvproxy import cdi
+        try:
+            saved = json.loads((image / sandboxmod.IMAGE_META).read_text())["spec"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return ""   # an image without its spec (older thaw): runsc's own validation decides
+        try:
+            cdi.check_restore_compatible(saved, spec)
+        except ThawError as e:
+            return e.message
+        return ""
 
     def restore_deadline_s(self, spec: dict) -> float:
         """How long a Restore call may take: runsc restore, the health check, the
@@ -219,7 +241,7 @@ class Thawd:
         from nvproxy import helper
         d = self.state_dir / "cuda-helper"
         if not (d / helper.HELPER_NAME).is_file():
-            helper.stage(self.s.runsc_path.parent / CUDA_HELPER_BINARY, d)
+            helper.stage(self.s.runsc_path.parent / helper.BINARY_NAME, d)
         return d
 
     def _fetch(self, key: str) -> Future:
@@ -295,6 +317,8 @@ class Thawd:
             self._undo_restore(h, rt, key, "the stand-in gave up before the restore finished")
             return False, "cancelled", time.monotonic() - t0
         secs = time.monotonic() - t0
+        with self._lock:
+            self._networks.pop(k, None)
         log.info("outcome %s key=%s RESTORED %.3fs (runsc %.3fs, health %s)", rt.container_id, key, secs,
                  done.runsc_s, done.health.summary() if done.health else "-")
         self.metrics.inc("thaw_restores_total")
@@ -303,14 +327,36 @@ class Thawd:
         self.quarantine.succeeded(key)
         return True, done.health.summary() if done.health else "", secs
 
+    def _remember_network(self, k: tuple[str, str], spec: dict) -> None:
+        """Keep the container's network namespace configuration from before runsc
+        takes it over, for a cold start after a failed restore (network.snapshot)."""
+        path = specmod.netns_path(spec)
+        if not path:
+            return
+        try:
+            snap = netmod.snapshot(path)
+        except Exception as e:  # noqa: BLE001 - a namespace thaw cannot read: nothing to put back later
+            log.warning("network of %s not recorded: %s", k[1], e)
+            return
+        with self._lock:
+            self._networks[k] = (path, snap)
+
     def _undo_restore(self, h: Handle, rt: RuntimeRef, key: str, reason: str) -> None:
         """A restore that will not be used: kill and delete the sandbox (the stand-in
-        creates it again, cold), open the gate, release the lease, count the failure."""
+        creates it again, cold), put the namespace's addresses and routes back
+        (runsc removed them), open the gate, release the lease, count the failure."""
         try:
             if h.runsc.exists(h.id):
                 h.runsc.delete(h.id, force=True)
         except ThawError as e:
             log.warning("removing the failed restore of %s: %s", rt.container_id, e)
+        with self._lock:
+            net = self._networks.pop((str(rt.runsc_root), rt.container_id), None)
+        if net is not None:
+            try:
+                netmod.reapply(*net)
+            except Exception as e:  # noqa: BLE001 - the cold start goes on; it may lack its network
+                log.warning("network of %s not put back after its failed restore: %s", rt.container_id, e)
         if h.gate is not None:
             gatemod.open(h.gate, f"restore of {rt.container_id} failed; starting cold")
         self.report_outcome(rt, "RESTORE_FAILED", reason, key=key)
@@ -389,6 +435,7 @@ class Thawd:
         with self._lock:
             self._identities.pop(k, None)
             lease = self._leases.pop(k, None)
+            self._networks.pop(k, None)
         if lease is None:
             return False
         lease.release()
@@ -402,15 +449,18 @@ class Thawd:
         wl = self._workload(rt, spec)
         if wl is None:
             raise UserError(f"container {rt.container_id} did not opt in (annotation {workloadmod.ANNOTATION_WORKLOAD})")
-        staging = self.s.state_dir / "thawd" / "staging"
-        staging.mkdir(parents=True, exist_ok=True)
-        os.chmod(staging, 0o700)   # a checkpoint is the workload's memory in plaintext (docs/security.md)
-        out = staging / f"{rt.container_id}-{uuid.uuid4().hex[:8]}"
-        try:
-            saved = Engine(self.s).checkpoint(self._handle(rt, spec), out, stop_after=not leave_running)
-            published = self.images.publish(out, wl.key)
-        finally:
-            shutil.rmtree(out, ignore_errors=True)
+        # runsc writes the image straight into a partial directory of the node
+        # cache; publishing chunks and uploads it from there and the cache adopts
+        # the directory by rename: one copy of the image, hashed once.
+        with self.images.staged(wl.key) as image:
+            saved = Engine(self.s).checkpoint(self._handle(rt, spec), image.path, stop_after=not leave_running)
+            # What a restore needs, with the image (thaw.json, as the CLI's images
+            # carry it): the spec runsc validates at restore and the GPUs it holds.
+            write_json_atomic(image.path / sandboxmod.IMAGE_META, {
+                "version": sandboxmod.IMAGE_META_VERSION, "door": "containerd", "spec": spec,
+                "files": saved.files, "gpu": sandboxmod.gpu_needs(spec), "checkpoint_s": saved.seconds,
+                "created_at": time.time()})
+            published = self.images.publish(image)
         self.metrics.inc("thaw_checkpoints_total")
         self.metrics.observe("thaw_checkpoint_seconds", saved.seconds)
         return {"workload_key": wl.key, "image_bytes": saved.bytes, "seconds": saved.seconds,

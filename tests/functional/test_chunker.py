@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from control.images import chunk as pack
+from control.images import chunk
 from tests.conftest import BUILD
 
 CHUNKER = BUILD / "thaw-chunk"
@@ -19,7 +19,7 @@ def chunker() -> Path:
 
 
 def chunks_of(chunker, path, avg):
-    _, [entry] = pack.chunk_files([path], chunker, avg)
+    _, [entry] = chunk.chunk_files([path], chunker, avg)
     return entry
 
 
@@ -30,8 +30,8 @@ def test_go_cuts_equal_the_python_reference(tmp_path, chunker):
     p.write_bytes(data)
     avg = 4096
     entry = chunks_of(chunker, p, avg)
-    mn, av, mx = pack.chunk_params(avg)
-    assert [c.length for c in entry.chunks] == pack.reference_cuts(data, mn, av, mx)
+    mn, av, mx = chunk.chunk_params(avg)
+    assert [c.length for c in entry.chunks] == chunk.reference_cuts(data, mn, av, mx)
     off = 0
     for c in entry.chunks:
         assert c.hash == hashlib.sha256(data[off:off + c.length]).hexdigest()
@@ -70,11 +70,11 @@ def test_bad_arguments_and_empty_files(tmp_path, chunker):
 def test_every_chunk_carries_its_blake3_check(tmp_path, chunker):
     # BLAKE3("abc"), the published test vector; hashlib has no BLAKE3 to compare with.
     (tmp_path / "abc").write_bytes(b"abc")
-    [one] = pack.chunk_files([tmp_path / "abc"], chunker, 1 << 16)[1][0].chunks
+    [one] = chunk.chunk_files([tmp_path / "abc"], chunker, 1 << 16)[1][0].chunks
     assert one.hash == hashlib.sha256(b"abc").hexdigest()
     assert one.check == "6437b3ac38465133ffb63b75273a8db548c558465d79db03fd359c6cd5bd9d85"
     data = random.Random(7).randbytes(3 << 20)
     (tmp_path / "r").write_bytes(data)
-    chunking, [entry] = pack.chunk_files([tmp_path / "r"], chunker, 1 << 16)
+    chunking, [entry] = chunk.chunk_files([tmp_path / "r"], chunker, 1 << 16)
     assert chunking.check == "blake3" and len(entry.chunks) > 10
     assert len({c.check for c in entry.chunks}) == len(entry.chunks)

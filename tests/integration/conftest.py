@@ -59,11 +59,12 @@ def leftovers(settings: configmod.Settings, ids: list[str]) -> dict:
     """Whatever thaw or runsc left behind for sandboxes `ids`: must be {} after delete/failure."""
     from runsc_hooks.runsc import GlobalOptions, Runsc
     r = Runsc(settings.runsc_path, GlobalOptions(root=settings.runsc_root))
+    from control.lifecycle.sandbox import runsc_id
     live = {c.id for c in r.list()} if settings.runsc_root.exists() else set()
     out: dict[str, list[str]] = {}
     for sid in ids:
         found = []
-        if sid in live:
+        if runsc_id(sid) in live or sid in live:
             found.append("runsc container")
         found += netmod.sandbox_leftovers(sid)  # netns, host veth, routes, nftables rules (gate, NAT)
         if (settings.state_dir / "bundles" / sid).exists():

@@ -44,6 +44,11 @@ SOCKET = "/run/containerd/containerd.sock"
 NAMESPACE = "thaw-fresh-node"
 SHIM = "/opt/thaw/bin/containerd-shim-runsc-v1"     # the drop-in's runtime_path
 RUNSC_TOML = "/etc/thaw/runsc.toml"                 # the drop-in's options.ConfigPath
+# Not the defaults: provision seeds them into /etc/thaw/config.toml, and thawd
+# and the stand-in (under containerd, with none of this run's environment)
+# must both find them there, or the second start is not restored.
+THAWD_SOCKET = "/run/thaw/fresh-node/thawd.sock"
+STANDIN_LOG = "/var/log/thaw/fresh-node-standin.log"
 
 
 def sh(*argv: str, env: dict | None = None, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
@@ -152,7 +157,8 @@ class Node:
 
         # README, "A node": the store settings, then one command.
         env = node_env() | {"THAW_STORE_ENDPOINT": endpoint, "THAW_STORE_BUCKET": bucket,
-                            "THAW_STORE_CREDENTIALS_FILE": credentials}
+                            "THAW_STORE_CREDENTIALS_FILE": credentials, "THAW_THAWD_SOCKET": THAWD_SOCKET,
+                            "THAW_STANDIN_LOG": STANDIN_LOG}
         p = sh(str(THAW), "provision", "--from", str(BUILD), "--json", env=env, check=False, timeout=300)
         prov = json.loads(p.stdout) if p.stdout.strip().startswith("{") else {}
         self.step("provision", rc=p.returncode, stderr=p.stderr[-2000:],
@@ -174,7 +180,7 @@ class Node:
         argv = unit_exec_start(unit)
         thawd = self.spawn(argv, "thawd.log", node_env())
         end = time.monotonic() + 60
-        while not Path("/run/thaw/thawd.sock").exists():
+        while not Path(THAWD_SOCKET).exists():
             if thawd.poll() is not None or time.monotonic() > end:
                 raise RuntimeError("thawd did not start: " + (self.work / "thawd.log").read_text()[-3000:])
             time.sleep(0.1)
@@ -210,7 +216,7 @@ class Node:
         boot2, n2 = self.state("second")
         self.step("second start", boot=boot2, counter=n2, seconds=round(time.monotonic() - t, 2))
         self.remove("second")
-        decisions = [json.loads(line) for line in Path("/var/log/thaw/standin.log").read_text().splitlines()]
+        decisions = [json.loads(line) for line in Path(STANDIN_LOG).read_text().splitlines()]
         self.step("stand-in decisions", decisions=[{k: d.get(k) for k in ("id", "decision", "reason")}
                                                    for d in decisions])
         doctor = sh(str(THAW), "doctor", "--json", env=node_env(), check=False, timeout=120)

@@ -34,6 +34,12 @@ def test_cold_then_published_then_restored(cs):
     boot1, _ = cs.state("first")
     entry = cs.wait_published()
     assert entry["key"].startswith("ctr-thaw.counter.")   # the containerd namespace is the tenant
+    # runsc wrote the image into the cache and the entry is that directory: no staging
+    # directory, no partial left, and nothing beside the entry in entries/.
+    assert not (cs.base / "state" / "thawd" / "staging").exists()
+    assert list((cs.base / "cache" / "tmp").iterdir()) == []
+    [cached] = list((cs.base / "cache" / "entries").iterdir())
+    assert cached.name.startswith(entry["key"] + "@")
     saved_boot, saved_i = cs.state("first")
     assert saved_boot == boot1  # --leave-running: the cold container keeps serving
     cs.ctrd.remove("first")

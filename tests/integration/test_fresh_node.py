@@ -57,6 +57,7 @@ def test_fresh_node_provisions_and_restores(weed, name):
         assert 'path = "/opt/thaw/bin/runsc"' in cfg and 'chunker = "/opt/thaw/bin/thaw-chunk"' in cfg
         assert 'fetcher = "/opt/thaw/bin/thaw-fetch"' in cfg and 'info = "/opt/thaw/bin/thaw-ctrinfo"' in cfg
         assert weed.endpoint in cfg
+        assert 'socket = "/run/thaw/fresh-node/thawd.sock"' in cfg and "fresh-node-standin.log" in cfg
         assert steps["containerd"]["handler"]
 
         first, second = steps["first start"], steps["second start"]

@@ -24,7 +24,7 @@ import pytest
 from bench import network_flood as flood
 from control import config as configmod
 from control.errors import RunscError, UnhealthyRestore
-from control.lifecycle.sandbox import Mitigations, Sandboxes, State
+from control.lifecycle.sandbox import Mitigations, Sandboxes, State, runsc_id
 from runsc_hooks import gate as gatemod
 from runsc_hooks import probe as probemod
 from runsc_hooks import network as netmod
@@ -39,13 +39,13 @@ POLICY = probemod.Policy(timeout_s=3.0, attempt_timeout_s=0.5)
 
 
 def net_settings(base: Path) -> configmod.Settings:
-    return configmod.replace(settings_for(base), network_subnet=NET_SUBNET, health_timeout_s=10.0,
-                             health_attempt_timeout_s=0.5)
+    return configmod.replace(settings_for(base), network_subnet=NET_SUBNET, thawd_health_timeout_s=10.0,
+                             thawd_health_attempt_timeout_s=0.5)
 
 
 def net_env(base: Path, **extra: str) -> dict[str, str]:
-    return {**thaw_env(base), "THAW_NETWORK_SUBNET": NET_SUBNET, "THAW_HEALTH_TIMEOUT_S": "10",
-            "THAW_HEALTH_ATTEMPT_TIMEOUT_S": "0.5", **extra}
+    return {**thaw_env(base), "THAW_NETWORK_SUBNET": NET_SUBNET, "THAW_THAWD_HEALTH_TIMEOUT_S": "10",
+            "THAW_THAWD_HEALTH_ATTEMPT_TIMEOUT_S": "0.5", **extra}
 
 
 def node_port(name: str) -> int:
@@ -265,7 +265,7 @@ def test_kill_9_mid_restore_then_sandbox_gc_removes_everything(net, name, when):
     # The health-check case uses a probe that never passes, so the kill lands inside the check.
     probe = [] if when == "runsc-restore" else ["--probe", f"http:{PORT}/never"]
     proc = subprocess.Popen([str(THAW), "restore", str(net / "img"), "--id", rid, *probe],
-                            env=net_env(net, THAW_HEALTH_TIMEOUT_S="60"), stdout=subprocess.DEVNULL,
+                            env=net_env(net, THAW_THAWD_HEALTH_TIMEOUT_S="60"), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
@@ -275,7 +275,7 @@ def test_kill_9_mid_restore_then_sandbox_gc_removes_everything(net, name, when):
             if when == "runsc-restore" and rec is not None and busy:
                 break
             if when == "health-check" and rec is not None and rec.state is State.RESTORING and not busy \
-                    and any(c.id == rid and c.status == "running" for c in sb.runsc().list()):
+                    and any(c.id == runsc_id(rid) and c.status == "running" for c in sb.runsc().list()):
                 break
             time.sleep(0.005)
         assert proc.poll() is None, "thaw restore finished before it could be killed"
@@ -305,6 +305,6 @@ def _runsc_restore_running(s: configmod.Settings, sid: str) -> bool:
             words = [w.decode() for w in p.read_bytes().split(b"\0") if w]
         except OSError:
             continue
-        if words and words[0] == str(s.runsc_path) and "restore" in words and words[-1] == sid:
+        if words and words[0] == str(s.runsc_path) and "restore" in words and words[-1] == runsc_id(sid):
             return True
     return False

@@ -40,6 +40,7 @@ class FakeStore:
         self.endpoint = "fake://"
         self.fetcher = None        # in-process fills, unless a test points it at a fetcher
         self.retries = 1
+        self.retry_budget_s = 0.0
         self.timeout_s = 1.0
         self.prefix = ""
         self.tenant = ""
@@ -47,8 +48,11 @@ class FakeStore:
         self.manifest_key: bytes | None = None
         self.heads: list[str] = []   # every pointer name asked about (chunk_location)
 
-    def for_tenant(self, tenant: str, tenant_key: bytes | None = None, manifest_key: bytes | None = None):
-        """A view with Store.for_tenant's naming and keys over the same objects."""
+    def for_tenant(self, tenant: str, tenant_key=None, manifest_key: bytes | None = None):
+        """A view with Store.for_tenant's naming and keys over the same objects;
+        `tenant_key` may be a keys.Keyring, as Store.for_tenant takes."""
+        if isinstance(tenant_key, keysmod.Keyring):
+            tenant_key, manifest_key = tenant_key.tenant_key(tenant), tenant_key.manifest_key
         view = copy.copy(self)
         view.prefix, view.tenant = f"tenants/{tenant}/", tenant
         view.tenant_key, view.manifest_key = tenant_key, manifest_key

@@ -1,8 +1,10 @@
 """Cache + transfer + images.pull against an in-memory store."""
 import dataclasses
 import os
+import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -10,8 +12,8 @@ from control.images import image as images
 
 from control.images import transfer
 from control.images.cache import MANIFEST_FILE, Cache
-from control.errors import (CacheFull, IntegrityError, ManifestError, NotFound, PreconditionError, StoreError,
-                            ThawError, Timeout, TupleMismatch)
+from control.errors import (CacheFull, ImageError, IntegrityError, ManifestError, NotFound, PreconditionError,
+                            StoreError, ThawError, Timeout, TupleMismatch)
 
 from .fakes import TUPLE, FakeStore, layout
 
@@ -320,13 +322,13 @@ def test_push_race_both_nodes_end_with_the_winner(tmp_path, store):
             (d / n).write_bytes(data)
     # Two nodes: each packs its own image under the same key and tuple.
     ca, cb = Cache(tmp_path / "ca", 1 << 30), Cache(tmp_path / "cb", 1 << 30)
-    orig = images.pack.pack
-    images.pack.pack = lambda d, key, tup, chunker, avg: layout(key, d)
+    orig = images.chunk.chunk_image
+    images.chunk.chunk_image = lambda d, key, tup, chunker, avg: layout(key, d)
     try:
         ra = images.push(ca, store, da, "k", TUPLE, chunker=None, avg_chunk=4096, workers=2)
         rb = images.push(cb, store, db_, "k", TUPLE, chunker=None, avg_chunk=4096, workers=2)
     finally:
-        images.pack.pack = orig
+        images.chunk.chunk_image = orig
     assert ra.published and not rb.published
     for c in (ca, cb):
         [e] = c.entries("k")
@@ -387,3 +389,138 @@ def test_fetcher_answers_become_the_same_errors_and_nothing_is_kept(tmp_path, st
     else:
         assert "exit 2" in str(e.value) and "a crash with no JSON" in str(e.value)
     assert cache.entries() == [] and list((tmp_path / "c" / "tmp").iterdir()) == []
+
+
+# -- an image written straight into the cache, published, installed by rename ------------
+
+@pytest.fixture
+def py_chunker(monkeypatch):
+    """Chunk with fakes.layout (hashlib, fixed 4 KiB chunks) instead of thaw-chunk."""
+    monkeypatch.setattr(images.chunk, "chunk_image", lambda d, key, tup, chunker, avg: layout(key, d))
+
+
+def stage_publish(cache, store, key, files, **kw):
+    with images.staged(cache, key, TUPLE) as st:
+        for n, data in files.items():
+            (st.path / n).write_bytes(data)
+        inodes = {n: (st.path / n).stat().st_ino for n in files}
+        r = images.publish_staged(cache, store, st, chunker=None, avg_chunk=4096, workers=2, **kw)
+    return r, inodes
+
+
+def test_staged_image_is_published_then_installed_by_rename_without_hashing_again(tmp_path, store, py_chunker,
+                                                                                  monkeypatch):
+    cache = Cache(tmp_path / "c", 1 << 30)
+    files = image(7)
+    # Neither the upload nor the install may hash the image again (thaw-chunk's names are trusted).
+    monkeypatch.setattr(images.chunk, "sha256", lambda data: pytest.fail("hashed again"))
+    r, inodes = stage_publish(cache, store, "k", files)
+    monkeypatch.undo()
+    assert r.published and r.upload.uploaded_chunks == r.upload.chunks > 0
+    [e] = cache.entries("k")
+    assert r.installed == e.id and e.state == "ready"
+    for n, data in files.items():
+        assert (e.path / n).read_bytes() == data
+        assert (e.path / n).stat().st_ino == inodes[n]   # the very file written into the partial: no copy
+    assert list((cache.root / "tmp").iterdir()) == []
+    assert cache.check_entry(e, full=True) is None
+    stored = images.remote_manifest(store, "k", TUPLE)
+    assert cache.manifest_of(e).files == stored.files
+    # Another node fetches what was published, every chunk checked against its name.
+    other = pull(Cache(tmp_path / "c2", 1 << 30), store, "k")
+    assert not other.hit and (other.lease.path / "pages.img").read_bytes() == files["pages.img"]
+    other.lease.release()
+
+
+def test_a_failed_publish_leaves_no_partial_no_entry_and_no_manifest(tmp_path, store, py_chunker):
+    cache = Cache(tmp_path / "c", 1 << 30)
+
+    def refuse(p, body):
+        raise StoreError("put", f"packs/{p}", "connection refused")
+    store.put_pack = refuse
+    with pytest.raises(StoreError):
+        stage_publish(cache, store, "k", image(3))
+    assert cache.entries() == [] and list((cache.root / "tmp").iterdir()) == []
+    assert list(store.list_manifests()) == []
+
+
+def test_an_image_changed_after_chunking_is_not_published(tmp_path, store, py_chunker, monkeypatch):
+    cache = Cache(tmp_path / "c", 1 << 30)
+    real = images.transfer.upload
+
+    def upload_then_change(layout_, src, store_, **kw):
+        out = real(layout_, src, store_, **kw)
+        with open(src / "pages.img", "r+b") as f:   # same size: only the file state tells
+            f.write(b"\xff")
+        return out
+    monkeypatch.setattr(images.transfer, "upload", upload_then_change)
+    with pytest.raises(ImageError, match="changed while being published"):
+        stage_publish(cache, store, "k", image(3))
+    assert list(store.list_manifests()) == [] and cache.entries() == []
+    assert list((cache.root / "tmp").iterdir()) == []
+
+
+def test_a_file_shorter_than_its_chunks_is_refused_by_the_upload(tmp_path, store):
+    d = tmp_path / "img"
+    d.mkdir()
+    for n, data in image(3).items():
+        (d / n).write_bytes(data)
+    lay = layout("k", d)
+    os.truncate(d / "pages.img", 100)
+    with pytest.raises(ImageError, match="shorter than when it was chunked"):
+        transfer.upload(lay, d, store, workers=2)
+
+
+def test_a_live_writers_partial_survives_recovery_a_dead_ones_is_reclaimed(tmp_path, store):
+    cache = Cache(tmp_path / "c", 1 << 30)
+    # A checkpoint that was killed -9 while runsc wrote into its partial: its writer is gone.
+    code = ("import os, sys; from control.images.cache import Cache; from tests.unit.fakes import TUPLE; "
+            "_, p = Cache(sys.argv[1], 1 << 30).new_partial('k', TUPLE.hash()); "
+            "(p / 'pages.img').write_bytes(b'half'); print(p, flush=True); os.kill(os.getpid(), 9)")
+    out = subprocess.run([sys.executable, "-c", code, str(cache.root)], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == -9, out.stderr
+    dead = cache.root / "tmp" / os.path.basename(out.stdout.strip())
+    assert dead.is_dir()
+    with images.staged(cache, "k", TUPLE) as live:
+        (live.path / "pages.img").write_bytes(b"being written")
+        # A pull of the same key meanwhile (here: nothing published yet) recovers the key.
+        with pytest.raises(NotFound):
+            pull(cache, store, "k")
+        assert live.path.is_dir() and not dead.exists()
+        assert cache.find_locked("k", TUPLE)[0] is None   # never served while being written
+    assert not live.path.exists()                          # not installed: removed at the end
+
+
+def test_gc_reclaims_a_dead_checkpoints_partial_of_a_key_it_never_locked(tmp_path):
+    cache = Cache(tmp_path / "c", 1 << 30)
+    left = cache.root / "tmp" / "never-locked@0123456789abcdef@0bad.999999999-1.partial"
+    left.mkdir()
+    (left / "pages.img").write_bytes(b"half")
+    assert not (cache.root / "locks" / "never-locked.lock").exists()
+    assert cache.gc()["removed_partial_or_orphan"] == [str(left)]
+    assert not left.exists()
+
+
+def test_published_but_no_room_in_the_cache_is_a_note_not_an_error(tmp_path, store, py_chunker):
+    cache = Cache(tmp_path / "c", 1000)
+    r, _ = stage_publish(cache, store, "k", image(3))
+    assert r.published and r.installed is None and "not cached" in r.notes[0]
+    assert cache.entries() == [] and list((cache.root / "tmp").iterdir()) == []
+    assert images.remote_manifest(store, "k", TUPLE).size == r.size
+
+
+def test_push_with_a_cache_copies_the_directory_once_and_leaves_it_alone(tmp_path, store, py_chunker):
+    d = tmp_path / "user-image"
+    d.mkdir()
+    files = image(9)
+    for n, data in files.items():
+        (d / n).write_bytes(data)
+    cache = Cache(tmp_path / "c", 1 << 30)
+    r = images.push(cache, store, d, "k", TUPLE, chunker=None, avg_chunk=4096, workers=2)
+    [e] = cache.entries("k")
+    assert r.published and r.installed == e.id
+    for n, data in files.items():
+        assert (d / n).read_bytes() == data and (e.path / n).read_bytes() == data
+        assert (e.path / n).stat().st_ino != (d / n).stat().st_ino
+    assert cache.check_entry(e, full=True) is None and list((cache.root / "tmp").iterdir()) == []

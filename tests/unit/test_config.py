@@ -1,6 +1,7 @@
 """control.config: precedence and validation; every error names its key."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -65,8 +66,8 @@ def test_unknown_key_in_file(tmp_path, toml, key):
 
 
 @pytest.mark.parametrize("toml, key, words", [
-    ('[cache]\nbudget_bytes = true\n', "cache.budget_bytes", "integer"),
-    ('[cache]\nbudget_bytes = [1]\n', "cache.budget_bytes", "integer"),
+    ('[cache]\nbudget_bytes = true\n', "cache.budget_bytes", "size in bytes"),
+    ('[cache]\nbudget_bytes = [1]\n', "cache.budget_bytes", "size in bytes"),
     ('[runsc]\ntimeout_s = "soon"\n', "runsc.timeout_s", "number"),
     ('[checkpoint]\nrestore_background = "sometimes"\n', "checkpoint.restore_background", "boolean"),
     ('[store]\nbucket = ["a", "b"]\n', "store.bucket", "string"),
@@ -74,7 +75,8 @@ def test_unknown_key_in_file(tmp_path, toml, key):
     ('[cache]\ndir = "relative/cache"\n', "cache.dir", "absolute path"),
     ('[containerd]\nruntime_handler = "Runsc_Thaw"\n', "containerd.runtime_handler", "DNS label"),
     ('[containerd]\nrestart_command = 5\n', "containerd.restart_command", "list of strings"),
-    ('[runsc]\ntimeout_s = -1\n', "runsc.timeout_s", "> 0"),
+    ('[runsc]\ntimeout_s = -1\n', "runsc.timeout_s", "expected 1 .. 86400, got -1"),
+    ('[store]\nworkers = "4k"\n', "store.workers", "expected an integer"),
 ])
 def test_bad_type_in_file_names_key_and_file(tmp_path, toml, key, words):
     with pytest.raises(ConfigError) as e:
@@ -121,35 +123,165 @@ def test_missing_and_invalid_file(tmp_path):
         config.load(environ={}, config_file=tmp_path / "bad.toml")
 
 
-def test_every_key_has_help_and_env_name():
-    for key, env, _default in config.keys():
-        kind, help_ = config.describe(key)
-        assert help_, f"{key} has no help line in config._HELP"
-        assert kind != "value", f"{key}'s parser has no .kind"
-        assert env == "THAW_" + key.replace(".", "_").upper()
-    assert set(config._HELP) == set(config._KEYS)
-
-
 def test_markdown_table_lists_every_key():
     table = config.markdown_table()
-    for key, env, _ in config.keys():
-        assert f"| `{key}` | `{env}` |" in table
+    for k in config.KEYS:
+        assert f"| `{k.name}` | `{k.env}` | {k.type_doc} |" in table
+    assert "| seconds, 0.5 .. 60 | `4.0` |" in table          # thawd.prepare_timeout_s
+    assert "| size, a power of two, 4k .. 16m | `\"256k\"` |" in table
 
 
 def test_defaults_roundtrip_through_toml(tmp_path):
-    """render_value writes what the loader reads back (seed configs, docs)."""
+    """render_toml writes what the loader reads back (seed configs, the stand-in's file)."""
     s = config.load(environ={}, default_file=tmp_path / "absent")
-    lines, section = [], None
-    for key, _, _ in config.keys():
-        sec, name = key.split(".", 1)
-        if sec != section:
-            lines.append(f"[{sec}]")
-            section = sec
-        lines.append(f"{name} = {config.render_value(getattr(s, config.field_name(key)))}")
-    s2 = load(tmp_path, "\n".join(lines) + "\n")
+    s2 = load(tmp_path, config.render_toml(config.values(s)))
     assert s2 == s
 
 
-def test_runsc_label_twin_matches_go_mod():
+# A valid value other than the default, per kind, as the environment spells it.
+def _other_value(k: config.Key) -> tuple[str, object]:
+    if k.range is not None:
+        lo, hi = k.range
+        x = hi if k.default != hi else lo
+        if k.kind is config.POW2_SIZE:
+            x = 1 << (int(x).bit_length() - 1)
+        x = int(x) if k.kind.type is int else float(x)
+        return str(x), x
+    samples = {
+        config.BOOL: ("false" if k.default else "true", not k.default),
+        config.STR: ("other", "other"),
+        config.PATH: ("/other/path", Path("/other/path")),
+        config.ABS_PATH: ("/other/path", Path("/other/path")),
+        config.OPT_PATH: ("/other/path", Path("/other/path")),
+        config.WORDS: ("a b", ("a", "b")),
+        config.DNS_LABEL: ("other-handler", "other-handler"),
+        config.IPV4: ("10.0.0.9", "10.0.0.9"),
+        config.IPV4_SLOTS: ("10.9.0.0/24", "10.9.0.0/24"),
+    }
+    if k.kind.name.startswith("one of "):
+        other = next(c for c in k.kind.name[len("one of "):].split(", ") if c != k.default)
+        return other, other
+    return samples[k.kind]
+
+
+@pytest.mark.parametrize("k", config.KEYS, ids=lambda k: k.name)
+def test_each_env_variable_sets_its_key_and_only_it(tmp_path, k):
+    raw, want = _other_value(k)
+    assert k.env == "THAW_" + k.name.replace(".", "_").upper()
+    s = load(tmp_path, env={k.env: raw})
+    assert getattr(s, k.field) == want
+    assert getattr(s, k.field) != k.default
+    base = load(tmp_path)
+    assert [kk.name for kk, v in config.values(s) if v != getattr(base, kk.field)] == [k.name]
+
+
+NUMERIC = [k for k in config.KEYS if k.kind.numeric]
+
+
+def test_every_numeric_key_has_a_range_its_default_is_in():
+    assert NUMERIC, "the table has numeric keys"
+    for k in NUMERIC:
+        lo, hi = k.range
+        assert lo <= k.default <= hi, k.name
+    with pytest.raises(TypeError):
+        config.Key("x.count", config.INT, 1, "no range")
+
+
+@pytest.mark.parametrize("k", NUMERIC, ids=lambda k: k.name)
+@pytest.mark.parametrize("side", ["below", "above"])
+def test_numbers_outside_their_range_name_key_and_source(tmp_path, k, side):
+    lo, hi = k.range
+    x = lo - 1 if side == "below" else hi * 2
+    x = int(x) if k.kind.type is int else x
+    with pytest.raises(ConfigError) as e:
+        load(tmp_path, env={k.env: str(x)})
+    assert e.value.key == k.name and f"(from env {k.env})" in str(e.value)
+    sec, name = k.name.split(".", 1)
+    with pytest.raises(ConfigError) as e:
+        load(tmp_path, f"[{sec}]\n{name} = {x}\n")
+    assert e.value.key == k.name and "config.toml" in str(e.value)
+    # The range's ends are accepted.
+    for end in k.range:
+        end = int(end) if k.kind.type is int else end
+        assert getattr(load(tmp_path, env={k.env: str(end)}), k.field) == end
+
+
+def test_negative_prepare_timeout_is_refused(tmp_path):
+    # It used to be accepted and meant "never restore".
+    with pytest.raises(ConfigError) as e:
+        load(tmp_path, "[thawd]\nprepare_timeout_s = -3\n")
+    assert str(e.value).startswith("config thawd.prepare_timeout_s: expected 0.5 .. 60, got -3 (from file ")
+
+
+@pytest.mark.parametrize("subnet, words", [
+    ("banana", "expected an IPv4 network"),
+    ("10.213.0.0/31", "/30 or larger"),
+    ("10.213.0.1/16", "host bits set"),
+    ("fd00::/64", "expected an IPv4 network"),
+    ("", "expected an IPv4 network"),
+])
+def test_network_subnet_must_hold_30_slots(tmp_path, subnet, words):
+    with pytest.raises(ConfigError) as e:
+        load(tmp_path, env={"THAW_NETWORK_SUBNET": subnet})
+    assert e.value.key == "network.subnet" and words in str(e.value)
+    assert "(from env THAW_NETWORK_SUBNET)" in str(e.value)
+
+
+def test_network_subnet_accepts_a_30_and_normalises(tmp_path):
+    assert load(tmp_path, env={"THAW_NETWORK_SUBNET": " 10.1.2.4/30 "}).network_subnet == "10.1.2.4/30"
+
+
+@pytest.mark.parametrize("old, new", sorted(config.RENAMED.items()))
+def test_renamed_keys_say_where_they_went(tmp_path, old, new):
+    sec, name = old.split(".", 1)
+    with pytest.raises(ConfigError) as e:
+        load(tmp_path, f"[{sec}]\n{name} = 5\n")
+    assert e.value.key == old and f"renamed to {new}" in str(e.value)
+    old_env = "THAW_" + old.replace(".", "_").upper()
+    with pytest.raises(ConfigError) as e:
+        load(tmp_path, env={old_env: "5"})
+    assert e.value.key == old and config.key(new).env in str(e.value)
+
+
+def test_thaw_config_shows_every_key_with_its_source_applied(tmp_path, monkeypatch):
+    import json
+
+    from click.testing import CliRunner
+
+    from control.cli.main import main
+    f = tmp_path / "c.toml"
+    f.write_text('[thawd]\nsocket = "/srv/thawd.sock"\n')
+    for k in config.KEYS:
+        monkeypatch.delenv(k.env, raising=False)
+    monkeypatch.setenv("THAW_THAWD_WORKERS", "3")
+    r = CliRunner().invoke(main, ["--config", str(f), "config", "--json"])
+    assert r.exit_code == 0, r.output
+    rows = {row["key"]: row for row in json.loads(r.output)}
+    assert list(rows) == [k.name for k in config.KEYS]
+    assert rows["thawd.socket"] == {"key": "thawd.socket", "env": "THAW_THAWD_SOCKET", "value": "/srv/thawd.sock"}
+    assert rows["thawd.workers"]["value"] == 3
+    assert rows["store.credentials_file"]["value"] is None
+    assert rows["containerd.restart_command"]["value"] == ["systemctl", "restart", "containerd"]
+    r = CliRunner().invoke(main, ["--config", str(f), "config"], env={"THAW_THAWD_WORKERS": "0"})
+    assert r.exit_code == 78 and "config thawd.workers: expected 1 .. 256" in r.output
+
+
+def test_health_flags_are_checked_against_the_key(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from control.cli.main import main
+    for k in config.KEYS:
+        monkeypatch.delenv(k.env, raising=False)
+    r = CliRunner().invoke(main, ["--config", "/dev/null", "health", "x", "--timeout", "-1"])
+    assert r.exit_code == 78 and "config thawd.health_timeout_s: expected 0.5 .. 3600" in r.output
+    assert "(from command line)" in r.output
+
+
+def test_runsc_label_twins_agree():
+    """GVISOR_COMMIT, go/go.mod's gVisor pseudo-version and ci/build-go.sh's
+    label (`thaw-gvisor-${version##*-}`) name the same commit."""
     gomod = (config.REPO_ROOT / "go" / "go.mod").read_text()
-    assert f"-{config.GVISOR_COMMIT}" in gomod
+    version = re.search(r"^\s*gvisor\.dev/gvisor (v\S+)", gomod, re.M).group(1)
+    assert version.rsplit("-", 1)[1] == config.GVISOR_COMMIT
+    assert config.RUNSC_VERSION_LABEL == "thaw-gvisor-" + config.GVISOR_COMMIT
+    assert 'label="thaw-gvisor-${gvisor_version##*-}"' in (config.REPO_ROOT / "ci/build-go.sh").read_text()

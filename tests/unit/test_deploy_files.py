@@ -46,3 +46,42 @@ def test_keys_come_from_secret_files_mounted_private():
         assert "secret" in v and v["secret"]["defaultMode"] == 0o400, v
     assert not any("KEY" in e["name"] and "AWS" not in e["name"] for e in thawd.get("env", []))
     assert config.load(environ={}, default_file=Path("/nonexistent")) is not None
+
+
+def test_image_build_script_installs_every_binary_provision_installs():
+    """ci/build-image.sh builds the DaemonSet image in CI (no daemon there);
+    its list is the Containerfile's loop, in provision's order."""
+    text = (REPO / "ci/build-image.sh").read_text()
+    m = re.search(r"^binaries=\(([^)]*)\)", text, re.M)
+    assert m, "ci/build-image.sh's binaries=(...) list"
+    assert m.group(1).split() == [name for name, _ in provision.BINARIES]
+
+
+def test_daemonset_runs_the_image_version_the_build_names():
+    """ci/build-image.sh names the image ghcr.io/thaw-dev/thaw:<pyproject version>."""
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    text = (REPO / "deploy/kubernetes/40-daemonset.yaml").read_text()
+    images = set(re.findall(r"^\s+image:\s*(\S+)", text, re.M))
+    assert images == {f"ghcr.io/thaw-dev/thaw:{version}"}
+    assert "ref=ghcr.io/thaw-dev/thaw:$version" in (REPO / "ci/build-image.sh").read_text()
+
+
+def test_every_opted_in_example_declares_a_real_readiness_probe():
+    """thaw checkpoints a workload automatically only once its thaw.dev/ready
+    probe passes (issue 12): every example that opts in declares one in the one
+    probe grammar, and none is a bare delay (a model server would be saved
+    before its model loaded)."""
+    import yaml
+
+    from control.lifecycle import workload
+    from runsc_hooks import probe
+    examples = sorted((REPO / "deploy" / "kubernetes" / "examples").glob("*.yaml"))
+    assert examples
+    for path in examples:
+        for doc in yaml.safe_load_all(path.read_text()):
+            ann = ((doc or {}).get("metadata") or {}).get("annotations") or {}
+            if workload.ANNOTATION_WORKLOAD not in ann:
+                continue
+            assert workload.ANNOTATION_READY in ann, f"{path.name}: opts in without {workload.ANNOTATION_READY}"
+            p = probe.parse(ann[workload.ANNOTATION_READY])
+            assert not isinstance(p, probe.DelayProbe), f"{path.name}: a delay is not a readiness probe"

@@ -1,4 +1,4 @@
-"""The configuration tables in the docs are generated from control/config.py."""
+"""The configuration tables in the docs, and the stand-in's key table, are generated from control/config.py."""
 from __future__ import annotations
 
 import importlib.util
@@ -14,6 +14,13 @@ def test_config_tables_are_up_to_date():
     for f in gen.FILES:
         text = f.read_text()
         assert gen.render(text) == text, f"{f} is stale: run `python3 ci/update-config-docs.py`"
+
+
+def test_standin_key_table_is_up_to_date():
+    """The Go stand-in's keys, defaults and ranges are generated from control/config.py."""
+    assert gen.GO_KEYS.read_text() == gen.go_keys(), f"{gen.GO_KEYS} is stale: run `python3 ci/update-config-docs.py`"
+    for k in (k for k in gen.config.KEYS if k.standin):
+        assert f'{{Name: "{k.name}", Env: "{k.env}",' in gen.GO_KEYS.read_text()
 
 
 def test_thaw_config_markdown_prints_the_table():

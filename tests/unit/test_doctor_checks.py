@@ -192,3 +192,41 @@ def test_doctor_prints_the_tuple_thawd_builds(tmp_path, monkeypatch):
 
 def test_nearest_existing(tmp_path):
     assert d.nearest_existing(tmp_path / "a" / "b") == tmp_path
+
+
+def _standin_view(tmp_path, node_toml: str | None, **env: str):
+    """doctor's stand-in check on a tree whose /etc/thaw/config.toml is `node_toml`,
+    for a thaw running with `env` (and no config file of its own)."""
+    from control import config
+    from control.node import provision
+    root = tmp_path / "root"
+    if node_toml is not None:
+        (root / "etc/thaw").mkdir(parents=True)
+        (root / "etc/thaw/config.toml").write_text(node_toml)
+    used = config.load(environ=env, config_file=Path("/dev/null"))
+    return provision.standin_config_check(used, provision.Layout(root))
+
+
+def test_standin_config_same_file_passes(tmp_path):
+    c = _standin_view(tmp_path, '[thawd]\nsocket = "/run/x/thawd.sock"\n', THAW_THAWD_SOCKET="/run/x/thawd.sock")
+    assert c.status == d.PASS and "thawd.socket" in c.detail
+    assert _standin_view(tmp_path / "none", None).status == d.PASS   # defaults on both sides
+
+
+def test_standin_config_other_socket_fails_naming_both(tmp_path):
+    # thawd runs with another socket than the node's file gives the stand-in (a
+    # ConfigMap changed after provision seeded the host's file): every start is cold.
+    c = _standin_view(tmp_path, "", THAW_THAWD_SOCKET="/run/new/thawd.sock")
+    assert c.status == d.FAIL
+    assert '"/run/new/thawd.sock" here, "/run/thaw/thawd.sock" for the stand-in' in c.detail
+    assert str(tmp_path / "root/etc/thaw/config.toml") in c.detail
+
+
+def test_standin_config_other_deadline_warns(tmp_path):
+    c = _standin_view(tmp_path, "", THAW_THAWD_PREPARE_TIMEOUT_S="9")
+    assert c.status == d.WARN and "thawd.prepare_timeout_s is 9.0 here, 4.0 for the stand-in" in c.detail
+
+
+def test_standin_config_bad_node_file_fails(tmp_path):
+    c = _standin_view(tmp_path, "[thawd]\nprepare_timeout_s = -3\n")
+    assert c.status == d.FAIL and "thawd.prepare_timeout_s" in c.detail and "cold" in c.detail

@@ -1,7 +1,8 @@
 """The Go packages' own unit tests (`go test ./...`), so that the README's one
 test command runs every one of them: thaw-fetch's (the fetch engine against an
 in-process HTTP server: retries, errors, O_DIRECT placement, checks), the
-stand-in's (argv parsing, gRPC status -> thaw error kind), and any added later."""
+stand-in's (argv parsing, gRPC status -> thaw error kind, how it reads thaw's configuration),
+thaw-s3proxy's (its faults and throttle against an in-process upstream), and any added later."""
 from __future__ import annotations
 
 import os
@@ -19,5 +20,22 @@ def test_go_unit_tests_pass():
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     ran = {line.split()[1] for line in r.stdout.splitlines() if line.startswith("ok ")}
     # The packages whose tests guard the product: a rename that drops one from ./... fails here.
-    for pkg in ("cmd/thaw-fetch", "cmd/thaw-ctrinfo", "internal/standin", "internal/runscargv"):
+    for pkg in ("cmd/thaw-fetch", "cmd/thaw-ctrinfo", "cmd/thaw-s3proxy", "internal/ociimage", "internal/standin",
+                "internal/runscargv"):
         assert f"thaw.dev/thaw/go/{pkg}" in ran, (pkg, r.stdout[-2000:])
+
+
+def test_thaw_runsc_imports_no_grpc_and_no_toml():
+    """thaw-runsc runs on every runsc call the shim makes: Go runs every
+    imported package's initializers first, so it must not pull in what the
+    stand-in's hooks use (gRPC, the TOML reader of go/internal/standin/config.go)."""
+    go = shutil.which("go")
+    assert go
+    r = subprocess.run([go, "list", "-deps", "./cmd/thaw-runsc"], cwd=REPO / "go", capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "CGO_ENABLED": "0"})
+    assert r.returncode == 0, r.stderr
+    deps = r.stdout.split()
+    assert "thaw.dev/thaw/go/internal/runscargv" in deps
+    heavy = [d for d in deps if d.startswith(("google.golang.org/grpc", "github.com/pelletier/",
+                                               "github.com/BurntSushi/", "thaw.dev/thaw/go/internal/standin"))]
+    assert heavy == []

@@ -3,8 +3,7 @@ import zlib
 
 import pytest
 
-from control.images import chunk as pack
-from control.errors import ImageError
+from control.images import pack
 
 
 def test_compressible_chunks_are_compressed_and_round_trip():
@@ -40,40 +39,6 @@ def test_decode_refuses_wrong_lengths_and_garbage():
         pack.decode("none", b"abc", 4)
 
 
-def test_zero_hash():
-    assert pack.zero_hash(4096) == pack.sha256(bytes(4096))
-
-
-def test_reference_cuts_respect_bounds():
-    data = os.urandom(200_000)
-    cuts = pack.reference_cuts(data, 1024, 4096, 16384)
-    assert sum(cuts) == len(data)
-    assert all(1024 < c <= 16384 for c in cuts[:-1])
-    # content-defined: a prefix insertion moves only the first boundaries
-    shifted = pack.reference_cuts(b"xyz" + data, 1024, 4096, 16384)
-    ends = set()
-    off = 0
-    for c in cuts:
-        off += c
-        ends.add(off + 3)
-    off, same = 0, 0
-    for c in shifted:
-        off += c
-        same += off in ends
-    assert same >= len(cuts) - 3
-
-
-def test_image_files(tmp_path):
-    with pytest.raises(ImageError, match="no checkpoint.img"):
-        pack.image_files(tmp_path)
-    (tmp_path / "checkpoint.img").write_bytes(b"x")
-    (tmp_path / "pages.img").write_bytes(b"y")
-    assert [p.name for p in pack.image_files(tmp_path)] == ["checkpoint.img", "pages.img"]
-    (tmp_path / "sub").mkdir()
-    with pytest.raises(ImageError, match="regular files only"):
-        pack.image_files(tmp_path)
-
-
 def test_write_runs_merges_neighbours_and_survives_short_writes(tmp_path, monkeypatch):
     from control.images import transfer
     p = tmp_path / "f"
@@ -92,3 +57,24 @@ def test_write_runs_merges_neighbours_and_survives_short_writes(tmp_path, monkey
     finally:
         os.close(fd)
     assert p.read_bytes() == b"aaaabbbbbbcccc" + bytes(16) + b"zz" + bytes(8)
+
+
+def test_groups_keep_file_order_and_fill_packs():
+    chunks = [(f"h{i}", 10) for i in range(7)]
+    assert pack.groups(chunks, limit=30) == [["h0", "h1", "h2"], ["h3", "h4", "h5"], ["h6"]]
+    assert pack.groups([], limit=30) == []
+
+
+def test_build_places_encoded_chunks_and_names_the_pack_by_its_table():
+    a, b = os.urandom(50_000), b"heap\0\0\0\0" * 10_000
+    p = pack.build([("ha", a), ("hb", memoryview(b))])
+    (ha, la, na), (hb, lb, nb) = p.chunks
+    assert (ha, la.codec, la.offset, la.stored, na) == ("ha", pack.CODEC_NONE, 0, len(a), len(a))
+    assert (hb, lb.codec, lb.offset, nb) == ("hb", pack.CODEC_ZLIB, len(a), len(b))
+    assert len(p.body) == la.stored + lb.stored and p.raw_bytes == len(a) + len(b)
+    assert pack.decode(lb.codec, p.body[lb.offset:lb.offset + lb.stored], nb) == b
+    assert bytes(p.body[:la.stored]) == a
+    assert la.pack == lb.pack == p.name == pack.name([("ha", "none", len(a)), ("hb", "zlib", lb.stored)])
+    # The name depends on the table only: the same chunks in another order, or another codec, differ.
+    assert pack.build([("hb", b), ("ha", a)]).name != p.name
+    assert pack.name([("ha", "zlib", len(a)), ("hb", "zlib", lb.stored)]) != p.name

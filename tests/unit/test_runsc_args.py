@@ -55,3 +55,13 @@ def test_error_message_prefers_json_log_then_plain_stderr(tmp_path):
     r = Runsc(Path("/x"), GlobalOptions(root=Path("/r")))
     assert r._error_message("I1129 12:00:00.1 log line\nplain error\nW1129 12:00:00.2 warn\n") == "plain error"
     assert r._error_message("") == ""
+
+
+def test_exists_reads_runsc_state_files_exactly(tmp_path):
+    """exists() names the id exactly (runsc's own lookup resolves prefixes: web vs web-2),
+    from runsc's state files, without running runsc."""
+    (tmp_path / "web-2+_sandbox:web-2+.state").write_text("{}")
+    r = Runsc(Path("/nonexistent/runsc"), GlobalOptions(root=tmp_path))
+    assert r.exists("web-2+") and not r.exists("web+") and not r.exists("web")
+    (tmp_path / "web+_sandbox:pod[1].state").write_text("{}")   # glob metacharacters in the sandbox id
+    assert r.exists("web+")

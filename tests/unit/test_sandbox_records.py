@@ -22,9 +22,9 @@ def test_record_round_trip_and_old_records():
 
 def test_network_settings_parse_and_name_their_key():
     s = configmod.load(environ={"THAW_NETWORK_PROBE_MARK": "0x10", "THAW_NETWORK_PUBLISH_ADDRESS": "10.0.0.5",
-                                "THAW_NETWORK_EGRESS": "false", "THAW_HEALTH_TIMEOUT_S": "7.5"},
+                                "THAW_NETWORK_EGRESS": "false", "THAW_THAWD_HEALTH_TIMEOUT_S": "7.5"},
                        config_file=None)
-    assert (s.network_probe_mark, s.network_publish_address, s.network_egress, s.health_timeout_s) == \
+    assert (s.network_probe_mark, s.network_publish_address, s.network_egress, s.thawd_health_timeout_s) == \
         (16, "10.0.0.5", False, 7.5)
     d = configmod.load(environ={}, config_file=None)
     assert (d.network_probe_mark, d.network_publish_address, d.network_egress) == (0x7468, "127.0.0.1", True)

@@ -5,13 +5,14 @@ validation and the quarantine file are real."""
 from __future__ import annotations
 
 import json
+import sys
 import threading
 from pathlib import Path
 
 import pytest
 
 from control import config
-from control.errors import IdentityError, KeyMissing, ManifestRefused, NotFound, TupleMismatch, UserError
+from control.errors import IdentityError, KeyMissing, ManifestRefused, NotFound, ThawError, TupleMismatch, UserError
 from control.thawd.ctrinfo import Identity
 from control.thawd.service import ORIG_CONFIG, RuntimeRef, Thawd
 from runsc_hooks import spec as specmod
@@ -269,3 +270,86 @@ def test_refused_manifests_and_missing_keys_are_cold_with_their_reason(env, err,
     d = t.prepare_restore(rt)
     assert not d.restore and d.reason.startswith(reason + ": ")
     assert t.metrics.counters()[f'thaw_cold_decisions_total{{reason="{reason}"}}'] == 1
+
+
+FAKE_RUNSC_CHECKPOINT = r'''#!{python}
+import pathlib, sys
+args = sys.argv[1:]
+if "checkpoint" not in args:
+    sys.exit(0)
+out = pathlib.Path(next(a.split("=", 1)[1] for a in args if a.startswith("--image-path=")))
+out.mkdir(parents=True, exist_ok=True)
+(out / "checkpoint.img").write_bytes(b"state " * 3000)
+(out / "pages.img").write_bytes(bytes(range(256)) * 400)
+if "{mode}" == "fail":
+    sys.stderr.write("checkpoint failed: the sandbox went away\n")
+    sys.exit(1)
+'''
+
+
+@pytest.mark.parametrize("mode", ["ok", "fail"])
+def test_checkpoint_writes_into_the_cache_and_the_entry_is_that_directory(tmp_path, monkeypatch, mode):
+    """Thawd.checkpoint (the auto-checkpoint door) with the real image source over an in-memory
+    store: runsc writes into a partial of the node cache, which becomes the entry by rename;
+    a failed checkpoint leaves no partial and publishes nothing."""
+    from control.images import image as images
+    from control.thawd.image_source import ImageSource
+    from tests.unit.fakes import TUPLE, FakeStore, layout
+    runsc = tmp_path / "bin" / "runsc"
+    runsc.parent.mkdir()
+    runsc.write_text(FAKE_RUNSC_CHECKPOINT.format(python=sys.executable, mode=mode))
+    runsc.chmod(0o755)
+    (tmp_path / "empty.toml").write_text("")
+    s = config.load(environ={"THAW_NODE_STATE_DIR": str(tmp_path / "state"), "THAW_RUNSC_PATH": str(runsc),
+                             "THAW_CACHE_DIR": str(tmp_path / "cache")}, config_file=tmp_path / "empty.toml")
+    monkeypatch.setattr(images.chunk, "chunk_image", lambda d, key, tup, chunker, avg: layout(key, d, tup=tup))
+    written = {}
+    real_publish = images.publish_staged
+
+    def publish_staged(cache, store, st, **kw):
+        written.update({p.name: p.stat().st_ino for p in st.path.iterdir()})
+        assert st.path.parent == cache.root / "tmp"     # runsc wrote into the cache itself
+        return real_publish(cache, store, st, **kw)
+    monkeypatch.setattr(images, "publish_staged", publish_staged)
+    store = FakeStore()
+    src = ImageSource(s, node=TUPLE, store=store)
+    t = Thawd(s, src, identify=FakeIdentities())
+    try:
+        rt = bundle(tmp_path, "c1", OPT_IN)
+        if mode == "fail":
+            with pytest.raises(ThawError, match="the sandbox went away"):
+                t.checkpoint(rt)
+            assert src.cache.entries() == [] and list(store.list_manifests()) == [] and not written
+        else:
+            res = t.checkpoint(rt)
+            [e] = src.cache.entries()
+            assert res["published"] and res["image_bytes"] == 18000 + 102400 and e.key == res["workload_key"]
+            assert set(written) == {"checkpoint.img", "pages.img", "thaw.json"}   # + what a restore needs
+            meta = json.loads((e.path / "thaw.json").read_text())
+            assert meta["door"] == "containerd" and meta["spec"]["annotations"] == OPT_IN
+            assert {p.name: p.stat().st_ino for p in e.path.iterdir() if p.name in written} == written
+            assert src.has(e.key)
+        assert list((tmp_path / "cache" / "tmp").iterdir()) == []
+        assert not (tmp_path / "state" / "thawd" / "staging").exists()
+    finally:
+        t.close()
+
+
+def test_an_image_whose_spec_runsc_would_refuse_starts_cold_before_runsc_runs(env):
+    """The image carries the spec it was saved with (thaw.json); a container whose
+    spec differs where runsc's restore validation looks (a mount, a device, the
+    GPU count) is answered cold with the reason, and its lease is released."""
+    t, images, tmp = env
+    rt = bundle(tmp, "c1", OPT_IN)
+    key = t.prepare_restore(rt).key
+    images.available[key] = True
+    saved = json.loads((rt.bundle / "config.json").read_text())
+    (tmp / key).mkdir()
+    (tmp / key / "thaw.json").write_text(json.dumps({"version": 1, "door": "containerd", "spec": saved}))
+    assert t.prepare_restore(rt).restore                        # the same spec: restore
+    t.release("c1", "/run/r")
+    saved["mounts"].append({"destination": "/data", "type": "bind", "source": "/srv/data", "options": ["ro"]})
+    (tmp / key / "thaw.json").write_text(json.dumps({"version": 1, "door": "containerd", "spec": saved}))
+    d = t.prepare_restore(rt)
+    assert not d.restore and d.reason.startswith("spec-mismatch: ") and "/data" in d.reason, d.reason
+    assert ("/run/r", "c1") not in t._leases

@@ -1,6 +1,7 @@
 // Command thaw-chunk splits files into content-defined chunks (FastCDC with
-// normalized chunking) and hashes every chunk with SHA-256 (its name) and
-// BLAKE3 (what a fetch checks: ~1.8x cheaper per byte here), for thaw's image
+// normalized chunking) and hashes every chunk with SHA-256 (its name, which
+// every fetch checks) and BLAKE3 (the manifest's check column, which thaw-fetch
+// checked until issue 14 item 6: docs/store.md, "Integrity"), for thaw's image
 // packer (control/pack.py runs it). Pure-Python CDC runs at a few MB/s; this
 // runs at disk speed (docs/store.md has the measurements).
 //

@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"regexp"
 	"sync"
@@ -20,7 +21,6 @@ import (
 	"unsafe"
 
 	"github.com/klauspost/compress/zlib" // inflates ~1.25x faster than compress/zlib here (docs/store.md)
-	"github.com/zeebo/blake3"
 )
 
 // align is O_DIRECT's offset, length and address alignment; the page size
@@ -29,7 +29,8 @@ const align = 4096
 
 // fetchError is what the caller turns into IntegrityError or StoreError.
 type fetchError struct {
-	Kind   string `json:"kind"` // integrity | store | io
+	Kind   string `json:"kind"`            // integrity | store | io
+	Store  string `json:"store,omitempty"` // scheme://host of the store, for a store error
 	Chunk  string `json:"chunk,omitempty"`
 	Object string `json:"object,omitempty"`
 	Offset int64  `json:"offset"`
@@ -51,6 +52,10 @@ type job struct {
 	written, directBytes                    atomic.Int64
 	fetchedChunks, fetchedBytes, fetchedRaw atomic.Int64
 	retries                                 atomic.Int64
+	policy                                  retryPolicy
+	now                                     func() time.Time                           // seams for tests
+	rand                                    func() float64                             // of the retry policy
+	sleep                                   func(ctx context.Context, d time.Duration) // (a fake clock)
 	maxRange, maxRaw                        int
 	maxSealed                               int // largest sealed chunk, 0 if none (crypt.go)
 	started                                 time.Time
@@ -64,7 +69,7 @@ func newJob(p *plan) (*job, error) {
 	if err := p.check(sizes); err != nil {
 		return nil, err
 	}
-	j := &job{p: p, started: time.Now()}
+	j := &job{p: p, started: time.Now(), policy: p.retry(), now: time.Now, rand: rand.Float64, sleep: sleepCtx}
 	for _, path := range p.Files {
 		f, err := os.OpenFile(path, os.O_WRONLY, 0)
 		if err != nil {
@@ -100,6 +105,16 @@ func newJob(p *plan) (*job, error) {
 		ReadBufferSize:        256 << 10,
 	}}
 	return j, nil
+}
+
+// sleepCtx waits d or until ctx is done.
+func sleepCtx(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
 }
 
 func (j *job) close() {
@@ -215,18 +230,15 @@ func (j *job) one(ctx context.Context, r *rng, buf, scratch, opened []byte, inf 
 						"the stored chunk was altered or damaged", obj, r.start+int64(c.pos), err)}
 			}
 		}
-		// A schema-2 manifest carries each chunk's BLAKE3 beside its SHA-256 name:
-		// checking that costs about half as much CPU per byte here (docs/store.md).
-		algo, want, got := "sha256", c.sum, [32]byte{}
-		if c.hasCheck {
-			algo, want, got = "blake3", c.check, blake3.Sum256(data)
-		} else {
-			got = sha256.Sum256(data)
-		}
-		if got != want {
+		// Checked against the chunk's SHA-256 name, the name the node trusts from
+		// here on (its chunk index, local copies, `thaw verify`): a chunk whose
+		// BLAKE3 matched a manifest's check but whose SHA-256 did not match its
+		// name was installed, then called corrupt (issue 14 item 6). Once the
+		// SHA-256 matches, BLAKE3 adds nothing; docs/store.md, "Integrity".
+		if got := sha256.Sum256(data); got != c.sum {
 			return &fetchError{Kind: "integrity", Chunk: hex.EncodeToString(c.sum[:]), Object: obj,
-				Offset: r.start + int64(c.pos), Detail: fmt.Sprintf("bytes at %s offset %d have %s %x, not %x: "+
-					"the stored chunk was altered or damaged", obj, r.start+int64(c.pos), algo, got, want)}
+				Offset: r.start + int64(c.pos), Detail: fmt.Sprintf("bytes at %s offset %d have sha256 %x, not %x: "+
+					"the stored chunk was altered or damaged", obj, r.start+int64(c.pos), got, c.sum)}
 		}
 		rest := c.places
 		if c.codec == codecNone && c.key != nil { // opened in place for an O_DIRECT write; write it now
@@ -301,74 +313,94 @@ func (j *job) pwrite(f *os.File, b []byte, off int64) error {
 }
 
 // get reads exactly len(body) bytes of the range's object from r.start,
-// retrying what botocore's standard mode retries (connection failures,
-// timeouts, 429, 5xx) up to p.Attempts attempts in all, with jittered
-// exponential backoff.
+// retrying as the plan's retry policy says (retry.go: botocore's standard
+// mode plus a time budget). A request that runs out of retries ends the
+// pull with one error naming the object and how long it was tried.
 func (j *job) get(ctx context.Context, r *rng, body []byte) error {
 	o := j.p.Objects[r.obj]
-	var last error
-	for attempt := 1; ; attempt++ {
-		err, retry := j.getOnce(ctx, o.URL, r.start, body)
+	rt := newRetrier(j.policy, j.now, j.rand)
+	for {
+		err, f := j.getOnce(ctx, o.URL, r.start, body)
 		if err == nil {
 			return nil
 		}
-		last = err
-		if !retry || attempt >= j.p.Attempts || ctx.Err() != nil {
-			break
+		if ctx.Err() != nil {
+			if errors.Is(err, context.Canceled) {
+				err = errors.New("cancelled: another range failed first")
+			}
+			return &fetchError{Kind: "store", Store: storeOf(o.URL), Object: o.Name, Offset: r.start,
+				Length: len(body), Detail: err.Error()}
+		}
+		wait, ok := rt.next(f)
+		if !ok {
+			detail := err.Error()
+			if retryable, _ := classify(f); retryable {
+				detail += "; " + rt.gaveUp()
+			}
+			return &fetchError{Kind: "store", Store: storeOf(o.URL), Object: o.Name, Offset: r.start,
+				Length: len(body), Detail: detail}
 		}
 		j.retries.Add(1)
-		backoff := time.Duration(rand.Float64() * float64(min(20*time.Second, (250*time.Millisecond)<<attempt)))
-		select {
-		case <-time.After(backoff):
-		case <-ctx.Done():
-		}
+		j.sleep(ctx, wait)
 	}
-	if ctx.Err() != nil && errors.Is(last, context.Canceled) {
-		last = errors.New("cancelled: another range failed first")
+}
+
+// storeOf is a presigned URL's scheme and host, for messages: never its
+// query, which holds the signature.
+func storeOf(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return ""
 	}
-	return &fetchError{Kind: "store", Object: o.Name, Offset: r.start, Length: len(body), Detail: last.Error()}
+	return u.Scheme + "://" + u.Host
 }
 
 var xmlField = regexp.MustCompile(`<(Code|Message)>([^<]*)</`)
 
-func (j *job) getOnce(ctx context.Context, url string, start int64, body []byte) (error, bool) {
+// getOnce is one try. On failure it says what happened as far as retrying
+// cares (retry.go classify).
+func (j *job) getOnce(ctx context.Context, rawURL string, start int64, body []byte) (error, failure) {
 	// Deadline: the configured timeout plus the time to move the range at 1 MB/s.
 	limit := time.Duration(j.p.TimeoutS*float64(time.Second)) + time.Duration(len(body))*time.Microsecond
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	transport := failure{transport: true, retryAfter: -1}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, rawURL, nil)
 	if err != nil {
-		return err, false
+		return err, failure{final: true}
 	}
 	req.Header.Set("Range", fmt.Sprintf("bytes=%d-%d", start, start+int64(len(body))-1))
 	resp, err := j.client.Do(req)
 	if err != nil {
-		return err, true
+		return err, transport
 	}
 	defer resp.Body.Close()
 	whole := resp.StatusCode == http.StatusOK && start == 0
 	if resp.StatusCode != http.StatusPartialContent && !whole {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		detail := fmt.Sprintf("HTTP %d", resp.StatusCode)
+		f := failure{status: resp.StatusCode, retryAfter: retryAfterHeader(resp.Header)}
 		for _, m := range xmlField.FindAllSubmatch(msg, 2) {
 			detail += " " + string(m[1]) + ": " + string(m[2])
+			if string(m[1]) == "Code" && f.code == "" {
+				f.code = string(m[2])
+			}
 		}
-		s := resp.StatusCode
-		return errors.New(detail), s == 408 || s == 429 || s >= 500
+		return errors.New(detail), f
 	}
 	if resp.ContentLength >= 0 && resp.ContentLength != int64(len(body)) {
 		return fmt.Errorf("asked for %d bytes at %d, got %d (the pack does not match its manifest)",
-			len(body), start, resp.ContentLength), false
+			len(body), start, resp.ContentLength), failure{final: true}
 	}
 	if n, err := io.ReadFull(resp.Body, body); err != nil {
-		return fmt.Errorf("read %d of %d bytes at %d: %v", n, len(body), start, err), true
+		return fmt.Errorf("read %d of %d bytes at %d: %v", n, len(body), start, err), transport
 	}
 	var one [1]byte
 	if n, _ := resp.Body.Read(one[:]); n > 0 {
 		return fmt.Errorf("asked for %d bytes at %d, got more (the pack does not match its manifest)",
-			len(body), start), false
+			len(body), start), failure{final: true}
 	}
-	return nil, false
+	return nil, failure{}
 }
 
 // inflater decodes zlib chunks, reusing its state between chunks.

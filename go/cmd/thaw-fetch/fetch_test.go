@@ -14,12 +14,15 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -33,7 +36,7 @@ type testPack struct {
 }
 
 // addChunk appends raw (zlib-coded when compress) to the pack and returns its chunk.
-func (p *testPack) addChunk(t *testing.T, raw []byte, compress, withCheck bool, places ...place) chunk {
+func (p *testPack) addChunk(t *testing.T, raw []byte, compress bool, places ...place) chunk {
 	stored, codec := raw, codecNone
 	if compress {
 		var b bytes.Buffer
@@ -44,9 +47,6 @@ func (p *testPack) addChunk(t *testing.T, raw []byte, compress, withCheck bool, 
 	}
 	c := chunk{sum: sha256.Sum256(raw), raw: len(raw), pos: len(p.body), stored: len(stored), codec: codec,
 		places: places}
-	if withCheck {
-		c.check, c.hasCheck = blake3.Sum256(raw), true
-	}
 	p.body = append(p.body, stored...)
 	p.chunks = append(p.chunks, c)
 	return c
@@ -55,15 +55,23 @@ func (p *testPack) addChunk(t *testing.T, raw []byte, compress, withCheck bool, 
 // server serves the pack at /pack; fail decides per request whether to answer
 // with an error status instead (0: serve).
 func server(t *testing.T, body []byte, fail func(n int64) int) (*httptest.Server, *atomic.Int64) {
+	return serverWith(t, body, func(n int64) (int, string) {
+		if fail == nil {
+			return 0, ""
+		}
+		return fail(n), "Injected"
+	})
+}
+
+// serverWith is server whose failures carry an S3 error code of their own.
+func serverWith(t *testing.T, body []byte, fail func(n int64) (int, string)) (*httptest.Server, *atomic.Int64) {
 	var n atomic.Int64
 	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		i := n.Add(1)
-		if fail != nil {
-			if code := fail(i); code != 0 {
-				w.WriteHeader(code)
-				w.Write([]byte("<Error><Code>Injected</Code><Message>test says no</Message></Error>"))
-				return
-			}
+		if code, s3code := fail(i); code != 0 {
+			w.WriteHeader(code)
+			w.Write([]byte("<Error><Code>" + s3code + "</Code><Message>test says no</Message></Error>"))
+			return
 		}
 		http.ServeContent(w, r, "pack", time.Time{}, bytes.NewReader(body))
 	}))
@@ -87,15 +95,21 @@ func files(t *testing.T, sizes ...int64) []string {
 	return out
 }
 
-func run(t *testing.T, p *plan) (*job, error) {
+func run(t *testing.T, p *plan, setup ...func(*job)) (*job, error) {
 	t.Helper()
 	j, err := newJob(p)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer j.close()
+	for _, f := range setup {
+		f(j)
+	}
 	return j, j.run(context.Background())
 }
+
+// noRetry is a policy that tries once.
+var noRetry = &retryPolicy{MaxAttempts: 0, BudgetS: 0, BaseS: 1, TransientBaseS: 0.05, MaxBackoffS: 20}
 
 func randBytes(seed uint64, n int) []byte {
 	r := rand.New(rand.NewPCG(seed, seed))
@@ -109,27 +123,27 @@ func randBytes(seed uint64, n int) []byte {
 // One pack holding: an uncompressed chunk placed twice (two files), a
 // compressible chunk stored with zlib, and an unaligned uncompressed chunk;
 // ranges split the pack in two. Every byte must land where it belongs, with
-// and without O_DIRECT, checked by BLAKE3 or by SHA-256.
+// and without O_DIRECT.
 func TestFillPlacesEveryChunk(t *testing.T) {
 	for _, direct := range []bool{false, true} {
-		for _, withCheck := range []bool{false, true} {
+		{
 			var pk testPack
 			a := randBytes(1, 3*align+100)
 			z := bytes.Repeat([]byte("thaw "), 20000)
 			c := randBytes(2, 5*align+7)
 			fs := files(t, int64(len(a)+len(z)+len(c)), int64(len(a)+11))
-			ca := pk.addChunk(t, a, false, withCheck, place{0, 0}, place{1, 11})
-			cz := pk.addChunk(t, z, true, withCheck, place{0, int64(len(a))})
-			cc := pk.addChunk(t, c, false, withCheck, place{0, int64(len(a) + len(z))})
+			ca := pk.addChunk(t, a, false, place{0, 0}, place{1, 11})
+			cz := pk.addChunk(t, z, true, place{0, int64(len(a))})
+			cc := pk.addChunk(t, c, false, place{0, int64(len(a) + len(z))})
 			srv, _ := server(t, pk.body, nil)
 			split := cc.pos
 			cc.pos = 0
-			p := &plan{Version: PlanVersion, Workers: 2, Attempts: 1, TimeoutS: 5, DirectIO: direct, Files: fs,
+			p := &plan{Version: PlanVersion, Workers: 2, Retry: noRetry, TimeoutS: 5, DirectIO: direct, Files: fs,
 				Objects: []object{{URL: srv.URL + "/pack", Name: "packs/x"}},
 				Ranges:  []rng{{0, 0, split, []chunk{ca, cz}}, {0, int64(split), len(c), []chunk{cc}}}}
 			j, err := run(t, p)
 			if err != nil {
-				t.Fatalf("direct=%v check=%v: %v", direct, withCheck, err)
+				t.Fatalf("direct=%v: %v", direct, err)
 			}
 			want0 := append(append(append([]byte{}, a...), z...), c...)
 			if got, _ := os.ReadFile(fs[0]); !bytes.Equal(got, want0) {
@@ -148,90 +162,319 @@ func TestFillPlacesEveryChunk(t *testing.T) {
 	}
 }
 
-func onePackPlan(t *testing.T, url string, raw []byte, withCheck bool) (*plan, []string) {
+func onePackPlan(t *testing.T, url string, raw []byte) (*plan, []string) {
 	var pk testPack
 	fs := files(t, int64(len(raw)))
-	c := pk.addChunk(t, raw, false, withCheck, place{0, 0})
-	return &plan{Version: PlanVersion, Workers: 1, Attempts: 3, TimeoutS: 5, Files: fs,
+	c := pk.addChunk(t, raw, false, place{0, 0})
+	return &plan{Version: PlanVersion, Workers: 1, TimeoutS: 5, Files: fs,
 		Objects: []object{{URL: url, Name: "packs/p"}},
 		Ranges:  []rng{{0, 0, len(raw), []chunk{c}}}}, fs
 }
 
+// fakeClock stands in for time in the retry policy: sleeping advances it at
+// once, so a unit test rides out "10 s" windows in milliseconds. The HTTP
+// stand-in for S3 reads the same clock to decide when its window ends.
+type fakeClock struct {
+	mu    sync.Mutex
+	t     time.Time
+	waits []time.Duration
+	rnd   *rand.Rand
+}
+
+func newFakeClock(seed uint64) *fakeClock {
+	return &fakeClock{t: time.Unix(1_000_000, 0), rnd: rand.New(rand.NewPCG(seed, 14))}
+}
+
+func (c *fakeClock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) sleep(_ context.Context, d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+	c.waits = append(c.waits, d)
+}
+
+func (c *fakeClock) rand() float64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.rnd.Float64()
+}
+
+func (c *fakeClock) install(j *job) { j.now, j.sleep, j.rand = c.now, c.sleep, c.rand }
+
+// Every failure botocore's standard mode retries is retried, and nothing else
+// is: a sequence of retryable failures then the object; each non-retryable one
+// alone ends the fetch after one request.
 func TestRetriesWhatBotocoreRetries(t *testing.T) {
 	raw := randBytes(3, 10000)
-	srv, n := server(t, raw, func(i int64) int {
-		if i <= 2 {
-			return []int{http.StatusServiceUnavailable, http.StatusTooManyRequests}[i-1]
+	type answer struct {
+		status int
+		code   string
+	}
+	retried := []answer{{503, "SlowDown"}, {429, ""}, {500, "InternalError"}, {502, ""}, {504, ""},
+		{400, "RequestTimeout"}, {503, "ServiceUnavailable"}, {400, "Throttling"}}
+	srv, n := serverWith(t, raw, func(i int64) (int, string) {
+		if int(i) <= len(retried) {
+			return retried[i-1].status, retried[i-1].code
 		}
-		return 0
+		return 0, ""
 	})
-	p, fs := onePackPlan(t, srv.URL+"/pack", raw, true)
-	j, err := run(t, p)
-	if err != nil || j.retries.Load() != 2 || n.Load() != 3 {
+	p, fs := onePackPlan(t, srv.URL+"/pack", raw)
+	clock := newFakeClock(1)
+	j, err := run(t, p, clock.install)
+	if err != nil || j.retries.Load() != int64(len(retried)) || n.Load() != int64(len(retried)+1) {
 		t.Fatalf("err %v, retries %d, requests %d", err, j.retries.Load(), n.Load())
 	}
 	if got, _ := os.ReadFile(fs[0]); !bytes.Equal(got, raw) {
 		t.Fatal("content differs after retries")
+	}
+	for _, no := range []answer{{403, "AccessDenied"}, {404, "NoSuchKey"}, {408, ""}, {501, "NotImplemented"},
+		{400, "InvalidRange"}} {
+		srv, n := serverWith(t, raw, func(int64) (int, string) { return no.status, no.code })
+		p, _ := onePackPlan(t, srv.URL+"/pack", raw)
+		j, err := run(t, p, newFakeClock(2).install)
+		var fe *fetchError
+		if !errors.As(err, &fe) || fe.Kind != "store" || n.Load() != 1 || j.retries.Load() != 0 ||
+			strings.Contains(fe.Detail, "gave up") {
+			t.Fatalf("HTTP %d %s: %v after %d requests", no.status, no.code, err, n.Load())
+		}
+	}
+}
+
+// A connection that breaks mid-body (botocore: HTTPClientError) is retried.
+func TestBrokenBodyIsRetried(t *testing.T) {
+	raw := randBytes(10, 100000)
+	var n atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if n.Add(1) == 1 {
+			w.Header().Set("Content-Range", fmt.Sprintf("bytes 0-%d/%d", len(raw)-1, len(raw)))
+			w.Header().Set("Content-Length", fmt.Sprint(len(raw)))
+			w.WriteHeader(http.StatusPartialContent)
+			w.Write(raw[:1000])
+			panic(http.ErrAbortHandler) // closes the connection mid-body
+		}
+		http.ServeContent(w, r, "pack", time.Time{}, bytes.NewReader(raw))
+	}))
+	t.Cleanup(srv.Close)
+	p, fs := onePackPlan(t, srv.URL+"/pack", raw)
+	j, err := run(t, p, newFakeClock(3).install)
+	if err != nil || j.retries.Load() != 1 || n.Load() != 2 {
+		t.Fatalf("err %v, retries %d, requests %d", err, j.retries.Load(), n.Load())
+	}
+	if got, _ := os.ReadFile(fs[0]); !bytes.Equal(got, raw) {
+		t.Fatal("content differs after a broken body")
 	}
 }
 
 func TestClientErrorsAreNotRetriedAndNameTheObject(t *testing.T) {
 	raw := randBytes(4, 1000)
 	srv, n := server(t, raw, func(int64) int { return http.StatusForbidden })
-	p, _ := onePackPlan(t, srv.URL+"/pack", raw, true)
+	p, _ := onePackPlan(t, srv.URL+"/pack", raw)
 	_, err := run(t, p)
 	var fe *fetchError
 	if !errors.As(err, &fe) || fe.Kind != "store" || fe.Object != "packs/p" || n.Load() != 1 ||
-		!strings.Contains(fe.Detail, "HTTP 403 Code: Injected Message: test says no") {
+		fe.Store != srv.URL || !strings.Contains(fe.Detail, "HTTP 403 Code: Injected Message: test says no") {
 		t.Fatalf("%#v after %d requests", err, n.Load())
 	}
 }
 
-func TestGivesUpAfterAttempts(t *testing.T) {
-	raw := randBytes(5, 1000)
-	srv, n := server(t, raw, func(int64) int { return http.StatusInternalServerError })
-	p, _ := onePackPlan(t, srv.URL+"/pack", raw, false)
-	_, err := run(t, p)
+// window answers 503 SlowDown (or status) to every request that arrives
+// within d of the first one, on the fake clock; then serves the pack.
+func window(t *testing.T, raw []byte, clock *fakeClock, d time.Duration, status int, code string) (*httptest.Server, *atomic.Int64) {
+	var once sync.Once
+	var start time.Time
+	return serverWith(t, raw, func(int64) (int, string) {
+		now := clock.now()
+		once.Do(func() { start = now })
+		if now.Sub(start) < d {
+			return status, code
+		}
+		return 0, ""
+	})
+}
+
+// Issue 14 item 1: with the default policy a fetch rides out a 10 s window of
+// 503 SlowDown, and of 502 (a transient error: botocore's 50 ms scale, so many
+// more retries), whatever the jitter draws (20 seeds each).
+func TestSurvivesATenSecondWindowWithDefaults(t *testing.T) {
+	for _, w := range []struct {
+		status int
+		code   string
+	}{{503, "SlowDown"}, {502, ""}, {500, "InternalError"}} {
+		for seed := uint64(0); seed < 20; seed++ {
+			raw := randBytes(seed, 5000)
+			clock := newFakeClock(seed)
+			srv, n := window(t, raw, clock, 10*time.Second, w.status, w.code)
+			p, fs := onePackPlan(t, srv.URL+"/pack", raw)
+			p.Attempts = nil // the defaults, as Python sends them today ("attempts": 3) or not at all
+			j, err := run(t, p, clock.install)
+			if err != nil {
+				t.Fatalf("HTTP %d %s, seed %d: %v (after %d requests)", w.status, w.code, seed, err, n.Load())
+			}
+			if got, _ := os.ReadFile(fs[0]); !bytes.Equal(got, raw) {
+				t.Fatal("content differs")
+			}
+			if j.retries.Load() < 4 { // it did meet the window: more than botocore's 3 retries
+				t.Fatalf("seed %d: only %d retries", seed, j.retries.Load())
+			}
+		}
+	}
+}
+
+// Before the budget, the same 10 s window ended the fetch: with the budget
+// off (botocore's standard mode as such) a 10 s SlowDown window is not
+// survived on most draws. This is what the budget buys.
+func TestWithoutTheBudgetTheWindowIsNotSurvived(t *testing.T) {
+	failed := 0
+	for seed := uint64(0); seed < 20; seed++ {
+		raw := randBytes(seed, 100)
+		clock := newFakeClock(seed)
+		srv, _ := window(t, raw, clock, 10*time.Second, 503, "SlowDown")
+		p, _ := onePackPlan(t, srv.URL+"/pack", raw)
+		p.Retry = &retryPolicy{MaxAttempts: 3, BudgetS: 0, BaseS: 1, TransientBaseS: 0.05, MaxBackoffS: 20}
+		if _, err := run(t, p, clock.install); err != nil {
+			failed++
+		}
+	}
+	if failed != 20 { // 4 tries span at most 1+2+4 = 7 s
+		t.Fatalf("%d of 20 fetches failed", failed)
+	}
+}
+
+// An outage longer than the budget ends the fetch with one error, from the
+// range that ran out first, naming the store, the object, the last answer and
+// how long it was tried; the other ranges stop without errors of their own.
+func TestLongOutageEndsInOneError(t *testing.T) {
+	raw := randBytes(11, 30000)
+	clock := newFakeClock(5)
+	srv, n := window(t, raw, clock, time.Hour, 503, "SlowDown")
+	var pk testPack
+	fs := files(t, int64(len(raw)))
+	var rs []rng
+	for i := 0; i < 3; i++ {
+		c := pk.addChunk(t, raw[i*10000:(i+1)*10000], false, place{0, int64(i * 10000)})
+		c.pos = 0
+		rs = append(rs, rng{0, int64(i * 10000), 10000, []chunk{c}})
+	}
+	p := &plan{Version: PlanVersion, Workers: 3, TimeoutS: 5, Files: fs,
+		Objects: []object{{URL: srv.URL + "/pack", Name: "packs/p"}}, Ranges: rs}
+	j, err := run(t, p, clock.install)
 	var fe *fetchError
-	if !errors.As(err, &fe) || fe.Kind != "store" || n.Load() != 3 {
-		t.Fatalf("%v after %d requests", err, n.Load())
+	if !errors.As(err, &fe) || fe.Kind != "store" || fe.Object != "packs/p" || fe.Store != srv.URL ||
+		!strings.Contains(fe.Detail, "HTTP 503 Code: SlowDown") ||
+		!regexp.MustCompile(`; gave up after \d+ tries in 3\d\.\d s \(retry policy: 3 retries or 30 s\)$`).MatchString(fe.Detail) {
+		t.Fatalf("%v", err)
+	}
+	// Each range that started made one first try; the rest were retries.
+	if j.written.Load() != 0 || n.Load() < j.retries.Load()+1 || n.Load() > j.retries.Load()+3 {
+		t.Fatalf("written %d, requests %d, retries %d", j.written.Load(), n.Load(), j.retries.Load())
+	}
+}
+
+// A plan from before the "retry" object: "attempts" is botocore's count of
+// retries (store.retries), so 2 means 3 tries, and the budget is the default.
+func TestOldAttemptsFieldCountsRetries(t *testing.T) {
+	two := 2
+	p, _ := onePackPlan(t, "http://127.0.0.1:1/pack", randBytes(5, 1000))
+	p.Attempts = &two
+	if pol := p.retry(); pol.MaxAttempts != 2 || pol.BudgetS != defaultRetry.BudgetS {
+		t.Fatalf("%+v", pol)
+	}
+	var q plan
+	if err := json.Unmarshal([]byte(`{"retry":{"max_attempts":5}}`), &q); err != nil {
+		t.Fatal(err)
+	}
+	if pol := q.retry(); pol.MaxAttempts != 5 || pol.BudgetS != 30 || pol.BaseS != 1 || pol.TransientBaseS != 0.05 ||
+		pol.MaxBackoffS != 20 {
+		t.Fatalf("fields left out of \"retry\" must keep their defaults: %+v", pol)
+	}
+	if err := json.Unmarshal([]byte(`{"retry":{"max_attempt":5}}`), &q); err == nil {
+		t.Fatal("an unknown retry field was accepted")
 	}
 }
 
 func TestAlteredBytesAreRefusedBeforeAnyWrite(t *testing.T) {
-	for _, withCheck := range []bool{false, true} {
-		raw := randBytes(6, 8192)
-		altered := append([]byte{}, raw...)
-		altered[4000] ^= 0x5a
-		srv, _ := server(t, altered, nil)
-		p, fs := onePackPlan(t, srv.URL+"/pack", raw, withCheck)
-		_, err := run(t, p)
-		var fe *fetchError
-		algo := map[bool]string{false: "sha256", true: "blake3"}[withCheck]
-		if !errors.As(err, &fe) || fe.Kind != "integrity" || !strings.Contains(fe.Detail, algo) ||
-			!strings.Contains(fe.Detail, "altered") {
-			t.Fatalf("check=%v: %v", withCheck, err)
+	raw := randBytes(6, 8192)
+	altered := append([]byte{}, raw...)
+	altered[4000] ^= 0x5a
+	srv, _ := server(t, altered, nil)
+	p, fs := onePackPlan(t, srv.URL+"/pack", raw)
+	_, err := run(t, p)
+	var fe *fetchError
+	if !errors.As(err, &fe) || fe.Kind != "integrity" || !strings.Contains(fe.Detail, "sha256") ||
+		!strings.Contains(fe.Detail, "altered") {
+		t.Fatalf("%v", err)
+	}
+	if got, _ := os.ReadFile(fs[0]); !bytes.Equal(got, make([]byte, len(raw))) {
+		t.Fatal("bytes of a bad chunk were written")
+	}
+}
+
+// Issue 14 item 6: a plan row whose BLAKE3 check matches the bytes but whose
+// SHA-256 name does not (a manifest that disagrees with itself) is refused,
+// naming the chunk; thaw-fetch once installed it and `thaw verify` later
+// called the entry corrupt. A row whose name matches is accepted whatever
+// its BLAKE3 column says: the name is what the node trusts.
+func TestChunkIsCheckedAgainstItsSHA256Name(t *testing.T) {
+	raw := randBytes(12, 8192)
+	srv, _ := server(t, raw, nil)
+	for _, tc := range []struct {
+		name, hash, check string
+		ok                bool
+	}{
+		{"right blake3, wrong name", hexSum(sha256.Sum256(append(raw, 0))), hexSum(blake3.Sum256(raw)), false},
+		{"right name, wrong blake3", hexSum(sha256.Sum256(raw)), strings.Repeat("0", 64), true},
+		{"right name, no blake3", hexSum(sha256.Sum256(raw)), "", true},
+	} {
+		fs := files(t, int64(len(raw)))
+		body := fmt.Sprintf(`{"version":%d,"workers":1,"timeout_s":5,"files":[%q],`+
+			`"objects":[{"url":%q,"name":"packs/p"}],"ranges":[[0,0,%d,[[%q,%d,0,%d,"none",[[0,0]],%q]]]]}`,
+			PlanVersion, fs[0], srv.URL+"/pack", len(raw), tc.hash, len(raw), len(raw), tc.check)
+		var p plan
+		dec := json.NewDecoder(strings.NewReader(body))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&p); err != nil {
+			t.Fatal(err)
 		}
-		if got, _ := os.ReadFile(fs[0]); !bytes.Equal(got, make([]byte, len(raw))) {
-			t.Fatal("bytes of a bad chunk were written")
+		_, err := run(t, &p)
+		got, _ := os.ReadFile(fs[0])
+		if tc.ok {
+			if err != nil || !bytes.Equal(got, raw) {
+				t.Fatalf("%s: %v", tc.name, err)
+			}
+			continue
+		}
+		var fe *fetchError
+		if !errors.As(err, &fe) || fe.Kind != "integrity" || fe.Chunk != tc.hash || !strings.Contains(fe.Detail, "sha256") {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if !bytes.Equal(got, make([]byte, len(raw))) {
+			t.Fatalf("%s: bytes were written", tc.name)
 		}
 	}
 }
 
+func hexSum(b [32]byte) string { return hex.EncodeToString(b[:]) }
+
 func TestShortObjectIsAStoreError(t *testing.T) {
 	raw := randBytes(7, 5000)
-	srv, _ := server(t, raw[:100], nil)
-	p, _ := onePackPlan(t, srv.URL+"/pack", raw, true)
+	srv, n := server(t, raw[:100], nil)
+	p, _ := onePackPlan(t, srv.URL+"/pack", raw)
 	_, err := run(t, p)
 	var fe *fetchError
-	if !errors.As(err, &fe) || fe.Kind != "store" || !strings.Contains(fe.Detail, "does not match its manifest") {
-		t.Fatalf("%v", err)
+	if !errors.As(err, &fe) || fe.Kind != "store" || !strings.Contains(fe.Detail, "does not match its manifest") ||
+		n.Load() != 1 {
+		t.Fatalf("%v after %d requests", err, n.Load())
 	}
 }
 
 func TestPlanCheckRefusesWritesOutsideTheFiles(t *testing.T) {
 	raw := randBytes(8, 100)
-	p, _ := onePackPlan(t, "http://127.0.0.1:1/pack", raw, false)
+	p, _ := onePackPlan(t, "http://127.0.0.1:1/pack", raw)
 	p.Ranges[0].chunks[0].places[0].off = 1
 	if _, err := newJob(p); err == nil || !strings.Contains(err.Error(), "outside the files") {
 		t.Fatalf("%v", err)
@@ -239,6 +482,11 @@ func TestPlanCheckRefusesWritesOutsideTheFiles(t *testing.T) {
 	p.Ranges[0].chunks[0].places[0].off = 0
 	p.Version = 1
 	if _, err := newJob(p); err == nil || !strings.Contains(err.Error(), "plan version") {
+		t.Fatalf("%v", err)
+	}
+	p.Version = PlanVersion
+	p.Retry = &retryPolicy{MaxAttempts: -1, BaseS: 1, TransientBaseS: 1, MaxBackoffS: 1}
+	if _, err := newJob(p); err == nil || !strings.Contains(err.Error(), "retry") {
 		t.Fatalf("%v", err)
 	}
 }
@@ -305,7 +553,7 @@ func TestSealedChunksFillAndRefuseTampering(t *testing.T) {
 		ca := pk.addSealed(t, a, false, key, place{0, 0}, place{1, 11})
 		cz := pk.addSealed(t, z, true, key, place{0, int64(len(a))})
 		srv, _ := server(t, pk.body, nil)
-		p := &plan{Version: PlanVersion, Workers: 2, Attempts: 1, TimeoutS: 5, DirectIO: direct, Files: fs,
+		p := &plan{Version: PlanVersion, Workers: 2, Retry: noRetry, TimeoutS: 5, DirectIO: direct, Files: fs,
 			Objects: []object{{URL: srv.URL + "/pack", Name: "packs/x"}},
 			Ranges: []rng{{obj: 0, start: 0, length: len(pk.body), chunks: []chunk{ca, cz}}}}
 		if _, err := run(t, p); err != nil {
@@ -328,7 +576,7 @@ func TestSealedChunksFillAndRefuseTampering(t *testing.T) {
 			ca.key = randBytes(8, 32)
 		}
 		srv, _ := server(t, pk.body, nil)
-		p := &plan{Version: PlanVersion, Workers: 1, Attempts: 1, TimeoutS: 5, Files: fs,
+		p := &plan{Version: PlanVersion, Workers: 1, Retry: noRetry, TimeoutS: 5, Files: fs,
 			Objects: []object{{URL: srv.URL + "/pack", Name: "packs/x"}},
 			Ranges: []rng{{obj: 0, start: 0, length: len(pk.body), chunks: []chunk{ca}}}}
 		_, err := run(t, p)
@@ -354,7 +602,7 @@ func TestPlanChunkKeyIsParsedAndNeverEchoed(t *testing.T) {
 	if err == nil || strings.Contains(err.Error(), "secret") {
 		t.Fatalf("want a refusal without the key, got %v", err)
 	}
-	p := &plan{Version: PlanVersion, Workers: 1, Attempts: 1, TimeoutS: 1,
+	p := &plan{Version: PlanVersion, Workers: 1, Retry: noRetry, TimeoutS: 1,
 		Objects: []object{{}}, Ranges: []rng{{obj: 0, start: 0, length: 128, chunks: []chunk{
 			{raw: 100, stored: 100, codec: codecNone, places: []place{{0, 0}}, key: make([]byte, 32)}}}}}
 	if err := p.check([]int64{1000}); err == nil {

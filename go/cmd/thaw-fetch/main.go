@@ -1,24 +1,30 @@
 // Command thaw-fetch fills an image's files from ranged GETs of the store's
-// packs, verifying every chunk before a byte of it is written: its BLAKE3
-// where the manifest has one (schema 2), else its SHA-256. It is the data
-// path of control/transfer.py's fill: Python plans (which ranges, which
-// chunks, where they go, presigned URLs from boto3, so credentials and
-// endpoints stay configured the boto3 way), this executes. The same work in
-// Python ran at parity with boto3's download_file on a 2-core machine
-// (docs/store.md, "Why the fetch is in Go").
+// packs, verifying every chunk against its SHA-256 name before a byte of it
+// is written. It is the data path of control/transfer.py's fill: Python
+// plans (which ranges, which chunks, where they go, presigned URLs from
+// boto3, so credentials and endpoints stay configured the boto3 way), this
+// executes. The same work in Python ran at parity with boto3's download_file
+// on a 2-core machine (docs/store.md, "Why the fetch is in Go").
 //
 // Input, on stdin, one JSON plan (see plan; twin: control/transfer.py _fetch_with):
 //
-//	{"version":2, "workers":8, "attempts":3, "timeout_s":60, "direct_io":true,
+//	{"version":2, "workers":8, "timeout_s":60, "direct_io":true,
+//	 "retry":{"max_attempts":3, "budget_s":30, "base_s":1, "transient_base_s":0.05, "max_backoff_s":20},
 //	 "files":["/abs/dir/pages.img", ...],        created at full size by the caller
 //	 "objects":[{"url":"https://...presigned...", "name":"packs/<h>"}, ...],
 //	 "ranges":[[OBJECT, START, LENGTH, [[HASH, RAW_LEN, POS, STORED, CODEC, [[FILE, OFFSET], ...], CHECK], ...]], ...]}
 //
-// CHECK is the chunk's BLAKE3-256 in hex, or "" (check the SHA-256 HASH).
+// HASH is the chunk's SHA-256, its name, which its bytes must match. CHECK is
+// its BLAKE3-256 in hex from a schema-2 manifest, or "": read, not used (the
+// name is what the node trusts later; docs/store.md, "Integrity"). "retry"
+// (retry.go, docs/store.md "Retry policy") may leave fields out (defaults);
+// a plan without it may give "attempts", botocore's count of retries, and
+// gets the defaults otherwise.
 //
 // Output, on stdout, one JSON object a line: {"done":BYTES} as bytes are
 // written (running total), then {"stats":{...}} on success or
-// {"error":{"kind":"integrity"|"store"|"io", ...}} on failure.
+// {"error":{"kind":"integrity"|"store"|"io", ...}} on failure ("store" adds
+// "store": the endpoint, scheme://host).
 //
 // Exit status 0 on success, 1 after an {"error":...} line, 2 for a plan
 // that cannot be executed (message on stderr).

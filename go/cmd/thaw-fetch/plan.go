@@ -18,14 +18,15 @@ const (
 )
 
 type plan struct {
-	Version  int      `json:"version"`
-	Workers  int      `json:"workers"`
-	Attempts int      `json:"attempts"`
-	TimeoutS float64  `json:"timeout_s"`
-	DirectIO bool     `json:"direct_io"`
-	Files    []string `json:"files"`
-	Objects  []object `json:"objects"`
-	Ranges   []rng    `json:"ranges"`
+	Version  int          `json:"version"`
+	Workers  int          `json:"workers"`
+	Attempts *int         `json:"attempts"` // before "retry": store.retries, botocore's count of retries
+	Retry    *retryPolicy `json:"retry"`
+	TimeoutS float64      `json:"timeout_s"`
+	DirectIO bool         `json:"direct_io"`
+	Files    []string     `json:"files"`
+	Objects  []object     `json:"objects"`
+	Ranges   []rng        `json:"ranges"`
 }
 
 type object struct {
@@ -40,15 +41,13 @@ type place struct {
 }
 
 type chunk struct {
-	sum      [32]byte // SHA-256, the chunk's name
-	check    [32]byte // BLAKE3-256 from a schema-2 manifest; what is verified when hasCheck
-	hasCheck bool
-	raw      int // decoded length
-	pos      int // offset of its stored bytes in the range
-	stored   int
-	codec    string
-	places   []place
-	key      []byte // AES-256-GCM key of a sealed chunk (crypt.go); nil: stored in the clear
+	sum    [32]byte // SHA-256, the chunk's name: what its bytes are checked against
+	raw    int      // decoded length
+	pos    int      // offset of its stored bytes in the range
+	stored int
+	codec  string
+	places []place
+	key    []byte // AES-256-GCM key of a sealed chunk (crypt.go); nil: stored in the clear
 }
 
 type rng struct {
@@ -59,8 +58,8 @@ type rng struct {
 }
 
 // UnmarshalJSON reads [OBJECT, START, LENGTH, [[HASH, RAW, POS, STORED, CODEC, [[FILE, OFF], ...], CHECK, KEY?], ...]]
-// (CHECK: the chunk's BLAKE3-256, or "" to verify SHA-256; KEY, only for a
-// sealed chunk: its AES-256-GCM key in hex, crypt.go):
+// (CHECK: the chunk's BLAKE3-256 or "", accepted and not used: the SHA-256 HASH is checked;
+// KEY, only for a sealed chunk: its AES-256-GCM key in hex, crypt.go):
 // positional arrays keep a plan for hundreds of thousands of chunks small.
 func (r *rng) UnmarshalJSON(b []byte) error {
 	var raw []json.RawMessage
@@ -94,14 +93,11 @@ func (r *rng) UnmarshalJSON(b []byte) error {
 				return fmt.Errorf("a chunk key must be 64 hex digits")
 			}
 		}
-		if check != "" {
-			if len(check) != 64 {
+		if check != "" { // a schema-2 manifest's BLAKE3: read for compatibility, not used (fetch.go, one)
+			var b3 [32]byte
+			if _, err := hex.Decode(b3[:], []byte(check)); err != nil || len(check) != 64 {
 				return fmt.Errorf("chunk check %q is not 64 hex digits", check)
 			}
-			if _, err := hex.Decode(ch.check[:], []byte(check)); err != nil {
-				return fmt.Errorf("chunk check %q: %v", check, err)
-			}
-			ch.hasCheck = true
 		}
 		if len(h) != 64 {
 			return fmt.Errorf("chunk hash %q is not 64 hex digits", h)
@@ -126,13 +122,31 @@ func unmarshalAll(raw []json.RawMessage, dst ...any) error {
 	return nil
 }
 
+// retry is the plan's retry policy: its "retry" object, else the defaults
+// with max_attempts from the older "attempts" field, which Python filled
+// with store.retries, botocore's count of retries (thaw-fetch once read it
+// as tries in all, one fewer).
+func (p *plan) retry() retryPolicy {
+	if p.Retry != nil {
+		return *p.Retry
+	}
+	r := defaultRetry
+	if p.Attempts != nil {
+		r.MaxAttempts = *p.Attempts
+	}
+	return r
+}
+
 // check refuses a plan that would read or write outside what it names.
 func (p *plan) check(sizes []int64) error {
 	if p.Version != PlanVersion {
 		return fmt.Errorf("plan version %d, this thaw-fetch executes %d: rebuild with `make build`", p.Version, PlanVersion)
 	}
-	if p.Workers < 1 || p.Attempts < 1 || p.TimeoutS <= 0 {
-		return fmt.Errorf("workers, attempts and timeout_s must be positive")
+	if p.Workers < 1 || p.TimeoutS <= 0 {
+		return fmt.Errorf("workers and timeout_s must be positive")
+	}
+	if err := p.retry().check(); err != nil {
+		return err
 	}
 	for i, r := range p.Ranges {
 		if r.obj < 0 || r.obj >= len(p.Objects) || r.start < 0 || r.length <= 0 || r.length > maxRange {

@@ -11,7 +11,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strconv"
 	"syscall"
 	"time"
 
@@ -27,50 +26,6 @@ const (
 	AnnotationWorkload = "thaw.dev/workload" // opt-in: present = thaw may restore this container
 	origConfigName     = "config.json.thaw-orig"
 )
-
-// Config is the stand-in's environment. The shim runs it with containerd's
-// environment, so defaults must be right for a provisioned node.
-type Config struct {
-	RealRunsc      string        // THAW_REAL_RUNSC; default: "runsc" beside this binary
-	Socket         string        // THAW_SOCKET; twin: control/config.py thawd.socket
-	StateDir       string        // THAW_STANDIN_STATE: create -> start markers
-	LogPath        string        // THAW_STANDIN_LOG: one JSON line per decision
-	PrepareTimeout time.Duration // THAW_PREPARE_TIMEOUT_MS: create's deadline for thawd
-}
-
-// DefaultSocket is thawd's socket. Twin: control/config.py "thawd.socket".
-const DefaultSocket = "/run/thaw/thawd.sock"
-
-// LoadConfig reads the environment.
-func LoadConfig() Config {
-	c := Config{
-		Socket:         envOr("THAW_SOCKET", DefaultSocket),
-		StateDir:       envOr("THAW_STANDIN_STATE", "/run/thaw/standin"),
-		LogPath:        envOr("THAW_STANDIN_LOG", "/var/log/thaw/standin.log"),
-		PrepareTimeout: envMillis("THAW_PREPARE_TIMEOUT_MS", 5000),
-	}
-	c.RealRunsc = os.Getenv("THAW_REAL_RUNSC")
-	if c.RealRunsc == "" {
-		if exe, err := os.Executable(); err == nil {
-			c.RealRunsc = filepath.Join(filepath.Dir(exe), "runsc")
-		}
-	}
-	return c
-}
-
-func envOr(k, def string) string {
-	if v := os.Getenv(k); v != "" {
-		return v
-	}
-	return def
-}
-
-func envMillis(k string, def int) time.Duration {
-	if v, err := strconv.Atoi(os.Getenv(k)); err == nil && v > 0 {
-		return time.Duration(v) * time.Millisecond
-	}
-	return time.Duration(def) * time.Millisecond
-}
 
 // marker carries create's decision to start and delete of the same container.
 type marker struct {
@@ -90,16 +45,21 @@ type marker struct {
 
 // Standin handles one invocation.
 type Standin struct {
-	cfg  Config
-	argv []string // the stand-in's argv: argv[0] is thaw-runsc
-	a    runscargv.Argv
-	log  *decisionLog
+	cfg    Config
+	cfgErr error    // a bad configuration: create starts cold and logs it
+	argv   []string // the stand-in's argv: argv[0] is thaw-runsc
+	a      runscargv.Argv
+	log    *decisionLog
 }
 
 // Main handles create, start and delete (thaw-runsc-hooks; thaw-runsc execs
 // it for those three) and returns the exit code; exec'ing never returns.
 func Main(argv []string) int {
-	s := &Standin{cfg: LoadConfig(), argv: argv, a: runscargv.Parse(argv[1:])}
+	cfg, cfgErr := LoadConfig(os.LookupEnv)
+	if len(argv) == 2 && argv[1] == printConfigCommand {
+		return printConfig(cfg, cfgErr)
+	}
+	s := &Standin{cfg: cfg, cfgErr: cfgErr, argv: argv, a: runscargv.Parse(argv[1:])}
 	s.log = openDecisionLog(s.cfg.LogPath)
 	defer s.log.Close()
 	switch s.a.Command {
@@ -243,6 +203,8 @@ func (s *Standin) create() int {
 		PidFile: s.a.Flag("pid-file"), Created: float64(t0.UnixNano()) / 1e9}
 	resp, err := s.prepare(rt)
 	switch {
+	case s.cfgErr != nil:
+		m.Reason = "config-error: " + s.cfgErr.Error()
 	case err != nil:
 		m.Reason = "thawd-unavailable: " + describe(err)
 	case resp.Decision == pb.PrepareRestoreResponse_RESTORE:
@@ -285,6 +247,9 @@ func (s *Standin) coldAgainQuiet(m *marker, reason string) {
 }
 
 func (s *Standin) prepare(rt *pb.Runtime) (*pb.PrepareRestoreResponse, error) {
+	if s.cfgErr != nil {
+		return nil, s.cfgErr // which socket or deadline is meant is unknown: start cold
+	}
 	c, closer, err := s.dial()
 	if err != nil {
 		return nil, err
