@@ -14,11 +14,12 @@
 #
 # Runtime handlers: `runsc` (gVisor's shim, runsc itself) and `runsc-thaw`
 # (gVisor's shim, thaw's stand-in as runsc: cold starts unless a thawd
-# answers on THAW_SOCKET, default BASE/thawd.sock). Environment:
+# answers on THAW_THAWD_SOCKET, default BASE/thawd.sock). Environment:
 # THAW_BUILD_DIR (default ./build), THAW_CRI_SUBNET (pod addresses, default
 # 10.216.0.0/24: outside the 10.213-10.215 ranges thaw's own sandboxes and
-# tests use); THAW_SOCKET, THAW_PREPARE_TIMEOUT_MS, THAW_HEALTH_TIMEOUT_MS
-# are handed to the stand-in.
+# tests use); THAW_THAWD_SOCKET, THAW_THAWD_PREPARE_TIMEOUT_S,
+# THAW_THAWD_HEALTH_TIMEOUT_S are handed to the stand-in (its config keys,
+# control/config.py; it ignores unknown THAW_* names).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 build=${THAW_BUILD_DIR:-"$here/build"}
@@ -153,10 +154,10 @@ EOF
   # gives it (the shim and runsc inherit containerd's environment); no other
   # THAW_* of the caller's leaks in.
   local -a envv=(PATH="$build:$PATH" HOME="${HOME:-/root}" THAW_REAL_RUNSC="$build/runsc"
-                 THAW_SOCKET="${THAW_SOCKET:-$base/thawd.sock}" THAW_STANDIN_STATE="$base/standin"
-                 THAW_STANDIN_LOG="$base/standin.log")
+                 THAW_THAWD_SOCKET="${THAW_THAWD_SOCKET:-$base/thawd.sock}"
+                 THAW_STANDIN_STATE_DIR="$base/standin" THAW_STANDIN_LOG="$base/standin.log")
   local v
-  for v in THAW_PREPARE_TIMEOUT_MS THAW_HEALTH_TIMEOUT_MS; do
+  for v in THAW_THAWD_PREPARE_TIMEOUT_S THAW_THAWD_HEALTH_TIMEOUT_S; do
     [[ -z ${!v:-} ]] || envv+=("$v=${!v}")
   done
   (cd "$base" && exec env -i "${envv[@]}" \
