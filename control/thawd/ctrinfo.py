@@ -89,7 +89,12 @@ def identify(settings: Settings, namespace: str, info: dict) -> Identity:
     """The tenant and image digest of a container from containerd's record (`lookup`)."""
     mapping = settings.tenant_map
     cri = info.get("cri")
-    if namespace == settings.containerd_cri_namespace and cri:
+    if namespace == settings.containerd_cri_namespace and not cri:
+        # Only the CRI plugin's records name a pod; a container made there by
+        # another client names nobody (not even "the CRI namespace").
+        raise IdentityError("identity-unknown", f"container in containerd's CRI namespace {namespace!r} without "
+                            "the CRI plugin's records")
+    if namespace == settings.containerd_cri_namespace:
         pod_ns = cri.get("pod_namespace") or ""
         if not pod_ns:
             raise IdentityError("identity-unknown", "the CRI plugin's records name no pod namespace")
@@ -97,8 +102,9 @@ def identify(settings: Settings, namespace: str, info: dict) -> Identity:
             raise IdentityError("identity-unknown", f"label io.kubernetes.pod.namespace={cri['label_namespace']!r} "
                                 f"disagrees with the pod sandbox's namespace {pod_ns!r}")
         image = cri.get("image_digest") or ""
-        if not _DIGEST.match(image):
-            raise IdentityError("no-image-digest", f"the CRI plugin recorded no image digest ({image!r})")
+        if not _DIGEST.match(image):   # a pod's sandbox (pause) container has none
+            raise IdentityError("no-image-digest", f"the CRI plugin recorded no image digest for this container "
+                                f"(pod {pod_ns}/{cri.get('pod_name', '')})")
         return Identity(tenantmod.resolve(tenantmod.ORIGIN_K8S, pod_ns, mapping), image,
                         f"pod namespace {pod_ns} (CRI)")
     image = info.get("image_digest") or ""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,9 @@ from control.dev import ocibuild
 from control.dev.testbed import ANNOTATIONS, BUILD, COUNTER, IMAGE, Stack
 from control.images.store import Store
 
-from tests.conftest import require
+from tests.conftest import REPO, require
+
+THAW = REPO / ".venv" / "bin" / "thaw"
 
 OTHER_NS = "tenant-b"
 
@@ -218,3 +221,88 @@ def test_encrypted_store_holds_no_plaintext_and_still_restores(name, runsc_bin, 
         assert not [n for n in bucket_objects(s) if n.startswith(f"tenants/ctr-{OTHER_NS}/")]
     finally:
         subprocess.run(["rm", "-rf", str(keys)])
+
+
+# -- CRI: the pod's Kubernetes namespace as containerd's CRI plugin records it ----------------
+
+@pytest.fixture
+def cri_node(name, runsc_bin, weed):
+    """ci/cri.sh's private containerd with CRI on, and a thawd that asks it (and SeaweedFS)."""
+    from tests.integration.test_cri_pod import CRI, Cri
+    for b in ("crictl", "containerd", "thaw-image", "thaw-ctrinfo", "cni-bin/ptp"):
+        require((BUILD / b).is_file(), f"{b} built at {BUILD / b}")
+    base = Path(f"/tmp/thaw-it/{name}")
+    sock = base / "thawd" / "thawd.sock"
+    subprocess.run(["bash", str(CRI), "down", str(base)], capture_output=True, timeout=120)
+    r = subprocess.run(["bash", str(CRI), "up", str(base)], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "THAW_THAWD_SOCKET": str(sock)})
+    thawd = log = None
+    try:
+        assert r.returncode == 0, f"ci/cri.sh up failed:\n{r.stdout}\n{r.stderr}"
+        env = dict(line.split("=", 1) for line in r.stdout.split())
+        weed.credentials.write_aws_file(base / "aws-credentials")
+        tenv = {k: v for k, v in os.environ.items() if not k.startswith(("THAW_", "AWS_"))}
+        tenv.update({
+            "THAW_NODE_STATE_DIR": str(base / "thaw-state"), "THAW_NODE_LOG_DIR": str(base / "thaw-log"),
+            "THAW_CACHE_DIR": str(base / "thaw-cache"), "THAW_THAWD_SOCKET": str(sock),
+            "THAW_THAWD_METRICS_ADDR": "", "THAW_RUNSC_PATH": str(BUILD / "runsc"),
+            "THAW_STORE_ENDPOINT": weed.endpoint, "THAW_STORE_BUCKET": name.replace("_", "-")[:60],
+            "THAW_STORE_CREDENTIALS_FILE": str(base / "aws-credentials"),
+            "THAW_CONTAINERD_ADDRESS": env["CONTAINERD_ADDRESS"], "THAW_CONTAINERD_RUNSC_ROOT": str(base / "runsc-root"),
+            "THAW_CONTAINERD_INFO": str(BUILD / "thaw-ctrinfo"),
+            "THAW_TENANCY_MAP": "k8s:team-c=team-a"})
+        log = open(base / "thawd.log", "ab")
+        thawd = subprocess.Popen([str(THAW), "serve"], env=tenv, stdout=log, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL, start_new_session=True)
+        end = time.monotonic() + 60
+        while not sock.exists():
+            assert thawd.poll() is None and time.monotonic() < end, (base / "thawd.log").read_text()[-3000:]
+            time.sleep(0.1)
+        yield Cri(base, env)
+    finally:
+        if thawd is not None:
+            thawd.terminate()
+            thawd.wait(30)
+        if log is not None:
+            log.close()
+        d = subprocess.run(["bash", str(CRI), "down", str(base)], capture_output=True, text=True, timeout=120)
+        assert d.returncode == 0, d.stderr
+
+
+def test_cri_containers_are_keyed_by_their_pods_kubernetes_namespace(cri_node, name):
+    """Pods in two Kubernetes namespaces with identical annotations and image get
+    different tenants (k8s-<namespace>, from the CRI plugin's records; a mapped
+    namespace gets its mapped tenant); a pod claiming another namespace's tenant
+    in its annotation is refused; the pause containers name no image and start cold."""
+    cri = cri_node
+    ann = {"thaw.dev/workload": "w"}
+    pods = {}
+    for pod, ns, extra in (("a", "team-a", {}), ("b", "team-b", {}), ("c", "team-c", {}),
+                           ("forged", "team-b", {"thaw.dev/tenant": "k8s-team-a"})):
+        logs = cri.base / "logs" / pod
+        logs.mkdir(parents=True, exist_ok=True)
+        cfg = cri.write(f"{pod}-pod.json", {
+            "metadata": {"name": pod, "namespace": ns, "uid": f"{name}-{pod}", "attempt": 0}, "hostname": pod,
+            "log_directory": str(logs), "annotations": {**ann, **extra}, "linux": {}})
+        sandbox = cri.crictl("runp", "--runtime", "runsc-thaw", cfg).stdout.strip()
+        app = cri.crictl("create", sandbox, cri.container_config(pod, "app"), cfg).stdout.strip()
+        cri.crictl("start", app)
+        pods[pod] = (sandbox, app)
+    lines = [json.loads(x) for x in (cri.base / "standin.log").read_text().splitlines()]
+    create = {x["id"]: x for x in lines if x["cmd"] == "create"}
+    keys = {pod: create[app]["workload_key"] for pod, (_, app) in pods.items()}
+    assert create[pods["a"][1]]["reason"] == "no-image" and keys["a"].startswith("k8s-team-a.w.")
+    assert create[pods["b"][1]]["reason"] == "no-image" and keys["b"].startswith("k8s-team-b.w.")
+    assert keys["c"].startswith("team-a.w.")            # tenancy.map k8s:team-c -> team-a
+    assert len({keys["a"], keys["b"], keys["c"]}) == 3
+    forged = create[pods["forged"][1]]
+    assert forged["reason"].startswith("tenant-refused: annotation thaw.dev/tenant='k8s-team-a'"), forged
+    assert not forged["workload_key"]
+    for pod, (sandbox, _) in pods.items():
+        d = create[sandbox]
+        assert d["decision"] == "cold" and d["reason"].startswith("no-image-digest: "), d
+    for sandbox, app in pods.values():
+        cri.crictl("stop", app)
+        cri.crictl("rm", app)
+        cri.crictl("stopp", sandbox)
+        cri.crictl("rmp", sandbox)

@@ -12,7 +12,7 @@ import pytest
 
 from control import config
 from control.errors import (ConfigError, IdentityError, IntegrityError, KeyMissing, ManifestRefused, UserError)
-from control.images import chunk as chunkmod
+from control.images import pack as packmod
 from control.images import image as images
 from control.images import keys as keysmod
 from control.images import manifest as manifestmod
@@ -119,6 +119,10 @@ def test_cri_tenant_is_the_pod_namespace_the_cri_plugin_recorded():
     with pytest.raises(IdentityError) as e:
         ctrinfo.identify(settings(), "k8s.io", cri(image_digest=""))
     assert e.value.code == "no-image-digest"
+    # In the CRI namespace only the CRI plugin's records name a tenant.
+    with pytest.raises(IdentityError) as e:
+        ctrinfo.identify(settings(), "k8s.io", plain("k8s.io"))
+    assert e.value.code == "identity-unknown"
     # CRI metadata outside the CRI plugin's namespace names nothing: that is the containerd namespace's.
     assert ctrinfo.identify(settings(), "team-b", {**cri(), "namespace": "team-b", "image": "x",
                                                    "image_digest": DIGEST, "chain_id": CHAIN}).tenant == "ctr-team-b"
@@ -191,16 +195,16 @@ def test_chunk_sealing_round_trip_convergence_and_tampering():
     raw = b"SECRET-MARKER " * 5000
     h = hashlib.sha256(raw).hexdigest()
     ck = keysmod.chunk_key(os.urandom(32), h)
-    codec, stored = chunkmod.encode(raw, ck, h)
-    assert codec == chunkmod.CODEC_ZLIB and b"SECRET" not in stored
-    assert chunkmod.encode(raw, ck, h) == (codec, stored)            # convergent: dedup within a tenant holds
-    assert chunkmod.decode(codec, stored, len(raw), ck, h) == raw
+    codec, stored = packmod.encode(raw, ck, h)
+    assert codec == packmod.CODEC_ZLIB and b"SECRET" not in stored
+    assert packmod.encode(raw, ck, h) == (codec, stored)            # convergent: dedup within a tenant holds
+    assert packmod.decode(codec, stored, len(raw), ck, h) == raw
     flipped = bytearray(stored)
     flipped[20] ^= 1
     for args in ((bytes(flipped), ck, h), (stored, keysmod.chunk_key(os.urandom(32), h), h),
                  (stored, ck, hashlib.sha256(b"other").hexdigest())):
         with pytest.raises(ValueError):
-            chunkmod.decode(codec, args[0], len(raw), args[1], args[2])
+            packmod.decode(codec, args[0], len(raw), args[1], args[2])
     # Two encodings of one chunk (another zlib) never share a nonce under its key.
     a = keysmod.seal_chunk(ck, h, "zlib", b"payload one")
     b = keysmod.seal_chunk(ck, h, "zlib", b"payload two")
@@ -271,12 +275,12 @@ def image_dir(tmp_path, name, secret=SECRET):
 
 
 def push(cache, store, d, key):
-    orig = images.pack.pack
-    images.pack.pack = lambda dd, k, tup, chunker, avg: layout(k, dd)
+    orig = images.chunk.chunk_image
+    images.chunk.chunk_image = lambda dd, k, tup, chunker, avg: layout(k, dd)
     try:
         return images.push(cache, store, d, key, TUPLE, chunker=None, avg_chunk=4096, workers=2)
     finally:
-        images.pack.pack = orig
+        images.chunk.chunk_image = orig
 
 
 @pytest.fixture
@@ -420,3 +424,22 @@ def test_fetch_plan_carries_per_chunk_keys_not_the_tenant_key(tmp_path, shared, 
         images.pull(Cache(tmp_path / "c", 1 << 30), a, "ctr-a.w.1", TUPLE, workers=2)
     assert seen["sealed"] and tk not in seen["keys"].values()
     assert all(k == keysmod.chunk_key(tk, h) for h, k in seen["keys"].items())
+
+
+def test_an_encrypting_tenants_packs_are_named_under_its_key():
+    """A pack's plain name is a hash of its table (the chunks' SHA-256s): an
+    encrypting tenant's is an HMAC under its key, so the bucket's listing does not
+    let anyone confirm a guess of a pack's chunks."""
+    chunks = [(hashlib.sha256(b"x" * n).hexdigest(), b"x" * n) for n in (5000, 7000)]
+    plain = packmod.build(chunks)
+    k1, k2 = os.urandom(32), os.urandom(32)
+    sealed = packmod.build(chunks, chunk_key=lambda h: keysmod.chunk_key(k1, h), name_key=k1)
+    again = packmod.build(chunks, chunk_key=lambda h: keysmod.chunk_key(k1, h), name_key=k1)
+    other = packmod.build(chunks, chunk_key=lambda h: keysmod.chunk_key(k2, h), name_key=k2)
+    assert sealed.name == again.name and sealed.body == again.body       # convergent within the tenant
+    assert len({plain.name, sealed.name, other.name}) == 3
+    table = [(h, loc.codec, loc.stored) for h, loc, _ in sealed.chunks]
+    assert sealed.name != packmod.name(table)                            # not computable without the key
+    for h, loc, n in sealed.chunks:
+        stored = sealed.body[loc.offset:loc.offset + loc.stored]
+        assert packmod.decode(loc.codec, stored, n, keysmod.chunk_key(k1, h), h) == b"x" * n

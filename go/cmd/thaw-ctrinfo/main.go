@@ -24,7 +24,9 @@
 // plugin alone; a client cannot set it through the CRI API): pod_namespace
 // is the pod sandbox's namespace from the sandbox's own metadata extension
 // (the kubelet's RunPodSandbox request), image_digest the target digest the
-// plugin resolved when it created the container.
+// plugin resolved when it created the container. A pod's sandbox (pause)
+// container carries the sandbox extension itself: "cri" names its pod, with
+// no image digest (the plugin records none for it).
 //
 // Failure: exit 1 and {"error":{"kind":"not-found"|"unavailable"|"deadline"|"other","detail":..}}.
 package main
@@ -157,6 +159,12 @@ func lookup(ctx context.Context, address, ns, id string, timeout time.Duration) 
 func criOf(ctx context.Context, c *client.Client, ctr containers.Container) (*criInfo, error) {
 	ext, ok := ctr.Extensions[criContainerExt]
 	if !ok || ext == nil {
+		if sb, isSandbox := ctr.Extensions[criSandboxExt]; isSandbox && sb != nil {
+			// A pod's sandbox (pause) container: its own metadata names the pod;
+			// the CRI plugin records no image digest for it.
+			out := &criInfo{SandboxID: ctr.ID}
+			return out, sandboxInto(ctr, out)
+		}
 		return nil, nil
 	}
 	out, err := containerMeta(ctr.ID, ext.GetValue())

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"testing"
 
@@ -51,5 +52,20 @@ func TestUnknownOrMissingCRIMetadataIsAnError(t *testing.T) {
 	}
 	if err := sandboxInto(containers.Container{ID: "s1"}, &criInfo{}); err == nil {
 		t.Fatal("a sandbox without CRI metadata names no pod")
+	}
+}
+
+// A pod's sandbox (pause) container carries the sandbox extension itself: its
+// pod is named from it, and no image digest (the CRI plugin records none).
+func TestSandboxContainerNamesItsOwnPod(t *testing.T) {
+	sbCfg := &runtimeapi.PodSandboxConfig{Metadata: &runtimeapi.PodSandboxMetadata{Name: "p", Namespace: "team-b"}}
+	sb := containers.Container{ID: "s1", Extensions: map[string]typeurl.Any{
+		criSandboxExt: &anypb.Any{TypeUrl: "x", Value: criJSON(t, map[string]any{"ID": "s1", "Config": sbCfg})}}}
+	out, err := criOf(context.Background(), nil, sb)
+	if err != nil || out == nil || out.PodNamespace != "team-b" || out.SandboxID != "s1" || out.ImageDigest != "" {
+		t.Fatalf("%+v %v", out, err)
+	}
+	if out, err := criOf(context.Background(), nil, containers.Container{ID: "plain"}); out != nil || err != nil {
+		t.Fatalf("a container without CRI metadata: %+v %v", out, err)
 	}
 }
