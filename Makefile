@@ -5,7 +5,7 @@ SHELL := /bin/bash
 PY := .venv/bin/python
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: setup build demo test test-unit test-functional test-integration carry clean
+.PHONY: setup build demo test test-unit test-functional test-integration carry carry-node clean
 
 setup:
 	@bash ci/setup.sh
@@ -33,5 +33,9 @@ test-integration: setup
 carry: setup
 	@bash ci/carry.sh
 
+# The GPU node run (bench/gpu/node.sh): two parts, one per device call.
+carry-node: setup
+	@bash ci/carry-node.sh
+
 clean:
-	rm -rf build .venv .carry
+	rm -rf build .venv .carry .carry-node

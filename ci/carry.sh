@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Packs what the GPU machine lacks into .carry/ (git-ignored, named in the
 # device tool's `carry`): runsc compressed (the tree that travels is capped at
-# 64 MiB), the CUDA checkpoint helper, and wheels of Python packages missing there.
+# 64 MiB), the CUDA checkpoint helper, the sandbox monitor, and wheels of Python
+# packages missing there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${THAW_BUILD_DIR:-build}
@@ -17,14 +18,19 @@ for v in "$build"/runsc-*; do
     xz -T2 -6 -c "$v" > ".carry/$name.xz.tmp" && mv ".carry/$name.xz.tmp" ".carry/$name.xz"
   fi
 done
-cp -f "$build/thaw-cuda-checkpoint" .carry/
-# Pure-Python wheels of what bench/gpu needs and the H200 image lacks:
-# pyroute2 (network plumbing for bench/gpu/models.py --channel http), at the
-# version the virtualenv has.
+cp -f "$build/thaw-cuda-checkpoint" "$build/thaw-monitor" .carry/
+# Pure-Python wheels of what bench/gpu needs and the H200 image lacks, at the
+# versions the virtualenv has: pyroute2 (network plumbing: bench/gpu/models.py
+# --channel http, `thaw run`), and the thaw CLI's own imports for
+# bench/gpu/lifecycle.sh (click, filelock, nvidia-ml-py); lifecycle.sh installs
+# only those the machine's python3 cannot import.
 mkdir -p .carry/wheels
-pyroute2=$(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("pyroute2"))')
-if ! compgen -G ".carry/wheels/pyroute2-$pyroute2-*.whl" >/dev/null; then
-  rm -f .carry/wheels/pyroute2-*.whl
-  .venv/bin/python -m pip download -q --no-deps --only-binary=:all: -d .carry/wheels "pyroute2==$pyroute2"
-fi
+for pkg in pyroute2 click filelock nvidia-ml-py; do
+  ver=$(.venv/bin/python -c "import importlib.metadata as m; print(m.version('$pkg'))")
+  whl=${pkg//-/_}
+  if ! compgen -G ".carry/wheels/$whl-$ver-*.whl" >/dev/null; then
+    rm -f .carry/wheels/$whl-*.whl
+    .venv/bin/python -m pip download -q --no-deps --only-binary=:all: -d .carry/wheels "$pkg==$ver"
+  fi
+done
 ls -la .carry .carry/wheels

@@ -338,7 +338,14 @@ KEYS: tuple[Key, ...] = (
     Key("node.state_dir", ABS_PATH, Path("/var/lib/thaw"),
         "thaw's own state: sandbox records, netns leases.", field="state_dir"),
     Key("node.log_dir", ABS_PATH, Path("/var/log/thaw"),
-        "runsc and shim logs (the shim writes <log_dir>/shim/runsc-shim-<id>.log).", field="log_dir"),
+        "runsc and shim logs (the shim writes <log_dir>/shim/runsc-shim-<id>.log); the workload logs and "
+        "exit status of `thaw run`/`thaw restore` sandboxes (<log_dir>/sandboxes/<id>/, `thaw logs`).",
+        field="log_dir"),
+    # The lower bound's twins: go/cmd/thaw-monitor/log.go minMaxBytes, control/lifecycle/logs.py MIN_MAX_BYTES.
+    Key("node.log_max_bytes", SIZE, 8 * _M,
+        "A `thaw run`/`thaw restore` sandbox's workload log (stdout and stderr, "
+        "<log_dir>/sandboxes/<id>/workload.log) is rotated to workload.log.1 at this size; one old file is "
+        "kept, so a sandbox's log takes at most twice this.", field="log_max_bytes", range=(64 * _K, 1024 * _G)),
     Key("node.machine_type", STR, "unknown",
         "Machine type in the compatibility tuple (e.g. the cloud instance type).", field="machine_type"),
     Key("node.install_dir", ABS_PATH, Path("/opt/thaw"),

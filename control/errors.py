@@ -284,6 +284,7 @@ EXIT_CODE: list[tuple[type[ThawError], int]] = [
     (AlreadyExists, 2),
     (UserError, 2),
     (Timeout, 75),            # EX_TEMPFAIL
+    (CheckpointFailed, 73),   # EX_CANTCREAT: no image was made; the workload still runs
     (ThawError, 1),
 ]
 

@@ -190,11 +190,18 @@ class Runsc:
         return [str(self.binary), *self.options.argv(), *args]
 
     def _run(self, args: Sequence[str], timeout_s: float | None = None,
-             check_id: str | None = None) -> subprocess.CompletedProcess:
+             check_id: str | None = None, stdio: int | None = None) -> subprocess.CompletedProcess:
         """Run one runsc command; raise RunscError (or NotFound) on failure.
 
         `check_id`: the container the command names, so "not found" becomes
         NotFound(container, id) instead of a generic runsc failure.
+        `stdio`: a file descriptor to give runsc as stdout and stderr instead
+        of capturing them. `create` and `restore` hand their own stdio to the
+        workload (runsc/sandbox/sandbox.go: "pass our current stdio as the
+        container stdio"; a restore maps the saved stdio onto the new one,
+        runsc/boot/restore.go), so this is where the workload's output goes.
+        runsc then writes its own error there too: give the Runsc a `log_path`
+        (--log, JSON) so that RunscError still carries runsc's message.
         """
         if not self.binary.is_file():
             raise PreconditionError(f"runsc not found at {self.binary}: run `make build` "
@@ -209,7 +216,8 @@ class Runsc:
             # Wait in waitpid, with a timer that kills runsc at the deadline:
             # subprocess's wait(timeout=) polls with sleeps growing to 50 ms,
             # which added up to ~50 ms to every runsc call (bench/cli_speed.py).
-            child = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+            child = subprocess.Popen(argv, stdout=out if stdio is None else stdio,
+                                     stderr=err if stdio is None else stdio, stdin=subprocess.DEVNULL)
             timer = threading.Timer(deadline, child.kill)
             timer.daemon = True
             timer.start()
@@ -265,8 +273,11 @@ class Runsc:
         first = out.splitlines()[0] if out else ""
         return first.removeprefix("runsc version ").strip()
 
-    def create(self, cid: str, opts: CreateOptions, timeout_s: float | None = None) -> None:
-        self._run(["create", *opts.argv(), cid], timeout_s)
+    def create(self, cid: str, opts: CreateOptions, timeout_s: float | None = None,
+               stdio: int | None = None) -> None:
+        """`stdio`: the workload's stdout and stderr (see _run); default: an
+        anonymous file runsc's own output is read from."""
+        self._run(["create", *opts.argv(), cid], timeout_s, stdio=stdio)
 
     def start(self, cid: str, timeout_s: float | None = None) -> None:
         self._run(["start", cid], timeout_s, check_id=cid)
@@ -306,8 +317,21 @@ class Runsc:
     def checkpoint(self, cid: str, opts: CheckpointOptions, timeout_s: float | None = None) -> None:
         self._run(["checkpoint", *opts.argv(), cid], timeout_s, check_id=cid)
 
-    def restore(self, cid: str, opts: RestoreOptions, timeout_s: float | None = None) -> None:
-        self._run(["restore", *opts.argv(), cid], timeout_s)
+    def restore(self, cid: str, opts: RestoreOptions, timeout_s: float | None = None,
+                stdio: int | None = None) -> None:
+        """`stdio`: as for create; the restored workload's stdout and stderr."""
+        self._run(["restore", *opts.argv(), cid], timeout_s, stdio=stdio)
+
+    def ps(self, cid: str) -> list[dict]:
+        """The container's processes (`runsc ps --format=json`): dicts with "pid"
+        (in the sandbox's pid namespace), "ppid", "cmd", ... (pkg/sentry/control/proc.go Process)."""
+        out = self._run(["ps", "--format=json", cid], check_id=cid).stdout
+        try:
+            data = json.loads(out) if out.strip() else []
+        except ValueError:
+            raise RunscError(self.argv("ps", "--format=json", cid), 0, out, "runsc ps printed no JSON",
+                             subcommand="ps") from None
+        return [d for d in data or [] if isinstance(d, dict)]
 
     def list(self) -> list[ContainerState]:
         out = self._run(["list", "--format=json"]).stdout

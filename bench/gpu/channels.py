@@ -74,7 +74,7 @@ class FileChannel:
 class HttpChannel:
     """HTTP to the server inside the sandbox's network namespace."""
 
-    ROUTES = {"health": ("GET", "/health"), "generate": ("POST", "/generate"),
+    ROUTES = {"health": ("GET", "/health"), "gpu": ("GET", "/gpu"), "generate": ("POST", "/generate"),
               "pre-checkpoint": ("POST", "/thaw/pre-checkpoint")}
 
     def __init__(self, host: str, port: int = SERVER_PORT) -> None:

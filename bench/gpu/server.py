@@ -7,8 +7,10 @@ a SHA-256 digest of the logits of every decoding step, so "the answer after
 restore is bit-identical to the one before" is one string comparison.
 
 Two doors to the same handler (bench/gpu/README.md says why):
-- HTTP on --port: GET /health, POST /generate, POST /thaw/pre-checkpoint
-  (the pytorch profile's hook: control/profiles.py);
+- HTTP on --port: GET /health, GET /gpu (a small computation on the device;
+  the JSON field "gpu" names it: the `gpu:PORT/gpu` probe of
+  runsc_hooks/probe.py), POST /generate, POST /thaw/pre-checkpoint (the
+  pytorch profile's hook: control/profiles.py);
 - a spool directory (--spool, a bind mount shared with the driver): the driver
   writes `<id>.req` (JSON {"op": "health"|"generate"|"pre-checkpoint"}), the
   server answers with `<id>.resp` (written to a temp name, then renamed) and
@@ -59,6 +61,11 @@ class FakeBackend:
 
     def release(self) -> dict:
         return {"released_bytes": 0}
+
+    def gpu(self) -> dict:
+        # The fake GPU of CPU rehearsals (bench/gpu/node.py and lifecycle.py
+        # on CPU): the same route and probe, answered without a device.
+        return {"gpu": "fake", "fake": True, "value": self.seed[0]}
 
     def info(self) -> dict:
         return {"backend": "fake"}
@@ -128,6 +135,19 @@ class TorchBackend:
         return {"released_bytes": before - after, "reserved_bytes": after,
                 "allocated_bytes": torch.cuda.memory_allocated()}
 
+    def gpu(self) -> dict:
+        """A computation on the device, and which device answered (the probe's
+        proof that the GPU works after a restore, and on which GPU): its name
+        and UUID as CUDA sees them."""
+        torch = self.torch
+        x = torch.arange(1024, dtype=torch.float32, device=self.device)
+        value = float((x * x).sum().item())
+        if self.device != "cuda":
+            return {"gpu": "cpu", "value": value}
+        props = torch.cuda.get_device_properties(0)
+        uuid = str(getattr(props, "uuid", ""))
+        return {"gpu": props.name, "uuid": f"GPU-{uuid}" if uuid else "", "value": value}
+
     def info(self) -> dict:
         d = {"backend": "transformers", "device": self.device, **{k: round(v, 3) for k, v in self.timings.items()},
              "params": sum(p.numel() for p in self.model.parameters())}
@@ -151,6 +171,8 @@ class Server:
                 out = self.backend.generate()
             elif op == "pre-checkpoint":
                 out = self.backend.release()
+            elif op == "gpu":
+                out = self.backend.gpu()
             else:
                 return {"error": f"unknown op {op!r}", "boot": BOOT}
         out.update(boot=BOOT, pid=os.getpid(), server_s=round(time.time() - t, 6), t=time.time())
@@ -158,7 +180,7 @@ class Server:
 
 
 def serve_http(server: Server, port: int) -> http.server.ThreadingHTTPServer:
-    routes = {("GET", "/health"): "health", ("POST", "/generate"): "generate",
+    routes = {("GET", "/health"): "health", ("GET", "/gpu"): "gpu", ("POST", "/generate"): "generate",
               ("POST", "/thaw/pre-checkpoint"): "pre-checkpoint"}
 
     class Handler(http.server.BaseHTTPRequestHandler):

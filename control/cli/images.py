@@ -83,12 +83,19 @@ def _store(obj: Context) -> Store:
               help="Workload key the image is published under: <tenant>.<name> (e.g. user-root.myapp).")
 @click.option("--cache/--no-cache", "use_cache", default=True,
               help="Also cache the image on this node (DIR is copied into the cache, then published from there).")
+@click.option("--allow-node-local", is_flag=True,
+              help="Publish an image that needs paths of this node (a --bundle rootfs, --bind paths): "
+                   "you make sure every restoring node has them at the same place.")
 @store_options
 @json_option
 @click.pass_obj
 @handle_errors
-def push_cmd(obj: Context, directory: Path, key: str, use_cache: bool) -> None:
-    """Publish a runsc checkpoint image directory under KEY (first writer wins)."""
+def push_cmd(obj: Context, directory: Path, key: str, use_cache: bool, allow_node_local: bool) -> None:
+    """Publish a runsc checkpoint image directory under KEY (first writer wins).
+
+    An image of `thaw checkpoint` whose restore needs paths only this node is
+    sure to have is refused, naming them, unless --allow-node-local."""
+    _check_portable(directory, allow_node_local)
     from control.images import image as images
     s = obj.settings
     bar = Bar(f"push {key}", obj.progress)
@@ -102,6 +109,24 @@ def push_cmd(obj: Context, directory: Path, key: str, use_cache: bool) -> None:
         f"{key} ({r.tuple_hash[:12]}): {_size(r.size)}, {u.uploaded_chunks}/{u.chunks} chunks sent "
         f"({_size(u.uploaded_bytes)}), {u.present_chunks} already in the store"
         + (f"; cached as {r.installed}" if r.installed else "") + "".join(f"\n  {n}" for n in r.notes)))
+
+
+def _check_portable(directory: Path, allow: bool) -> None:
+    import json
+
+    from control.errors import UserError
+    from control.lifecycle import sandbox
+    try:
+        meta = json.loads((directory / sandbox.IMAGE_META).read_text())
+    except (OSError, ValueError):
+        return  # no thaw metadata (a plain runsc image): nothing to say
+    if not isinstance(meta, dict) or meta.get("door", "cli") != "cli":
+        return  # thawd's: its container's node makes the spec at restore
+    local = sandbox.node_local(meta)
+    if local and not allow:
+        raise UserError(f"image {directory} depends on this node: {'; '.join(local)}. A node without them "
+                        "cannot restore it; push with --allow-node-local if every restoring node has them at "
+                        "the same paths", node_local=local)
 
 
 @click.command("pull")

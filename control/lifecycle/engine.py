@@ -183,14 +183,22 @@ class Engine:
         except BaseException as e:
             _remove_tree(out)
             st = status(h.runsc, h.id)
+            resumed = resume_cuda(h, cuda) if cuda and st == "running" else []
             dropped = gatemod.open(h.gate, "checkpoint failed; the workload runs on") if gated else None
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise
             reason = e.message if isinstance(e, ThawError) else f"{type(e).__name__}: {e}"
+            if isinstance(e, RunscError):  # one line: runsc's own message (the argv is in the debug log)
+                rc = "timed out" if e.returncode is None else f"exit {e.returncode}"
+                reason = f"runsc checkpoint failed ({rc}): {e.runsc_message}"
             if isinstance(e, HookError):
                 reason = f"pre-checkpoint hook: {reason}"
-            log.warning("checkpoint of %s failed after %.2fs (workload %s, %s packets held off): %s",
-                        h.id, time.monotonic() - t0, st, dropped, reason)
+            if resumed:
+                reason += f"; CUDA state of pid(s) {', '.join(map(str, resumed))} restored"
+            # info, not warning: the caller reports CheckpointFailed (thawd logs it, the CLI prints
+            # it as its one error line); the argv and timings are here for -v.
+            log.info("checkpoint of %s failed after %.2fs (workload %s, %s packets held off): %s",
+                     h.id, time.monotonic() - t0, st, dropped, reason)
             raise CheckpointFailed(h.id, reason, st) from e
         dropped = None
         if stop_after:
@@ -207,15 +215,17 @@ class Engine:
 
     def restore(self, h: Handle, image: Path, probes: list, *, opts: RestoreOptions,
                 policy: probemod.Policy | None = None, health_check: bool = True,
-                timeout_s: float | None = None) -> Restored:
+                timeout_s: float | None = None, stdio: int | None = None) -> Restored:
         """`runsc restore` image into `h` (created by `opts.create` or already by a
         `runsc create`), then the health check and post-restore hooks; the gate
         (closed by the caller before the sandbox's network existed) opens only when
         both pass. Raises UnhealthyRestore / HookError / RunscError, leaving the
-        sandbox for the caller to remove (it knows what else to undo)."""
+        sandbox for the caller to remove (it knows what else to undo). `stdio`:
+        the restored workload's stdout/stderr when restore creates the sandbox
+        (the CLI's log pipe, control/lifecycle/logs.py)."""
         from control.errors import UnhealthyRestore
         t0 = time.monotonic()
-        h.runsc.restore(h.id, opts, timeout_s)
+        h.runsc.restore(h.id, opts, timeout_s, stdio=stdio)
         runsc_s = time.monotonic() - t0
         result = None
         if health_check:
@@ -229,6 +239,49 @@ class Engine:
                                    f"post-restore hook failed: {e.message}") from None
         dropped = gatemod.open(h.gate, "restored and healthy") if h.gate is not None else None
         return Restored(time.monotonic() - t0, runsc_s, result, hooks, dropped)
+
+
+def resume_cuda(h: Handle, helper_path: str) -> list[int]:
+    """Toggle back the CUDA processes a failed save left checkpointed; their pids.
+
+    At the pin, runsc toggles every CUDA process to "checkpointed" before it
+    saves and back only after a save that succeeded: when the save fails
+    (ENOSPC), pkg/sentry/control/state.go SaveWithOpts returns before
+    PostResume, so with --leave-running the workload runs on with its GPU
+    state still in host memory and its CUDA calls blocked. thaw runs the same
+    helper inside the sandbox (`--get-state`, then `--toggle` for each
+    checkpointed process), as runsc would have. Processes whose page faults
+    the sentry parked under SigsegvLock during the save stay parked (upstream
+    FIXME b/456299722): a limit this cannot lift. Best effort: every failure is
+    logged, none raised (the caller is reporting the checkpoint's own)."""
+    resumed: list[int] = []
+    try:
+        procs = h.runsc.ps(h.id)
+    except ThawError as e:
+        log.warning("after the failed checkpoint of %s: runsc ps: %s", h.id, e)
+        return resumed
+    for p in procs:
+        pid = str(p.get("pid", ""))
+        if not pid.isdigit():
+            continue
+        try:
+            state = h.runsc.exec(h.id, [helper_path, "--get-state", "--pid", pid], timeout_s=30).stdout.strip()
+        except ThawError:
+            continue  # not a CUDA process: the helper cannot get its state
+        if state == "locked":   # locked but not yet checkpointed: unlock is enough
+            argv = [helper_path, "--action", "unlock", "--pid", pid]
+        elif state == "checkpointed":
+            argv = [helper_path, "--toggle", "--pid", pid]
+        else:
+            continue
+        try:
+            h.runsc.exec(h.id, argv, timeout_s=600)
+            resumed.append(int(pid))
+        except ThawError as e:
+            log.warning("after the failed checkpoint of %s: %s: %s", h.id, " ".join(argv), e)
+    if resumed:
+        log.info("after the failed checkpoint of %s: CUDA state of %s restored", h.id, resumed)
+    return resumed
 
 
 def check_image_files(image: Path) -> dict[str, int]:

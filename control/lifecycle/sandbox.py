@@ -35,12 +35,15 @@ import uuid
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from control.config import Settings
 from control.files import Owner, fsync_path, write_json_atomic
-from control.lifecycle.engine import Engine, Handle, status as engine_status
-from control.errors import (AlreadyExists, ImageError, InvalidTransition, NotFound, PreconditionError,
-                            ThawError, UnhealthyRestore, UserError)
+from control.lifecycle import gpus as gpumod
+from control.lifecycle import logs as logsmod
+from control.lifecycle.engine import Engine, Handle, status as engine_status, uses_gpu
+from control.errors import (AlreadyExists, CheckpointFailed, ImageError, InvalidTransition, NotFound,
+                            PreconditionError, RunscError, ThawError, UnhealthyRestore, UserError)
 from runsc_hooks import gate as gatemod
 from runsc_hooks import probe as probemod
 from runsc_hooks import network as netmod
@@ -131,17 +134,22 @@ class Record:
     probes: list[str] = field(default_factory=list)
     health: dict | None = None    # the last health check's result
     owner: dict | None = None     # {"pid", "start"} of the process in a transitional state
+    monitor: dict | None = None   # {"pid", "start"} of its thaw-monitor (control/lifecycle/logs.py)
+    gpus: list[str] = field(default_factory=list)  # CDI devices injected (nvidia.com/gpu=0, ...)
+    nvproxy: bool = False         # runsc ran it with --nvproxy=true
 
     def to_dict(self) -> dict:
         return {"id": self.id, "state": self.state.value, "bundle": self.bundle, "net": self.net,
                 "created_at": self.created_at, "restored_from": self.restored_from, "probes": self.probes,
-                "health": self.health, "owner": self.owner}
+                "health": self.health, "owner": self.owner, "monitor": self.monitor, "gpus": self.gpus,
+                "nvproxy": self.nvproxy}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Record":
         return cls(id=d["id"], state=State(d["state"]), bundle=d["bundle"], net=d.get("net"),
                    created_at=d.get("created_at", 0.0), restored_from=d.get("restored_from"),
-                   probes=list(d.get("probes") or []), health=d.get("health"), owner=d.get("owner"))
+                   probes=list(d.get("probes") or []), health=d.get("health"), owner=d.get("owner"),
+                   monitor=d.get("monitor"), gpus=list(d.get("gpus") or []), nvproxy=bool(d.get("nvproxy")))
 
 
 @dataclass(frozen=True)
@@ -192,6 +200,9 @@ class Sandboxes:
         self.records_dir = settings.state_dir / "sandboxes"
         self.bundles_dir = settings.state_dir / "bundles"
         self.debug_log = debug_log
+        # This node's GPUs and CDI devices, asked only when a sandbox or an
+        # image uses GPUs (NVML and the CDI directories: unit tests replace it).
+        self.devices: Callable[[], gpumod.Devices] = gpumod.node_devices
 
     # -- plumbing --------------------------------------------------------------
 
@@ -272,19 +283,40 @@ class Sandboxes:
 
     def handle(self, rec: Record, r: Runsc | None = None) -> Handle:
         """The engine's view of sandbox `rec`: exact runsc id, bundle, address, gate."""
-        r = r or self.runsc("sandbox" if rec.net else "none")
+        r = r or self.runsc("sandbox" if rec.net else "none", rec.nvproxy)
         return Handle(runsc_id(rec.id), r, Path(rec.bundle), address=(rec.net or {}).get("sandbox_ip"),
                       gate=rec.id if rec.net else None, mark=self.settings.network_probe_mark)
 
+    def _logged(self, r: Runsc, sid: str) -> Runsc:
+        """`r` with runsc's own errors in the sandbox's runsc.log (--log, JSON): for
+        create and restore, whose stderr is the workload's log pipe."""
+        path = logsmod.SandboxLogs.of(self.settings, sid).runsc_log
+        return Runsc(r.binary, dataclasses.replace(r.options, log_path=path), r.timeout_s)
+
     def run(self, sid: str, spec: dict, network: bool = True, nvproxy: bool = False, probes: tuple = (),
-            ports: tuple[netmod.Port, ...] = (), address: tuple[str, str, int] | None = None) -> Record:
+            ports: tuple[netmod.Port, ...] = (), address: tuple[str, str, int] | None = None,
+            gpus: tuple[str, ...] = ()) -> Record:
         """Create and start a sandbox from `spec` (its netns is replaced by thaw's).
 
         `probes` (text or Probe) are the workload's health check, kept for its
-        checkpoints' restores; `ports` are published on the node.
+        checkpoints' restores; `ports` are published on the node. `gpus` (CDI
+        device names, control/lifecycle/gpus.py parse_request) and the spec's
+        own `cdi.k8s.io/*` requests are injected from this node's CDI registry;
+        a GPU spec gets the CUDA checkpoint helper and runs with nvproxy.
         """
         validate_id(sid)
         specmod.validate(spec)
+        from nvproxy import cdi
+        names = list(dict.fromkeys([*gpus, *cdi.requested_devices(spec)]))
+        if names:
+            spec = gpumod.inject(spec, names, self.devices(), gpumod.helper_dir(self.settings))
+        elif uses_gpu(spec):  # a hand-written GPU spec (--bundle): the helper follows from it
+            spec = gpumod.with_helper(spec, gpumod.helper_dir(self.settings))
+        return self._run_spec(sid, spec, network, nvproxy or uses_gpu(spec), probes, ports, address)
+
+    def _run_spec(self, sid: str, spec: dict, network: bool, nvproxy: bool, probes: tuple,
+                  ports: tuple[netmod.Port, ...], address: tuple[str, str, int] | None) -> Record:
+        """run() of a spec whose devices are in place already."""
         probe_texts = [str(p) for p in probemod.parse_all(probes)]
         ports = tuple(ports)
         if ports and not network:
@@ -296,7 +328,8 @@ class Sandboxes:
         check_transition(sid, None, State.CREATED)
         bundle = specmod.Bundle(self.bundles_dir / sid)
         rec = Record(id=sid, state=State.CREATED, bundle=str(bundle.path), probes=probe_texts,
-                     owner=Owner.me().to_dict())
+                     owner=Owner.me().to_dict(), gpus=_injected_devices(spec), nvproxy=nvproxy)
+        mon = None
         try:
             self._save(rec)  # first: whatever a crash leaves from here on, `recover` finds by this record
             net = None
@@ -305,11 +338,22 @@ class Sandboxes:
                 rec.net = net.to_dict()
                 self._save(rec)
             bundle.write(specmod.with_netns(spec, net.netns_path if net else None))
-            r.create(runsc_id(sid), CreateOptions(bundle=bundle.path, pid_file=bundle.path / "init.pid"))
+            mon = logsmod.Monitor(self.settings, sid, r.argv("wait", runsc_id(sid)))
+            rec.monitor = mon.to_dict()
+            self._save(rec)
+            try:
+                self._logged(r, sid).create(runsc_id(sid), CreateOptions(bundle=bundle.path,
+                                                                         pid_file=bundle.path / "init.pid"),
+                                            stdio=mon.stdio)
+            finally:
+                mon.created()
             r.start(runsc_id(sid))
+            mon.started()
             rec.owner = None
             self._move(rec, State.RUNNING)
         except BaseException:
+            if mon is not None:
+                mon.abandon()
             self._undo(r, rec)
             raise
         return rec
@@ -329,7 +373,7 @@ class Sandboxes:
             raise AlreadyExists("image directory", str(out), "checkpoint writes a new directory")
         if not out.parent.is_dir():
             raise NotFound("directory", str(out.parent), "the image directory's parent must exist")
-        r = self.runsc("sandbox" if rec.net else "none")
+        r = self.runsc("sandbox" if rec.net else "none", rec.nvproxy)
         st = _status(r, runsc_id(sid))
         if st != "running":
             raise UserError(f"sandbox {sid!r} is {st}, not running: nothing to checkpoint", id=sid)
@@ -337,6 +381,7 @@ class Sandboxes:
         if not (rec.net and mitigations.gate):
             h = dataclasses.replace(h, gate=None)
         spec = h.spec()
+        gpu_need = self._gpu_needs(spec)  # NVML before the save: what the image will say it needs
         rec.owner = Owner.me().to_dict()
         self._move(rec, State.CHECKPOINTING)
         partial = out.parent / f".{out.name}.partial-{uuid.uuid4().hex[:8]}"
@@ -346,20 +391,27 @@ class Sandboxes:
             meta = {"version": IMAGE_META_VERSION, "sandbox": sid, "spec": spec, "net": rec.net,
                     "probes": rec.probes, "files": saved.files, "runsc_version": r.version(),
                     "platform": self.settings.runsc_platform, "network": "sandbox" if rec.net else "none",
-                    "nvproxy": r.options.nvproxy or saved.gpu, "gpu": gpu_needs(spec),
+                    "nvproxy": rec.nvproxy or saved.gpu, "gpu": gpu_need,
                     "rootfs": _rootfs_layout(spec, self.settings), "checkpoint_s": saved.seconds,
                     "created_at": time.time()}
             write_json_atomic(partial / IMAGE_META, meta)
             fsync_path(partial)
             os.rename(partial, out)
             fsync_path(out.parent)
-        except BaseException:
+        except BaseException as e:
             shutil.rmtree(partial, ignore_errors=True)
             # The engine saved with --leave-running: the workload runs on unless it died by itself.
             rec.owner = None
-            running = _status(r, runsc_id(sid)) == "running"
-            self._move(rec, State.RUNNING if running else State.STOPPED)
-            raise
+            now = _status(r, runsc_id(sid))
+            self._move(rec, State.RUNNING if now == "running" else State.STOPPED)
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
+            if isinstance(e, CheckpointFailed):  # named by the user's id, not runsc's
+                raise CheckpointFailed(sid, e.reason, now) from e.__cause__
+            # The save worked but the image could not be completed (thaw.json on a full disk).
+            why = f"{e.strerror or e} writing {IMAGE_META}" if isinstance(e, OSError) else \
+                (e.message if isinstance(e, ThawError) else f"{type(e).__name__}: {e}")
+            raise CheckpointFailed(sid, why, now) from e
         rec.owner = None
         self._move(rec, State.RUNNING)
         dropped = saved.gate_dropped
@@ -372,27 +424,34 @@ class Sandboxes:
         return CheckpointResult(out, saved.seconds, saved.bytes, time.monotonic() - t0 if h.gate else None, dropped)
 
     def restore(self, image: Path, sid: str, probes: list | None = None,
-                mitigations: Mitigations = Mitigations(), policy: probemod.Policy | None = None) -> RestoreResult:
+                mitigations: Mitigations = Mitigations(), policy: probemod.Policy | None = None,
+                gpus: list[str] | None = None) -> RestoreResult:
         """Restore the image directory `image` as a new sandbox `sid`.
 
         With the gate closed: plumb the checkpoint's address, `runsc restore`,
         health check (`probes`, default: the image's); then open the gate. An
-        unhealthy restore is removed and raises UnhealthyRestore.
+        unhealthy restore is removed and raises UnhealthyRestore. A GPU image
+        gets `gpus` (CDI names), or the GPU indexes it was saved on, re-injected
+        and checked against what it needs before runsc runs (gpus.py).
         """
         validate_id(sid)
         meta = read_image(Path(image))
-        r = self.runsc(meta["network"], meta.get("nvproxy", False))
+        nvproxy = bool(meta.get("nvproxy", False))
+        r = self.runsc(meta["network"], nvproxy)
         if self.get(sid) is not None or r.exists(runsc_id(sid)):
             raise AlreadyExists("sandbox", sid, "restore creates a new sandbox")
         probe_list = probemod.parse_all(meta.get("probes") or [] if probes is None else probes)
-        spec = _spec_for_node(meta, self.settings, sid)
+        spec = _spec_for_node(meta, self.settings, sid, Path(image),
+                              self._placer(meta, gpus, Path(image), cold=False))
         check_transition(sid, None, State.RESTORING)
         bundle = specmod.Bundle(self.bundles_dir / sid)
         rec = Record(id=sid, state=State.RESTORING, bundle=str(bundle.path), restored_from=str(image),
-                     probes=[str(p) for p in probe_list], owner=Owner.me().to_dict())
+                     probes=[str(p) for p in probe_list], owner=Owner.me().to_dict(),
+                     gpus=_injected_devices(spec), nvproxy=nvproxy)
         saved = meta.get("net")
         gated = bool(saved) and mitigations.gate
         t0 = time.monotonic()
+        mon = None
         try:
             self._save(rec)  # first: whatever a crash leaves from here on, `recover` finds by this record
             net = None
@@ -415,14 +474,16 @@ class Sandboxes:
                 rec.net = net.to_dict()
                 self._save(rec)
             bundle.write(specmod.with_netns(spec, net.netns_path if net else None))
-            h = self.handle(rec, r)
-            if not gated:
-                h = dataclasses.replace(h, gate=None)
+            mon = logsmod.Monitor(self.settings, sid, r.argv("wait", runsc_id(sid)))
+            rec.monitor = mon.to_dict()
+            self._save(rec)
+            h = dataclasses.replace(self.handle(rec, self._logged(r, sid)), gate=rec.id if gated else None)
             done = Engine(self.settings).restore(
                 h, Path(image), probe_list, policy=policy, health_check=mitigations.health_check,
                 opts=RestoreOptions(image_path=Path(image), create=CreateOptions(
                     bundle=bundle.path, pid_file=bundle.path / "init.pid"), detach=True,
-                    background=self.settings.restore_background))
+                    background=self.settings.restore_background), stdio=mon.stdio)
+            mon.started()
             if done.health is not None:
                 rec.health = done.health.to_dict()
             rec.owner = None
@@ -431,6 +492,8 @@ class Sandboxes:
         except BaseException as e:
             if isinstance(e, UnhealthyRestore):
                 rec.health = e.health
+            if mon is not None:
+                mon.abandon()
             self._undo(r, rec)
             raise
         log.info("restored %s from %s in %.3fs (runsc %.3fs%s)", sid, image, ready_at - t0, done.runsc_s,
@@ -438,14 +501,16 @@ class Sandboxes:
         return RestoreResult(sid, ready_at - t0, net.sandbox_ip if net else None, done.runsc_s, done.health,
                              ready_at, done.gate_dropped)
 
-    def warm_start(self, image: Path, sid: str, probes: list | None = None) -> StartResult:
+    def warm_start(self, image: Path, sid: str, probes: list | None = None,
+                   gpus: list[str] | None = None) -> StartResult:
         """Restore `image` as `sid`; when that fails for any reason the image's
-        workload can still start from (unhealthy, runsc error, corrupt pages),
-        start it cold from the image's spec instead: the caller gets one
+        workload can still start from (unhealthy, runsc error, corrupt pages,
+        GPUs the image cannot be restored onto), start it cold from the image's
+        spec instead, with the same GPUs re-injected: the caller gets one
         container either way."""
         t0 = time.monotonic()
         try:
-            res = self.restore(image, sid, probes=probes)
+            res = self.restore(image, sid, probes=probes, gpus=gpus)
             return StartResult(sid, "restored", time.monotonic() - t0, res.sandbox_ip, res)
         except (AlreadyExists, PreconditionError, InvalidTransition):
             raise
@@ -460,10 +525,11 @@ class Sandboxes:
         addr = (saved["host_ip"], saved["sandbox_ip"], saved["prefixlen"]) if saved else None
         if addr and (addr[0] in netmod.addresses_in_use()):
             addr = None
-        rec = self.run(sid, _spec_for_node(meta, self.settings, sid), network=meta["network"] == "sandbox",
-                       nvproxy=meta.get("nvproxy", False),
-                       probes=tuple(meta.get("probes") or [] if probes is None else probes),
-                       ports=tuple(netmod.Port.parse(p) for p in saved.get("ports", [])), address=addr)
+        spec = _spec_for_node(meta, self.settings, sid, Path(image),
+                              self._placer(meta, gpus, Path(image), cold=True))
+        rec = self._run_spec(sid, spec, meta["network"] == "sandbox", bool(meta.get("nvproxy", False)),
+                             tuple(meta.get("probes") or [] if probes is None else probes),
+                             tuple(netmod.Port.parse(p) for p in saved.get("ports", [])), addr)
         return StartResult(sid, "cold", time.monotonic() - t0, (rec.net or {}).get("sandbox_ip"),
                            fallback_reason=reason)
 
@@ -480,6 +546,24 @@ class Sandboxes:
             current.health = result.to_dict()
             self._save(current)
         return result, closed
+
+    def _gpu_needs(self, spec: dict) -> dict | None:
+        return gpu_needs(spec, lambda: self.devices().gpus)
+
+    def _placer(self, meta: dict, request: list[str] | None, image: Path,
+                cold: bool) -> Callable[[dict], dict] | None:
+        """How `_spec_for_node` puts this node's GPUs into a GPU image's spec:
+        for a restore (checked: count, model, driver, mounts) or a cold start."""
+        need = meta.get("gpu")
+        if not need:
+            if request:
+                raise UserError(f"image {image} was saved without GPUs; --gpus is for GPU images")
+            return None
+        place = gpumod.for_cold if cold else gpumod.for_restore
+
+        def placed(spec: dict) -> dict:
+            return place(spec, need, request, self.devices(), gpumod.helper_dir(self.settings), str(image))
+        return placed
 
     def delete(self, sid: str, force: bool = False) -> None:
         validate_id(sid)
@@ -502,19 +586,44 @@ class Sandboxes:
         for rec in self.list_records():
             c = live.pop(runsc_id(rec.id), None)
             state = rec.state.value
+            ex = logsmod.SandboxLogs.of(self.settings, rec.id).exit()
             if rec.state is State.RUNNING and (c is None or c.status == "stopped"):
                 state = State.STOPPED.value
+            stopped = state == State.STOPPED.value
             rows.append({"id": rec.id, "state": state, "runsc_status": c.status if c else "absent",
                          "pid": c.pid if c else 0, "address": (rec.net or {}).get("sandbox_ip"),
                          "ports": (rec.net or {}).get("ports", []),
                          "gate": ("closed" if rec.id in closed else "open") if rec.net else None,
                          "healthy": rec.health.get("healthy") if rec.health else None,
-                         "restored_from": rec.restored_from, "created_at": rec.created_at})
+                         "exit_status": ex.status if (ex and stopped) else None,
+                         "exit": (ex.describe() if ex else "exit status unknown (no monitor saw it)")
+                         if stopped else None,
+                         "gpus": rec.gpus, "restored_from": rec.restored_from, "created_at": rec.created_at})
         for c in live.values():
             rows.append({"id": c.id, "state": "unmanaged", "runsc_status": c.status, "pid": c.pid,
-                         "address": None, "ports": [], "gate": None, "healthy": None, "restored_from": None,
-                         "created_at": None})
+                         "address": None, "ports": [], "gate": None, "healthy": None, "exit_status": None,
+                         "exit": None, "gpus": [], "restored_from": None, "created_at": None})
         return rows
+
+    def logs(self, sid: str) -> tuple[logsmod.SandboxLogs, Callable[[], bool]]:
+        """Sandbox `sid`'s log files, and whether its monitor still writes them."""
+        validate_id(sid)
+        rec = self.get(sid)
+        files = logsmod.SandboxLogs.of(self.settings, sid)
+        if rec is None and not files.dir.is_dir():
+            raise NotFound("sandbox", sid, "`thaw ps` lists the sandboxes thaw manages")
+        if rec is not None and rec.monitor is None:
+            raise NotFound("log of sandbox", sid, "it was started by a thaw without sandbox logs")
+        return files, lambda: logsmod.monitor_alive(rec.monitor if rec else None)
+
+    def gone(self, sid: str) -> bool:
+        """runsc says the workload has exited (or its container is gone)."""
+        rec = self._require(sid)
+        return _status(self.runsc("sandbox" if rec.net else "none"), runsc_id(sid)) in ("stopped", "absent")
+
+    def exit_of(self, sid: str) -> logsmod.Exit | None:
+        """The workload's exit status, once its monitor saw it exit."""
+        return logsmod.SandboxLogs.of(self.settings, sid).exit()
 
     def recover(self, orphans: bool = False, prefix: str = "") -> list[dict]:
         """Remove what crashed thaw processes left behind (after kill -9, a node crash):
@@ -587,7 +696,12 @@ class Sandboxes:
         except ThawError as e:
             log.warning("runsc delete %s during cleanup: %s", rec.id, e)
         netmod.unplumb(rec.id)  # whatever of it exists; a gate closed before plumbing too
+        # The sandbox is gone, so its log pipe closes: the monitor drains it and exits.
+        logsmod.stop_monitor(rec.monitor)
+        shutil.rmtree(logsmod.SandboxLogs.of(self.settings, rec.id).dir, ignore_errors=True)
         shutil.rmtree(self.bundles_dir / rec.id, ignore_errors=True)
+        # The empty host-layout root thaw made for a command sandbox (a --bundle's is the user's).
+        shutil.rmtree(self.settings.state_dir / "rootfs" / rec.id, ignore_errors=True)
         self._record_path(rec.id).unlink(missing_ok=True)
 
 
@@ -640,27 +754,41 @@ def _rootfs_layout(spec: dict, settings: Settings) -> dict:
     return {"layout": "path", "path": str(root)}
 
 
-def gpu_needs(spec: dict) -> dict | None:
-    """What a restore of this image needs in GPUs (thaw.json "gpu"): count and the
-    node's product and driver when it was saved; None for a CPU image."""
-    from control.lifecycle.engine import uses_gpu
+def gpu_needs(spec: dict, node: Callable[[], gpumod.NodeGpus] | None = None) -> dict | None:
+    """What a restore of an image of `spec` needs in GPUs (thaw.json "gpu",
+    control/lifecycle/gpus.py needs); None for a CPU spec. `node` answers this
+    node's GPUs (default: NVML). NVML failing leaves product, driver and
+    indexes empty ("unknown"): the image stays restorable, its metadata says less."""
     if not uses_gpu(spec):
         return None
-    from nvproxy import cdi
-    need = {"count": len(cdi.gpu_nodes(spec)), "product": "", "driver_version": ""}
     try:
-        from nvproxy import gpu
-        node = gpu.probe()
-        need.update(product=node.compat()["gpu_product"], driver_version=node.compat()["driver_version"])
-    except ThawError as e:  # the image stays restorable; its metadata just says less
+        if node is None:
+            from nvproxy import gpu
+            facts = gpu.probe()
+        else:
+            facts = node()
+    except ThawError as e:
         log.warning("GPU facts for the image metadata: %s", e)
-    return need
+        facts = None
+    return gpumod.needs(spec, facts)
 
 
-def _spec_for_node(meta: dict, settings: Settings, sid: str) -> dict:
+def _injected_devices(spec: dict) -> list[str]:
+    """The CDI devices thaw injected into `spec` (nvproxy/cdi.py INJECTED_ANNOTATION)."""
+    from nvproxy import cdi
+    try:
+        rec = json.loads((spec.get("annotations") or {}).get(cdi.INJECTED_ANNOTATION) or "{}")
+    except ValueError:
+        return []
+    return [str(d) for d in rec.get("devices") or []]
+
+
+def _spec_for_node(meta: dict, settings: Settings, sid: str, image: Path,
+                   place_gpus: Callable[[dict], dict] | None = None) -> dict:
     """The image's saved spec made to run on this node as sandbox `sid`: a fresh
-    host-layout rootfs, and every host path it binds checked, so a missing one is
-    a clear ImageError instead of runsc's "client sync file: EOF"."""
+    host-layout rootfs, this node's GPUs (`place_gpus`), and every host path
+    it binds checked, so a missing one is a clear ImageError naming it instead
+    of runsc's "client sync file: EOF"."""
     import copy
     spec = copy.deepcopy(meta["spec"])
     layout = (meta.get("rootfs") or {}).get("layout")
@@ -668,14 +796,46 @@ def _spec_for_node(meta: dict, settings: Settings, sid: str) -> dict:
         spec["root"]["path"] = str(specmod.prepare_host_rootfs(settings.state_dir / "rootfs" / sid))
     root = Path(spec["root"]["path"])
     if not root.is_dir():
-        raise ImageError(str(root), "the image's root filesystem is not on this node (it was a node-local "
-                         "directory when the image was saved); restore it where that directory exists")
-    missing = [m["source"] for m in spec.get("mounts") or []
-               if m.get("type") == "bind" and str(m.get("source", "")).startswith("/")
-               and not os.path.exists(m["source"])]
+        raise ImageError(str(image), f"its root filesystem {root} is not on this node (a directory of the node "
+                         "it was saved on: a --bundle rootfs); restore it where that directory exists")
+    if place_gpus is not None:
+        spec = place_gpus(spec)
+    missing = _missing_binds(spec)
     if missing:
-        raise ImageError(", ".join(missing), "host path(s) the image's sandbox binds are missing on this node")
+        raise ImageError(str(image), f"host path(s) its sandbox binds are not on this node: {', '.join(missing)}")
     return spec
+
+
+def _missing_binds(spec: dict) -> list[str]:
+    return [m["source"] for m in spec.get("mounts") or []
+            if m.get("type") == "bind" and str(m.get("source", "")).startswith("/")
+            and not os.path.exists(m["source"])]
+
+
+def node_local(meta: dict, settings: Settings | None = None) -> list[str]:
+    """What an image needs that only the node it was saved on is sure to have:
+    a --bundle root filesystem (a path on that node) and host paths it binds
+    beyond the system directories of a command sandbox. Empty: portable (the
+    restoring node makes a fresh rootfs and re-injects GPUs and the helper)."""
+    from nvproxy import cdi, helper
+    out = []
+    rootfs = meta.get("rootfs") or {}
+    if rootfs.get("layout") != "host":
+        out.append(f"root filesystem {rootfs.get('path') or (meta.get('spec') or {}).get('root', {}).get('path')}")
+    try:
+        injected = json.loads(((meta.get("spec") or {}).get("annotations") or {}).get(cdi.INJECTED_ANNOTATION)
+                              or "{}").get("mounts") or []
+    except ValueError:
+        injected = []
+    system = set(specmod.HOST_SYSTEM_DIRS)
+    for m in (meta.get("spec") or {}).get("mounts") or []:
+        dest, src = m.get("destination", ""), str(m.get("source", ""))
+        if m.get("type") != "bind" or not src.startswith("/") or dest in injected or dest == helper.HELPER_DIR:
+            continue
+        if dest in system or src in system:
+            continue
+        out.append(f"bind mount {src} -> {dest}")
+    return out
 
 
 def _status(r: Runsc, cid: str) -> str:

@@ -53,10 +53,12 @@ BINARIES = (
     ("thaw-chunk", True),          # thawd chunks every image it publishes (pack.chunker)
     ("thaw-fetch", True),          # and fetches every image it pulls (store.fetcher)
     ("thaw-ctrinfo", True),        # and asks containerd whose a container is (containerd.info, issue 13)
+    ("thaw-monitor", False),       # `thaw run/restore` sandboxes' log and exit status (control/lifecycle/logs.py)
 )
 STANDIN = "thaw-runsc"
 HOOKS = "thaw-runsc-hooks"
 CUDA_HELPER = helper.BINARY_NAME
+MONITOR = "thaw-monitor"   # twin: control/lifecycle/logs.py MONITOR_BINARY
 
 
 @dataclass(frozen=True)
@@ -362,7 +364,10 @@ def steps(settings: Settings, opts: Options, gpu: bool, gpus: NodeGpus = NodeGpu
                             "shim will run the real runsc, every start is cold",
                    HOOKS: "the stand-in's create/start/delete part is not built (go/cmd/thaw-runsc-hooks): "
                           "the stand-in passes those to the real runsc, every start is cold",
-                   CUDA_HELPER: "CUDA checkpoint helper not built (make setup); not needed on a CPU node"}[name]
+                   CUDA_HELPER: "CUDA checkpoint helper not built (make setup); not needed on a CPU node",
+                   MONITOR: "the sandbox monitor is not built (go/cmd/thaw-monitor): `thaw run` and "
+                            "`thaw restore` refuse to start sandboxes here; containerd's are not "
+                            "affected"}[name]
             out.append(Skip(f"install {name}", str(lay.host(dest)), f"{src} missing: {why}"))
             continue
         out.append(WriteFile(f"install {name}", lay, dest, 0o755, source=src, compare=opts.compare_binaries))

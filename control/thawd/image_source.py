@@ -11,6 +11,7 @@ the workload key (issue 13).
 from __future__ import annotations
 
 import logging
+import time
 from contextlib import AbstractContextManager
 
 from control.images import image as images
@@ -42,10 +43,17 @@ class ImageSource:
 
     def pull(self, key: str) -> Lease:
         """A leased cache entry for `key` on this node; NotFound / TupleMismatch / StoreError otherwise."""
+        t0 = time.monotonic()
         r = images.pull(self.cache, self._store(key), key, self.node, workers=self.s.store_workers)
         r.lease.hit = r.hit  # thawd counts hits and misses
         for note in r.notes:
             log.info("pull %s: %s", key, note)
+        if not r.hit and r.fill is not None:
+            f = r.fill
+            log.info("pull %s: fetched %d bytes (%d raw, %d chunks) from the store, %d bytes from local "
+                     "chunks, %d zero; image %d bytes in %.3fs (fill %.3fs, %s, %d bytes O_DIRECT)",
+                     key, f.fetched_bytes, f.fetched_raw_bytes, f.fetched_chunks, f.local_bytes, f.zero_bytes,
+                     r.manifest_size, time.monotonic() - t0, f.seconds, f.engine or "?", f.direct_bytes)
         return r.lease
 
     def has(self, key: str) -> bool:
@@ -66,10 +74,16 @@ class ImageSource:
     def publish(self, st: images.Staged) -> bool:
         """Publish a staged image and make it this node's cache entry (by rename);
         True if ours won the publish."""
+        t0 = time.monotonic()
         r = images.publish_staged(self.cache, self._store(st.key), st, chunker=self.s.pack_chunker,
                                   avg_chunk=self.s.pack_avg_chunk_bytes, workers=self.s.store_workers)
         for note in r.notes:
             log.info("publish %s: %s", st.key, note)
+        u = r.upload
+        log.info("publish %s: image %d bytes, uploaded %d bytes (%d raw, %d of %d chunks, %d packs) in "
+                 "%.3fs (upload %.3fs), %s", st.key, r.size, u.uploaded_bytes, u.uploaded_raw_bytes,
+                 u.uploaded_chunks, u.chunks, u.packs, time.monotonic() - t0, u.seconds,
+                 "published" if r.published else "another writer published first")
         return r.published
 
     def _store(self, key: str) -> Store:

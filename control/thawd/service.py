@@ -20,7 +20,7 @@ from pathlib import Path
 
 from control.lifecycle import workload as workloadmod
 from control.config import Settings
-from control.errors import IdentityError, KeyMissing, ManifestRefused, NotFound, ThawError, UserError
+from control.errors import IdentityError, IntegrityError, KeyMissing, ManifestRefused, NotFound, ThawError, UserError
 from control.thawd import ctrinfo
 from control.thawd.metrics import Metrics
 from control.thawd.quarantine import Quarantine
@@ -167,6 +167,17 @@ class Thawd:
             return Decision(False, "fetch-in-progress: the image is still being fetched", wl.key)
         except NotFound:
             return Decision(False, "no-image", wl.key)
+        except IntegrityError as e:
+            # The store served bytes that are not the image's (thaw-fetch and the Python
+            # engine check every chunk; neither retries a mismatch): every pull of this
+            # image fails alike, so it counts towards quarantine like a failed restore,
+            # and a quarantined key stops costing a download at every start.
+            # A refused manifest (ManifestRefused, where "manifest") keeps its own reason,
+            # manifest-refused, and counts only as a cold start, as before this rule.
+            reason = f"{_fetch_reason(e)}: {e}"
+            if e.where == "store" and self.quarantine.failed(wl.key, reason):
+                self.metrics.inc("thaw_quarantined_total")
+            return Decision(False, reason, wl.key)
         except ThawError as e:
             return Decision(False, f"{_fetch_reason(e)}: {e}", wl.key)
         k = (str(rt.runsc_root), rt.container_id)

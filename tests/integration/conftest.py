@@ -71,8 +71,27 @@ def leftovers(settings: configmod.Settings, ids: list[str]) -> dict:
             found.append("bundle")
         if (settings.state_dir / "sandboxes" / f"{sid}.json").exists():
             found.append("record")
+        logs = settings.log_dir / "sandboxes" / sid
+        if logs.exists():
+            found.append("log directory")
+        if _monitors_of(logs):
+            found.append("thaw-monitor process")
         if found:
             out[sid] = found
+    return out
+
+
+def _monitors_of(logs: Path) -> list[int]:
+    """pids of thaw-monitor processes writing into sandbox log directory `logs`."""
+    flag = f"-log={logs}/".encode()
+    out = []
+    for p in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = p.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv and argv[0].endswith(b"thaw-monitor") and any(a.startswith(flag) for a in argv):
+            out.append(int(p.parent.name))
     return out
 
 

