@@ -22,8 +22,13 @@ Mitigations on = gate closed over save and restore + the checkpoint's address
 + health check before the gate opens. Off = no gate, a NEW address in a fresh
 netns, no health check: what a naive implementation does.
 
+This is the CLI door (thaw's own sandboxes). `--door containerd` runs the same
+cycles through containerd, gVisor's shim, the stand-in and thawd, each a new
+container restored from one image thawd saved: bench/network_flood_containerd.py,
+which shares this module's flood, measurements and table.
+
 Usage (root, after `make setup`):
-    .venv/bin/python bench/network_flood.py --cycles 50 [--modes on,off]
+    .venv/bin/python bench/network_flood.py [--door cli|containerd] --cycles 50 [--modes on,off]
         [--out bench/results/network-flood-2026-11-29.json] [--doc docs/network.md --doc README.md]
 
 Traffic goes only to 127.0.0.1 and to sandbox addresses inside the namespaces
@@ -68,13 +73,21 @@ OPEN_CONN_BOUND_S = 5.0       # no answer and no error by then: a hang
 COLD_DEADLINE_S = 60.0
 
 
+# The epoll server: the host's Python (stdlib only), bound read-only, in both doors.
+SERVER_ARGV = [sys.executable, str(WORKLOAD), str(SANDBOX_PORT)]
+SERVER_ENV = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def server_mounts() -> list[dict]:
+    """Read-only binds of the host's system directories, its Python and the workload."""
+    return specmod.host_layout([sys.prefix, sys.base_prefix, str(WORKLOAD.parent)])
+
+
 def server_spec(settings: configmod.Settings, sid: str) -> dict:
-    """The epoll server as a command sandbox: host Python, bound read-only (stdlib only)."""
+    """The epoll server as a command sandbox of the CLI door."""
     rootfs = specmod.prepare_host_rootfs(settings.state_dir / "rootfs" / sid)
-    binds = [sys.prefix, sys.base_prefix, str(WORKLOAD.parent)]
-    return specmod.command_spec([sys.executable, str(WORKLOAD), str(SANDBOX_PORT)], rootfs=str(rootfs),
-                                env={"PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"},
-                                extra_mounts=specmod.host_layout(binds), hostname="thaw-flood")
+    return specmod.command_spec(SERVER_ARGV, rootfs=str(rootfs), env=SERVER_ENV,
+                                extra_mounts=server_mounts(), hostname="thaw-flood")
 
 
 # -- plain HTTP client (unmarked: what any client of the node does) --------------------
@@ -360,8 +373,13 @@ def _boot_id(node_port: int) -> str | None:
 
 def _diagnose(sb: Sandboxes, sid: str) -> dict:
     """What still works on a sandbox that stopped answering through the published port."""
+    return diagnose_address(sb.address(sid), sb.settings.network_probe_mark)
+
+
+def diagnose_address(address: str | None, mark: int) -> dict:
+    """Probe the server at its sandbox address, past any gate (probes carry the mark)."""
     from runsc_hooks import probe as probemod
-    target = probemod.Target(address=sb.address(sid), mark=sb.settings.network_probe_mark)
+    target = probemod.Target(address=address, mark=mark)
     out = {}
     for probe in (f"tcp:{SANDBOX_PORT}", f"http:{SANDBOX_PORT}/state"):
         try:
@@ -539,13 +557,27 @@ def markdown(result: dict) -> str:
     return "\n\n".join(_table(result, prof) for prof in profiles) + "\n\n" + _footer(result)
 
 
+# What each door's "fates" row counts. Under containerd every cycle restores a
+# NEW container from the one image thawd saved: no connection is open at a
+# checkpoint; the counted ones were open to the container the cycle replaced.
+FATES_LABEL = {
+    "cli": "connections open at checkpoint: answered / reset / error / hang",
+    "containerd": "connections open to the replaced container: answered / reset / error / hang",
+}
+MARKERS = {
+    "cli": ("<!-- flood-table:start -->", "<!-- flood-table:end -->"),
+    "containerd": ("<!-- flood-table-containerd:start -->", "<!-- flood-table-containerd:end -->"),
+}
+
+
 def _table(result: dict, profile: str) -> str:
+    door = result.get("door", "cli")
     rows = [("cycles", "cycles"), ("new connection answered within 200 ms of ready", "within"),
             ("restores that never answered (5 s)", "never"),
             ("answered, then stopped serving before the next cycle", "late"),
             ("answer time p50 / p95 / max (ms)", "dist"),
             ("same process after restore (boot id)", "same"),
-            ("connections open at checkpoint: answered / reset / error / hang", "fates"),
+            (FATES_LABEL[door], "fates"),
             ("restore to ready, p50 (ms)", "restore"),
             ("answering attempt, worst case (ms): connect / response", "split"),
             ("packets held off by the gate (all cycles)", "dropped")]
@@ -590,6 +622,9 @@ def _table(result: dict, profile: str) -> str:
 
 def _footer(result: dict) -> str:
     env = result["environment"]
+    if result.get("door") == "containerd":
+        from bench import network_flood_containerd
+        return network_flood_containerd.footer(result)
     return (f"Measured {result['date']} on {env['machine']} ({env['cpus']} CPUs, kernel {env['kernel']}), "
             f"runsc `{env['runsc_version']}`, platform {env['platform']}; {OPEN_CONNS} client connections held "
             f"open across each checkpoint; \"ready\" is the gate opening (on) or `runsc restore` returning (off). "
@@ -605,52 +640,33 @@ def replace_between(path: Path, text: str, start: str = "<!-- flood-table:start 
     path.write_text(doc[:a] + "\n" + text + "\n" + doc[b:])
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--cycles", type=int, default=50)
-    ap.add_argument("--modes", default="on,off")
-    ap.add_argument("--profiles", default="moderate,heavy", help=f"flood profiles: {', '.join(PROFILES)}")
-    ap.add_argument("--base", type=Path, default=Path("/tmp/thaw-bench/network-flood"))
-    ap.add_argument("--subnet", default="10.215.32.0/20")
-    ap.add_argument("--node-port", type=int, default=28080)
-    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "network-flood-2026-11-29.json")
-    ap.add_argument("--doc", type=Path, action="append", default=[])
-    ap.add_argument("--render", type=Path, default=None,
-                    help="Only re-render the table from a results JSON into --doc files (no run).")
-    a = ap.parse_args(argv)
-    if a.render:
-        result = json.loads(a.render.read_text())
-        for doc in a.doc:
-            replace_between(doc, markdown(result))
-        print(markdown(result))
-        return 0
-    if os.geteuid() != 0:
-        raise SystemExit("network_flood: needs root (runsc, netns)")
+def profile_result(flood: FloodConfig, seconds: float, by_mode: dict[str, list[Cycle]]) -> dict:
+    """One profile's entry of the results JSON (both doors)."""
+    return {"flood": asdict(flood), "seconds": round(seconds, 1),
+            "modes": {m: {"summary": summarize(cs), "cycles": [asdict(c) for c in cs]} for m, cs in by_mode.items()}}
+
+
+def progress(profile: str, c: Cycle) -> None:
+    print(f"[{profile} {c.mode}] cycle {c.index}: answer {c.answer_ms and round(c.answer_ms, 1)} ms "
+          f"{c.answer_detail}, restore {c.restore_s:.2f}s, open conns {c.open_conns}, "
+          f"load {c.loadavg_1m}, error {c.error}", flush=True)
+
+
+def _run_cli(a: argparse.Namespace, result: dict) -> None:
+    """The CLI door: thaw's own sandboxes (Sandboxes), `thaw checkpoint` + `thaw restore` per cycle."""
     settings = _settings(a.base, a.subnet)
     name = "bench-flood"
-    result: dict = {"date": time.strftime("%Y-%m-%d"), "out": str(a.out), "open_connections_per_cycle": OPEN_CONNS,
-                    "answer_budget_ms": ANSWER_BUDGET_MS, "answer_deadline_s": ANSWER_DEADLINE_S,
-                    "open_conn_bound_s": OPEN_CONN_BOUND_S, "profiles": {}}
     sb = Sandboxes(settings)
-    result["environment"] = {"machine": platform.node() or "unknown", "cpus": os.cpu_count(),
-                             "kernel": platform.release(), "runsc_version": sb.runsc().version(),
-                             "platform": settings.runsc_platform, "python": platform.python_version(),
-                             "loadavg_at_start": os.getloadavg()}
+    result["environment"].update({"runsc_version": sb.runsc().version(), "platform": settings.runsc_platform})
     try:
         for prof in a.profiles.split(","):
             flood = PROFILES[prof]
             modes = a.modes.split(",")
             t0 = time.monotonic()
-
-            def progress(c: Cycle) -> None:
-                print(f"[{prof} {c.mode}] cycle {c.index}: answer {c.answer_ms and round(c.answer_ms, 1)} ms "
-                      f"{c.answer_detail}, restore {c.restore_s:.2f}s, open conns {c.open_conns}, "
-                      f"load {c.loadavg_1m}, error {c.error}", flush=True)
             ports = {m: a.node_port + k for k, m in enumerate(modes)}
-            by_mode = run_interleaved(settings, name, modes, a.cycles, ports, flood, a.base / "images", progress)
-            result["profiles"][prof] = {"flood": asdict(flood), "seconds": round(time.monotonic() - t0, 1),
-                                        "modes": {m: {"summary": summarize(cs), "cycles": [asdict(c) for c in cs]}
-                                                  for m, cs in by_mode.items()}}
+            by_mode = run_interleaved(settings, name, modes, a.cycles, ports, flood, a.base / "images",
+                                      lambda c, prof=prof: progress(prof, c))
+            result["profiles"][prof] = profile_result(flood, time.monotonic() - t0, by_mode)
             print(json.dumps({prof: {m: v["summary"] for m, v in result["profiles"][prof]["modes"].items()}},
                              indent=2), flush=True)
     finally:
@@ -659,13 +675,58 @@ def main(argv: list[str] | None = None) -> int:
         netmod.remove_subnet_route(a.subnet)
         remove_root(settings.runsc_root)
         shutil.rmtree(a.base, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--door", choices=("cli", "containerd"), default="cli",
+                    help="cli: thaw's own sandboxes (thaw checkpoint/restore); containerd: ctr run through "
+                         "containerd, gVisor's shim, the stand-in and thawd (bench/network_flood_containerd.py)")
+    ap.add_argument("--cycles", type=int, default=50)
+    ap.add_argument("--modes", default="on,off")
+    ap.add_argument("--profiles", default="moderate,heavy", help=f"flood profiles: {', '.join(PROFILES)}")
+    ap.add_argument("--base", type=Path, default=Path("/tmp/thaw-bench/network-flood"))
+    ap.add_argument("--subnet", default="10.215.32.0/20")
+    ap.add_argument("--node-port", type=int, default=28080)
+    ap.add_argument("--out", type=Path, default=None,
+                    help="results JSON (default: bench/results/network-flood-2026-11-29.json for the cli door, "
+                         "network-flood-containerd-<today>.json for containerd)")
+    ap.add_argument("--doc", type=Path, action="append", default=[])
+    ap.add_argument("--logs", type=Path, default=None,
+                    help="containerd door: keep thawd's, the stand-in's and containerd's logs here")
+    ap.add_argument("--render", type=Path, default=None,
+                    help="Only re-render the table from a results JSON into --doc files (no run).")
+    a = ap.parse_args(argv)
+    if a.render:
+        result = json.loads(a.render.read_text())
+        for doc in a.doc:
+            replace_between(doc, markdown(result), *MARKERS[result.get("door", "cli")])
+        print(markdown(result))
+        return 0
+    if a.out is None:
+        a.out = REPO / "bench" / "results" / ("network-flood-2026-11-29.json" if a.door == "cli" else
+                                              f"network-flood-containerd-{time.strftime('%Y-%m-%d')}.json")
+    if os.geteuid() != 0:
+        raise SystemExit("network_flood: needs root (runsc, netns)")
+    result: dict = {"date": time.strftime("%Y-%m-%d"), "door": a.door, "out": str(a.out),
+                    "open_connections_per_cycle": OPEN_CONNS,
+                    "answer_budget_ms": ANSWER_BUDGET_MS, "answer_deadline_s": ANSWER_DEADLINE_S,
+                    "open_conn_bound_s": OPEN_CONN_BOUND_S, "profiles": {}}
+    result["environment"] = {"machine": platform.node() or "unknown", "cpus": os.cpu_count(),
+                             "kernel": platform.release(), "python": platform.python_version(),
+                             "loadavg_at_start": os.getloadavg()}
+    if a.door == "containerd":
+        from bench import network_flood_containerd
+        network_flood_containerd.run(a, result)
+    else:
+        _run_cli(a, result)
     result["environment"]["loadavg_at_end"] = os.getloadavg()
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
     table = markdown(result)
     print(table)
     for doc in a.doc:
-        replace_between(doc, table)
+        replace_between(doc, table, *MARKERS[a.door])
     return 0
 
 

@@ -474,6 +474,12 @@ KEYS: tuple[Key, ...] = (
         "Checkpoint an opted-in workload automatically after its first cold start."),
     Key("thawd.leave_running", BOOL, True,
         "Keep the workload serving after the automatic checkpoint (false: recycle it)."),
+    Key("thawd.gate", BOOL, True,
+        "Diagnostics only: false keeps the network gate of containers in namespaces thaw plumbed open "
+        "over checkpoint and restore (bench/network_flood.py --door containerd measures the difference)."),
+    Key("thawd.health_check", BOOL, True,
+        "Diagnostics only: false skips the health check after a restore under containerd (traffic may "
+        "reach a restore that does not answer; bench/network_flood.py --door containerd)."),
     Key("thawd.workers", INT, 8,
         "thawd's background jobs at once: image pulls and automatic checkpoints (one of those waits up to "
         "ready_timeout_s for its workload; a pull beyond this waits, and its create answers cold).",

@@ -67,6 +67,16 @@ class AlreadyExists(UserError):
         self.name = name
 
 
+class InUse(UserError):
+    """An address or node port is leased to another sandbox, or a host process
+    listens on the port. `holder` names who has it."""
+
+    def __init__(self, what: str, holder: str, hint: str = "") -> None:
+        super().__init__(f"{what} is in use by {holder}" + (f"; {hint}" if hint else ""), what=what, holder=holder)
+        self.what = what
+        self.holder = holder
+
+
 class ImageError(UserError):
     """A checkpoint image is missing, truncated or otherwise unusable."""
 
@@ -94,8 +104,8 @@ class ProvisionError(ThawError):
     changed (they stay: provisioning is idempotent, so fix and re-run)."""
 
     def __init__(self, step: str, problem: str, done: list[str]) -> None:
-        listed = "".join(f"\n    {d}" for d in done) if done else " nothing"
-        super().__init__(f"provision step {step!r} failed: {problem}\n  done before it:{listed}",
+        listed = ", ".join(done) if done else "nothing"
+        super().__init__(f"provision step {step!r} failed: {problem} (done before it: {listed})",
                          step=step, problem=problem, done=done)
         self.step = step
         self.done = done
@@ -221,6 +231,11 @@ class UnhealthyRestore(ThawError):
         self.health = health
 
 
+class NoSpace(ThawError):
+    """A file system is full (ENOSPC, EDQUOT) or a budget cannot make room.
+    Nothing half-written is kept. `path` names where, when known."""
+
+
 class CheckpointFailed(ThawError):
     """A checkpoint did not produce an image. `workload` is the sandbox's state
     afterwards: thaw saves with the workload left running, so it is normally
@@ -233,6 +248,11 @@ class CheckpointFailed(ThawError):
         self.sandbox = sandbox
         self.reason = reason
         self.workload = workload
+
+
+class CheckpointNoSpace(CheckpointFailed, NoSpace):
+    """A checkpoint failed because the image's file system filled up (the
+    workload is still running, nothing of the image is kept)."""
 
 
 class Timeout(ThawError):
@@ -263,8 +283,10 @@ class RunscError(ThawError):
         tail = stderr.strip()[-2000:]
         msg = runsc_message or (tail.splitlines()[-1] if tail else "no output")
         rc = "timed out" if returncode is None else f"exit {returncode}"
-        super().__init__(f"runsc {subcommand or 'command'} failed ({rc}): {msg}\n  command: {shlex.join(argv)}",
-                         argv=argv, returncode=returncode, runsc_message=msg, subcommand=subcommand)
+        # One line: the command line is a field (logs, --json), not part of the message.
+        super().__init__(f"runsc {subcommand or 'command'} failed ({rc}): {msg}",
+                         argv=argv, command=shlex.join(argv), returncode=returncode, runsc_message=msg,
+                         subcommand=subcommand)
         self.facts = _CommandFacts(argv, returncode, tail, duration_s)
         self.argv = argv
         self.returncode = returncode
@@ -272,11 +294,34 @@ class RunscError(ThawError):
         self.stderr_tail = tail
 
 
+# Every exit status of the `thaw` CLI, documented once: README "Command line"
+# and `thaw --help` show this table (a unit test keeps the README in step).
+EXIT_STATUSES: list[tuple[int, str]] = [
+    (0, "success; `health`: ready"),
+    (1, "the operation failed (runsc, a provision step, an unhealthy restore); "
+        "`health`: not ready; `demo`: the restored state did not verify"),
+    (2, "bad input: a usage error, an invalid id or key, a missing file or command, a name that does "
+        "not exist or already does, a port or address already in use"),
+    (3, "the image does not match this node (compatibility tuple)"),
+    (4, "no room: the cache budget cannot hold the image, or a file system is full"),
+    (65, "corrupt data: a chunk or an image does not hash to its name"),
+    (69, "the node cannot do it: not root, runsc missing, thawd not running (or already running), "
+         "the store unreachable, permission denied"),
+    (70, "internal error: a bug in thaw (`thaw -vv ...` prints the traceback)"),
+    (73, "a checkpoint made no image (runsc or a hook failed); the workload is still running"),
+    (75, "timed out; trying again may work"),
+    (78, "configuration: a bad value for a key, or an unsafe path in one"),
+    (130, "interrupted (Ctrl-C)"),
+]
+EXIT_INTERNAL = 70            # EX_SOFTWARE
+EXIT_INTERRUPTED = 130
+
 # The CLI's exit codes by class, most specific first. 1 is "any other thaw error".
 EXIT_CODE: list[tuple[type[ThawError], int]] = [
     (ConfigError, 78),        # EX_CONFIG
     (TupleMismatch, 3),
     (CacheFull, 4),
+    (NoSpace, 4),
     (StoreError, 69),         # EX_UNAVAILABLE
     (IntegrityError, 65),     # EX_DATAERR
     (PreconditionError, 69),  # EX_UNAVAILABLE
@@ -294,6 +339,7 @@ GRPC_STATUS: list[tuple[type[ThawError], str]] = [
     (ConfigError, "FAILED_PRECONDITION"),
     (TupleMismatch, "FAILED_PRECONDITION"),
     (CacheFull, "RESOURCE_EXHAUSTED"),
+    (NoSpace, "RESOURCE_EXHAUSTED"),
     (StoreError, "UNAVAILABLE"),
     (IntegrityError, "DATA_LOSS"),
     (NotFound, "NOT_FOUND"),

@@ -53,6 +53,29 @@ EXIT_MEANING = {
 }
 
 
+# `--timing`: the helper prints one line to stderr with the seconds each of
+# its steps took. Twin: took()/main() in thaw-cuda-checkpoint.c.
+TIMING_FLAG = "--timing"
+_TIMING_PREFIX = "thaw-cuda-checkpoint timing:"
+
+
+def parse_timing(stderr: str) -> dict[str, float]:
+    """The helper's `--timing` line as {step: seconds} (dlopen, cuInit,
+    get-state, lock, checkpoint, restore, unlock, total); {} without one."""
+    for line in reversed(stderr.splitlines()):
+        if line.startswith(_TIMING_PREFIX):
+            out = {}
+            for item in line[len(_TIMING_PREFIX):].split():
+                k, sep, v = item.partition("=")
+                if sep:
+                    try:
+                        out[k] = float(v)
+                    except ValueError:
+                        pass
+            return out
+    return {}
+
+
 def explain(returncode: int) -> str:
     """One line an operator can act on, for a helper exit code."""
     if returncode < 0:

@@ -31,6 +31,7 @@ import hashlib
 import ipaddress
 import logging
 import os
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -98,6 +99,43 @@ class SandboxNet:
                    publish_address=d.get("publish_address", "127.0.0.1"))
 
 
+_TCP_LISTEN = "0A"  # include/net/tcp_states.h TCP_LISTEN, as /proc/net/tcp prints it
+
+
+def _proc_net_addr(hexaddr: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """An address as /proc/net/tcp{,6} prints it: 32-bit words in host byte order."""
+    raw = bytes.fromhex(hexaddr)
+    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4)) if sys.byteorder == "little" else raw
+    return ipaddress.ip_address(words)
+
+
+def listeners(port: int, address: str, proc_net: Path = Path("/proc/net")) -> list[str]:
+    """Host sockets listening on TCP `port` that traffic for `address`:`port` reaches
+    (`address` itself, or a wildcard), as "addr:port" strings, from the node's own
+    network namespace. A published port DNATs `address`:`port` to a sandbox before
+    any such listener sees it: thaw refuses the port instead of taking it over."""
+    want = ipaddress.ip_address(address)
+    hits = []
+    for name in ("tcp", "tcp6"):
+        try:
+            lines = (proc_net / name).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if len(f) < 4 or f[3] != _TCP_LISTEN:
+                continue
+            hexaddr, hexport = f[1].split(":")
+            if int(hexport, 16) != port:
+                continue
+            local = _proc_net_addr(hexaddr)
+            if isinstance(local, ipaddress.IPv6Address) and local.ipv4_mapped is not None:
+                local = local.ipv4_mapped
+            if local == want or local.is_unspecified:
+                hits.append(f"{'[' + str(local) + ']' if local.version == 6 else local}:{port}")
+    return sorted(set(hits))
+
+
 def host_if_name(name: str) -> str:
     return HOST_IF_PREFIX + hashlib.sha256(name.encode()).hexdigest()[:10]
 
@@ -156,6 +194,9 @@ def namespace_address(netns_path: str | None) -> tuple[str | None, str | None]:
                 host_ip = ipaddress.IPv4Address(addr.get_attr("IFA_ADDRESS"))
                 return str(host_ip + 1), name  # slot_addresses: host .1, sandbox .2 of the /30
         return None, name
+    if not _is_netns(path):
+        log.info("network namespace %s of a spec is not a namespace file; probes go inside", netns_path)
+        return None, None
     try:
         from pyroute2 import NetNS
         with NetNS(str(path)) as ns:
@@ -178,6 +219,8 @@ def snapshot(netns_path: str) -> list[dict]:
     `reapply` puts them back first."""
     from pyroute2 import NetNS
     out = []
+    if not _is_netns(Path(netns_path)):   # a spec may name any path: never open a FIFO
+        return out
     with NetNS(netns_path) as ns:
         names = {link["index"]: link.get_attr("IFLA_IFNAME") for link in ns.get_links()}
         for addr in ns.get_addr(family=2):
@@ -213,13 +256,24 @@ def reapply(netns_path: str, snap: list[dict]) -> None:
                         raise
 
 
-def addresses_in_use() -> set[str]:
-    """IPv4 addresses on this node's host-side thaw interfaces."""
+def _is_netns(path: Path) -> bool:
+    """Is `path` a namespace file (nsfs)? A spec may name any path; opening a
+    FIFO there would block forever. stat never blocks, and every namespace
+    file lives on the one nsfs superblock, so its device is that of our own."""
+    try:
+        return os.stat(path).st_dev == os.stat("/proc/self/ns/net").st_dev
+    except OSError:
+        return False
+
+
+def addresses_in_use(exclude_if: str | None = None) -> set[str]:
+    """IPv4 addresses on this node's host-side thaw interfaces (but `exclude_if`)."""
     used = set()
     with _ipr() as ipr:
         names = {link.get("index"): link.get_attr("IFLA_IFNAME") for link in ipr.get_links()}
         for addr in ipr.get_addr(family=2):
-            if (names.get(addr["index"]) or "").startswith(HOST_IF_PREFIX):
+            n = names.get(addr["index"]) or ""
+            if n.startswith(HOST_IF_PREFIX) and n != exclude_if:
                 used.add(addr.get_attr("IFA_ADDRESS"))
     return used
 

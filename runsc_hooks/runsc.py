@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shlex
 import signal as _signal
 import subprocess
@@ -262,9 +263,16 @@ class Runsc:
                 pass
         lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
         # runsc's log lines to stderr start with a level letter and a timestamp
-        # ("W1129 11:30:00.000 ..."); the error itself is a plain line.
-        plain = [ln for ln in lines if not (len(ln) > 5 and ln[0] in "IWDE" and ln[1:5].isdigit())]
-        return (plain or lines or [""])[-1]
+        # ("W1129 11:30:00.000 ..."); the error itself is a plain line. A Go
+        # panic ends in stack frames ("\t/src/x.go:12 +0x3f", "goroutine 1
+        # [running]:"): never the message (issue 14, ENOSPC at checkpoint).
+        # A line that is only punctuation (the H200's failed GPU save ended its
+        # message part in a lone ":") says nothing either. An errno text wins
+        # wherever it is, even inside a frame's argument list.
+        plain = [ln for ln in lines if not (len(ln) > 5 and ln[0] in "IWDE" and ln[1:5].isdigit())
+                 and not _STACK_FRAME.search(ln) and any(c.isalnum() for c in ln)]
+        errno_lines = [ln for ln in lines if any(t in ln.lower() for t in _ERRNO_TEXT)]
+        return (errno_lines or plain or ["runsc printed no error message"])[-1]
 
     # -- subcommands ---------------------------------------------------------
 
@@ -322,16 +330,19 @@ class Runsc:
         """`stdio`: as for create; the restored workload's stdout and stderr."""
         self._run(["restore", *opts.argv(), cid], timeout_s, stdio=stdio)
 
-    def ps(self, cid: str) -> list[dict]:
-        """The container's processes (`runsc ps --format=json`): dicts with "pid"
-        (in the sandbox's pid namespace), "ppid", "cmd", ... (pkg/sentry/control/proc.go Process)."""
+    def pids(self, cid: str) -> list[int]:
+        """The container's process ids in the sandbox's pid namespace. `runsc ps
+        --format=json` prints only the pids, as runc does (runsc/cmd/ps.go ->
+        control.PrintPIDsJSON at the pin), not Process objects."""
         out = self._run(["ps", "--format=json", cid], check_id=cid).stdout
         try:
             data = json.loads(out) if out.strip() else []
         except ValueError:
-            raise RunscError(self.argv("ps", "--format=json", cid), 0, out, "runsc ps printed no JSON",
-                             subcommand="ps") from None
-        return [d for d in data or [] if isinstance(d, dict)]
+            data = None
+        if not isinstance(data, list) or not all(isinstance(p, int) for p in data):
+            raise RunscError(self.argv("ps", "--format=json", cid), 0, out, "runsc ps printed no JSON list of pids",
+                             subcommand="ps")
+        return data
 
     def list(self) -> list[ContainerState]:
         out = self._run(["list", "--format=json"]).stdout
@@ -393,6 +404,16 @@ def remove_root(root: Path) -> None:
     import shutil
     release_root(root)
     shutil.rmtree(root, ignore_errors=True)
+
+
+# Lines of a Go stack trace: frames ("/path/file.go:123 +0x1f"), calls
+# ("pkg.Func(0xc000012345, ...)", "reflect.Value.Call({0x1d4e096a07e0?, ...})",
+# "pkg.(*Server).StartHandling.func1()": no space in
+# it, seen on the H200), goroutine headers, "created by", "exit status".
+_STACK_FRAME = re.compile(r"\.go:\d+( \+0x[0-9a-f]+)?$|^goroutine \d+ \[|^created by |0x[0-9a-f]+\??[,)}]|^\S*\(\S*\)$"
+                          r"|^\[signal |^exit status \d+$")
+# errno texts worth surfacing over any other line of runsc's output.
+_ERRNO_TEXT = ("no space left on device", "disk quota exceeded", "read-only file system", "permission denied")
 
 
 def _read(f) -> str:

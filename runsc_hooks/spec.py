@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,11 @@ from control.errors import SpecError
 from control.files import write_json_atomic
 
 OCI_VERSION = "1.0.2"
+# The largest config.json thaw reads, bytes. A container's spec is a few KiB;
+# Kubernetes caps a pod's annotations at 256 KiB (apimachinery
+# TotalAnnotationSizeLimitB) and CDI adds some mounts: 4 MiB is far above any
+# real spec and still cheap to parse. A larger one is refused, not read.
+MAX_CONFIG_BYTES = 4 << 20
 _NAMESPACES = {"pid", "network", "mount", "ipc", "uts", "user", "cgroup", "time"}
 
 # Capabilities a default container keeps (runc's / containerd's default set).
@@ -95,10 +101,11 @@ class Bundle:
         return self.path / "config.json"
 
     def load(self) -> dict:
-        try:
-            text = self.config_path.read_text()
-        except FileNotFoundError:
-            raise SpecError("(file)", "config.json does not exist", str(self.config_path)) from None
+        """config.json, validated. Only a regular file of at most MAX_CONFIG_BYTES
+        is read: a FIFO there would block the reader forever (issue 14: twenty
+        such PrepareRestore calls wedged thawd), a device or a huge file would
+        never end; each is a SpecError at once."""
+        text = read_regular(self.config_path, MAX_CONFIG_BYTES, "(file)")
         try:
             spec = json.loads(text)
         except ValueError as e:
@@ -115,6 +122,44 @@ class Bundle:
         p = Path(spec["root"]["path"])
         return p if p.is_absolute() else self.path / p
 
+
+def read_regular(path: Path, max_bytes: int, field: str = "(file)") -> bytes:
+    """The bytes of `path` if it is a regular file of at most `max_bytes`; else
+    SpecError naming `field`. O_NONBLOCK makes the open of a FIFO return at
+    once (it is then refused by its type): nothing but a regular file is read,
+    and never more than `max_bytes` of it."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except FileNotFoundError:
+        raise SpecError(field, f"{Path(path).name} does not exist", str(path)) from None
+    except OSError as e:
+        raise SpecError(field, f"cannot open {Path(path).name}: {e.strerror}", str(path)) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+                    stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory"}.get(stat.S_IFMT(st.st_mode), "not a file")
+            raise SpecError(field, f"{Path(path).name} is {kind}, not a regular file", str(path))
+        if st.st_size > max_bytes:
+            raise SpecError(field, f"{Path(path).name} is {st.st_size} bytes, more than the {max_bytes} thaw reads",
+                            str(path))
+        os.set_blocking(fd, True)
+        chunks, n = [], 0
+        while n <= max_bytes:
+            b = os.read(fd, min(1 << 20, max_bytes + 1 - n))
+            if not b:
+                break
+            chunks.append(b)
+            n += len(b)
+        if n > max_bytes:  # it grew while being read
+            raise SpecError(field, f"{Path(path).name} is more than the {max_bytes} bytes thaw reads", str(path))
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+# PATH of a command sandbox unless its env sets one.
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 # Host directories the "host" rootfs layout binds read-only: enough for the
 # node's own interpreters and libraries to run inside the sandbox.
@@ -192,7 +237,7 @@ def command_spec(args: list[str], *, rootfs: str, readonly_root: bool = True,
     With the "host" layout the caller passes an empty directory as `rootfs`
     and `host_layout()` in `extra_mounts`. /tmp and /dev/shm are private tmpfs.
     """
-    base_env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root"}
+    base_env = {"PATH": DEFAULT_PATH, "HOME": "/root"}
     base_env.update(env or {})
     namespaces: list[dict] = [{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}]
     if netns:

@@ -3,7 +3,8 @@
 FileChannel: request files in a spool directory bind-mounted into the sandbox
 (no network needed; runsc --network=none). HttpChannel: HTTP to the server's
 port through the sandbox's network namespace (runsc --network=sandbox); its
-pre-checkpoint request goes through control/profiles.py's pytorch hook.
+pre-checkpoint, offload-weights and restore-weights requests go through the
+hooks of control/lifecycle/profiles.py's pytorch and pytorch-offload profiles.
 Both stop waiting early when `abort()` names a reason (the server died).
 """
 from __future__ import annotations
@@ -54,10 +55,10 @@ class FileChannel:
         shutil.rmtree(self.spool, ignore_errors=True)
         self.spool.mkdir(parents=True)
 
-    def request(self, op: str, timeout_s: float, abort: Abort = None) -> dict:
+    def request(self, op: str, timeout_s: float, abort: Abort = None, **args) -> dict:
         rid = uuid.uuid4().hex[:12]
         tmp = self.spool / f"{rid}.tmp"
-        tmp.write_text(json.dumps({"op": op}))
+        tmp.write_text(json.dumps({"op": op, **args}))
         tmp.rename(self.spool / f"{rid}.req")
         resp = self.spool / f"{rid}.resp"
         deadline = time.monotonic() + timeout_s
@@ -83,12 +84,27 @@ class HttpChannel:
     def reset(self) -> None:
         pass
 
-    def request(self, op: str, timeout_s: float, abort: Abort = None) -> dict:
+    def hook(self, op: str, **args) -> dict:
+        """The profiles' hooks, as thaw runs them (control/lifecycle/profiles.py): the pytorch
+        profile's pre-checkpoint hook, the pytorch-offload profile's offload (its last
+        pre-checkpoint hook; `mode` other than the default goes in the query) and its
+        post-restore hook. A hook that fails raises HookError."""
         if op == "pre-checkpoint":
-            # The real hook path: the pytorch profile's pre-checkpoint hook.
-            prof = profiles.get("pytorch").with_port(self.port)
-            rec = profiles.run_hooks(prof, "pre_checkpoint", profiles.Target(host=self.host))
-            return json.loads(rec[0]["output"])
+            hooks = profiles.get("pytorch").pre_checkpoint
+        elif op == "offload-weights":
+            [h] = [h for h in profiles.get("pytorch-offload").pre_checkpoint if h.path.startswith("/thaw/offload")]
+            if args.get("mode"):
+                h = profiles.HttpHook(f"{h.path}?mode={args['mode']}", h.method, h.port, h.body, h.timeout_s)
+            hooks = (h,)
+        else:
+            hooks = profiles.get("pytorch-offload").post_restore
+        prof = profiles.Profile(f"bench-{op}", pre_checkpoint=tuple(hooks)).with_port(self.port)
+        rec = profiles.run_hooks(prof, "pre_checkpoint", profiles.Target(host=self.host))
+        return json.loads(rec[-1]["output"])
+
+    def request(self, op: str, timeout_s: float, abort: Abort = None, **args) -> dict:
+        if op in ("pre-checkpoint", "offload-weights", "restore-weights"):
+            return self.hook(op, **args)
         method, path = self.ROUTES[op]
         deadline = time.monotonic() + timeout_s
         last = ""

@@ -8,7 +8,7 @@ here by bench/gpu/weights.py; no network) goes through the `thaw` commands:
   thaw restore IMG --id ID2 --gpus N                                 N: 1 on a 2-GPU machine, else 0
   answers compared with the cold server's (tokens and logits digest identical, same boot id)
   thaw restore IMG --gpus 0,1                                        refused before runsc runs
-  thaw checkpoint ID2 --out <full tmpfs>                             fails (exit 73); ID2 keeps serving
+  thaw checkpoint ID2 --out <full tmpfs>                             fails (exit 4, no room); ID2 keeps serving
   thaw restore IMG --cold-fallback (unhealthy)                       cold start with the GPUs re-injected
   thaw ps / thaw logs / thaw health along the way
 
@@ -38,11 +38,29 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 PORT = 8000
-EXIT_CHECKPOINT_FAILED = 73   # twin: control/errors.py EXIT_CODE CheckpointFailed
+EXIT_NO_SPACE = 4   # twin: control/errors.py EXIT_CODE NoSpace (CheckpointNoSpace)
 
 
 def tail(s: str, n: int = 1500) -> str:
     return s if len(s) <= n else "..." + s[-n:]
+
+
+def gpus_of(pid) -> list[int]:
+    """Indexes of the GPUs on which host process `pid` (the sandbox's) has a compute
+    context, by NVML; [] without NVML or pid."""
+    if not pid:
+        return []
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no NVML here (CPU rehearsal)
+        return []
+    try:
+        return [i for i in range(pynvml.nvmlDeviceGetCount())
+                if any(pr.pid == int(pid) for pr in
+                       pynvml.nvmlDeviceGetComputeRunningProcesses(pynvml.nvmlDeviceGetHandleByIndex(i)))]
+    finally:
+        pynvml.nvmlShutdown()
 
 
 class Lifecycle:
@@ -226,15 +244,19 @@ class Lifecycle:
                    ans.get("tokens") == base.get("tokens") and ans.get("digest") == base.get("digest"))
         self.check("restored process is the saved one (boot id)", ans.get("boot") == base.get("boot"))
         if cuda and self.n_gpus >= 2:
-            # torch and NVML spell a UUID differently ("GPU-" prefix, dashes): compare the hex digits.
+            # Which GPU the restored sandbox computes on, as the host's NVML sees it: the
+            # sandbox process holds contexts on the GPUs it uses. What the process itself
+            # reports (torch's device properties) is recorded too, but torch caches them
+            # from before the checkpoint, so it still names the GPU it was saved on
+            # (docs/gpu.md "Restore onto another GPU").
             def hexdigits(u: str) -> str:
                 return "".join(c for c in str(u).lower().removeprefix("gpu-") if c in "0123456789abcdef")
-            seen = hexdigits(self.r["restore"]["gpu"].get("uuid", ""))
-            if seen:
-                self.check(f"restored server computes on GPU {other}",
-                           seen == hexdigits(self.r["node"]["gpus"][int(other)]["uuid"]))
-            else:
-                self.r["restore"]["gpu_uuid_check"] = "torch gave no UUID: not checked"
+            self.r["restore"]["uuid_seen_by_process"] = self.r["restore"]["gpu"].get("uuid", "")
+            self.r["restore"]["uuid_is_saved_gpu"] = (
+                hexdigits(self.r["restore"]["gpu"].get("uuid", "")) == hexdigits(self.r["node"]["gpus"][0]["uuid"]))
+            on = gpus_of(self.sandbox_pid(warm))
+            self.r["restore"]["host_nvml_gpus"] = on
+            self.check(f"restored sandbox holds GPU {other} only (host NVML)", on == [int(other)])
         self.r["ps_after_restore"] = self.thaw_json("ps")[1]
 
         # Refused before runsc runs: another GPU count (or GPUs for a CPU image).
@@ -253,16 +275,24 @@ class Lifecycle:
         subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "thaw-lifecycle-small", str(small)],
                        check=True)
         try:
-            p = self.thaw("checkpoint", warm, "--out", str(small / "img"))
-            self.r["failed_checkpoint"] = {"rc": p.returncode, "stderr": tail(p.stderr, 600),
+            p = self.thaw("-vv", "checkpoint", warm, "--out", str(small / "img"))
+            self.r["failed_checkpoint"] = {"rc": p.returncode, "stderr": tail(p.stderr, 12000),
                                            "left_in_dir": os.listdir(small)}
             errors = [x for x in p.stderr.splitlines() if x.startswith("thaw: error:")]
-            self.check("checkpoint onto a full disk fails with exit 73 and one error line",
-                       p.returncode == EXIT_CHECKPOINT_FAILED and len(errors) == 1)
+            # 4: thaw recognised the full file system (CheckpointNoSpace), not only "a save failed" (73).
+            self.check("checkpoint onto a full disk fails with exit 4 (no room) and one error line",
+                       p.returncode == EXIT_NO_SPACE and len(errors) == 1)
             self.check("no partial image is left", os.listdir(small) == [])
+            # runsc's own log of the sandbox (its --log, JSON): the failed save's whole message.
+            for f in (self.work / "log" / "sandboxes" / warm).glob("runsc*.log"):
+                shutil.copy2(f, self.o.out.parent / f"failed-save-{f.name}")
         finally:
             subprocess.run(["umount", "-l", str(small)], check=False)
-        after, after_s = self.answer(warm, address, 120)
+        try:
+            after, after_s = self.answer(warm, address, 120)
+        except RuntimeError:
+            self.r["failed_checkpoint"]["diagnosis"] = self.diagnose(warm)
+            raise
         self.r["failed_checkpoint"]["answer_after_s"] = round(after_s, 3)
         self.check("after the failed checkpoint the same process answers identically",
                    after.get("boot") == base.get("boot") and after.get("digest") == base.get("digest"))
@@ -284,6 +314,42 @@ class Lifecycle:
         self.check("the cold fallback is a fresh process", ans.get("boot") != base.get("boot"))
         self.check("the cold fallback answers like the first cold start (deterministic model)",
                    ans.get("digest") == base.get("digest"))
+
+    def sandbox_pid(self, sid: str) -> int | None:
+        """The host pid of the sandbox's sentry (runsc state), which holds its GPU contexts."""
+        p = subprocess.run([str(self.o.runsc), f"--root={self.work / 'runsc-root'}", "state", sid + "+"],
+                           capture_output=True, text=True, timeout=30)
+        try:
+            return int(json.loads(p.stdout)["pid"]) if p.returncode == 0 else None
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    def diagnose(self, sid: str) -> dict:
+        """What a workload that stopped answering after a failed save is doing: its
+        processes, the CUDA helper's view of each, the sentry's goroutine stacks."""
+        from nvproxy import helper
+        root = f"--root={self.work / 'runsc-root'}"
+        d: dict = {}
+
+        def run(*argv: str, timeout: float = 30) -> str:
+            try:
+                p = subprocess.run([str(self.o.runsc), root, *argv], capture_output=True, text=True, timeout=timeout)
+                return f"rc={p.returncode}\n{p.stdout}{p.stderr}"
+            except subprocess.TimeoutExpired:
+                return f"timed out after {timeout} s"
+        d["ps"] = tail(run("ps", "--format=json", sid + "+"), 3000)
+        try:
+            pids = [str(x) for x in json.loads(d["ps"].split("\n", 1)[1])]   # runsc prints pids only
+        except (ValueError, KeyError, IndexError, TypeError):
+            pids = []
+        d["cuda_state"] = {pid: tail(run("exec", sid + "+", helper.HELPER_PATH, "--get-state", "--pid", pid), 400)
+                           for pid in pids}
+        stacks = run("debug", "--stacks", sid + "+", timeout=60)
+        (self.o.out.parent / "failed-save-stacks.txt").write_text(stacks)
+        d["stacks_file"] = "failed-save-stacks.txt"
+        d["host_nvml_gpus"] = gpus_of(self.sandbox_pid(sid))
+        print(f"[lifecycle] diagnosis of {sid}: {json.dumps(d)[:3000]}", flush=True)
+        return d
 
     def cleanup(self) -> None:
         rows = self.thaw_json("ps")[1] if (self.work / "state").exists() else []

@@ -16,6 +16,18 @@ go without it use a second image (a second cold start, with a warm page
 cache: `cold_start_warm_s`). Images are deleted once their variants ran
 (disk: an 8B image is ~20 GB).
 
+The levers of issue 17 (docs/gpu.md, "Restore speed levers") are variants too:
+`cooperative*` restore images taken behind the pytorch-offload profile (the
+weights in host memory, or dropped, at checkpoint; the post-restore hook
+copies them back), `parked*` restore ahead of demand, park the CUDA state
+again with the helper through `runsc exec` and time only the demand (CUDA
+restore + hook + request), `*-thp` restore with host shmem huge pages on.
+The images after the first of a model come from the same server process:
+`runsc checkpoint --leave-running` (the CUDA state is toggled back in place)
+then the next profile hook, one cold start for all of them. `--native` adds
+the driver's own checkpoint/restore of the same model outside any sandbox
+(bench/gpu/native_cuda.py), plain and with the weights offloaded.
+
 The GPU goes in through thaw's own path: nvproxy.gpu (NVML) -> nvproxy.cdi
 (the node's CDI spec, generated when none exists; re-injected for each
 restore with cdi.for_restore) and nvproxy.helper (the CUDA checkpoint helper
@@ -28,12 +40,15 @@ Writes <out>/models.json (every model) and returns the same dict.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -55,23 +70,55 @@ import smoke  # noqa: E402  (bench/gpu/smoke.py)
 from channels import SERVER_PORT, ChannelTimeout, FileChannel, HttpChannel  # noqa: E402,F401
 from runsc_logs import cuda_toggles, go_duration, read_logs, timelines  # noqa: E402,F401
 
-# Restore targets (seconds to the first correct answer) from issue 6.
+# Restore targets (seconds to the first correct answer, warm page cache) from
+# issue 17: `target_s` for a workload left as it is (transparent; issue 6 had
+# 4.5 s for 8B), `coop_target_s` for one behind the pytorch-offload profile.
+# `min_s`: what a model needs before its first restore result (weights, cold
+# start, checkpoint, one restore; H200 2026-11-29), so a budget skips it whole.
 # Model shapes: twin bench/gpu/weights.py SHAPES.
 MODELS: dict[str, dict] = {
-    "gpt2-large": {"target_s": 1.0},
-    "llama-3b": {"target_s": 2.0},
-    "llama-8b": {"target_s": 4.5},
-    "tiny": {"target_s": None},
-    "tiny-llama": {"target_s": None},
+    "gpt2-large": {"target_s": 1.0, "coop_target_s": 0.7, "min_s": 70},
+    "llama-3b": {"target_s": 2.0, "coop_target_s": 1.2, "min_s": 110},
+    "llama-8b": {"target_s": 4.0, "coop_target_s": 2.5, "min_s": 170},
+    "tiny": {"target_s": None, "coop_target_s": None, "min_s": 10},
+    "tiny-llama": {"target_s": None, "coop_target_s": None, "min_s": 10},
 }
 
 
 @dataclass(frozen=True)
+class ImageKind:
+    """How an image is taken from a warm server: the server's ops before the
+    checkpoint (the profile's pre-checkpoint hooks), and the op a restore of it
+    needs before the server can answer (the post-restore hook)."""
+    pre: tuple[tuple[str, dict], ...] = ()
+    post: str | None = None
+
+
+IMAGES: dict[str, ImageKind] = {
+    "norelease": ImageKind(),
+    "release": ImageKind(pre=(("pre-checkpoint", {}),)),                    # profile pytorch
+    "offload": ImageKind(pre=(("pre-checkpoint", {}), ("offload-weights", {"mode": "register"})),
+                         post="restore-weights"),                          # profile pytorch-offload
+    "offload-staged": ImageKind(pre=(("pre-checkpoint", {}), ("offload-weights", {"mode": "staged"})),
+                                post="restore-weights"),
+    "offload-alloc": ImageKind(pre=(("pre-checkpoint", {}), ("offload-weights", {"mode": "alloc"})),
+                               post="restore-weights"),
+    "drop": ImageKind(pre=(("pre-checkpoint", {}), ("offload-weights", {"mode": "drop"})),
+                      post="restore-weights"),
+}
+# The images one server process gives, in this order (leave-running checkpoints).
+CHAIN = ("release", "offload", "offload-staged", "offload-alloc", "drop")
+
+
+@dataclass(frozen=True)
 class Variant:
-    image: str            # "release": torch.cuda.empty_cache() before the checkpoint; "norelease": without
+    image: str            # an IMAGES kind: "release": torch.cuda.empty_cache() before the checkpoint; "norelease": without
     background: bool      # runsc restore --background
     drop_cache: bool      # page cache dropped before the restore
     about: str
+    park: bool = False    # restore ahead of demand, CUDA state parked again; time only the demand
+    thp: bool = False     # host shmem huge pages on for the restore (THP_FOR_HUGE_PAGES)
+    target: str = "transparent"   # which target it answers to: transparent | cooperative
 
 
 VARIANTS: dict[str, Variant] = {
@@ -80,8 +127,39 @@ VARIANTS: dict[str, Variant] = {
     "no-background": Variant("release", False, False, "plain runsc restore of the same image (no --background)"),
     "no-release": Variant("norelease", True, False, "without the pre-checkpoint release of cached GPU memory"),
     "baseline": Variant("norelease", False, False, "no thaw optimization at all: no release, no --background"),
+    # Issue 17's levers (not in DEFAULT_VARIANTS; bench/gpu/run-speed.sh runs them).
+    "cooperative": Variant("offload", True, False, "pytorch-offload profile: weights in cudaHostRegister'd host "
+                           "memory at checkpoint, copied back by the post-restore hook", target="cooperative"),
+    "cooperative-staged": Variant("offload-staged", True, False, "as cooperative, host memory pageable; the hook "
+                                  "copies it back through a small pinned ring", target="cooperative"),
+    "cooperative-alloc": Variant("offload-alloc", True, False, "as cooperative, host memory from cudaHostAlloc",
+                                 target="cooperative"),
+    "cooperative-reload": Variant("drop", True, False, "as cooperative, no host copy: the post-restore hook "
+                                  "reloads the weights from the model files", target="cooperative"),
+    "parked": Variant("release", True, False, "restored ahead of demand, CUDA state parked again (pages loaded, "
+                      "GPU free); timed from demand: CUDA restore by runsc exec of the helper + request", park=True),
+    "parked-cooperative": Variant("offload", True, False, "parked, image of the pytorch-offload profile; timed "
+                                  "from demand: CUDA restore + post-restore hook + request", park=True,
+                                  target="cooperative"),
+    "parked-staged": Variant("offload-staged", True, False, "parked, image of cooperative-staged", park=True,
+                             target="cooperative"),
+    "thaw-thp": Variant("release", True, False, "thaw with host shmem huge pages (runsc --app-huge-pages)", thp=True),
+    "cooperative-thp": Variant("offload", True, False, "cooperative with host shmem huge pages", thp=True,
+                               target="cooperative"),
+    "parked-cooperative-thp": Variant("offload", True, False, "parked-cooperative with host shmem huge pages",
+                                      park=True, thp=True, target="cooperative"),
 }
-DEFAULT_VARIANTS = tuple(VARIANTS)
+DEFAULT_VARIANTS = ("thaw", "thaw-cold-cache", "no-background", "no-release", "baseline")
+
+# Host THP for the *-thp variants. runsc (--app-huge-pages, on by default)
+# backs its memory file with huge pages only for shmem_enabled "advise" with
+# defrag "always", "defer" or "never" (runsc/boot/loader.go createMemoryFile;
+# "always" for shmem_enabled halves nvproxy's pageable copies: gVisor #12804).
+# The H200 VM has never/madvise: the driver sets these for the variant's
+# restore and puts the old values back after it. runsc reads them when the
+# restored sandbox boots; the image's chunks keep their own huge flag.
+THP_DIR = Path("/sys/kernel/mm/transparent_hugepage")
+THP_FOR_HUGE_PAGES = {"shmem_enabled": "advise", "defrag": "defer"}
 
 
 def split_variant(name: str) -> tuple[str, str | None]:
@@ -94,6 +172,16 @@ def split_variant(name: str) -> tuple[str, str | None]:
 
 class OutOfTime(Exception):
     pass
+
+
+class HookFailed(Exception):
+    """A pre-checkpoint op of an image failed: that image is not made (the process may go on)."""
+
+
+def image_complete(img: Path) -> bool:
+    """A runsc image directory with a non-empty checkpoint.img and its page files."""
+    files = {p.name: p.stat().st_size for p in img.iterdir()} if img.is_dir() else {}
+    return files.get("checkpoint.img", 0) > 0 and "pages.img" in files and "pages_meta.img" in files
 
 
 @dataclass
@@ -117,6 +205,9 @@ class Options:
     restore_timeout_s: float = 180.0
     budget_s: float | None = None         # stop starting new steps after this many seconds (device commands get 600)
     restore_runsc: dict[str, Path] = field(default_factory=dict)   # "name@alt" variants restore with these
+    model_variants: dict[str, list[str]] = field(default_factory=dict)   # per model, instead of `variants`
+    native: bool = False                  # also the driver's own checkpoint/restore outside a sandbox (cuda)
+    thp_dir: Path = THP_DIR               # where the host THP settings are (tests: a stand-in directory)
     started: float = field(default_factory=time.monotonic, repr=False)
 
     def time_left(self) -> float:
@@ -126,7 +217,11 @@ class Options:
         bad = [m for m in self.models if m not in MODELS]
         if bad:
             raise SystemExit(f"unknown model(s) {bad}; known: {', '.join(MODELS)}")
-        bad = [v for v in self.variants if split_variant(v)[0] not in VARIANTS
+        bad = [m for m in self.model_variants if m not in MODELS]
+        if bad:
+            raise SystemExit(f"unknown model(s) {bad} in --model-variants; known: {', '.join(MODELS)}")
+        every = [v for vs in [self.variants, *self.model_variants.values()] for v in vs]
+        bad = [v for v in every if split_variant(v)[0] not in VARIANTS
                or (split_variant(v)[1] is not None and split_variant(v)[1] not in self.restore_runsc)]
         if bad:
             raise SystemExit(f"unknown variant(s) {bad}; known: {', '.join(VARIANTS)}, each optionally "
@@ -158,6 +253,82 @@ def gpu_memory_used() -> str:
         return "?"
 
 
+def thp_read(root: Path) -> dict[str, str]:
+    """The selected value of each THP_FOR_HUGE_PAGES setting ("[never]" in "always advise [never]")."""
+    out = {}
+    for name in THP_FOR_HUGE_PAGES:
+        text = (root / name).read_text().strip()
+        m = re.search(r"\[([^\]]+)\]", text)
+        out[name] = m[1] if m else text
+    return out
+
+
+def thp_write(root: Path, values: dict[str, str]) -> None:
+    for name, value in values.items():
+        (root / name).write_text(value + "\n")
+
+
+def huge_pages_line(log_text: str) -> str | None:
+    """runsc's boot log says whether the memory file uses huge pages (runsc/boot/loader.go createMemoryFile)."""
+    m = re.findall(r"(?:Enabling|Disabling) application huge pages[^\n]*", log_text)
+    return m[-1].strip() if m else None
+
+
+def sandbox_host_memory(pid: int) -> dict:
+    """Host memory a sandbox holds: its memory file (the sentry's memfd
+    "runsc-memory": the workload's pages, allocated on the host) and the
+    sandbox processes' resident sizes, summed (the stubs' RssShmem maps the
+    same memfd again). `pid` is what `runsc state` reports; the memfd is found
+    on it or its descendants."""
+    out: dict = {"memfd_bytes": 0, "processes": 0, "rss_kb": 0, "rss_anon_kb": 0, "rss_shmem_kb": 0}
+    todo, seen = [pid], set()
+    while todo:
+        p = todo.pop()
+        if p in seen or p <= 0:
+            continue
+        seen.add(p)
+        try:
+            status = Path(f"/proc/{p}/status").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        out["processes"] += 1
+        for key, field_name in (("rss_kb", "VmRSS"), ("rss_anon_kb", "RssAnon"), ("rss_shmem_kb", "RssShmem")):
+            if field_name in fields:
+                out[key] += int(fields[field_name].split()[0])
+        try:
+            for fd in os.listdir(f"/proc/{p}/fd"):
+                try:
+                    if os.readlink(f"/proc/{p}/fd/{fd}").startswith("/memfd:runsc-memory"):
+                        out["memfd_bytes"] += os.stat(f"/proc/{p}/fd/{fd}").st_blocks * 512
+                except OSError:
+                    pass
+            for task in os.listdir(f"/proc/{p}/task"):
+                todo.extend(int(c) for c in Path(f"/proc/{p}/task/{task}/children").read_text().split())
+        except OSError:
+            pass
+    return out
+
+
+# The CPU rehearsal's stand-in for the CUDA checkpoint helper (--device cpu,
+# parked variants): the same command line and output, a state in the sandbox's
+# own /tmp, no GPU.
+FAKE_HELPER = """#!/bin/sh
+# bench/gpu/models.py --device cpu: stand-in for thaw-cuda-checkpoint (no GPU).
+f=/tmp/.thaw-fake-cuda-state
+mode=; timing=
+for a in "$@"; do case "$a" in --get-state|--toggle) mode=$a;; --timing) timing=1;; esac; done
+s=$(cat "$f" 2>/dev/null || echo running)
+case "$mode" in
+  --toggle) if [ "$s" = running ]; then s=checkpointed; else s=running; fi; echo "$s" > "$f";;
+  --get-state) echo "$s";;
+  *) exit 2;;
+esac
+[ -n "$timing" ] && echo "thaw-cuda-checkpoint timing: dlopen=0.000000 cuInit=0.000000 total=0.000000" >&2
+exit 0
+"""
+
+
 def interpreter(python: str) -> tuple[str, list[str]]:
     """The server interpreter's own path (a venv's, not its symlink target: that
     is what makes the venv's packages active) and the host directories it
@@ -181,7 +352,9 @@ class ModelBench:
         self.share = self.dir / "share"
         self.n = 0
         self.net = None
-        self.result: dict = {"model": model, "target_s": MODELS[model]["target_s"], "device": opts.device,
+        self.variants = list(opts.model_variants.get(model, opts.variants))
+        self.result: dict = {"model": model, "target_s": MODELS[model]["target_s"],
+                             "coop_target_s": MODELS[model]["coop_target_s"], "device": opts.device,
                              "backend": opts.backend, "channel": opts.channel, "images": {}, "variants": {},
                              "errors": []}
 
@@ -208,6 +381,12 @@ class ModelBench:
                 spec = cdi.inject(spec, self.registry, self.devices)
             else:
                 spec["linux"]["devices"] = smoke.nvidia_devices()   # the GPU smoke's list, no CDI
+        elif any(VARIANTS[split_variant(v)[0]].park for v in self.variants):
+            fake = self.dir / "fake-helper"
+            fake.write_text(FAKE_HELPER)
+            fake.chmod(0o755)
+            helper.stage(fake, self.dir / "helper")
+            helper.add_to_spec(spec, self.dir / "helper")
         if self.o.channel == "http":
             from runsc_hooks import network
             ip = network.slot_addresses("10.213.0.0/16", 200)
@@ -305,33 +484,204 @@ class ModelBench:
         p = self.share / "server.log"
         return p.read_text(errors="replace")[-n:] if p.exists() else "(none)"
 
+    def call(self, op: str, timeout_s: float = 300, cid: str | None = None, **args) -> dict:
+        """One server op (a profile hook's route on the HTTP channel); RuntimeError when it answers an
+        error. With `cid`, waiting stops as soon as that sandbox is dead."""
+        t0 = time.monotonic()
+        out = self.channel.request(op, timeout_s, abort=(lambda: self.dead(cid)) if cid else None, **args)
+        if "error" in out:
+            raise RuntimeError(f"server {op}: {out['error']}")
+        return {**out, "wall_s": round(time.monotonic() - t0, 4)}
+
     def make_image(self, kind: str, first: bool) -> dict:
-        cid, answer, cold_s = self.cold_start(cold_cache=first and self.o.drop_caches)
-        ready = next((e for e in self.events() if e.get("event") == "ready"), {})
-        info: dict = {"cold_start_s": round(cold_s, 3), "cold_cache": first and self.o.drop_caches,
-                      "server": {k: v for k, v in ready.items() if k not in ("event", "t")},
-                      "answer": {k: answer.get(k) for k in ("tokens", "digest", "finite")}}
-        if kind == "release":
-            info["release"] = self.channel.request("pre-checkpoint", 120)
+        """One cold start, one image (the sandbox ends with the checkpoint)."""
+        made = self.make_chain([kind], first)
+        if kind not in made:
+            raise RuntimeError(f"no {kind} image: {self.result['errors'][-1] if self.result['errors'] else '?'}")
+        return made[kind]
+
+    def make_chain(self, kinds: list[str], first: bool) -> dict[str, dict]:
+        """The images `kinds` (in CHAIN order) from one server process: each but
+        the last is saved with --leave-running, after which the process goes on
+        (its weights back if they had left) and must answer as before; the next
+        kind's hooks run on it. A kind whose hook or checkpoint fails is left out
+        (recorded in errors; its variants say so) and the process goes on if it
+        still answers as before, else the kinds left get a new cold start. An
+        image saved whole whose in-place resume failed is kept, and the kinds
+        left get a cold start each."""
+        made: dict[str, dict] = {}
+        todo = list(kinds)
+        chained = True
+        while todo:
+            if made:        # a cold start of its own for what is left
+                ck = next(iter(made.values()))["checkpoint_s"]
+                self.check_time(f"image {todo[0]}", 45 + 2 * ck)
+            cid, answer, cold_s = self.cold_start(cold_cache=first and self.o.drop_caches)
+            ready = next((e for e in self.events() if e.get("event") == "ready"), {})
+            base: dict = {"cold_start_s": round(cold_s, 3), "cold_cache": first and self.o.drop_caches,
+                          "server": {k: v for k, v in ready.items() if k not in ("event", "t")},
+                          "answer": {k: answer.get(k) for k in ("tokens", "digest", "finite")},
+                          "boot": answer.get("boot")}
+            first = False
+            here: list[str] = []        # the images taken from this process so far
+            try:
+                while todo:
+                    kind = todo[0]
+                    leave = chained and len(todo) > 1
+                    if here:
+                        ck = made[here[0]]["checkpoint_s"]
+                        self.check_time(f"image {kind}", 10 + 2 * ck)
+                    try:
+                        info = self.take_image(cid, kind, dict(base, taken_after=list(here)), leave_running=leave)
+                    except OutOfTime:
+                        raise
+                    except Exception as e:  # noqa: BLE001 - a hook, or the checkpoint leaving no whole image
+                        # Not retried: the same process state would fail the same way.
+                        why = str(e) if isinstance(e, HookFailed) else f"{type(e).__name__}: {str(e)[-600:]}"
+                        self.result["errors"].append(f"image {kind} not made: {why}")
+                        todo.pop(0)
+                        if not todo or not (leave or isinstance(e, HookFailed)):
+                            break
+                        # The rest from this process if it still answers as before (its weights back
+                        # first if they had left: harmless if they had not), else from a new one.
+                        check = self.answers_as_before(cid, IMAGES[kind].post, answer)
+                        if not check.get("identical"):
+                            self.result["errors"].append(f"after image {kind} failed the server did not answer "
+                                                         f"as before: {check}; a new cold start for the rest")
+                            break
+                        continue
+                    made[kind] = info
+                    here.append(kind)
+                    todo.pop(0)
+                    if not leave:
+                        break
+                    if "checkpoint_error" in info:
+                        # Saved whole, then the in-place CUDA resume failed: the image stays, the process does not.
+                        self.result["errors"].append(f"image {kind}: saved, then --leave-running failed: "
+                                                     f"{info['checkpoint_error']}; the images left get a cold "
+                                                     "start each")
+                        chained = False
+                        break
+                    # The process goes on: the next image is taken from it.
+                    info["after_leave_running"] = cont = self.answers_as_before(cid, IMAGES[kind].post, answer)
+                    self.progress(self.result)
+                    if not cont.get("identical"):
+                        self.result["errors"].append(f"after the leave-running checkpoint of {kind} the server "
+                                                     f"did not answer as before: {cont}; the images left get a "
+                                                     "cold start each")
+                        chained = False
+                        break
+            finally:
+                self.delete(cid)
+        return made
+
+    def answers_as_before(self, cid: str, post: str | None, answer: dict) -> dict:
+        """After a leave-running checkpoint (or a failed hook): the post-restore op if the image needs
+        one, then a request, which must give the cold start's answer."""
+        out: dict = {}
+        try:
+            # Short waits: a process left locked by a failed CUDA checkpoint never answers.
+            if post:
+                out["post"] = self.call(post, 60, cid=cid)
+            again = self.call("generate", 30, cid=cid)
+            out["identical"] = same_answer(again, answer)
+            out["server_s"] = again.get("server_s")
+        except Exception as e:  # noqa: BLE001 - recorded; the caller ends the chain
+            out["error"] = f"{type(e).__name__}: {str(e)[-600:]}"
+        return out
+
+    def take_image(self, cid: str, kind: str, info: dict, leave_running: bool) -> dict:
+        """The kind's pre-checkpoint ops, then `runsc checkpoint`. HookFailed when an op
+        fails (nothing was saved); with --leave-running, a checkpoint command that fails
+        after writing a whole image keeps it (`checkpoint_error`)."""
+        try:
+            for op, args in IMAGES[kind].pre:
+                info.setdefault("hooks", {})[op] = self.call(op, cid=cid, **args)
+        except Exception as e:  # noqa: BLE001 - the caller decides
+            raise HookFailed(f"{type(e).__name__}: {str(e)[-600:]}") from e
+        if "pre-checkpoint" in info.get("hooks", {}):
+            info["release"] = info["hooks"]["pre-checkpoint"]
         if self.o.device == "cuda":
             info["gpu_memory_before_checkpoint"] = gpu_memory_used()
         img = self.dir / f"image-{kind}"
         shutil.rmtree(img, ignore_errors=True)
+        seen = len(cuda_toggles(read_logs(self.logs, cid)))
         t0 = time.monotonic()
-        self.runsc.checkpoint(cid, CheckpointOptions(
-            image_path=img, cuda_checkpoint_path=helper.HELPER_PATH if self.o.device == "cuda" else None))
+        try:
+            self.runsc.checkpoint(cid, CheckpointOptions(
+                image_path=img, leave_running=leave_running,
+                cuda_checkpoint_path=helper.HELPER_PATH if self.o.device == "cuda" else None))
+        except Exception as e:
+            if not (leave_running and image_complete(img)):
+                shutil.rmtree(img, ignore_errors=True)
+                raise
+            info["checkpoint_error"] = f"{type(e).__name__}: {str(e)[-600:]}"
         info["checkpoint_s"] = round(time.monotonic() - t0, 3)
+        info["leave_running"] = leave_running
         info["image_files"] = {p.name: p.stat().st_size for p in sorted(img.iterdir()) if p.is_file()}
         info["image_bytes"] = sum(info["image_files"].values())
-        info["cuda_checkpoint"] = cuda_toggles(read_logs(self.logs, cid))
+        toggles = cuda_toggles(read_logs(self.logs, cid))[seen:]
+        info["cuda_checkpoint"] = toggles[:1]
+        if leave_running:
+            info["cuda_resume"] = toggles[1:]    # the process toggled back in place
         if self.o.device == "cuda":
             info["gpu_memory_after_checkpoint"] = gpu_memory_used()
-        self.delete(cid)
         info["path"] = str(img)
-        info["boot"] = answer.get("boot")
         self.result["images"][kind] = info
         self.progress(self.result)
         return info
+
+    @contextlib.contextmanager
+    def host_thp(self, why: str):
+        """THP_FOR_HUGE_PAGES on the host for the block, the old values after it.
+        Yields the values in force (None where they could not be set: recorded
+        in errors, the block runs anyway)."""
+        try:
+            saved = thp_read(self.o.thp_dir)
+            thp_write(self.o.thp_dir, THP_FOR_HUGE_PAGES)
+        except OSError as e:
+            self.result["errors"].append(f"host THP not set for {why}: {e}")
+            yield None
+            return
+        try:
+            yield thp_read(self.o.thp_dir)
+        finally:
+            try:
+                thp_write(self.o.thp_dir, saved)
+            except OSError as e:
+                self.result["errors"].append(f"could not put host THP back to {saved} after {why}: {e}")
+
+    def helper_exec(self, runsc: Runsc, cid: str, pid: int, *args: str) -> dict:
+        """The CUDA checkpoint helper run in the sandbox through `runsc exec`, with
+        its --timing line: the wall time from here (runsc exec included) and the
+        helper's own steps (libcuda load, cuInit, the driver calls)."""
+        t0 = time.monotonic()
+        p = runsc.exec(cid, [helper.HELPER_PATH, helper.TIMING_FLAG, *args, "--pid", str(pid)], timeout_s=300)
+        return {"args": list(args), "wall_s": round(time.monotonic() - t0, 4), "stdout": p.stdout.strip(),
+                "timing": helper.parse_timing(p.stderr)}
+
+    def park(self, runsc: Runsc, cid: str, t0: float, image: dict) -> dict:
+        """After a --background restore: wait until runsc has restored the CUDA
+        state and loaded every page, then check it (the helper's fixed cost in
+        the sandbox: --get-state twice), park it (--toggle: checkpointed, GPU
+        memory free) and measure what the parked sandbox holds on the host."""
+        pid = int((image.get("server") or {}).get("pid") or 1)
+        rec: dict = {"pid": pid}
+        runsc.wait(cid, timeout_s=self.o.restore_timeout_s, restore=True)
+        rec["restore_done_s"] = round(time.monotonic() - t0, 4)
+        rec["get_state"] = [self.helper_exec(runsc, cid, pid, "--get-state") for _ in range(2)]
+        rec["park_toggle"] = self.helper_exec(runsc, cid, pid, "--toggle")
+        rec["parked_state"] = self.helper_exec(runsc, cid, pid, "--get-state")["stdout"]
+        if rec["parked_state"] != "checkpointed":
+            raise RuntimeError(f"parking left the process {rec['parked_state']!r}, not checkpointed")
+        rec["parked_s"] = round(time.monotonic() - t0, 4)
+        if self.o.device == "cuda":
+            rec["gpu_memory_parked"] = gpu_memory_used()
+        try:
+            rec["host_memory"] = sandbox_host_memory(runsc.state(cid).pid)
+        except Exception as e:  # noqa: BLE001 - a measurement, not a step
+            rec["host_memory"] = {"error": f"{type(e).__name__}: {e}"}
+        return rec
 
     def restore(self, name: str, variant: Variant, image: dict) -> dict:
         alt = split_variant(name)[1]
@@ -353,25 +703,40 @@ class ModelBench:
         rec: dict = {"about": variant.about + (f"; restored by runsc {alt}" if alt else ""),
                      "image": variant.image, "background": variant.background,
                      "page_cache": "dropped" if variant.drop_cache else "warm"}
-        t0 = time.monotonic()
+        held = contextlib.ExitStack()
         try:
+            if variant.thp:
+                # Until the sandbox is deleted: runsc reads the setting as the
+                # restored sandbox boots, and pages go on loading after `runsc restore`.
+                rec["host_thp"] = held.enter_context(self.host_thp(f"variant {name}"))
+            t0 = time.monotonic()
             runsc.restore(cid, RestoreOptions(image_path=Path(image["path"]),
-                                                   create=CreateOptions(bundle=bundle.path), detach=True,
-                                                   background=variant.background))
+                                              create=CreateOptions(bundle=bundle.path), detach=True,
+                                              background=variant.background))
             rec["runsc_restore_s"] = round(time.monotonic() - t0, 4)
+            if variant.park:
+                rec["park"] = self.park(runsc, cid, t0, image)
+                t0 = time.monotonic()           # demand: from here to the first answer
+                rec["demand_toggle"] = self.helper_exec(runsc, cid, rec["park"]["pid"], "--toggle")
+            post = IMAGES[variant.image].post
+            if post:
+                rec["post_restore"] = self.call(post, self.o.restore_timeout_s, cid=cid)
             answer = self.channel.request("generate", self.o.restore_timeout_s, abort=lambda: self.dead(cid))
             rec["restore_s"] = round(time.monotonic() - t0, 4)
-            rec["first_request_s"] = round(rec["restore_s"] - rec["runsc_restore_s"], 4)
+            rec["first_request_s"] = round(rec["restore_s"] - (0 if variant.park else rec["runsc_restore_s"]), 4)
+            if "error" in answer:
+                raise RuntimeError(f"server generate: {answer['error']}")
             rec["server_s"] = answer.get("server_s")
             rec["identical"] = same_answer(answer, image["answer"])
             rec["same_process"] = answer.get("boot") == image["boot"]
             if not rec["identical"]:
                 rec["answer"] = {k: answer.get(k) for k in ("tokens", "digest", "finite")}
-            try:
-                runsc.wait(cid, timeout_s=self.o.restore_timeout_s, restore=True)
-                rec["restore_done_s"] = round(time.monotonic() - t0, 4)
-            except Exception as e:  # noqa: BLE001 - recorded; the answer already came
-                rec["wait_restore_error"] = str(e)[-300:]
+            if not variant.park:
+                try:
+                    runsc.wait(cid, timeout_s=self.o.restore_timeout_s, restore=True)
+                    rec["restore_done_s"] = round(time.monotonic() - t0, 4)
+                except Exception as e:  # noqa: BLE001 - recorded; the answer already came
+                    rec["wait_restore_error"] = str(e)[-300:]
             # The sentry logs the Restore table in a deferred call after it
             # reports the restore done (runsc/boot/restore.go postRestore): give
             # it a moment before the sandbox is deleted.
@@ -383,21 +748,25 @@ class ModelBench:
             rec["identical"] = False
         finally:
             self.delete(cid)
+            held.close()
         text = read_logs(self.logs, cid)
         rec["cuda_restore"] = cuda_toggles(text)
+        rec["huge_pages"] = huge_pages_line(text)
         tls = timelines(text)
         rec["timeline"] = tls[-1] if tls else []
         return rec
 
-    def first_image(self, kind: str) -> dict:
-        """Set-up, first cold start and checkpoint; when GPUs went in through CDI
-        and that failed, once more with the GPU smoke's hand-made device list,
-        so one bad CDI detail costs a retry, not the device run."""
+    def with_cdi_fallback(self, step: Callable[[], dict]) -> dict:
+        """Set-up and the first image step; when GPUs went in through CDI and
+        that failed before any image was made, once more with the GPU smoke's
+        hand-made device list, so one bad CDI detail costs a retry, not the device run."""
         try:
             self.setup()
-            return self.make_image(kind, first=True)
+            return step()
+        except OutOfTime:
+            raise
         except Exception as e:  # noqa: BLE001 - retried without CDI, the error is kept
-            if not (self.o.device == "cuda" and self.o.cdi):
+            if not (self.o.device == "cuda" and self.o.cdi) or self.result["images"]:
                 raise
             self.result["cdi_fallback"] = f"{type(e).__name__}: {str(e)[-800:]}"
             print(f"[bench] {self.model}: with CDI: {e}; again without CDI", flush=True)
@@ -408,33 +777,74 @@ class ModelBench:
             except Exception as e2:  # noqa: BLE001 - set-up failed before runsc had a root
                 self.result["errors"].append(f"cleanup before retry: {e2}")
             self.setup()
-            return self.make_image(kind, first=True)
+            return step()
+
+    def first_image(self, kind: str) -> dict:
+        return self.with_cdi_fallback(lambda: self.make_image(kind, first=True))
 
     def check_time(self, what: str, need_s: float) -> None:
         if self.o.time_left() < need_s:
             raise OutOfTime(f"{what} skipped: {self.o.time_left():.0f} s left of --budget-s, ~{need_s:.0f} s needed")
 
+    def native(self) -> None:
+        """The driver's own checkpoint/restore of the same model, outside any sandbox (bench/gpu/native_cuda.py)."""
+        import native_cuda  # noqa: E402  (bench/gpu/native_cuda.py)
+        self.check_time("native", 45)
+        t0 = time.monotonic()
+        self.result["native"] = native_cuda.one(self.model, str(self.o.helper), self.o.work, keep_weights=True,
+                                                offload_mode="register")
+        self.result["native"]["wall_s"] = round(time.monotonic() - t0, 1)
+        self.progress(self.result)
+        print(f"[bench] {self.model} native: {json.dumps(_native_brief(self.result['native']))}", flush=True)
+
     def run(self) -> dict:
         t0 = time.monotonic()
         try:
-            self.check_time("model", 60)
+            self.check_time("model", MODELS[self.model]["min_s"])
             self.make_weights()
-            kinds = [k for k in ("norelease", "release")
-                     if any(VARIANTS[split_variant(v)[0]].image == k for v in self.o.variants)]
-            for i, kind in enumerate(kinds):
-                if i:
-                    cold = self.result["images"][kinds[0]]
-                    self.check_time(f"image {kind}", cold["cold_start_s"] + 3 * cold["checkpoint_s"] + 10)
-                image = self.first_image(kind) if i == 0 else self.make_image(kind, first=False)
-                for name in [v for v in self.o.variants if VARIANTS[split_variant(v)[0]].image == kind]:
-                    runs = []
-                    for _ in range(self.o.repeat):
-                        self.check_time(f"variant {name}", 3 * image["checkpoint_s"] + 10)
-                        runs.append(self.restore(name, VARIANTS[split_variant(name)[0]], image))
-                    self.result["variants"][name] = runs[0] if len(runs) == 1 else {**runs[0], "runs": runs}
-                    self.progress(self.result)
-                    print(f"[bench] {self.model} {name}: {json.dumps(_brief(runs))}", flush=True)
-                if not self.o.keep:
+            if self.o.native and self.o.device == "cuda":
+                try:
+                    self.native()
+                except OutOfTime:
+                    raise
+                except Exception as e:  # noqa: BLE001 - the sandbox variants still run
+                    self.result["native"] = {"error": f"{type(e).__name__}: {str(e)[-800:]}"}
+            needed = {VARIANTS[split_variant(v)[0]].image for v in self.variants}
+            solo = [k for k in ("norelease",) if k in needed]
+            chain = [k for k in CHAIN if k in needed]
+            if solo:
+                self.first_image("norelease")
+            if chain:
+                # The memory file's chunks get their huge-page flag when the
+                # workload allocates (pkg/sentry/pgalloc: chunk.huge), so the
+                # *-thp variants need the cold start and checkpoints under host
+                # THP too; the other variants restore the same images with THP
+                # as it was (runsc then backs the chunks with small pages).
+                thp = any(VARIANTS[split_variant(v)[0]].thp for v in self.variants)
+                with self.host_thp("the cold start and checkpoints") if thp else contextlib.nullcontext() as t:
+                    self.result["host_thp_at_checkpoint"] = t if thp else None
+                    if solo:
+                        self.make_chain(chain, first=False)
+                    else:
+                        self.with_cdi_fallback(lambda: self.make_chain(chain, first=True))
+            uses = Counter(VARIANTS[split_variant(v)[0]].image for v in self.variants)
+            for name in self.variants:
+                variant = VARIANTS[split_variant(name)[0]]
+                image = self.result["images"].get(variant.image)
+                if image is None:
+                    self.result["variants"][name] = {"error": f"no {variant.image} image was made",
+                                                     "identical": False}
+                    continue
+                runs = []
+                for _ in range(self.o.repeat):
+                    # A restore takes about half a checkpoint; parked ones a checkpoint and a half.
+                    self.check_time(f"variant {name}", 2 * image["checkpoint_s"] + 10)
+                    runs.append(self.restore(name, variant, image))
+                self.result["variants"][name] = runs[0] if len(runs) == 1 else {**runs[0], "runs": runs}
+                self.progress(self.result)
+                print(f"[bench] {self.model} {name}: {json.dumps(_brief(runs))}", flush=True)
+                uses[variant.image] -= 1
+                if uses[variant.image] == 0 and not self.o.keep:
                     shutil.rmtree(image["path"], ignore_errors=True)
         except Exception as e:  # noqa: BLE001 - every failure is evidence in the result
             self.result["errors"].append(f"{type(e).__name__}: {e}")
@@ -456,6 +866,55 @@ class ModelBench:
 def _brief(runs: list[dict]) -> dict:
     keys = ("restore_s", "runsc_restore_s", "first_request_s", "identical", "error")
     return {k: [r.get(k) for r in runs] if len(runs) > 1 else runs[0].get(k) for k in keys if k in runs[0]}
+
+
+def _native_brief(n: dict) -> dict:
+    """bench/gpu/native_cuda.py's record, shortened: the CUDA restore outside a sandbox, plain and cooperative."""
+    if not isinstance(n, dict) or "native_restore_s" not in n:
+        return {"error": (n or {}).get("error")} if isinstance(n, dict) else {}
+    out = {"cuda_checkpoint_s": n.get("native_checkpoint_s"), "cuda_restore_s": n.get("native_restore_s"),
+           "identical": n.get("identical"), "get_state_s": n.get("get_state_s")}
+    off = n.get("offload") or {}
+    if off:
+        out["cooperative"] = {k: off.get(k) for k in ("cuda_checkpoint_s", "cuda_restore_s", "restore_weights_s",
+                                                       "restore_s", "identical", "error") if k in off}
+    return out
+
+
+def levers(r: dict) -> dict:
+    """Issue 17's comparison, per variant: seconds to the first correct answer
+    (parked: from demand), the target it answers to (transparent or
+    cooperative) and the gap to `thaw`; beside them the driver's own restore
+    of the same model outside a sandbox (`native`: CUDA restore only, no
+    runsc, no request)."""
+    out: dict = {}
+    variants = r.get("variants", {})
+    thaw = (variants.get("thaw") or {}).get("restore_s")
+    for name, v in variants.items():
+        var = VARIANTS.get(split_variant(name)[0])
+        if var is None:
+            continue
+        target = r.get("target_s") if var.target == "transparent" else r.get("coop_target_s")
+        t = v.get("restore_s")
+        row: dict = {"restore_s": t, "identical": v.get("identical"), "target": var.target, "target_s": target,
+                     "met_target": None if target is None or t is None else bool(t <= target and v.get("identical")),
+                     "vs_thaw_s": round(t - thaw, 4) if t is not None and thaw is not None else None,
+                     "image_bytes": (r.get("images", {}).get(var.image) or {}).get("image_bytes")}
+        if "demand_toggle" in v:
+            row["cuda_restore_s"] = v["demand_toggle"].get("wall_s")
+        elif v.get("cuda_restore"):
+            row["cuda_restore_s"] = round(sum(x["seconds"] for x in v["cuda_restore"]), 4)
+        if "post_restore" in v:
+            row["post_restore_s"] = v["post_restore"].get("wall_s")
+        if "park" in v:
+            row["parked_after_s"] = v["park"].get("parked_s")
+            row["parked_host_memfd_bytes"] = (v["park"].get("host_memory") or {}).get("memfd_bytes")
+        if v.get("error"):
+            row["error"] = v["error"][:300]
+        out[name] = row
+    if r.get("native"):
+        out["native"] = _native_brief(r["native"])
+    return out
 
 
 def summarize(r: dict) -> dict:
@@ -495,6 +954,7 @@ def summarize(r: dict) -> dict:
                 key=lambda x: -x["seconds"])[:5],
             "image_bytes": s["image_bytes"],
         }
+    s["levers"] = levers(r)
     return s
 
 
@@ -556,7 +1016,19 @@ def parse_args(argv: list[str] | None = None) -> Options:
     ap.add_argument("--budget-s", type=float, help="start no new step after this many seconds")
     ap.add_argument("--restore-runsc", action="append", default=[], metavar="NAME=PATH",
                     help="another runsc (same pin and label) for variants named VARIANT@NAME")
+    ap.add_argument("--model-variants", action="append", default=[], metavar="MODEL=V1,V2",
+                    help="this model's variants instead of --variants (in this order)")
+    ap.add_argument("--native", action="store_true",
+                    help="also the driver's checkpoint/restore of each model outside a sandbox (bench/gpu/native_cuda.py)")
+    ap.add_argument("--thp-dir", type=Path, default=THP_DIR,
+                    help="where the host THP settings the *-thp variants change are (CPU rehearsals: a stand-in)")
     a = ap.parse_args(argv)
+    per_model = {}
+    for item in a.model_variants:
+        m, sep, vs = item.partition("=")
+        if not sep or not m:
+            raise SystemExit(f"--model-variants wants MODEL=V1,V2, got {item!r}")
+        per_model[m] = [v for v in vs.split(",") if v]
     alts = {}
     for item in a.restore_runsc:
         n, sep, path = item.partition("=")
@@ -567,10 +1039,44 @@ def parse_args(argv: list[str] | None = None) -> Options:
                    models=[m for m in a.models.split(",") if m], variants=[v for v in a.variants.split(",") if v],
                    device=a.device, backend=a.backend, channel=a.channel, python=a.python, cdi=a.cdi,
                    repeat=a.repeat, runsc_debug=a.runsc_debug, keep=a.keep,
-                   drop_caches=a.drop_caches, budget_s=a.budget_s, restore_runsc=alts)
+                   drop_caches=a.drop_caches, budget_s=a.budget_s, restore_runsc=alts,
+                   model_variants=per_model, native=a.native, thp_dir=a.thp_dir)
+
+
+def lever_table(result: dict) -> str:
+    """The levers of every model as text (`models.py table RESULTS.json`)."""
+    gb = lambda b: f"{b / 1e9:.2f}" if isinstance(b, (int, float)) else "-"   # noqa: E731
+    num = lambda x: f"{x:.3f}" if isinstance(x, (int, float)) else "-"        # noqa: E731
+    lines = []
+    for m, r in result.get("models", {}).items():
+        lv = r.get("levers") or levers(r)
+        lines.append(f"== {m}: transparent target {r.get('target_s')} s, cooperative {r.get('coop_target_s')} s; "
+                     f"errors: {len(r.get('errors', []))}")
+        lines.append(f"{'variant':24} {'restore_s':>9} {'target':>6} {'met':>5} {'same':>5} {'image_GB':>8} "
+                     f"{'cuda_s':>7} {'hook_s':>7} {'parked_GB':>9}  error")
+        for name, row in lv.items():
+            if name == "native":
+                continue
+            lines.append(f"{name:24} {num(row.get('restore_s')):>9} {num(row.get('target_s')):>6} "
+                         f"{str(row.get('met_target')):>5} {str(row.get('identical')):>5} {gb(row.get('image_bytes')):>8} "
+                         f"{num(row.get('cuda_restore_s')):>7} {num(row.get('post_restore_s')):>7} "
+                         f"{gb(row.get('parked_host_memfd_bytes')):>9}  {(row.get('error') or '')[:80]}")
+        n = lv.get("native") or {}
+        if n:
+            c = n.get("cooperative") or {}
+            lines.append(f"native (no sandbox): CUDA restore {num(n.get('cuda_restore_s'))} s, checkpoint "
+                         f"{num(n.get('cuda_checkpoint_s'))} s, get-state {n.get('get_state_s')}; cooperative: "
+                         f"CUDA restore {num(c.get('cuda_restore_s'))} s + weights {num(c.get('restore_weights_s'))} s"
+                         f" = {num(c.get('restore_s'))} s, identical {n.get('identical')}/{c.get('identical')}"
+                         + (f"; error {n.get('error') or c.get('error')}" if n.get("error") or c.get("error") else ""))
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["table"]:
+        print(lever_table(json.loads(Path(argv[1]).read_text())))
+        return 0
     result = run(parse_args(argv))
     print(json.dumps(headline(result), indent=2))
     ok = all(r.get("identical") and not r.get("errors") for r in result["models"].values())

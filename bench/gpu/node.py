@@ -437,7 +437,8 @@ class Node:
         from runsc_hooks import spec as specmod
         python, paths = self.server_python()
         self.mounts = [m for m in specmod.host_layout(paths)]
-        files: dict = {"/app/server.py": ocibuild.File((HERE / "server.py").read_bytes(), 0o644)}
+        # server.py imports offload.py from beside itself (the pytorch-offload profile's routes).
+        files: dict = {f"/app/{n}": ocibuild.File((HERE / n).read_bytes(), 0o644) for n in ("server.py", "offload.py")}
         for d in specmod.HOST_SYSTEM_DIRS:
             if os.path.islink(d):
                 files[d] = ocibuild.File(link=os.readlink(d))
@@ -779,13 +780,17 @@ class Node:
     def broken_image(self, key: str, cold: dict) -> dict:
         self.o.need("broken image", 150 if self.o.gpu else 40)
         from control import config as configmod
-        from control.images import manifest as manifestmod
+        from control.images import image as images
+        from control.images.keys import Keyring
         from control.images.store import Store
+        from control.lifecycle.tenant import store_tenant
+        from control.node import compat
         from control.thawd.quarantine import read_quarantine
         s = configmod.load(environ={}, config_file=Path(CONFIG))
-        store = Store(s)
-        (k, th, _), *_ = list(store.list_manifests(key))
-        m = manifestmod.parse(store.get_manifest(key, th), store.manifest_name(key, th))
+        # The key's tenant's part of the store, as thawd reads it (issue 13): the
+        # manifest this node's thawd would pull, opened with the tenant's key if any.
+        store = Store(s).for_tenant(store_tenant(key), Keyring.from_settings(s))
+        m = images.remote_manifest(store, key, compat.node_tuple(s))
         biggest = max(m.files, key=lambda f: f.size)
         stored = [c for c in biggest.chunks if c.hash in m.locations]
         target = stored[len(stored) // 2]

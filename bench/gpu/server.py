@@ -9,13 +9,23 @@ restore is bit-identical to the one before" is one string comparison.
 Two doors to the same handler (bench/gpu/README.md says why):
 - HTTP on --port: GET /health, GET /gpu (a small computation on the device;
   the JSON field "gpu" names it: the `gpu:PORT/gpu` probe of
-  runsc_hooks/probe.py), POST /generate, POST /thaw/pre-checkpoint (the
-  pytorch profile's hook: control/profiles.py);
+  runsc_hooks/probe.py), POST /generate, and the workload profiles'
+  hooks (control/lifecycle/profiles.py): POST /thaw/pre-checkpoint (pytorch:
+  release cached GPU memory, end torch.compile's worker processes), POST
+  /thaw/offload-weights[?mode=register|alloc|staged|drop] before the checkpoint and
+  POST /thaw/restore-weights after the restore (pytorch-offload: the weights
+  leave the GPU before the checkpoint and come back at pinned-copy speed;
+  bench/gpu/offload.py);
 - a spool directory (--spool, a bind mount shared with the driver): the driver
-  writes `<id>.req` (JSON {"op": "health"|"generate"|"pre-checkpoint"}), the
-  server answers with `<id>.resp` (written to a temp name, then renamed) and
-  removes the request. This needs no network, and bind mounts work across
-  checkpoint/restore (the GPU smoke used one).
+  writes `<id>.req` (JSON {"op": "health"|"generate"|"pre-checkpoint"|
+  "offload-weights"|"restore-weights", "mode": ...}), the server answers with
+  `<id>.resp` (written to a temp name, then renamed) and removes the request.
+  This needs no network, and bind mounts work across checkpoint/restore (the
+  GPU smoke used one).
+
+A failing operation answers {"error": ...} (HTTP 500), and the server goes on.
+`generate` while the weights are off the GPU is such an error: the
+post-restore hook has to bring them back first.
 
 `--backend fake` answers from a hash of the model directory instead of a
 model: the same protocol without torch, for tests on machines without it.
@@ -32,6 +42,8 @@ import socketserver
 import sys
 import threading
 import time
+import urllib.parse
+from pathlib import Path
 
 BOOT = os.urandom(8).hex()        # a restored process keeps it; a fresh start gets a new one
 T0 = time.time()
@@ -47,11 +59,15 @@ class FakeBackend:
             with open(os.path.join(model_dir, name), "rb") as f:
                 h.update(f.read())
         self.seed = h.digest()
-        self.prompt, self.new_tokens = prompt, new_tokens
+        self.model_dir, self.prompt, self.new_tokens = model_dir, prompt, new_tokens
+        self.offloaded: str | None = None
+        self.host: bytes | None = None
         self.state = bytearray(4 << 20)   # some memory for the checkpoint to carry
         self.state[::4096] = self.seed[:1] * len(self.state[::4096])
 
     def generate(self) -> dict:
+        if self.offloaded:
+            raise RuntimeError("the weights are off the device: POST /thaw/restore-weights first")
         h = hashlib.sha256(self.seed + bytes(self.state[::4096][:64]))
         tokens = []
         for _ in range(self.new_tokens):
@@ -60,7 +76,33 @@ class FakeBackend:
         return {"tokens": tokens, "digest": h.hexdigest(), "finite": True}
 
     def release(self) -> dict:
-        return {"released_bytes": 0}
+        return {"released_bytes": 0, "compile_workers_ended": end_compile_workers()}
+
+    # The weights' round trip (pytorch-offload), on the fake's state: "host"
+    # keeps a copy, "drop" recomputes it from the model files.
+    def offload(self, mode: str) -> dict:
+        if mode not in ("register", "alloc", "staged", "drop"):   # twin: bench/gpu/offload.py MODES
+            raise ValueError(f"unknown offload mode {mode!r}")
+        if self.offloaded:
+            raise RuntimeError(f"the weights are already off the device (mode {self.offloaded})")
+        self.host = None if mode == "drop" else bytes(self.state)
+        self.state = bytearray(len(self.state))
+        self.offloaded = mode
+        return {"mode": mode, "bytes": len(self.state)}
+
+    def restore_weights(self) -> dict:
+        if not self.offloaded:
+            return {"restored": False, "why": "the weights are on the device"}
+        t = time.time()
+        if self.host is None:
+            self.state = FakeBackend(self.model_dir, self.prompt, self.new_tokens).state
+        else:
+            self.state = bytearray(self.host)
+        mode, self.offloaded = self.offloaded, None
+        return {"restored": True, "mode": mode, "bytes": len(self.state), "seconds": round(time.time() - t, 4)}
+
+    def weights(self) -> str:
+        return "device" if not self.offloaded else ("dropped" if self.host is None else "host")
 
     def gpu(self) -> dict:
         # The fake GPU of CPU rehearsals (bench/gpu/node.py and lifecycle.py
@@ -95,6 +137,8 @@ class TorchBackend:
         if device == "cuda":
             torch.cuda.synchronize()
         self.timings["load_s"] = time.time() - t
+        from offload import Stash   # bench/gpu/offload.py, beside this file
+        self.stash = Stash(self.model, device, sorted(Path(model_dir).glob("*.safetensors")))
         self.prompt = torch.tensor([prompt], dtype=torch.long, device=device)
         self.new_tokens = new_tokens
         t = time.time()
@@ -103,6 +147,8 @@ class TorchBackend:
         self.timings["warmup_s"] = time.time() - t
 
     def generate(self) -> dict:
+        if self.stash.mode is not None:
+            raise RuntimeError("the weights are off the device: POST /thaw/restore-weights first")
         torch = self.torch
         h = hashlib.sha256()
         tokens = []
@@ -123,9 +169,10 @@ class TorchBackend:
         """Give cached-but-unused device memory back before a checkpoint."""
         import gc
         torch = self.torch
+        workers = end_compile_workers()
         if self.device != "cuda":
             gc.collect()
-            return {"released_bytes": 0}
+            return {"released_bytes": 0, "compile_workers_ended": workers}
         torch.cuda.synchronize()
         before = torch.cuda.memory_reserved()
         gc.collect()
@@ -133,7 +180,16 @@ class TorchBackend:
         torch.cuda.synchronize()
         after = torch.cuda.memory_reserved()
         return {"released_bytes": before - after, "reserved_bytes": after,
-                "allocated_bytes": torch.cuda.memory_allocated()}
+                "allocated_bytes": torch.cuda.memory_allocated(), "compile_workers_ended": workers}
+
+    def offload(self, mode: str) -> dict:
+        return self.stash.offload(mode)
+
+    def restore_weights(self) -> dict:
+        return self.stash.restore()
+
+    def weights(self) -> str:
+        return self.stash.state()
 
     def gpu(self) -> dict:
         """A computation on the device, and which device answered (the probe's
@@ -157,41 +213,86 @@ class TorchBackend:
         return d
 
 
+def end_compile_workers() -> int:
+    """End torch.compile's compile-worker processes (torch._inductor's
+    subprocess pool), if any were started: they hold no state the server
+    needs, but a checkpoint would save each of them (a torch.compile'd server's
+    image was ~9x that of the same model with CUDA graphs: shared/docs/gvisor-facts.md).
+    Inductor starts a new pool when it compiles again. Returns how many of this
+    process's children went away."""
+    mod = sys.modules.get("torch._inductor.async_compile")
+    if mod is None or not hasattr(mod, "shutdown_compile_workers"):
+        return 0
+    pools = len(getattr(mod, "_pool_set", ()) or ())
+    before = _children()
+    mod.shutdown_compile_workers()
+    deadline = time.time() + 10
+    # The pool's shutdown may return before its processes are gone.
+    while pools and before and _children() >= before and time.time() < deadline:
+        time.sleep(0.05)
+    return len(before - _children())
+
+
+def _children() -> set[int]:
+    out: set[int] = set()
+    try:
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{task}/children") as f:
+                out.update(int(x) for x in f.read().split())
+    except OSError:
+        pass
+    return out
+
+
 class Server:
+    OPS = ("health", "gpu", "generate", "pre-checkpoint", "offload-weights", "restore-weights")
+
     def __init__(self, backend) -> None:
         self.backend = backend
         self.lock = threading.Lock()     # one forward pass at a time
 
-    def handle(self, op: str) -> dict:
+    def handle(self, op: str, args: dict | None = None) -> dict:
+        args = args or {}
         t = time.time()
+        if op not in self.OPS:
+            return {"error": f"unknown op {op!r}", "boot": BOOT}
         with self.lock:
-            if op == "health":
-                out = {"ok": True}
-            elif op == "generate":
-                out = self.backend.generate()
-            elif op == "pre-checkpoint":
-                out = self.backend.release()
-            elif op == "gpu":
-                out = self.backend.gpu()
-            else:
-                return {"error": f"unknown op {op!r}", "boot": BOOT}
+            try:
+                if op == "health":
+                    out = {"ok": True, "weights": self.backend.weights()}
+                elif op == "generate":
+                    out = self.backend.generate()
+                elif op == "pre-checkpoint":
+                    out = self.backend.release()
+                elif op == "gpu":
+                    out = self.backend.gpu()
+                elif op == "offload-weights":
+                    out = self.backend.offload(str(args.get("mode") or "register"))
+                else:
+                    out = self.backend.restore_weights()
+            except Exception as e:  # noqa: BLE001 - the caller gets the error; the server goes on
+                out = {"error": f"{type(e).__name__}: {e}"}
         out.update(boot=BOOT, pid=os.getpid(), server_s=round(time.time() - t, 6), t=time.time())
         return out
 
 
 def serve_http(server: Server, port: int) -> http.server.ThreadingHTTPServer:
     routes = {("GET", "/health"): "health", ("GET", "/gpu"): "gpu", ("POST", "/generate"): "generate",
-              ("POST", "/thaw/pre-checkpoint"): "pre-checkpoint"}
+              ("POST", "/thaw/pre-checkpoint"): "pre-checkpoint",
+              ("POST", "/thaw/offload-weights"): "offload-weights",
+              ("POST", "/thaw/restore-weights"): "restore-weights"}
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def _do(self) -> None:
             n = int(self.headers.get("Content-Length") or 0)
             if n:
                 self.rfile.read(n)
-            op = routes.get((self.command, self.path.split("?")[0]))
-            body = server.handle(op) if op else {"error": f"no route {self.command} {self.path}"}
+            path, _, query = self.path.partition("?")
+            op = routes.get((self.command, path))
+            args = {k: v[-1] for k, v in urllib.parse.parse_qs(query).items()}
+            body = server.handle(op, args) if op else {"error": f"no route {self.command} {self.path}"}
             data = json.dumps(body).encode()
-            self.send_response(200 if op and "error" not in body else 404)
+            self.send_response(404 if not op else 500 if "error" in body else 200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
@@ -228,7 +329,7 @@ def serve_spool(server: Server, spool: str) -> None:
             except (OSError, ValueError):
                 continue   # half-written or already taken
             os.unlink(path)
-            resp = server.handle(str(req.get("op", "")))
+            resp = server.handle(str(req.get("op", "")), {k: v for k, v in req.items() if k != "op"})
             out = os.path.join(spool, name[:-4] + ".resp")
             with open(out + ".partial", "w") as f:
                 json.dump(resp, f)

@@ -1,18 +1,29 @@
 """What every `thaw` command shares: the Context (settings and output mode),
---json, and the one place a ThawError becomes a line on stderr and an exit code."""
+--json, and the one place an error becomes ONE line on stderr and its exit
+code (control.errors.EXIT_STATUSES documents every code).
+
+`fail` is that place: a ThawError keeps its class's code; an OSError thaw did
+not expect is named by its errno (permission denied: 69, no space: 4, any
+other: 1); anything else is a bug (70), whose traceback -vv prints.
+"""
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
+import logging
+import os
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 import click
 
 from control import config as configmod
-from control.errors import ThawError, exit_code
+from control.errors import (EXIT_INTERNAL, NoSpace, PreconditionError, ThawError, UserError, exit_code)
+
+log = logging.getLogger("thaw")
 
 
 class Context:
@@ -69,16 +80,65 @@ def json_option(f: Callable) -> Callable:
     return wrapper
 
 
+def as_thaw_error(e: BaseException) -> tuple[ThawError, int]:
+    """The ThawError an exception stands for, and its exit code."""
+    if isinstance(e, ThawError):
+        return e, exit_code(e)
+    if isinstance(e, OSError):
+        where = e.filename or ""
+        if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            hint = " (run as root)" if os.geteuid() != 0 and e.errno != errno.EROFS else ""
+            err: ThawError = PreconditionError(f"{e.strerror.lower()}: {where}{hint}", path=str(where))
+        elif e.errno in (errno.ENOSPC, errno.EDQUOT):
+            err = NoSpace(f"no space left on the file system of {where or 'a file thaw writes'}", path=str(where))
+        elif e.errno in (errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.ENAMETOOLONG):
+            err = UserError(f"{e.strerror.lower()}: {where}", path=str(where))
+        else:
+            err = ThawError(f"{e.strerror or e}: {where}".rstrip(": "), errno=e.errno)
+        return err, exit_code(err)
+    return ThawError(f"internal error (a bug in thaw): {type(e).__name__}: {e}"), EXIT_INTERNAL
+
+
+def one_line(text: str) -> str:
+    """A message as one line: inner line breaks become '; '."""
+    return "; ".join(part.strip() for part in str(text).splitlines() if part.strip())
+
+
+def fail(e: BaseException) -> NoReturn:
+    """Report `e` as one line on stderr (and its fields as JSON with --json); exit with its code."""
+    err, code = as_thaw_error(e)
+    if code == EXIT_INTERNAL:
+        log.debug("the traceback of the internal error", exc_info=e)
+    ctx = click.get_current_context(silent=True)
+    obj = ctx.find_object(Context) if ctx is not None else None
+    if obj is not None and obj.json:
+        click.echo(json.dumps(err.to_dict(), indent=2, default=str))
+    click.echo(f"thaw: error: {one_line(err)}", err=True)
+    sys.exit(code)
+
+
 def handle_errors(f: Callable) -> Callable:
-    """Turn a ThawError into one line on stderr (or JSON) and its exit code."""
+    """Turn any exception into one line on stderr (or JSON) and its exit code."""
     @functools.wraps(f)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return f(*args, **kwargs)
-        except ThawError as e:
-            ctx = click.get_current_context().find_object(Context)
-            if ctx is not None and ctx.json:
-                click.echo(json.dumps(e.to_dict(), indent=2, default=str))
-            click.echo(f"thaw: error: {e}", err=True)
-            sys.exit(exit_code(e))
+        except (SystemExit, KeyboardInterrupt, click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except Exception as e:  # noqa: BLE001 - the one place every error becomes a line and a code
+            fail(e)
     return wrapper
+
+
+def needs_root(why: str) -> Callable:
+    """The command needs root: as any other user it says so in one line (exit 69)
+    before it reads or creates anything."""
+    def deco(f: Callable) -> Callable:
+        @functools.wraps(f)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if os.geteuid() != 0:
+                name = click.get_current_context().command_path
+                raise PreconditionError(f"`{name}` needs root: {why}")
+            return f(*args, **kwargs)
+        return wrapper
+    return deco

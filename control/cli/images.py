@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 from control.cli.common import Context, handle_errors, json_option
 from control.cli.progress import Bar, size as _size
+from control.errors import NotFound
 
 if TYPE_CHECKING:
     from control.images.store import Store
@@ -97,6 +98,8 @@ def push_cmd(obj: Context, directory: Path, key: str, use_cache: bool, allow_nod
     sure to have is refused, naming them, unless --allow-node-local."""
     _check_portable(directory, allow_node_local)
     from control.images import image as images
+    from control.images import manifest as manifestmod
+    manifestmod.validate_key(key)   # the plain input first, before the directory or the store is looked at
     s = obj.settings
     bar = Bar(f"push {key}", obj.progress)
     r = images.push(images.open_cache(s) if use_cache else None, _store(obj), directory, key, _node(obj),
@@ -213,6 +216,8 @@ def verify_cmd(obj: Context, key: str | None) -> None:
     """Re-hash every cached chunk (of KEY); corrupt entries are evicted (the next pull refetches)."""
     from control.images import image as images
     rows = images.verify(images.open_cache(obj.settings), key)
+    if key is not None and not rows:
+        raise NotFound("image", key, "this node's cache holds no entry of it (`thaw ls --local` lists them)")
     obj.emit(rows, lambda rs: "\n".join(
         f"{r['id']}: {'ok' if r['ok'] else 'CORRUPT: ' + r['problem'] + (' (evicted)' if r['evicted'] else ' (in use)')}"
         for r in rs) or "cache is empty")

@@ -18,10 +18,42 @@ import click
 
 from control import config as configmod
 from control.cli import images, node, sandbox, thawd
-from control.cli.common import Context, handle_errors, json_option
+from control.cli.common import Context, fail, handle_errors, json_option, one_line
+from control.errors import EXIT_INTERRUPTED, EXIT_STATUSES
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def _exit_statuses() -> str:
+    return "Exit status:\n\n\b\n" + "\n".join(f"  {code:>3}  {text}" for code, text in EXIT_STATUSES)
+
+
+class ThawGroup(click.Group):
+    """click's group, with every error of its own (an unknown command or
+    option, a missing argument) as ONE line and the documented code, like
+    thaw's own errors: click's usage text would be 3-4 lines."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:   # the caller handles click's exceptions itself (click's contract)
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            rv = super().main(args, prog_name or "thaw", complete_var, standalone_mode=False, **extra)
+        except click.UsageError as e:
+            hint = f" (see `{e.ctx.command_path} --help`)" if e.ctx is not None else ""
+            click.echo(f"thaw: error: {one_line(e.format_message()).rstrip('.')}{hint}", err=True)
+            sys.exit(e.exit_code)
+        except click.ClickException as e:
+            click.echo(f"thaw: error: {one_line(e.format_message())}", err=True)
+            sys.exit(e.exit_code)
+        except (click.Abort, KeyboardInterrupt):
+            click.echo("thaw: error: interrupted", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+        except SystemExit:
+            raise
+        except Exception as e:  # noqa: BLE001 - outside any command (e.g. while parsing): still one line
+            fail(e)
+        sys.exit(rv if isinstance(rv, int) and not isinstance(rv, bool) else 0)
+
+
+@click.group(cls=ThawGroup, context_settings={"help_option_names": ["-h", "--help"]}, epilog=_exit_statuses())
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
               help="TOML config file (default: $THAW_CONFIG, else /etc/thaw/config.toml).")
 @click.option("--runsc", "runsc_path", default=None, help="The real runsc binary [runsc.path].")

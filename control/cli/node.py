@@ -126,7 +126,10 @@ def doctor_cmd(obj: Context, root: Path, no_systemd: bool) -> None:
              lambda _: _checks_text(checks) + "\n\ncompatibility tuple:\n" + _tuple_text(compat)
              + f"\n\ndoctor: {status}")
     if status == doctormod.FAIL:
-        sys.exit(exit_code(PreconditionError("doctor found failures")))
+        failed = [c.name for c in checks if c.status == doctormod.FAIL]
+        e = PreconditionError(f"doctor found {len(failed)} failing check(s): {', '.join(failed)}")
+        click.echo(f"thaw: error: {e}", err=True)  # the report (or its JSON) is on stdout already
+        sys.exit(exit_code(e))
 
 
 COMMANDS = [provision_cmd, doctor_cmd]

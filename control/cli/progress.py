@@ -2,7 +2,8 @@
 shows bytes moved (push, pull).
 
 On a terminal the line updates in place; elsewhere (CI, pipes) each step
-prints once when it ends, so logs stay readable.
+prints once when it ends, so logs stay readable. A step that fails prints
+nothing: the error's one line (control/cli/common.py) says it.
 """
 from __future__ import annotations
 
@@ -42,8 +43,10 @@ class Progress:
             stop.set()
             if ticker:
                 ticker.join()
-            mark = "done" if ok else "FAILED"
-            self.stream.write(f"{chr(13) if self.tty else ''}  {label} ... {mark} ({time.monotonic() - t0:.2f}s)\n")
+            if ok:
+                self.stream.write(f"{chr(13) if self.tty else ''}  {label} ... done ({time.monotonic() - t0:.2f}s)\n")
+            elif self.tty:
+                self.stream.write("\r\033[K")  # the error's one line says what failed
             self.stream.flush()
 
 

@@ -22,9 +22,12 @@ import click
 if TYPE_CHECKING:
     from control.lifecycle.sandbox import Sandboxes
 
-from control.cli.common import Context, handle_errors, json_option
+from control.cli.common import Context, handle_errors, json_option, needs_root
 from control.errors import UserError
 from control.cli.progress import Progress
+
+
+ROOT_WHY = "runsc refuses create and restore with --rootless, and sandbox state is root's"
 
 
 def _sandboxes(obj: Context, debug: bool = False) -> Sandboxes:
@@ -46,10 +49,16 @@ class RunOptions:
 
 
 def run_sandbox(obj: Context, o: RunOptions) -> dict:
+    from control.lifecycle.sandbox import validate_id
     from runsc_hooks import network as netmod
+    from runsc_hooks import probe as probemod
     from runsc_hooks import spec as specmod
+    # Bad input is refused before anything is made: the id names directories under the state dir.
+    validate_id(o.id)
     if bool(o.bundle) == bool(o.command):
         raise UserError("give either --bundle DIR or a command after --, not both or neither")
+    ports = tuple(netmod.Port.parse(p) for p in o.publish)
+    probemod.parse_all(o.probes)
     sb = _sandboxes(obj)
     if o.bundle:
         spec = specmod.Bundle(o.bundle).load()
@@ -65,17 +74,40 @@ def run_sandbox(obj: Context, o: RunOptions) -> dict:
                 raise UserError(f"--env {kv!r} must be KEY=VALUE")
             k, v = kv.split("=", 1)
             env[k] = v
+        exe = _check_command(o.command[0], env.get("PATH"), o.binds)
         rootfs = specmod.prepare_host_rootfs(obj.settings.state_dir / "rootfs" / o.id)
-        exe = o.command[0]
         spec = specmod.command_spec(list(o.command), rootfs=str(rootfs), env=env,
                                     extra_mounts=specmod.host_layout([*o.binds, *(p for p in [exe] if p.startswith("/"))]))
-    ports = tuple(netmod.Port.parse(p) for p in o.publish)
     from control.lifecycle import gpus as gpumod
     names = tuple(gpumod.parse_request(o.gpus)) if o.gpus is not None else ()
     rec = sb.run(o.id, spec, network=o.network, probes=o.probes, ports=ports, gpus=names)
     return {"id": rec.id, "state": rec.state.value, "address": (rec.net or {}).get("sandbox_ip"),
             "ports": (rec.net or {}).get("ports", []), "probes": rec.probes, "gpus": rec.gpus,
             "log": str(sb.logs(rec.id)[0].log)}
+
+
+def _check_command(exe: str, path: str | None, binds: tuple[str, ...]) -> str:
+    """What runsc would refuse with a two-line error of its own, refused here in one
+    line (exit 2): a --bind path or the command missing on the node."""
+    import os
+    import shutil
+
+    from runsc_hooks import spec as specmod
+    for b in binds:
+        if not os.path.isabs(b) or not os.path.exists(b):
+            raise UserError(f"--bind {b}: no such path on this node (give an absolute path that exists)", path=b)
+    if "/" in exe:
+        if not os.path.isabs(exe):
+            raise UserError(f"command {exe}: give an absolute path or a name on the sandbox's PATH", command=exe)
+        if not (os.path.isfile(exe) and os.access(exe, os.X_OK)):
+            raise UserError(f"command {exe}: no such executable file on this node", command=exe)
+        return exe
+    # The host layout binds the node's system directories: the sandbox finds
+    # what the node finds on the sandbox's PATH.
+    if shutil.which(exe, path=path or specmod.DEFAULT_PATH) is None:
+        raise UserError(f"command {exe!r} is not on the sandbox's PATH ({path or specmod.DEFAULT_PATH})",
+                        command=exe)
+    return exe
 
 
 @click.command("run")
@@ -98,6 +130,7 @@ def run_sandbox(obj: Context, o: RunOptions) -> dict:
 @json_option
 @click.pass_obj
 @handle_errors
+@needs_root(ROOT_WHY)
 def run_cmd(obj: Context, sid: str, bundle: Path | None, env: tuple[str, ...], binds: tuple[str, ...],
             network: bool, probes: tuple[str, ...], publish: tuple[str, ...], gpus: str | None,
             command: tuple[str, ...]) -> None:
@@ -119,6 +152,7 @@ def run_cmd(obj: Context, sid: str, bundle: Path | None, env: tuple[str, ...], b
 @json_option
 @click.pass_obj
 @handle_errors
+@needs_root(ROOT_WHY)
 def checkpoint_cmd(obj: Context, sid: str, out: Path, leave_running: bool) -> None:
     """Checkpoint sandbox SID into a new image directory."""
     with Progress(not obj.json).step(f"checkpoint {sid} -> {out}"):
@@ -139,6 +173,7 @@ def checkpoint_cmd(obj: Context, sid: str, out: Path, leave_running: bool) -> No
 @json_option
 @click.pass_obj
 @handle_errors
+@needs_root(ROOT_WHY)
 def restore_cmd(obj: Context, image: Path, sid: str, probes: tuple[str, ...], cold_fallback: bool,
                 gpus: str | None) -> None:
     """Restore an image directory as a new sandbox; traffic is let in once it is healthy."""
@@ -162,6 +197,7 @@ def restore_cmd(obj: Context, image: Path, sid: str, probes: tuple[str, ...], co
 @json_option
 @click.pass_obj
 @handle_errors
+@needs_root(ROOT_WHY)
 def ps_cmd(obj: Context) -> None:
     """List sandboxes (thaw's records joined with runsc's)."""
     rows = _sandboxes(obj).ps()
@@ -211,6 +247,7 @@ def logs_cmd(obj: Context, sid: str, follow: bool, tail: int | None) -> None:
 @json_option
 @click.pass_obj
 @handle_errors
+@needs_root(ROOT_WHY)
 def delete_cmd(obj: Context, sid: str, force: bool) -> None:
     """Delete a sandbox and everything thaw made for it."""
     _sandboxes(obj).delete(sid, force=force)
@@ -224,6 +261,7 @@ def delete_cmd(obj: Context, sid: str, force: bool) -> None:
 @json_option
 @click.pass_obj
 @handle_errors
+@needs_root(ROOT_WHY)
 def sandbox_gc_cmd(obj: Context, orphans: bool, prefix: str) -> None:
     """Recover after a crash: remove what dead thaw processes left (containers, netns, gates, NAT)."""
     actions = _sandboxes(obj).recover(orphans=orphans, prefix=prefix)
@@ -237,6 +275,7 @@ def sandbox_gc_cmd(obj: Context, orphans: bool, prefix: str) -> None:
 @json_option
 @click.pass_obj
 @handle_errors
+@needs_root(ROOT_WHY)
 def demo_cmd(obj: Context, keep: bool, model_mb: int | None) -> None:
     """Cold-start a model server in a sandbox, checkpoint it, restore it, compare."""
     from control.dev import demo
@@ -298,6 +337,7 @@ def _human(d: dict) -> str:
 @json_option
 @click.pass_obj
 @handle_errors
+@needs_root(ROOT_WHY)
 def health_cmd(obj: Context, sid: str, probes: tuple[str, ...], timeout_s: float | None,
                attempt_timeout_s: float | None) -> None:
     """Check sandbox SID now; exit 0 only when it is healthy and its gate is open."""

@@ -3,23 +3,24 @@ from __future__ import annotations
 
 import click
 
-from control.cli.common import Context, handle_errors, json_option
+from control.cli.common import Context, handle_errors, json_option, needs_root
 
 
 @click.command("serve")
 @click.option("--socket", "socket_path", default=None, help="Unix socket [thawd.socket].")
 @click.pass_obj
 @handle_errors
+@needs_root("thawd runs runsc and owns the node cache")
 def serve_cmd(obj: Context, socket_path: str | None) -> None:
     """Run thawd: the node daemon the runsc stand-in asks at create/start/delete."""
-    from pathlib import Path
-
-    from control import config as configmod
     from control.thawd import server as daemon
     from control.thawd.image_source import ImageSource
+    obj.override("thawd.socket", socket_path)  # validated like the config key (an absolute path)
     s = obj.settings
-    if socket_path:
-        s = configmod.replace(s, thawd_socket=Path(socket_path))
+    # One thawd per node, before anything is touched: a second one exits here
+    # (exit 69) and leaves the first one's socket and sandboxes alone.
+    daemon.lock_node(s)
+    daemon.prepare_socket(s.thawd_socket)
     # What a crashed thaw left of the sandboxes it runs itself (netns, gate
     # rules, records whose owner died) goes first, as after a node reboot.
     import logging

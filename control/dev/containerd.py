@@ -114,16 +114,21 @@ class PrivateContainerd:
 
     def run(self, image: str, cid: str, annotations: dict[str, str] | None = None,
             args: list[str] | None = None, env: dict[str, str] | None = None, netns: str | None = None,
-            ns: str = NAMESPACE, create_only: bool = False) -> None:
+            ns: str = NAMESPACE, create_only: bool = False, mounts: list[dict] | None = None) -> None:
         """`ctr run -d` with gVisor's shim and this instance's runsc.toml; `netns`:
         a network namespace the container joins (ctr has no CNI: e.g. one thaw
         plumbed, runsc_hooks/network.py `plumb`), so the node reaches it; `ns`:
         the containerd namespace (thaw's tenant under plain containerd); with
-        `create_only`, `ctr containers create` (start_task then makes the task)."""
+        `create_only`, `ctr containers create` (start_task then makes the task);
+        `mounts`: OCI mounts added to the image's (`ctr run --mount`), e.g.
+        runsc_hooks/spec.py `host_layout` binds of the host's Python."""
         argv = ["run", "-d", "--null-io"] if not create_only else ["containers", "create"]
         argv += ["--runtime", RUNTIME, "--runtime-config-path", str(self.runsc_toml)]
         if netns:
             argv += ["--with-ns", f"network:{netns}"]
+        for m in mounts or []:
+            argv += ["--mount", f"type={m['type']},src={m['source']},dst={m['destination']},"
+                                f"options={':'.join(m.get('options') or [])}"]
         # gVisor's shim hands the container's stdio to `runsc create` only for
         # a sandbox (pod root) container; for an unannotated one it captures
         # runsc's output through a pipe that the sandbox inherits, and create

@@ -40,8 +40,8 @@ from control.images import transfer
 from control.images.cache import Cache, Lease
 from control.node.compat import CompatTuple, check
 from control.config import Settings
-from control.errors import (CacheFull, ImageError, KeyMissing, ManifestError, ManifestRefused, NotFound,
-                            TupleMismatch, UserError)
+from control.errors import (CacheFull, ImageError, KeyMissing, ManifestError, ManifestRefused, NoSpace, NotFound,
+                            ThawError, TupleMismatch, UserError)
 from control.files import fsync_path
 from control.images import keys as keysmod
 from control.images.manifest import Manifest
@@ -211,12 +211,27 @@ def _fill_and_install(cache: Cache, store: Store | None, m: Manifest, sources: t
             stats = transfer.fill(m, partial, store, sources, workers=workers, progress=progress,
                                   on_bad_source=cache.mark_corrupt, direct_io=cache.direct_io)
             cache.install_locked(entry_id, partial, m)
-        except BaseException:
+        except BaseException as e:
             shutil.rmtree(partial, ignore_errors=True)
+            if _no_space(e):  # either engine: one clear error, and no half entry (removed above)
+                raise NoSpace(f"no space left in the cache file system {cache.root} for image {m.key!r} "
+                              f"({m.size} bytes); free space or lower cache.budget_bytes", path=str(cache.root),
+                              key=m.key, need=m.size) from None
             raise
     finally:
         cache.unreserve(rid)
     return entry_id, stats
+
+
+def _no_space(e: BaseException) -> bool:
+    """ENOSPC/EDQUOT from the in-process engine (an OSError, maybe wrapped by a
+    worker) or from thaw-fetch (its write error's text)."""
+    import errno
+    for x in (e, e.__cause__, e.__context__):
+        if isinstance(x, OSError) and x.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+    return isinstance(e, ThawError) and any(t in str(e).lower() for t in ("no space left on device",
+                                                                          "disk quota exceeded"))
 
 
 @dataclass

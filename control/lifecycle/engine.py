@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from control.config import Settings
-from control.errors import CheckpointFailed, HookError, NotFound, RunscError, SpecError, ThawError
+from control.errors import (CheckpointFailed, CheckpointNoSpace, HookError, NotFound, RunscError, SpecError,
+                            ThawError)
 from control.files import fsync_path
 from control.lifecycle import profiles
 from runsc_hooks import gate as gatemod
@@ -189,6 +190,7 @@ class Engine:
                 raise
             reason = e.message if isinstance(e, ThawError) else f"{type(e).__name__}: {e}"
             if isinstance(e, RunscError):  # one line: runsc's own message (the argv is in the debug log)
+                log.debug("runsc checkpoint of %s: %s\n%s", h.id, e.argv, e.stderr_tail)
                 rc = "timed out" if e.returncode is None else f"exit {e.returncode}"
                 reason = f"runsc checkpoint failed ({rc}): {e.runsc_message}"
             if isinstance(e, HookError):
@@ -199,6 +201,9 @@ class Engine:
             # it as its one error line); the argv and timings are here for -v.
             log.info("checkpoint of %s failed after %.2fs (workload %s, %s packets held off): %s",
                      h.id, time.monotonic() - t0, st, dropped, reason)
+            if no_space(e):  # exit 4 (no room) rather than 73; runsc's own words stay in the line
+                raise CheckpointNoSpace(h.id, f"no space left on the file system of {out.parent}: {reason}",
+                                        st) from e
             raise CheckpointFailed(h.id, reason, st) from e
         dropped = None
         if stop_after:
@@ -256,17 +261,16 @@ def resume_cuda(h: Handle, helper_path: str) -> list[int]:
     logged, none raised (the caller is reporting the checkpoint's own)."""
     resumed: list[int] = []
     try:
-        procs = h.runsc.ps(h.id)
+        pids = h.runsc.pids(h.id)
     except ThawError as e:
         log.warning("after the failed checkpoint of %s: runsc ps: %s", h.id, e)
         return resumed
-    for p in procs:
-        pid = str(p.get("pid", ""))
-        if not pid.isdigit():
-            continue
+    for n in pids:
+        pid = str(n)
         try:
             state = h.runsc.exec(h.id, [helper_path, "--get-state", "--pid", pid], timeout_s=30).stdout.strip()
-        except ThawError:
+        except ThawError as e:
+            log.debug("after the failed checkpoint of %s: pid %s: no CUDA state (%s)", h.id, pid, e)
             continue  # not a CUDA process: the helper cannot get its state
         if state == "locked":   # locked but not yet checkpointed: unlock is enough
             argv = [helper_path, "--action", "unlock", "--pid", pid]
@@ -282,6 +286,20 @@ def resume_cuda(h: Handle, helper_path: str) -> list[int]:
     if resumed:
         log.info("after the failed checkpoint of %s: CUDA state of %s restored", h.id, resumed)
     return resumed
+
+
+# How a full file system shows in runsc's output (strerror of ENOSPC, EDQUOT).
+_NO_SPACE_TEXT = ("no space left on device", "disk quota exceeded")
+
+
+def no_space(e: BaseException) -> bool:
+    """Did `e` fail for want of space: an OSError ENOSPC/EDQUOT, or runsc saying so
+    (its message can be a Go stack frame; the errno text is in its output)."""
+    import errno
+    if isinstance(e, OSError):
+        return e.errno in (errno.ENOSPC, errno.EDQUOT)
+    text = (str(e) + " " + getattr(e, "stderr_tail", "")).lower()
+    return any(t in text for t in _NO_SPACE_TEXT)
 
 
 def check_image_files(image: Path) -> dict[str, int]:

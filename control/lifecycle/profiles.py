@@ -14,10 +14,29 @@ Profiles:
 - none: nothing.
 - pytorch: before the checkpoint, POST /thaw/pre-checkpoint, where the
   workload runs gc.collect(), torch.cuda.synchronize() and
-  torch.cuda.empty_cache(). The CUDA checkpoint saves every device
-  allocation, blocks the PyTorch caching allocator holds but no tensor uses
-  too; releasing them shrinks the image and both toggles
-  (docs/h200-facts.md). The workload serves that route (bench/gpu/server.py does).
+  torch.cuda.empty_cache(), and ends torch.compile's compile-worker processes
+  (torch._inductor.async_compile.shutdown_compile_workers()). The CUDA
+  checkpoint saves every device allocation, blocks the PyTorch caching
+  allocator holds but no tensor uses too; releasing them shrinks the image
+  and both toggles (docs/h200-facts.md). A checkpoint saves every process of
+  the sandbox: a torch.compile'd server's idle compile workers made its image
+  ~9x that of the same model with CUDA graphs (shared/docs/gvisor-facts.md).
+  The environment keeps them from being started at all
+  (TORCHINDUCTOR_COMPILE_THREADS=1: inductor compiles in the server's own
+  process, serially); the route's shutdown covers a workload that overrides it.
+  The workload serves that route (bench/gpu/server.py does).
+- pytorch-offload: pytorch, plus the weights out of the CUDA driver's copy
+  path (docs/gpu.md, "Cooperative restore"): after /thaw/pre-checkpoint,
+  POST /thaw/offload-weights, where the workload copies its parameters into
+  host memory it has page-locked (cudaHostRegister), points them there and
+  frees their GPU memory (empty_cache), so the CUDA image holds only the
+  context, buffers and what else is live; after the restore, POST
+  /thaw/restore-weights, which copies them back to the GPU and answers once
+  they are there. The driver restores device memory at ~5 GB/s, a pinned
+  copy runs at ~50 GB/s in the sandbox too. Until the post-restore hook has
+  answered, the workload must not serve requests that need the weights.
+  bench/gpu/offload.py is a reference implementation (also `?mode=alloc`:
+  cudaHostAlloc, and `?mode=drop`: no host copy, reload from the model files).
 - vllm: the environment vLLM needs to checkpoint (loopback host IP, spawn
   workers, ZMQ IPC sockets in the sandbox's own /tmp, which is saved with the
   image), sleep level 1 before the checkpoint (offloads the weights to host
@@ -94,9 +113,20 @@ class Profile:
                        tuple(map(move, self.post_restore)))
 
 
+# Environment of both PyTorch profiles: torch.compile (inductor) compiles in
+# the workload's own process instead of a pool of worker processes, which a
+# checkpoint would save too (torch/_inductor/config.py decide_compile_threads).
+PYTORCH_ENV = {"TORCHINDUCTOR_COMPILE_THREADS": "1"}
+
 PROFILES: dict[str, Profile] = {
     "none": Profile("none"),
-    "pytorch": Profile("pytorch", pre_checkpoint=(HttpHook("/thaw/pre-checkpoint"),)),
+    "pytorch": Profile("pytorch", env=PYTORCH_ENV, pre_checkpoint=(HttpHook("/thaw/pre-checkpoint"),)),
+    "pytorch-offload": Profile(
+        "pytorch-offload",
+        env=PYTORCH_ENV,
+        pre_checkpoint=(HttpHook("/thaw/pre-checkpoint"), HttpHook("/thaw/offload-weights")),
+        post_restore=(HttpHook("/thaw/restore-weights"),),
+    ),
     "vllm": Profile(
         "vllm",
         env={"VLLM_HOST_IP": "127.0.0.1", "VLLM_WORKER_MULTIPROC_METHOD": "spawn",

@@ -42,7 +42,7 @@ from control.files import Owner, fsync_path, write_json_atomic
 from control.lifecycle import gpus as gpumod
 from control.lifecycle import logs as logsmod
 from control.lifecycle.engine import Engine, Handle, status as engine_status, uses_gpu
-from control.errors import (AlreadyExists, CheckpointFailed, ImageError, InvalidTransition, NotFound,
+from control.errors import (AlreadyExists, CheckpointFailed, ImageError, InUse, InvalidTransition, NotFound,
                             PreconditionError, RunscError, ThawError, UnhealthyRestore, UserError)
 from runsc_hooks import gate as gatemod
 from runsc_hooks import probe as probemod
@@ -61,6 +61,9 @@ _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 # cannot contain "+", which runsc ids may: `<id>+` is never a prefix of another
 # `<id>+`, so every runsc call names exactly one sandbox.
 RUNSC_ID_SUFFIX = "+"
+# The lock around leasing addresses and node ports (Sandboxes._claim_net), in the state dir.
+NET_LOCK = "network.lock"
+NET_LOCK_TIMEOUT_S = 60.0
 
 
 def runsc_id(sid: str) -> str:
@@ -241,11 +244,44 @@ class Sandboxes:
         else:
             self._save(rec)
 
-    def _allocate_address(self, exclude: frozenset[str] = frozenset()) -> tuple[str, str, int]:
-        used = netmod.addresses_in_use() | set(exclude)
-        for rec in self.list_records():
-            if rec.net:
-                used.add(rec.net["host_ip"])
+    def _net_lock(self):
+        """Held while a sandbox's address and node ports are chosen and written into
+        its record. The records are the leases (one address, one node port each):
+        without the lock two thaw processes (one image restored 10 times at once)
+        both saw the saved address free and both took it (issue 14). Held for
+        milliseconds: the plumbing runs after it is released."""
+        from filelock import FileLock
+        self.settings.state_dir.mkdir(parents=True, exist_ok=True)
+        return FileLock(self.settings.state_dir / NET_LOCK, timeout=NET_LOCK_TIMEOUT_S)
+
+    def _claim_net(self, rec: Record, ports: tuple[netmod.Port, ...], address: tuple[str, str, int] | None = None,
+                   stable: bool = False, avoid: frozenset[str] = frozenset()) -> tuple[str, str, int]:
+        """Lease an address and `ports` for `rec`: check, choose and write them into its
+        record under the network lock. `address` with `stable` (a restore's saved
+        address): that address, or InUse naming who holds it; without
+        `stable` (a cold start): that address when it is free, else a fresh one."""
+        with self._net_lock():
+            others = [q for q in self.list_records() if q.net and q.id != rec.id]
+            held = {q.net["host_ip"]: q.id for q in others}
+            on_node = netmod.addresses_in_use(exclude_if=netmod.host_if_name(rec.id))
+            if address is not None and (address[0] in held or address[0] in on_node):
+                if stable:
+                    who = f"sandbox {held[address[0]]!r}" if address[0] in held else "a thaw interface"
+                    raise InUse(f"sandbox address {address[1]} (this image's)", f"{who} on this node",
+                                "delete it first: a restore keeps the address it was saved with")
+                address = None
+            self._check_ports_locked(ports, others)
+            if address is None:
+                address = self._allocate_address_locked(frozenset(held) | on_node | avoid)
+            rec.net = netmod.SandboxNet(name=rec.id, netns=netmod.netns_name(rec.id),
+                                        host_if=netmod.host_if_name(rec.id), host_ip=address[0],
+                                        sandbox_ip=address[1], prefixlen=address[2], ports=tuple(ports),
+                                        publish_address=self.settings.network_publish_address).to_dict()
+            self._save(rec)
+        return address
+
+    def _allocate_address_locked(self, used: frozenset[str]) -> tuple[str, str, int]:
+        """The first free /30 of network.subnet. Caller holds the network lock."""
         slot = 0
         while True:
             host_ip, sandbox_ip, plen = netmod.slot_addresses(self.settings.network_subnet, slot)
@@ -253,15 +289,21 @@ class Sandboxes:
                 return host_ip, sandbox_ip, plen
             slot += 1
 
-    def _check_ports(self, sid: str, ports: tuple[netmod.Port, ...]) -> None:
+    def _check_ports_locked(self, ports: tuple[netmod.Port, ...], others: list[Record]) -> None:
+        """Each node port once on this node: not published by another sandbox, and no
+        host process listens on it (a DNAT would take its traffic over). Caller holds
+        the network lock."""
         taken = {}
-        for rec in self.list_records():
-            if rec.id != sid and rec.net:
-                for p in rec.net.get("ports", []):
-                    taken[netmod.Port.parse(p).node] = rec.id
+        for rec in others:
+            for p in rec.net.get("ports", []):
+                taken[netmod.Port.parse(p).node] = rec.id
         for p in ports:
             if p.node in taken:
-                raise UserError(f"node port {p.node} is published by sandbox {taken[p.node]!r}", port=p.node)
+                raise InUse(f"node port {p.node}", f"sandbox {taken[p.node]!r} (published)")
+            busy = netmod.listeners(p.node, self.settings.network_publish_address)
+            if busy:
+                raise InUse(f"node port {p.node}", f"a host process listening on {', '.join(busy)}",
+                            "publishing it would take that traffic over")
 
     def _plumb(self, sid: str, host_ip: str, sandbox_ip: str, prefixlen: int,
                ports: tuple[netmod.Port, ...]) -> netmod.SandboxNet:
@@ -324,7 +366,8 @@ class Sandboxes:
         r = self.runsc("sandbox" if network else "none", nvproxy)
         if self.get(sid) is not None or r.exists(runsc_id(sid)):
             raise AlreadyExists("sandbox", sid, "delete it first or pick another id")
-        self._check_ports(sid, ports)
+        with self._net_lock():  # fail before anything is made; _claim_net checks again, leasing
+            self._check_ports_locked(ports, [q for q in self.list_records() if q.net and q.id != sid])
         check_transition(sid, None, State.CREATED)
         bundle = specmod.Bundle(self.bundles_dir / sid)
         rec = Record(id=sid, state=State.CREATED, bundle=str(bundle.path), probes=probe_texts,
@@ -334,7 +377,7 @@ class Sandboxes:
             self._save(rec)  # first: whatever a crash leaves from here on, `recover` finds by this record
             net = None
             if network:
-                net = self._plumb(sid, *(address or self._allocate_address()), ports)
+                net = self._plumb(sid, *self._claim_net(rec, ports, address), ports)
                 rec.net = net.to_dict()
                 self._save(rec)
             bundle.write(specmod.with_netns(spec, net.netns_path if net else None))
@@ -407,7 +450,7 @@ class Sandboxes:
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise
             if isinstance(e, CheckpointFailed):  # named by the user's id, not runsc's
-                raise CheckpointFailed(sid, e.reason, now) from e.__cause__
+                raise type(e)(sid, e.reason, now) from e.__cause__   # CheckpointNoSpace stays itself (exit 4)
             # The save worked but the image could not be completed (thaw.json on a full disk).
             why = f"{e.strerror or e} writing {IMAGE_META}" if isinstance(e, OSError) else \
                 (e.message if isinstance(e, ThawError) else f"{type(e).__name__}: {e}")
@@ -457,17 +500,12 @@ class Sandboxes:
             net = None
             if saved:
                 ports = tuple(netmod.Port.parse(p) for p in saved.get("ports", []))
-                self._check_ports(sid, ports)
-                if mitigations.stable_address:
-                    # Same address as at checkpoint: restored listeners and routes stay valid.
-                    others = {q.net["host_ip"]: q.id for q in self.list_records() if q.net and q.id != sid}
-                    if saved["host_ip"] in others:
-                        raise UserError(f"sandbox address {saved['sandbox_ip']} of this image is in use by sandbox "
-                                        f"{others[saved['host_ip']]!r} on this node; delete it first",
-                                        address=saved["sandbox_ip"])
-                    addr = (saved["host_ip"], saved["sandbox_ip"], saved["prefixlen"])
-                else:
-                    addr = self._allocate_address(exclude=frozenset({saved["host_ip"]}))
+                saved_addr = (saved["host_ip"], saved["sandbox_ip"], saved["prefixlen"])
+                # Same address as at checkpoint: restored listeners and routes stay
+                # valid (docs/network.md). It is leased once: a second restore of the
+                # image while the first lives is refused, not given the same address.
+                addr = self._claim_net(rec, ports, saved_addr if mitigations.stable_address else None,
+                                       stable=mitigations.stable_address, avoid=frozenset({saved["host_ip"]}))
                 if gated:  # before the veth exists: not one packet reaches the restored stack early
                     gatemod.close(sid, self.settings.network_probe_mark, "restore")
                 net = self._plumb(sid, *addr, ports)
@@ -512,7 +550,7 @@ class Sandboxes:
         try:
             res = self.restore(image, sid, probes=probes, gpus=gpus)
             return StartResult(sid, "restored", time.monotonic() - t0, res.sandbox_ip, res)
-        except (AlreadyExists, PreconditionError, InvalidTransition):
+        except (AlreadyExists, InUse, PreconditionError, InvalidTransition):
             raise
         except ThawError as e:
             reason = f"{type(e).__name__}: {e.message}"
@@ -522,9 +560,7 @@ class Sandboxes:
             except ImageError:
                 raise e from None  # no spec to start from either
         saved = meta.get("net") or {}
-        addr = (saved["host_ip"], saved["sandbox_ip"], saved["prefixlen"]) if saved else None
-        if addr and (addr[0] in netmod.addresses_in_use()):
-            addr = None
+        addr = (saved["host_ip"], saved["sandbox_ip"], saved["prefixlen"]) if saved else None  # if free (_claim_net)
         spec = _spec_for_node(meta, self.settings, sid, Path(image),
                               self._placer(meta, gpus, Path(image), cold=True))
         rec = self._run_spec(sid, spec, meta["network"] == "sandbox", bool(meta.get("nvproxy", False)),
@@ -683,6 +719,7 @@ class Sandboxes:
     # -- helpers ----------------------------------------------------------------
 
     def _require(self, sid: str) -> Record:
+        validate_id(sid)  # before the id names a path
         rec = self.get(sid)
         if rec is None:
             raise NotFound("sandbox", sid, "`thaw ps` lists the sandboxes thaw manages")

@@ -46,6 +46,10 @@ ANNOTATION_HEALTH = "thaw.dev/health"
 
 _DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@+-]{0,199}$")
+# thaw's own annotations hold names and probe expressions: a longer value is
+# refused before it is parsed (thawd reads them from any container's spec).
+ANNOTATION_PREFIX = "thaw.dev/"
+MAX_ANNOTATION_BYTES = 4096
 
 
 def parse_probe(text: str, field: str):
@@ -77,6 +81,10 @@ def from_spec(spec: dict, tenant: str, image: str) -> Workload | None:
     ann = spec.get("annotations") or {}
     if ANNOTATION_WORKLOAD not in ann:
         return None
+    for k, v in ann.items():
+        if k.startswith(ANNOTATION_PREFIX) and len(v.encode()) > MAX_ANNOTATION_BYTES:
+            raise UserError(f"annotation {k} is {len(v.encode())} bytes, more than {MAX_ANNOTATION_BYTES}",
+                            field=k)
     name = ann[ANNOTATION_WORKLOAD]
     if not _NAME_RE.match(name):
         raise UserError(f"annotation {ANNOTATION_WORKLOAD}={name!r} is not a valid workload name",

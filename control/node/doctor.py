@@ -317,8 +317,11 @@ def find_containerd(root: Path = Path("/")) -> tuple[Path | None, str | None]:
 def thawd_reachable(sock: Path) -> tuple[bool, str]:
     """Can we connect to thawd's Unix socket? (A connect, not an RPC: the
     gRPC health service is thawd's to add.)"""
-    if not sock.exists():
-        return False, "socket does not exist"
+    try:
+        if not sock.exists():
+            return False, "socket does not exist"
+    except PermissionError:   # a non-root doctor: the socket's directory is root's
+        return False, "permission denied (thawd's socket is root's: run doctor as root)"
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(2.0)
     try:

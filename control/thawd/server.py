@@ -9,11 +9,13 @@ keeps serving every other one.
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import json
 import logging
 import os
 import signal
+import socket
 import stat
 import sys
 import threading
@@ -25,11 +27,11 @@ import grpc
 
 from control import errors as errmod
 from control.config import Settings
-from control.errors import PreconditionError, ThawError
+from control.errors import ConfigError, PreconditionError, ThawError
 from control.thawd.metrics import Metrics, serve as serve_metrics
 from control.thawd.rpc import thawd_pb2 as pb
 from control.thawd.rpc import thawd_pb2_grpc as pbg
-from control.thawd.service import RuntimeRef, Thawd
+from control.thawd.service import RuntimeRef, Standin, Thawd
 
 log = logging.getLogger("thawd")
 VERSION = "0.1.0"
@@ -39,7 +41,10 @@ class JsonFormatter(logging.Formatter):
     """Structured logs: one JSON object per line."""
 
     def format(self, record: logging.LogRecord) -> str:
-        d = {"time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+        # Microseconds (RFC 3339 allows any fraction): the flood benchmark's containerd door
+        # times "gate ... opened" from this field, and answers come within a few ms of it.
+        d = {"time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+             + f".{int(record.created % 1 * 1e6):06d}Z",
              "level": record.levelname.lower(), "logger": record.name, "msg": record.getMessage()}
         if record.exc_info:
             d["exc"] = self.formatException(record.exc_info)
@@ -90,7 +95,9 @@ class ThawdServicer(pbg.ThawdServicer):
         # deadline passes, the RPC is cancelled, and a restore nobody will
         # report to containerd must not keep running (issue 14: the task and
         # containerd's view must agree).
-        ok, detail, secs = self.t.restore(_rt(request.runtime), cancelled=lambda: not context.is_active())
+        standin = Standin.validate(request.standin_pid, request.standin_marker)
+        ok, detail, secs = self.t.restore(_rt(request.runtime), cancelled=lambda: not context.is_active(),
+                                          standin=standin)
         return pb.RestoreResponse(restored=ok, detail=detail, seconds=secs)
 
     @_rpc
@@ -123,28 +130,125 @@ class ThawdServicer(pbg.ThawdServicer):
         return pb.HealthResponse(ok=True, version=VERSION, tuple_hash=self.tuple_hash)
 
 
+# The node lock, under the state dir: held (flock) by the one thawd of this
+# node for its whole life, never deleted (deleting a lock file breaks mutual
+# exclusion); it holds the owner's pid for the message a second daemon prints.
+LOCK_NAME = "thawd.lock"
+_node_locks: dict[Path, int] = {}   # lock path -> the fd holding it (for the life of the process)
+
+# Bounded reads (issue 14): no request of thawd's protocol comes near 1 MiB
+# (the largest field is ReportOutcome's 4096-byte reason); gRPC's default is 4 MiB.
+MAX_REQUEST_BYTES = 1 << 20
+# Requests in flight beyond the worker threads (thawd.rpc_workers) wait in
+# gRPC's queue; beyond this many (or 4 per worker, if more) they are refused
+# (RESOURCE_EXHAUSTED) rather than queued without end.
+MAX_CONCURRENT_RPCS = 64
+
+
+def lock_node(settings: Settings) -> Path:
+    """Become the one thawd of this node: take <state_dir>/thawd/thawd.lock for
+    the rest of this process's life. A second `thaw serve` gets a
+    PreconditionError naming the holder (exit 69) before it touches anything:
+    not the socket, not the sandboxes' leftovers. Idempotent in one process."""
+    path = settings.state_dir / "thawd" / LOCK_NAME
+    if path in _node_locks:
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise PreconditionError(f"thawd already runs on this node: pid {holder} holds {path}",
+                                lock=str(path), pid=holder) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    _node_locks[path] = fd
+    return path
+
+
+def check_socket_dir(path: Path) -> None:
+    """thawd creates only the socket's own directory, tight (0700), and changes
+    the mode of no existing directory.
+
+    Missing: it is created, mode 0700, in a parent that must exist already (no
+    missing parents are made) and that no other user can rename it in (not
+    writable by others, unless sticky). Existing: it must be a real directory
+    (not a symlink) owned by root that no other user can write; it is used as
+    it is, never chmodded: the socket's parent may be /run or another shared
+    directory whose mode is not thawd's to change. The socket itself is born
+    0600 (serve binds it under umask 0177), so it is root-only either way.
+    A refusal is a ConfigError naming thawd.socket (exit 78)."""
+    d = path.parent
+    try:
+        st = os.lstat(d)
+    except FileNotFoundError:
+        parent = d.parent
+        try:
+            pst = os.stat(parent)
+        except FileNotFoundError:
+            raise ConfigError("thawd.socket", f"{parent} does not exist; thawd creates only the socket's own "
+                              f"directory {d}, not its parents") from None
+        if not stat.S_ISDIR(pst.st_mode):
+            raise ConfigError("thawd.socket", f"{parent} is not a directory")
+        if pst.st_mode & 0o002 and not pst.st_mode & stat.S_ISVTX:
+            raise ConfigError("thawd.socket", f"{parent} is writable by every user without the sticky bit "
+                              f"(mode {stat.S_IMODE(pst.st_mode):o}): a directory made there is not safe")
+        old = os.umask(0o077)
+        try:
+            os.mkdir(d, 0o700)
+        finally:
+            os.umask(old)
+        st = os.lstat(d)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise ConfigError("thawd.socket", f"{d} is not a directory (a symlink or a file)")
+    if st.st_uid != os.geteuid():
+        raise ConfigError("thawd.socket", f"{d} is owned by uid {st.st_uid}, not root: another user controls it")
+    if st.st_mode & 0o022:
+        raise ConfigError("thawd.socket", f"{d} is writable by other users (mode {stat.S_IMODE(st.st_mode):o}); "
+                          "put the socket in a directory of its own, e.g. /run/thaw/thawd.sock")
+
+
 def prepare_socket(path: Path) -> None:
-    """A root-only directory (0700) for the socket; a stale socket is removed."""
+    """A safe directory for the socket (check_socket_dir); a stale socket is
+    removed, a live one (another thawd answers there) is not."""
     if os.geteuid() != 0:
         raise PreconditionError("thawd needs root (it runs runsc and owns the node cache)")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    os.chmod(path.parent, 0o700)
+    check_socket_dir(path)
     try:
         st = os.lstat(path)
     except FileNotFoundError:
         return
     if not stat.S_ISSOCK(st.st_mode):
         raise PreconditionError(f"{path} exists and is not a socket; refusing to remove it")
-    path.unlink()
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        path.unlink()  # nobody listens: a crashed thawd's socket
+        return
+    finally:
+        probe.close()
+    raise PreconditionError(f"another thawd serves {path} (with another node.state_dir?); "
+                            "refusing to take over its socket", socket=str(path))
 
 
 def build(settings: Settings, images, tuple_hash: str) -> tuple[grpc.Server, Thawd, Metrics]:
+    lock_node(settings)
+    prepare_socket(settings.thawd_socket)
     metrics = Metrics()
     thawd = Thawd(settings, images, metrics)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.thawd_rpc_workers, thread_name_prefix="rpc"))
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.thawd_rpc_workers, thread_name_prefix="rpc"),
+                         options=[("grpc.max_receive_message_length", MAX_REQUEST_BYTES)],
+                         maximum_concurrent_rpcs=max(MAX_CONCURRENT_RPCS, 4 * settings.thawd_rpc_workers))
     pbg.add_ThawdServicer_to_server(ThawdServicer(thawd, tuple_hash), server)
-    prepare_socket(settings.thawd_socket)
-    server.add_insecure_port(f"unix:{settings.thawd_socket}")
+    old = os.umask(0o177)  # the socket is born 0600: not one moment open to other users
+    try:
+        server.add_insecure_port(f"unix:{settings.thawd_socket}")
+    finally:
+        os.umask(old)
     return server, thawd, metrics
 
 

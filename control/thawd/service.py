@@ -70,6 +70,77 @@ class RuntimeRef:
         return Runsc(binary, GlobalOptions(root=self.runsc_root, extra=flags, verbatim=True), timeout_s)
 
 
+# How long thawd waits for a stand-in to exit after answering its Restore,
+# seconds (it exits within milliseconds: one log line, one rename).
+CONFIRM_TIMEOUT_S = 30.0
+# The largest stand-in marker thawd reads (a few hundred bytes of JSON).
+MAX_MARKER_BYTES = 64 << 10
+# The stand-in's process name (go/cmd/thaw-runsc-hooks; thaw-runsc execs it).
+STANDIN_BINARY = "thaw-runsc-hooks"
+
+
+@dataclass
+class Standin:
+    """The stand-in process that asked for a Restore, and its marker file: the
+    marker says "restored" once the stand-in committed the restore, just
+    before it exits (go/internal/standin start)."""
+    pid: int
+    marker: Path
+    start: str = ""       # /proc/PID/stat start time: a recycled pid is not the stand-in
+    watchable: bool = False
+
+    @classmethod
+    def validate(cls, pid: int, marker: str) -> "Standin | None":
+        if pid <= 0 and not marker:
+            return None            # an older stand-in: nothing to wait for
+        if pid <= 0 or not marker.startswith("/") or "\0" in marker or ".." in Path(marker).parts:
+            raise UserError("standin_pid and standin_marker go together: a pid and an absolute path",
+                            field="standin_pid")
+        return cls(pid, Path(marker))
+
+    def observe(self) -> None:
+        """Record who `pid` is now. Only a thaw-runsc-hooks process is watched: in
+        another pid namespace (thawd in a pod without hostPID) the number names
+        some other process or none, and nothing can be told from it."""
+        from control.files import process_start
+        try:
+            argv0 = Path(f"/proc/{self.pid}/cmdline").read_bytes().split(b"\0")[0]
+        except OSError:
+            argv0 = b""
+        self.start = process_start(self.pid) if Path(argv0.decode(errors="replace")).name == STANDIN_BINARY else ""
+        self.watchable = bool(self.start)
+
+    def wait_exit(self, timeout_s: float) -> bool:
+        """True once the stand-in has exited; False after `timeout_s`."""
+        import os
+        import select
+
+        from control.files import process_start
+        if process_start(self.pid) != self.start:
+            return True
+        try:
+            fd = os.pidfd_open(self.pid)
+        except ProcessLookupError:
+            return True
+        try:
+            if process_start(self.pid) != self.start:   # recycled between the check and the open
+                return True
+            return bool(select.select([fd], [], [], timeout_s)[0])
+        finally:
+            os.close(fd)
+
+    def committed(self, container_id: str) -> bool | None:
+        """Does its marker say the restore of `container_id` was committed? None
+        when there is no readable marker of that container (nothing to go by)."""
+        try:
+            data = json.loads(specmod.read_regular(self.marker, MAX_MARKER_BYTES, "standin_marker"))
+        except (ThawError, ValueError):
+            return None
+        if not isinstance(data, dict) or data.get("id") != container_id:
+            return None
+        return data.get("decision") == "restored"
+
+
 @dataclass
 class Decision:
     restore: bool
@@ -97,6 +168,12 @@ class Thawd:
         self._identities: dict[tuple[str, str], ctrinfo.Identity] = {}
         self._fetches: dict[str, Future] = {}                    # key -> background pull
         self._checkpointing: set[str] = set()
+        # Restore decisions with no outcome yet: (root, id) -> (workload key,
+        # gate closed for it or None). Each ends in exactly one outcome:
+        # RESTORED, RESTORE_FAILED, or ABANDONED (released before any restore:
+        # the stand-in was killed or containerd gave up between create and
+        # start; issue 14).
+        self._pending: dict[tuple[str, str], tuple[str, str | None]] = {}
         self._networks: dict[tuple[str, str], tuple[str, list]] = {}   # (root, id) -> netns config before restore
         self.quarantine = Quarantine(settings)
         self._pool = ThreadPoolExecutor(max_workers=settings.thawd_workers, thread_name_prefix="thawd")
@@ -158,11 +235,12 @@ class Thawd:
         why = self.quarantine.reason(wl.key)
         if why is not None:
             return Decision(False, f"quarantined: {why}", wl.key)
+        # The identity lookup comes out of the same budget: the stand-in waits
+        # thawd.prepare_timeout_s + 1 s for the whole answer.
+        deadline = t0 + self.s.thawd_prepare_timeout_s
         fut = self._fetch(wl.key)
         try:
-            # The identity lookup came out of the same budget: the stand-in waits
-            # thawd.prepare_timeout_s + 1 s for the whole answer.
-            lease = fut.result(timeout=max(0.05, self.s.thawd_prepare_timeout_s - (time.monotonic() - t0)))
+            lease = fut.result(timeout=max(0.05, deadline - time.monotonic()))
         except TimeoutError:
             return Decision(False, "fetch-in-progress: the image is still being fetched", wl.key)
         except NotFound:
@@ -187,22 +265,31 @@ class Thawd:
                 old = self._leases.pop(k, None)
                 self._leases[k] = lease
         if shared:
-            # The entry is local now: this pull is a cache hit with its own lease.
+            # The entry is local now: this pull is a cache hit with its own lease. It
+            # is bounded by the same deadline (it may wait for the key's lock behind
+            # another pull); a lease that comes too late is released.
+            second = self._pool.submit(self.images.pull, wl.key)
             try:
-                lease = self.images.pull(wl.key)
+                lease = second.result(timeout=max(0.05, deadline - time.monotonic()))
+            except TimeoutError:
+                second.add_done_callback(lambda f: f.exception() is None and f.result().release())
+                return Decision(False, "fetch-in-progress: the image's cache entry is busy", wl.key)
             except ThawError as e:
-                return Decision(False, f"fetch-failed: {e}", wl.key)
+                return Decision(False, f"{_fetch_reason(e)}: {e}", wl.key)
             with self._lock:
                 old = self._leases.pop(k, None)
                 self._leases[k] = lease
         if old is not None:
             old.release()
+        self._settle(k, "a new decision for the same container replaced it")
         self.metrics.inc("thaw_cache_hits_total" if getattr(lease, "hit", True) else "thaw_cache_misses_total")
         h = self._handle(rt, spec)
         why = self._spec_mismatch(Path(lease.path), spec)
         if why:
             self._release_key(k)
             return Decision(False, f"spec-mismatch: {why}", wl.key)
+        with self._lock:
+            self._pending[k] = (wl.key, h.gate)
         if h.gate is not None:  # no packet reaches the sandbox until the restore is healthy
             gatemod.close(h.gate, self.s.network_probe_mark, f"restore of {rt.container_id}")
         self._remember_network(k, spec)
@@ -293,50 +380,101 @@ class Thawd:
         """The engine's view of a container the shim runs: its runsc root and flags,
         and, when its network namespace is one thaw plumbed, its address and gate."""
         address, gate = netmod.namespace_address(specmod.netns_path(spec))
+        if not self.s.thawd_gate:  # diagnostics (config thawd.gate): what a door without the gate does
+            gate = None
         return Handle(rt.container_id, rt.runsc(self.s.runsc_path, timeout_s or self.s.runsc_timeout_s),
                       rt.bundle, address=address, gate=gate, mark=self.s.network_probe_mark)
 
-    def restore(self, rt: RuntimeRef, cancelled=lambda: False) -> tuple[bool, str, float]:
+    def restore(self, rt: RuntimeRef, cancelled=lambda: False, standin: "Standin | None" = None
+                ) -> tuple[bool, str, float]:
         """start of a container PrepareRestore answered RESTORE to: runsc restore,
         health check, post-restore hooks, gate open; the outcome is recorded here.
         Not restored: the sandbox is removed and the caller starts it cold.
         `cancelled()` tells whether the stand-in gave up (it was killed, or its
-        deadline passed): a restore nobody will report to containerd is undone."""
+        deadline passed): a restore nobody will report to containerd is undone.
+        With `standin`, the restore is kept only once that stand-in has exited
+        with its marker saying "restored" (_confirm): containerd believes the
+        stand-in's exit status, and a SIGKILL may land after this answer."""
         t0 = time.monotonic()
+        if standin is not None:
+            standin.observe()   # before anything: its identity, while it surely lives
         k = (str(rt.runsc_root), rt.container_id)
         with self._lock:
             lease = self._leases.get(k)
         if lease is None:
             return False, "thawd holds no restore decision for this container (thawd restarted?)", 0.0
-        spec = specmod.Bundle(rt.bundle).load()
+        with self._lock:
+            key, gate = self._pending.pop(k, ("", None))   # from here, the engine and _undo_restore own the gate
+        log.info("restore %s key=%s starting", rt.container_id, key)
         try:
+            spec = specmod.Bundle(rt.bundle).load()
+            # The identity established at create (self._identities): a tag moved
+            # since must not change the key; an error here means thawd restarted.
             wl = self._workload(rt, spec)
-        except (IdentityError, UserError) as e:   # held a lease for it at create: cannot happen unless thawd restarted
-            self._release(rt)
-            return False, str(e), time.monotonic() - t0
-        key = wl.key if wl else ""
-        h = self._handle(rt, spec)
+        except (ThawError, IdentityError) as e:
+            reason = f"{type(e).__name__}: {getattr(e, 'message', e)}"
+            if gate is not None:   # no restore was tried: the cold start needs its network
+                gatemod.open(gate, f"restore of {rt.container_id} not tried: {reason}")
+            self.report_outcome(rt, "RESTORE_FAILED", reason, key=key)
+            return False, reason, time.monotonic() - t0
+        key = wl.key if wl else key
+        h = Handle(rt.container_id, rt.runsc(self.s.runsc_path, self.s.runsc_timeout_s), rt.bundle)
         image = Path(lease.path)
         try:
+            h = self._handle(rt, spec)
             done = Engine(self.s).restore(h, image, [wl.health] if wl else [], opts=RestoreOptions(
-                image_path=image, detach=True, background=self.s.restore_background))
-        except ThawError as e:
-            reason = f"{type(e).__name__}: {e.message}"
+                image_path=image, detach=True, background=self.s.restore_background),
+                health_check=self.s.thawd_health_check)
+        except Exception as e:  # noqa: BLE001 - every decision ends in one recorded outcome
+            if not isinstance(e, ThawError):
+                log.exception("restore of %s failed unexpectedly", rt.container_id)
+            reason = f"{type(e).__name__}: {getattr(e, 'message', e)}"
             self._undo_restore(h, rt, key, reason)
             return False, reason, time.monotonic() - t0
         if cancelled():
             self._undo_restore(h, rt, key, "the stand-in gave up before the restore finished")
             return False, "cancelled", time.monotonic() - t0
         secs = time.monotonic() - t0
-        with self._lock:
-            self._networks.pop(k, None)
-        log.info("outcome %s key=%s RESTORED %.3fs (runsc %.3fs, health %s)", rt.container_id, key, secs,
-                 done.runsc_s, done.health.summary() if done.health else "-")
+        if standin is None:
+            self._restored(rt, key, done, secs)
+        else:
+            threading.Thread(target=self._confirm, args=(rt, h, key, standin, done, secs), daemon=True,
+                             name=f"confirm-{rt.container_id}"[:15]).start()
+        return True, done.health.summary() if done.health else "", secs
+
+    def _restored(self, rt: RuntimeRef, key: str, done, secs: float) -> None:
+        with self._lock:   # kept: no cold start will need the namespace's configuration back
+            self._networks.pop((str(rt.runsc_root), rt.container_id), None)
+        # Four decimals: the flood benchmark's containerd door reads its runsc and health split from here.
+        log.info("outcome %s key=%s RESTORED %.4fs (runsc %.4fs, health %s)", rt.container_id, key, secs,
+                 done.runsc_s, f"{done.health.seconds:.4f}s: {done.health.summary()}" if done.health else "off")
         self.metrics.inc("thaw_restores_total")
         self.metrics.observe("thaw_restore_seconds", secs)
         self.metrics.observe("thaw_health_seconds", done.health.seconds if done.health else 0.0)
         self.quarantine.succeeded(key)
-        return True, done.health.summary() if done.health else "", secs
+
+    def _confirm(self, rt: RuntimeRef, h: Handle, key: str, standin: "Standin", done, secs: float) -> None:
+        """Keep the restore once its stand-in has exited having committed it (its
+        marker says "restored"); remove it when the stand-in died first (SIGKILL
+        between thawd's answer and its exit): containerd then reports the start
+        failed, and the container must not run (issue 14). A stand-in still alive
+        after CONFIRM_TIMEOUT_S (stopped?) is trusted: removing a restore it may
+        still report would be the opposite mismatch."""
+        try:
+            if not standin.watchable:   # not a stand-in this thawd can see: keep what it restored
+                self._restored(rt, key, done, secs)
+                return
+            exited = standin.wait_exit(CONFIRM_TIMEOUT_S)
+            if not exited:
+                log.warning("stand-in %d of %s still runs %.0f s after its restore; keeping the restore",
+                            standin.pid, rt.container_id, CONFIRM_TIMEOUT_S)
+            elif standin.committed(rt.container_id) is False:
+                self._undo_restore(h, rt, key, "the stand-in died after the restore, before it could report it")
+                return
+            self._restored(rt, key, done, secs)
+        except Exception:  # noqa: BLE001 - a thread of its own: log, never lose the outcome
+            log.exception("confirming the restore of %s", rt.container_id)
+            self._restored(rt, key, done, secs)
 
     def _remember_network(self, k: tuple[str, str], spec: dict) -> None:
         """Keep the container's network namespace configuration from before runsc
@@ -377,6 +515,10 @@ class Thawd:
             raise UserError(f"outcome {outcome!r}: expected RESTORE_FAILED or COLD_STARTED", field="outcome")
         if key is None:
             key = self._key(rt)
+        with self._lock:
+            pending = self._pending.pop((str(rt.runsc_root), rt.container_id), None)
+        if pending is not None and pending[1] is not None:  # the restore was never tried: open its gate
+            gatemod.open(pending[1], f"restore of {rt.container_id} not tried: {outcome}")
         log.info("outcome %s key=%s %s %s", rt.container_id, key, outcome, reason)
         if outcome == "RESTORE_FAILED":
             self.metrics.inc("thaw_fallbacks_total", reason=reason.split(":")[0])
@@ -443,6 +585,7 @@ class Thawd:
         return self._release_key((str(rt.runsc_root), rt.container_id))
 
     def _release_key(self, k: tuple[str, str]) -> bool:
+        self._settle(k, "released before any restore (create or start did not finish)")
         with self._lock:
             self._identities.pop(k, None)
             lease = self._leases.pop(k, None)
@@ -451,6 +594,20 @@ class Thawd:
             return False
         lease.release()
         return True
+
+    def _settle(self, k: tuple[str, str], why: str) -> None:
+        """Record the outcome of a restore decision that will never be restored:
+        ABANDONED. The stand-in that asked was killed, or containerd deleted the
+        container between create and start (issue 14: thawd hears every outcome)."""
+        with self._lock:
+            pending = self._pending.pop(k, None)
+        if pending is None:
+            return
+        key, gate = pending
+        if gate is not None:
+            gatemod.open(gate, f"restore of {k[1]} abandoned")
+        log.info("outcome %s key=%s ABANDONED %s", k[1], key, why)
+        self.metrics.inc("thaw_restores_abandoned_total")
 
     def checkpoint(self, rt: RuntimeRef, leave_running: bool = True) -> dict:
         """Checkpoint a running container and publish the image. The engine saves

@@ -10,6 +10,11 @@
  *                                         checkpointed -> restored -> running
  * and operators can step through it by hand:
  *   --action lock|checkpoint|restore|unlock --pid N [--timeout MS]
+ * --timing adds one line to stderr with the seconds each step took
+ * ("thaw-cuda-checkpoint timing: dlopen=0.000812 cuInit=0.104000 ...
+ * total=1.230000"; parsed by nvproxy/helper.py parse_timing): how much of a
+ * toggle is the helper's fixed cost (loading libcuda, cuInit) and how much
+ * the driver's work (issue 17; NVIDIA/nvcf#437 measured seconds per spawn).
  *
  * Exit codes (twin: nvproxy/helper.py EXIT_*):
  *   0 ok, 1 the driver refused the operation (its error name is printed),
@@ -22,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef int CUresult;
 /* Every *Args struct of the API is 64 bytes whose fields we leave zero
@@ -39,6 +45,23 @@ static CUresult (*p_lock)(int, lock_args *);
 static CUresult (*p_checkpoint)(int, plain_args *);
 static CUresult (*p_restore)(int, plain_args *);
 static CUresult (*p_unlock)(int, plain_args *);
+
+/* --timing: the steps' durations, printed once at exit. */
+static int timing;
+static char timing_buf[256];
+static size_t timing_len;
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void took(const char *step, double since) {
+  if (!timing || timing_len >= sizeof timing_buf) return;
+  int n = snprintf(timing_buf + timing_len, sizeof timing_buf - timing_len, " %s=%.6f", step, now() - since);
+  if (n > 0) timing_len += (size_t)n;
+}
 
 static const char *state_name(int s) {
   switch (s) {
@@ -62,7 +85,9 @@ static int fail(const char *what, int pid, CUresult r) {
 
 static int load(void) {
   const char *lib = getenv("THAW_LIBCUDA");
+  double t = now();
   void *h = dlopen(lib && *lib ? lib : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  took("dlopen", t);
   if (h == NULL) {
     fprintf(stderr, "thaw-cuda-checkpoint: cannot load %s: %s (is the NVIDIA driver mounted in this container?)\n",
             lib && *lib ? lib : "libcuda.so.1", dlerror());
@@ -79,35 +104,43 @@ static int load(void) {
     fprintf(stderr, "thaw-cuda-checkpoint: this libcuda has no cuCheckpointProcess* API (driver R555 or later needed)\n");
     return EXIT_NO_API;
   }
+  t = now();
   CUresult r = p_cuInit(0);
+  took("cuInit", t);
   if (r != 0) return fail("cuInit", 0, r);
   return EXIT_OK;
 }
 
 static int do_action(const char *action, int pid, unsigned int timeout_ms) {
-  CUresult r;
+  CUresult r = 0;
+  double t = now();
+  int rc = EXIT_OK;
   if (strcmp(action, "lock") == 0) {
     lock_args a; memset(&a, 0, sizeof a); a.timeoutMs = timeout_ms;
-    if ((r = p_lock(pid, &a)) != 0) return fail("lock", pid, r);
+    r = p_lock(pid, &a);
   } else if (strcmp(action, "checkpoint") == 0) {
     plain_args a; memset(&a, 0, sizeof a);
-    if ((r = p_checkpoint(pid, &a)) != 0) return fail("checkpoint", pid, r);
+    r = p_checkpoint(pid, &a);
   } else if (strcmp(action, "restore") == 0) {
     plain_args a; memset(&a, 0, sizeof a);
-    if ((r = p_restore(pid, &a)) != 0) return fail("restore", pid, r);
+    r = p_restore(pid, &a);
   } else if (strcmp(action, "unlock") == 0) {
     plain_args a; memset(&a, 0, sizeof a);
-    if ((r = p_unlock(pid, &a)) != 0) return fail("unlock", pid, r);
+    r = p_unlock(pid, &a);
   } else {
     fprintf(stderr, "thaw-cuda-checkpoint: unknown --action %s (want lock, checkpoint, restore or unlock)\n", action);
     return EXIT_USAGE;
   }
-  return EXIT_OK;
+  took(action, t);
+  if (r != 0) rc = fail(action, pid, r);
+  return rc;
 }
 
 static int toggle(int pid, unsigned int timeout_ms) {
   int st = -1, rc;
+  double t = now();
   CUresult r = p_getState(pid, &st);
+  took("get-state", t);
   if (r != 0) return fail("get-state", pid, r);
   switch (st) {
   case ST_RUNNING:
@@ -125,10 +158,26 @@ static int toggle(int pid, unsigned int timeout_ms) {
   }
 }
 
+static int run(const char *mode, const char *action, int pid, unsigned int timeout_ms) {
+  int rc = load();
+  if (rc != EXIT_OK) return rc;
+  if (strcmp(mode, "--get-state") == 0) {
+    int st = -1;
+    double t = now();
+    CUresult r = p_getState(pid, &st);
+    took("get-state", t);
+    if (r != 0) return fail("get-state", pid, r);
+    printf("%s\n", state_name(st));
+    return EXIT_OK;
+  }
+  if (strcmp(mode, "--toggle") == 0) return toggle(pid, timeout_ms);
+  return do_action(action, pid, timeout_ms);
+}
+
 static int usage(const char *msg) {
   if (msg) fprintf(stderr, "thaw-cuda-checkpoint: %s\n", msg);
   fprintf(stderr, "usage: thaw-cuda-checkpoint (--get-state | --toggle | --action lock|checkpoint|restore|unlock)"
-                  " --pid N [--timeout MS]\n");
+                  " --pid N [--timeout MS] [--timing]\n");
   return EXIT_USAGE;
 }
 
@@ -149,7 +198,9 @@ int main(int argc, char **argv) {
     const char *eq = strchr(a, '=');
     char key[32];
     if (eq && (size_t)(eq - a) < sizeof key) { memcpy(key, a, eq - a); key[eq - a] = 0; a = key; val = eq + 1; }
-    if (strcmp(a, "--get-state") == 0 || strcmp(a, "--toggle") == 0) {
+    if (strcmp(a, "--timing") == 0 && !val) {
+      timing = 1;
+    } else if (strcmp(a, "--get-state") == 0 || strcmp(a, "--toggle") == 0) {
       if (mode) return usage("give one of --get-state, --toggle, --action");
       mode = a;
     } else if (strcmp(a, "--action") == 0 || strcmp(a, "--pid") == 0 || strcmp(a, "--timeout") == 0) {
@@ -179,15 +230,8 @@ int main(int argc, char **argv) {
     fprintf(stderr, "thaw-cuda-checkpoint: unknown --action %s (want lock, checkpoint, restore or unlock)\n", action);
     return usage(NULL);
   }
-  int rc = load();
-  if (rc != EXIT_OK) return rc;
-  if (strcmp(mode, "--get-state") == 0) {
-    int st = -1;
-    CUresult r = p_getState((int)pid, &st);
-    if (r != 0) return fail("get-state", (int)pid, r);
-    printf("%s\n", state_name(st));
-    return EXIT_OK;
-  }
-  if (strcmp(mode, "--toggle") == 0) return toggle((int)pid, (unsigned int)timeout);
-  return do_action(action, (int)pid, (unsigned int)timeout);
+  double start = now();
+  int rc = run(mode, action, (int)pid, (unsigned int)timeout);
+  if (timing) fprintf(stderr, "thaw-cuda-checkpoint timing:%s total=%.6f\n", timing_buf, now() - start);
+  return rc;
 }

@@ -45,6 +45,12 @@ def path(cid: str) -> str:
     return os.path.join(state_dir, f"{cid}.json")
 
 
+def marker(cid: str) -> str:
+    """The state file real runsc keeps per container, which Runsc.exists looks for
+    (runsc_hooks/runsc.py): <root>/<id>_sandbox:<sandbox id>.state."""
+    return os.path.join(flags["root"], f"{cid}_sandbox:{cid}.state")
+
+
 def load(cid: str) -> dict:
     try:
         with open(path(cid)) as f:
@@ -67,7 +73,12 @@ def workload(cid: str) -> None:
     sys.stderr.write(f"fake workload {cid}: on stderr\n")
     sys.stderr.flush()
     crash = os.path.join(state_dir, f"{cid}.crash")
+    # Gone with its state file (a test's tmp dir removed without a delete) or
+    # after 10 minutes: a fake sandbox never outlives its test for long.
+    deadline = time.monotonic() + 600
     while not os.path.exists(crash):
+        if not os.path.exists(path(cid)) or time.monotonic() > deadline:
+            os._exit(0)
         time.sleep(0.02)
     code = int(open(crash).read().strip() or 1)
     print(f"fake workload {cid}: exiting {code}", flush=True)
@@ -83,6 +94,7 @@ def spawn(cid: str, bundle: str, status: str) -> None:
     with open(os.path.join(bundle, "config.json")) as f:
         json.load(f)
     save(cid, {"id": cid, "status": "creating", "pid": 0, "bundle": bundle})
+    open(marker(cid), "w").close()
     pid = os.fork()
     if pid == 0:
         workload(cid)
@@ -131,6 +143,8 @@ elif cmd == "delete":
         fail(f"loading container: file does not exist: {cid}")
     kill_child(load(cid))
     os.unlink(path(cid))
+    if os.path.exists(marker(cid)):
+        os.unlink(marker(cid))
 elif cmd == "checkpoint":
     load(cid)
     if os.environ.get("FAKE_RUNSC_CHECKPOINT_FAIL"):
@@ -147,7 +161,7 @@ elif cmd == "restore":
     spawn(cid, opts["bundle"], "running")
 elif cmd == "ps":
     load(cid)
-    print(json.dumps([{"pid": 1, "ppid": 0, "cmd": "sleep"}, {"pid": 7, "ppid": 1, "cmd": "python3"}]))
+    print(json.dumps([1, 7]))   # pids only, as runsc (control.PrintPIDsJSON) and runc print them
 elif cmd == "exec":
     # exec ID ARGV...: the CUDA helper's --get-state answers from FAKE_CUDA_STATES
     # ({"pid": "state"}; other pids: not a CUDA process, exit 1).

@@ -213,17 +213,18 @@ def test_a_failed_checkpoint_keeps_the_workload_and_says_so_in_one_line(node, tm
     with pytest.raises(CheckpointFailed) as ei:
         sb.checkpoint("f", out / "img")
     e = ei.value
-    assert exit_code(e) == 73 and e.workload == "running" and "\n" not in str(e)
+    assert exit_code(e) == 4 and e.workload == "running" and "\n" not in str(e)   # no room
+    assert f"no space left on the file system of {out}: " in str(e)
     assert "runsc checkpoint failed (exit 128): writing pages.img: write /x: no space left on device" in str(e)
     assert list(out.iterdir()) == []
     [row] = sb.ps()
     assert row["state"] == "running" and sb.get("f").owner is None
     r = CliRunner().invoke(_main(), ["checkpoint", "f", "--out", str(out / "img2")],
-                           env={**node, "FAKE_RUNSC_CHECKPOINT_FAIL": "no space left on device"})
+                           env={**node, "FAKE_RUNSC_CHECKPOINT_FAIL": "the driver said no"})
     assert r.exit_code == 73
     [line] = [x for x in r.stderr.splitlines() if not x.startswith("  checkpoint f -> ")]   # past the progress
-    assert line == ("thaw: error: checkpoint of f failed: runsc checkpoint failed (exit 128): no space left on "
-                    "device (the workload is still running; no image was kept)")
+    assert line == ("thaw: error: checkpoint of f failed: runsc checkpoint failed (exit 128): the driver said no"
+                    " (the workload is still running; no image was kept)")
 
 
 def test_a_failed_gpu_checkpoint_toggles_cuda_back(node, tmp_path, monkeypatch):

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from control.dev import ocibuild
+from control.dev.containerd import NAMESPACE
 from control.dev.testbed import COUNTER, Stack
 from runsc_hooks import gate as gatemod
 from runsc_hooks import network as netmod
@@ -103,7 +104,7 @@ def test_http_ready_probe_gate_and_health_under_containerd(web):
     outcome = next(m for m in msgs if m.startswith("outcome second") and "RESTORED" in m)
     assert f"http:{PORT}/ready: ok" in outcome, outcome   # the health probe is the http one (ready's default)
     assert [d["decision"] for d in s.decisions() if d["id"] == "second"] == ["restore", "restored"]
-    assert entry["key"].startswith("default.web.")
+    assert entry["key"].startswith(f"ctr-{NAMESPACE}.web.")   # the containerd namespace is the tenant (issue 13)
     s.ctrd.remove("second")
 
 
@@ -147,3 +148,48 @@ def test_no_readiness_probe_no_automatic_checkpoint(web):
     assert s.stats()["entries"] == []
     assert any("declares no readiness probe" in r["msg"] for r in thawd_log(s))
     s.ctrd.remove("lazy")
+
+
+FLOOD_SUBNET = "10.217.1.0/24"   # the flood test's own range
+
+
+def test_flood_bench_cycles_with_mitigations_on_and_off(name, runsc_bin):
+    """bench/network_flood.py --door containerd, three cycles per mode: the epoll server
+    (host Python bound in with `ctr run --mount`) restored into a new container each cycle.
+    On: the checkpoint's address, thawd's gate held the flood off and opened after the
+    health check. Off (thawd.gate / thawd.health_check false): a new address, no gate
+    closed, no health check."""
+    from bench import network_flood as nf
+    from bench import network_flood_containerd as fc
+    require((BUILD / "thaw-runsc").is_file(), "the stand-in built at build/thaw-runsc")
+    base = Path(f"/tmp/thaw-it/{name}")
+    subprocess.run(["rm", "-rf", str(base)])
+    netmod.cleanup_leftovers(set(), prefix=name)
+    nodes = {m: fc.Node(base, name, m, 29950 + k, FLOOD_SUBNET, k * 16, slots=16) for k, m in enumerate(("on", "off"))}
+    try:
+        for n in nodes.values():
+            n.start()
+        cycles = {m: [] for m in nodes}
+        for i in range(3):
+            for m, n in nodes.items():
+                cycles[m].append(n.cycle(i, nf.FloodConfig()))
+        logs = {m: [r["msg"] for r in thawd_log(n.stack)] for m, n in nodes.items()}
+        decisions = {m: [d["decision"] for d in n.stack.decisions()] for m, n in nodes.items()}
+    finally:
+        for n in nodes.values():
+            n.close()
+        netmod.remove_subnet_route(FLOOD_SUBNET)
+        subprocess.run(["rm", "-rf", str(base)])
+    assert not [x for x in netmod.leftovers()["netns"] if name in x]   # every namespace of the run removed
+    for m, cs in cycles.items():
+        assert decisions[m].count("restored") == 3, decisions[m]
+        for c in cs:
+            assert c.error is None and c.answered and c.same_process, c
+            assert c.flood.get("connected", 0) > 0, c            # the flood reached the server
+            assert c.runsc_restore_s > 0 and c.restore_s > c.runsc_restore_s, c
+    for c in cycles["on"]:
+        assert not c.address_changed and c.health_s is not None and c.gate_dropped and c.gate_dropped > 0, c
+    for c in cycles["off"]:
+        assert c.address_changed and c.health_s is None and c.gate_dropped is None, c
+    assert not [x for x in logs["off"] if x.startswith("gate ")], logs["off"]   # no gate, not even at the checkpoint
+    assert sum(x.startswith("gate ") and "opened (restored and healthy)" in x for x in logs["on"]) == 3

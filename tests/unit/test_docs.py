@@ -31,3 +31,20 @@ def test_thaw_config_markdown_prints_the_table():
     r = CliRunner().invoke(main, ["config", "--markdown"])
     assert r.exit_code == 0, r.output
     assert r.output == config.markdown_table()
+
+
+def test_every_exit_status_is_documented_in_the_readme_and_the_help():
+    from click.testing import CliRunner
+
+    from control.cli.main import main
+    from control.errors import EXIT_CODE, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_STATUSES
+    documented = {code for code, _ in EXIT_STATUSES}
+    assert {code for _, code in EXIT_CODE} | {0, EXIT_INTERNAL, EXIT_INTERRUPTED} <= documented
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Command line", 1)[1].split("\n## ", 1)[0]
+    for code, _ in EXIT_STATUSES:
+        assert f"\n| {code} |" in section, f"exit status {code} is not in README's command-line section"
+    r = CliRunner().invoke(main, ["--help"])
+    assert r.exit_code == 0
+    for code, text in EXIT_STATUSES:
+        assert f"{code:>3}  {text.split()[0]}" in r.output, code

@@ -112,7 +112,7 @@ def test_every_optimization_has_a_variant_without_it():
 
 def test_targets_and_shapes_agree():
     assert {m: c["target_s"] for m, c in models.MODELS.items() if c["target_s"]} == {
-        "gpt2-large": 1.0, "llama-3b": 2.0, "llama-8b": 4.5}
+        "gpt2-large": 1.0, "llama-3b": 2.0, "llama-8b": 4.0}
     assert set(models.MODELS) == set(weights.SHAPES)
 
 
@@ -285,3 +285,291 @@ def test_progress_is_saved_with_its_summary(tmp_path, monkeypatch):
     saved = json.loads((tmp_path / "out" / "models.json").read_text())
     assert saved["models"]["tiny"]["restore_s"] == 0.5
     assert not list((tmp_path / "out").glob("*.partial"))
+
+
+# -- issue 17: the restore-speed levers --------------------------------------------------------
+
+def test_the_default_variants_stay_issue_6s():
+    assert models.DEFAULT_VARIANTS == ("thaw", "thaw-cold-cache", "no-background", "no-release", "baseline")
+    assert set(models.DEFAULT_VARIANTS) < set(models.VARIANTS)
+
+
+def test_every_lever_variant_restores_an_image_the_chain_makes():
+    v = models.VARIANTS
+    assert all(x.image in models.IMAGES for x in v.values())
+    assert models.CHAIN == ("release", "offload", "offload-staged", "offload-alloc", "drop")
+    assert (v["cooperative"].image, v["cooperative"].target) == ("offload", "cooperative")
+    assert (v["cooperative-alloc"].image, v["cooperative-reload"].image) == ("offload-alloc", "drop")
+    assert v["parked"].park and v["parked"].image == "release" and v["parked"].target == "transparent"
+    assert v["parked-cooperative"].park and v["parked-cooperative"].image == "offload"
+    assert v["thaw-thp"].thp and v["cooperative-thp"].thp and not v["thaw"].thp
+    assert v["parked-cooperative-thp"].park and v["parked-cooperative-thp"].thp
+    assert v["parked-staged"].park and v["parked-staged"].image == "offload-staged"
+    assert all(x.background and not x.drop_cache for n, x in v.items() if n not in models.DEFAULT_VARIANTS)
+    modes = {k: dict(models.IMAGES[k].pre).get("offload-weights", {}).get("mode") for k in models.IMAGES}
+    assert modes == {"norelease": None, "release": None, "offload": "register", "offload-staged": "staged",
+                     "offload-alloc": "alloc", "drop": "drop"}
+    assert {k for k, i in models.IMAGES.items() if i.post == "restore-weights"} == {
+        "offload", "offload-staged", "offload-alloc", "drop"}
+    assert v["cooperative-staged"].image == "offload-staged"
+
+
+def test_the_bench_images_are_the_profiles_hooks():
+    """The ops a bench image runs are the routes of the profile a user would pick (server.py's HTTP routes)."""
+    from control.lifecycle import profiles
+    routes = {"pre-checkpoint": "/thaw/pre-checkpoint", "offload-weights": "/thaw/offload-weights",
+              "restore-weights": "/thaw/restore-weights"}
+    src = (REPO / "bench/gpu/server.py").read_text()
+    for op, path in routes.items():
+        assert f'("POST", "{path}"): "{op}"' in src
+    assert [h.path for h in profiles.get("pytorch").pre_checkpoint] == [routes[op] for op, _ in models.IMAGES["release"].pre]
+    off = profiles.get("pytorch-offload")
+    assert [h.path for h in off.pre_checkpoint] == [routes[op] for op, _ in models.IMAGES["offload"].pre]
+    assert [h.path for h in off.post_restore] == [routes[models.IMAGES["offload"].post]]
+
+
+def test_targets_of_issue_17():
+    assert {m: c["coop_target_s"] for m, c in models.MODELS.items() if c["coop_target_s"]} == {
+        "gpt2-large": 0.7, "llama-3b": 1.2, "llama-8b": 2.5}
+
+
+def test_thp_settings_are_read_and_written_as_sysfs_has_them(tmp_path):
+    (tmp_path / "shmem_enabled").write_text("always within_size advise [never] deny force\n")
+    (tmp_path / "defrag").write_text("always defer defer+madvise [madvise] never\n")
+    before = models.thp_read(tmp_path)
+    assert before == {"shmem_enabled": "never", "defrag": "madvise"}
+    models.thp_write(tmp_path, models.THP_FOR_HUGE_PAGES)
+    assert models.thp_read(tmp_path) == {"shmem_enabled": "advise", "defrag": "defer"}
+    models.thp_write(tmp_path, before)
+    assert models.thp_read(tmp_path) == before
+
+
+def test_host_thp_puts_the_old_values_back_and_survives_a_read_only_host(tmp_path):
+    (tmp_path / "shmem_enabled").write_text("always within_size advise [never] deny force\n")
+    (tmp_path / "defrag").write_text("always defer defer+madvise [madvise] never\n")
+    b = models.ModelBench(models.Options(runsc=tmp_path / "r", out=tmp_path, models=["tiny"], device="cpu",
+                                         thp_dir=tmp_path), "tiny", None)
+    with b.host_thp("a test") as t:
+        assert t == {"shmem_enabled": "advise", "defrag": "defer"}
+    assert models.thp_read(tmp_path) == {"shmem_enabled": "never", "defrag": "madvise"}
+    b.o.thp_dir = tmp_path / "absent"
+    with b.host_thp("a test") as t:
+        assert t is None
+    assert "host THP not set for a test" in b.result["errors"][0]
+
+
+def test_huge_pages_line():
+    log = ('I1130 12:00:00.1 loader.go:1124] Disabling application huge pages: host shmem_enabled is "never"\n'
+           'I1130 12:00:01.1 loader.go:1135] Enabling application huge pages: host shmem_enabled is "advise", '
+           'host defrag is "defer"\n')
+    assert models.huge_pages_line(log).startswith("Enabling application huge pages: host shmem_enabled is \"advise\"")
+    assert models.huge_pages_line("nothing") is None
+
+
+def test_sandbox_host_memory_finds_the_memory_file():
+    import os
+    fd = os.memfd_create("runsc-memory")
+    try:
+        os.write(fd, b"x" * (2 << 20))
+        m = models.sandbox_host_memory(os.getpid())
+    finally:
+        os.close(fd)
+    assert m["memfd_bytes"] >= 2 << 20 and m["processes"] >= 1 and m["rss_kb"] > 0
+
+
+def test_levers_compare_each_variant_with_its_own_target():
+    r = result_with({
+        "thaw": {"restore_s": 2.0, "identical": True, "cuda_restore": [{"processes": 1, "seconds": 1.1}]},
+        "cooperative": {"restore_s": 0.6, "identical": True, "post_restore": {"wall_s": 0.05}},
+        "parked": {"restore_s": 0.9, "identical": True, "demand_toggle": {"wall_s": 0.55},
+                   "park": {"parked_s": 6.0, "host_memory": {"memfd_bytes": 5 << 30}}},
+        "cooperative-reload": {"restore_s": 0.5, "identical": False},
+        "thaw@readers8": {"restore_s": None, "identical": False, "error": "RunscError: boom"},
+    }, target=1.0)
+    r["coop_target_s"] = 0.7
+    r["native"] = {"native_restore_s": 0.57, "native_checkpoint_s": 1.2, "identical": True, "get_state_s": [0.2, 0.1],
+                   "offload": {"cuda_restore_s": 0.2, "restore_weights_s": 0.05, "restore_s": 0.25, "identical": True}}
+    lv = models.levers(r)
+    assert lv["thaw"] == {"restore_s": 2.0, "identical": True, "target": "transparent", "target_s": 1.0,
+                          "met_target": False, "vs_thaw_s": 0.0, "image_bytes": 10, "cuda_restore_s": 1.1}
+    assert (lv["cooperative"]["target_s"], lv["cooperative"]["met_target"], lv["cooperative"]["post_restore_s"]) == (
+        0.7, True, 0.05)
+    assert lv["parked"]["met_target"] is True and lv["parked"]["cuda_restore_s"] == 0.55
+    assert lv["parked"]["parked_host_memfd_bytes"] == 5 << 30 and lv["parked"]["vs_thaw_s"] == -1.1
+    assert lv["cooperative-reload"]["met_target"] is False          # fast but wrong is not a met target
+    assert lv["thaw@readers8"]["met_target"] is None and lv["thaw@readers8"]["error"] == "RunscError: boom"
+    assert lv["native"]["cuda_restore_s"] == 0.57 and lv["native"]["cooperative"]["restore_s"] == 0.25
+    assert models.summarize(r)["levers"] == lv
+    table = models.lever_table({"models": {"gpt2-large": r}})
+    assert "cooperative" in table and "native (no sandbox): CUDA restore 0.570 s" in table
+
+
+def test_parse_args_for_the_speed_run():
+    o = models.parse_args(["--runsc", "/r", "--out", "/o", "--variants", "thaw,cooperative",
+                           "--model-variants", "llama-8b=thaw,parked", "--native", "--thp-dir", "/t"])
+    assert o.model_variants == {"llama-8b": ["thaw", "parked"]} and o.native and o.thp_dir == Path("/t")
+    o = models.Options(runsc=Path("/r"), out=Path("/o"), models=["tiny"], device="cpu",
+                       model_variants={"tiny": ["thaw", "warp"]})
+    with pytest.raises(SystemExit, match="unknown variant"):
+        o.validate()
+    o.model_variants = {"gpt5": ["thaw"]}
+    with pytest.raises(SystemExit, match="unknown model"):
+        o.validate()
+
+
+class ChainBench(models.ModelBench):
+    """make_chain's bookkeeping without runsc: cold starts and images are recorded, not made."""
+
+    def __init__(self, tmp_path, fail_leave_running=False, differ_after=None, fail_hook=None, fail_last=False,
+                 resume_fails=False):
+        super().__init__(models.Options(runsc=tmp_path / "r", out=tmp_path, models=["tiny"], device="cpu"),
+                         "tiny", None)
+        self.log: list = []
+        self.fail_leave_running, self.differ_after = fail_leave_running, differ_after
+        self.fail_hook, self.fail_last, self.resume_fails = fail_hook, fail_last, resume_fails
+
+    def cold_start(self, cold_cache):
+        self.log.append("cold")
+        return f"c{len(self.log)}", {"tokens": [1], "digest": "a", "boot": "b"}, 1.0
+
+    def events(self):
+        return []
+
+    def take_image(self, cid, kind, info, leave_running):
+        if kind == self.fail_hook:
+            self.log.append(("hook failed", kind))
+            raise models.HookFailed("RuntimeError: server offload-weights: cudaHostRegister failed")
+        if (leave_running and self.fail_leave_running) or (not leave_running and self.fail_last):
+            raise RuntimeError("checkpoint failed")
+        self.log.append((kind, cid, leave_running))
+        info.update(checkpoint_s=1.0, path=f"/img/{kind}")
+        if leave_running and self.resume_fails:
+            info["checkpoint_error"] = "RunscError: cuda-checkpoint --toggle failed"
+        self.result["images"][kind] = info
+        return info
+
+    def call(self, op, timeout_s=300, **args):
+        self.log.append(op)
+        return {"tokens": [1], "digest": "x" if op == "generate" and self.differ_after else "a"}
+
+    def delete(self, cid):
+        self.log.append(("delete", cid))
+
+
+def test_the_chain_takes_every_image_from_one_process(tmp_path):
+    b = ChainBench(tmp_path)
+    made = b.make_chain(["release", "offload", "drop"], first=False)
+    assert b.log == ["cold", ("release", "c1", True), "generate", ("offload", "c1", True), "restore-weights",
+                     "generate", ("drop", "c1", False), ("delete", "c1")]
+    assert made["drop"]["taken_after"] == ["release", "offload"] and b.result["errors"] == []
+    assert made["release"]["after_leave_running"]["identical"] is True
+
+
+def test_a_failed_leave_running_checkpoint_leaves_its_image_out_and_the_process_goes_on(tmp_path):
+    b = ChainBench(tmp_path, fail_leave_running=True)
+    made = b.make_chain(["release", "offload", "drop"], first=False)
+    # offload's weights had left: back first, then the same answer, then the last image from the same process.
+    assert b.log == ["cold", "generate", "restore-weights", "generate", ("drop", "c1", False), ("delete", "c1")]
+    assert set(made) == {"drop"} and "image release not made: RuntimeError" in b.result["errors"][0]
+
+
+def test_a_whole_image_whose_resume_failed_is_kept_and_the_rest_get_cold_starts(tmp_path):
+    b = ChainBench(tmp_path, resume_fails=True)
+    made = b.make_chain(["release", "offload", "drop"], first=False)
+    assert b.log == ["cold", ("release", "c1", True), ("delete", "c1"), "cold", ("offload", "c4", False),
+                     ("delete", "c4"), "cold", ("drop", "c7", False), ("delete", "c7")]
+    assert set(made) == {"release", "offload", "drop"} and "--leave-running failed" in b.result["errors"][0]
+
+
+def test_a_failed_hook_leaves_its_image_out_and_the_process_goes_on(tmp_path):
+    b = ChainBench(tmp_path, fail_hook="offload")
+    made = b.make_chain(["release", "offload", "drop"], first=False)
+    assert b.log == ["cold", ("release", "c1", True), "generate", ("hook failed", "offload"), "restore-weights",
+                     "generate", ("drop", "c1", False), ("delete", "c1")]
+    assert set(made) == {"release", "drop"} and "image offload not made" in b.result["errors"][0]
+
+
+def test_a_failed_last_checkpoint_keeps_the_images_made_before_it(tmp_path):
+    b = ChainBench(tmp_path, fail_last=True)
+    made = b.make_chain(["release", "offload"], first=False)
+    assert set(made) == {"release"} and "image offload not made: RuntimeError" in b.result["errors"][0]
+    with pytest.raises(RuntimeError, match="no norelease image"):
+        ChainBench(tmp_path, fail_last=True).make_image("norelease", first=False)
+
+
+def test_image_complete(tmp_path):
+    assert not models.image_complete(tmp_path / "none")
+    for name, size in (("checkpoint.img", 10), ("pages_meta.img", 1), ("pages.img", 0)):
+        (tmp_path / name).write_bytes(b"x" * size)
+    assert models.image_complete(tmp_path)
+    (tmp_path / "checkpoint.img").write_bytes(b"")
+    assert not models.image_complete(tmp_path)
+
+
+def test_a_process_that_answers_differently_after_leave_running_ends_the_chain(tmp_path):
+    b = ChainBench(tmp_path, differ_after=True)
+    made = b.make_chain(["release", "offload"], first=False)
+    assert b.log[:4] == ["cold", ("release", "c1", True), "generate", ("delete", "c1")]
+    assert b.log[4:] == ["cold", ("offload", "c5", False), ("delete", "c5")]
+    assert made["release"]["after_leave_running"]["identical"] is False
+    assert "did not answer as before" in b.result["errors"][0]
+
+
+def test_server_weights_round_trip_over_the_spool(tmp_path):
+    weights.make("tiny", tmp_path / "w", fmt="fake")
+    spool = tmp_path / "spool"
+    ch = models.FileChannel(spool)
+    ch.reset()
+    srv = server.Server(server.FakeBackend(str(tmp_path / "w"), [1, 2, 3], 8))
+    threading.Thread(target=server.serve_spool, args=(srv, str(spool)), daemon=True).start()
+    first = ch.request("generate", 10)
+    for mode in ("register", "alloc", "staged", "drop"):
+        assert ch.request("offload-weights", 10, mode=mode)["mode"] == mode
+        assert ch.request("health", 10)["weights"] == ("dropped" if mode == "drop" else "host")
+        assert "restore-weights first" in ch.request("generate", 10)["error"]
+        assert "already off the device" in ch.request("offload-weights", 10, mode=mode)["error"]
+        back = ch.request("restore-weights", 10)
+        assert back["restored"] and back["mode"] == mode
+        assert models.same_answer(ch.request("generate", 10), first)
+    assert "unknown offload mode" in ch.request("offload-weights", 10, mode="swap")["error"]
+    assert ch.request("restore-weights", 10)["restored"] is False
+    assert models.same_answer(ch.request("generate", 10), first)        # the server went on after every error
+
+
+def test_server_weights_round_trip_through_the_profile_hooks(tmp_path):
+    weights.make("tiny", tmp_path / "w", fmt="fake")
+    srv = server.Server(server.FakeBackend(str(tmp_path / "w"), [1, 2, 3], 4))
+    httpd = server.serve_http(srv, 0)
+    try:
+        ch = models.HttpChannel("127.0.0.1", httpd.server_address[1])
+        first = ch.request("generate", 5)
+        assert ch.request("offload-weights", 5, mode="drop")["mode"] == "drop"     # ?mode=drop on the hook's path
+        assert ch.request("health", 5)["weights"] == "dropped"
+        assert ch.request("restore-weights", 5)["restored"] is True
+        assert ch.request("offload-weights", 5)["mode"] == "register"               # the profile's own hook
+        from control.errors import HookError
+        with pytest.raises(HookError, match="HTTP 500"):
+            ch.request("offload-weights", 5)                                       # already off: an error answer
+        ch.request("restore-weights", 5)
+        assert models.same_answer(ch.request("generate", 5), first)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_fake_helper_toggles_like_the_real_one(tmp_path):
+    import subprocess
+    from nvproxy import helper
+    exe = tmp_path / "cuda-checkpoint"
+    exe.write_text(models.FAKE_HELPER.replace("/tmp/.thaw-fake-cuda-state", str(tmp_path / "state")))
+    exe.chmod(0o755)
+
+    def run(*a):
+        p = subprocess.run([str(exe), helper.TIMING_FLAG, *a, "--pid", "1"], capture_output=True, text=True)
+        return p.returncode, p.stdout.strip(), helper.parse_timing(p.stderr)
+
+    assert run("--get-state")[:2] == (0, "running")
+    assert run("--toggle")[0] == 0 and run("--get-state")[1] == "checkpointed"
+    assert run("--toggle")[0] == 0 and run("--get-state")[1] == "running"
+    assert run("--get-state")[2]["total"] == 0.0
+    assert run()[0] == 2

@@ -140,6 +140,30 @@ def test_cuinit_error_exits_1(built):
     assert "cuInit failed: CUDA_ERROR_UNKNOWN" in r.stderr
 
 
+def test_timing_reports_each_step_of_a_toggle(built, tmp_path):
+    log = tmp_path / "calls"
+    r = run(built, "--toggle", "--timing", "--pid", "42", lib=built["fake"], FAKE_CUDA_STATE="checkpointed",
+            FAKE_CUDA_LOG=str(log))
+    assert r.returncode == 0, r.stderr
+    t = helper.parse_timing(r.stderr)
+    assert list(t) == ["dlopen", "cuInit", "get-state", "restore", "unlock", "total"]
+    assert all(v >= 0 for v in t.values()) and t["total"] >= t["cuInit"]
+    assert calls(log) == ["get-state 42", "restore 42", "unlock 42"]   # --timing changes nothing else
+
+
+def test_timing_is_printed_when_the_helper_fails_too(built):
+    r = run(built, "--get-state", "--pid", "42", "--timing")
+    assert r.returncode == helper.EXIT_NO_LIBCUDA
+    assert list(helper.parse_timing(r.stderr)) == ["dlopen", "total"]
+
+
+def test_no_timing_line_without_the_flag(built):
+    r = run(built, "--get-state", "--pid", "42", lib=built["fake"])
+    assert r.returncode == 0 and "timing" not in r.stderr
+    assert helper.parse_timing(r.stderr) == {}
+    assert helper.parse_timing("thaw-cuda-checkpoint timing: cuInit=x total=0.5\n") == {"total": 0.5}
+
+
 # -- the Python twin -------------------------------------------------------------
 
 def test_exit_codes_match_the_c_enum():

@@ -121,3 +121,41 @@ def test_gates_are_per_sandbox(fake):
     gatemod.close("b", 1)
     gatemod.open("a")
     assert gatemod.closed_gates() == ["b"]
+
+
+def test_listeners_reads_both_families_and_wildcards(tmp_path):
+    """A published port DNATs traffic away from a host listener on it: such listeners are found
+    in /proc/net/tcp{,6} (LISTEN = 0A; addresses as host-order 32-bit words)."""
+    head = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+    (tmp_path / "tcp").write_text(head
+        + "   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1\n"   # 127.0.0.1:8080
+        + "   1: 00000000:1F91 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 2\n"   # 0.0.0.0:8081
+        + "   2: 0100007F:1F92 0100007F:D431 01 00000000:00000000 00:00000000 00000000     0        0 3\n")  # established
+    (tmp_path / "tcp6").write_text(head
+        + "   0: 00000000000000000000000000000000:1F93 00000000000000000000000000000000:0000 0A 0:0 0:0 0 0 0 4\n"  # [::]:8083
+        + "   1: 0000000000000000FFFF00000100007F:1F94 00000000000000000000000000000000:0000 0A 0:0 0:0 0 0 0 5\n"  # ::ffff:127.0.0.1
+        + "   2: 00000000000000000000000001000000:1F95 00000000000000000000000000000000:0000 0A 0:0 0:0 0 0 0 6\n")  # ::1
+    ls = lambda port, addr="127.0.0.1": netmod.listeners(port, addr, proc_net=tmp_path)  # noqa: E731
+    assert ls(8080) == ["127.0.0.1:8080"] and ls(8080, "10.0.0.1") == []
+    assert ls(8081) == ["0.0.0.0:8081"] and ls(8081, "10.0.0.1") == ["0.0.0.0:8081"]
+    assert ls(8082) == []                      # not listening
+    assert ls(8083) == ["[::]:8083"]
+    assert ls(8084) == ["127.0.0.1:8084"]
+    assert ls(8085) == []                      # ::1 alone does not take 127.0.0.1's traffic
+
+
+def test_listeners_finds_a_real_one():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert netmod.listeners(port, "127.0.0.1") == [f"127.0.0.1:{port}"]
+    assert netmod.listeners(port, "127.0.0.1") == []
+
+
+def test_a_fifo_is_not_a_network_namespace(tmp_path):
+    import os
+    os.mkfifo(tmp_path / "ns")
+    assert netmod._is_netns(tmp_path / "ns") is False
+    assert netmod.namespace_address(str(tmp_path / "ns")) == (None, None)   # returns: no open of the FIFO
+    assert netmod._is_netns("/proc/self/ns/net") is True

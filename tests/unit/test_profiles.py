@@ -76,6 +76,31 @@ def test_pytorch_profile_releases_cached_memory_before_checkpoint():
     assert w.requests == [("POST", "/thaw/pre-checkpoint")]
 
 
+def test_pytorch_offload_moves_the_weights_out_before_and_back_after():
+    with Workload() as w:
+        p = profiles.get("pytorch-offload").with_port(w.port)
+        pre = profiles.run_hooks(p, "pre_checkpoint", profiles.Target())
+        post = profiles.run_hooks(p, "post_restore", profiles.Target())
+    # The release first (cached blocks, compile workers), then the weights; back after the restore.
+    assert w.requests == [("POST", "/thaw/pre-checkpoint"), ("POST", "/thaw/offload-weights"),
+                          ("POST", "/thaw/restore-weights")]
+    assert [r["status"] for r in pre + post] == [200, 200, 200]
+
+
+def test_a_workload_without_the_offload_route_fails_the_checkpoint_not_a_restore():
+    # An image whose weights did not leave the GPU must not be published as an offload image.
+    with Workload({"/thaw/offload-weights": (404, '{"error": "no route"}')}) as w:
+        with pytest.raises(HookError, match="HTTP 404"):
+            profiles.run_hooks(profiles.get("pytorch-offload").with_port(w.port), "pre_checkpoint", profiles.Target())
+
+
+@pytest.mark.parametrize("name", ["pytorch", "pytorch-offload"])
+def test_pytorch_profiles_keep_torch_compile_workers_from_starting(name, tmp_path):
+    sp = specmod.command_spec(["/bin/true"], rootfs=str(tmp_path), env={"TORCHINDUCTOR_COMPILE_THREADS": "16"})
+    env = profiles.apply_env(sp, profiles.get(name))["process"]["env"]
+    assert [e for e in env if e.startswith("TORCHINDUCTOR_COMPILE_THREADS=")] == ["TORCHINDUCTOR_COMPILE_THREADS=1"]
+
+
 def test_http_error_is_a_hook_error_with_the_body():
     with Workload({"/sleep?level=1": (500, "sleep mode is not enabled")}) as w:
         with pytest.raises(HookError) as ei:
@@ -133,7 +158,7 @@ def test_for_spec_reads_annotations(tmp_path):
     with pytest.raises(SpecError, match="not a TCP port"):
         profiles.for_spec(sp)
     sp["annotations"][profiles.PROFILE_ANNOTATION] = "tensorflow"
-    with pytest.raises(NotFound, match="known: none, pytorch, vllm"):
+    with pytest.raises(NotFound, match="known: none, pytorch, pytorch-offload, vllm"):
         profiles.for_spec(sp)
 
 

@@ -1,5 +1,7 @@
 from pathlib import Path
 
+import pytest
+
 from control.errors import RunscError
 from runsc_hooks.runsc import (CheckpointOptions, CreateOptions, GlobalOptions, RestoreOptions, Runsc,
                                 subcommand_of)
@@ -40,7 +42,8 @@ def test_runsc_error_carries_message_and_command():
     e = RunscError(["runsc", "--root=/r", "start", "c1"], 128, "W1129 11:00:00.0 noise\nboom: it broke\n",
                    "boom: it broke", subcommand="start")
     assert "runsc start failed (exit 128): boom: it broke" in str(e)
-    assert "command: runsc --root=/r start c1" in str(e)
+    assert "\n" not in str(e)  # one line: the command line is a field (logs, --json)
+    assert e.to_dict()["command"] == "runsc --root=/r start c1"
     assert e.returncode == 128 and e.argv[-1] == "c1"
     t = RunscError(["runsc", "wait", "c"], None, "", "no answer within 5 s", subcommand="wait")
     assert "timed out" in str(t)
@@ -54,7 +57,26 @@ def test_error_message_prefers_json_log_then_plain_stderr(tmp_path):
     assert r._error_message("whatever") == "the real one"
     r = Runsc(Path("/x"), GlobalOptions(root=Path("/r")))
     assert r._error_message("I1129 12:00:00.1 log line\nplain error\nW1129 12:00:00.2 warn\n") == "plain error"
-    assert r._error_message("") == ""
+    assert r._error_message("") == "runsc printed no error message"
+    # A Go panic's stack frames are never the message; an errno text wins (issue 14: ENOSPC).
+    panic = ("checkpoint failed: writing pages: write /img/pages.img: no space left on device\n"
+             "goroutine 1 [running]:\nmain.main()\n\t/src/runsc/main.go:42 +0x1d\nexit status 2\n")
+    assert r._error_message(panic) == "checkpoint failed: writing pages: write /img/pages.img: no space left on device"
+    assert r._error_message("panic: boom\n\n\t/src/x.go:1 +0x2\n") == "panic: boom"
+
+
+def test_error_message_skips_a_recovered_panics_goroutine_dump():
+    """The sentry's urpc server returns a recovered panic with its stack: the
+    message is the line above the frames, not the last frame."""
+    r = Runsc(Path("/x"), GlobalOptions(root=Path("/r")))
+    stderr = ("W1130 15:05:00.1 warn\n"
+              "checkpoint failed: panic: write pages: no space left on device\n"
+              "goroutine 123 [running]:\n"
+              "reflect.Value.Call({0x1d4e096a07e0?, 0x1d4e0a9ba048?, 0x140?}, {0x1d4e0a94bea8?, 0x16?})\n"
+              "gvisor.dev/gvisor/pkg/urpc.(*Server).handleOne.func1()\n"
+              "\tgvisor.dev/gvisor@v0.0.0-20260905035102-160fafc42237/pkg/urpc/urpc.go:472 +0x6b\n"
+              "gvisor.dev/gvisor/pkg/urpc.(*Server).StartHandling.func1()\n")   # the H200's last line
+    assert r._error_message(stderr) == "checkpoint failed: panic: write pages: no space left on device"
 
 
 def test_exists_reads_runsc_state_files_exactly(tmp_path):
@@ -65,3 +87,16 @@ def test_exists_reads_runsc_state_files_exactly(tmp_path):
     assert r.exists("web-2+") and not r.exists("web+") and not r.exists("web")
     (tmp_path / "web+_sandbox:pod[1].state").write_text("{}")   # glob metacharacters in the sandbox id
     assert r.exists("web+")
+
+
+def test_pids_reads_runscs_json_which_is_only_pids(monkeypatch):
+    """`runsc ps --format=json` prints [1, 23] (runsc/cmd/ps.go: control.PrintPIDsJSON);
+    anything else is runsc's error, not an empty process list."""
+    import subprocess
+    r = Runsc(Path("/x"), GlobalOptions(root=Path("/r")))
+    out = {"v": "[1, 23]\n"}
+    monkeypatch.setattr(r, "_run", lambda args, **kw: subprocess.CompletedProcess(args, 0, out["v"], ""))
+    assert r.pids("web+") == [1, 23]
+    out["v"] = '[{"pid": 1}]'
+    with pytest.raises(RunscError, match="no JSON list of pids"):
+        r.pids("web+")

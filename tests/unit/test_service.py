@@ -5,6 +5,7 @@ validation and the quarantine file are real."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 from pathlib import Path
@@ -384,3 +385,127 @@ def test_an_image_whose_spec_runsc_would_refuse_starts_cold_before_runsc_runs(en
     d = t.prepare_restore(rt)
     assert not d.restore and d.reason.startswith("spec-mismatch: ") and "/data" in d.reason, d.reason
     assert ("/run/r", "c1") not in t._leases
+
+
+@pytest.mark.parametrize("gate, health_check", [(True, True), (False, False)])
+def test_gate_and_health_check_follow_the_diagnostic_keys(tmp_path, monkeypatch, gate, health_check):
+    """thawd.gate / thawd.health_check (diagnostics, default on): off, PrepareRestore
+    closes no gate and Restore asks the engine for no health check and no gate opening
+    (what bench/network_flood.py --door containerd measures as mitigations off)."""
+    from control.lifecycle.engine import Restored
+    from control.thawd import service as svc
+    (tmp_path / "empty.toml").write_text("")
+    s = config.load(environ={"THAW_NODE_STATE_DIR": str(tmp_path / "state"),
+                             "THAW_RUNSC_PATH": str(tmp_path / "bin" / "runsc"),
+                             "THAW_THAWD_GATE": str(gate).lower(),
+                             "THAW_THAWD_HEALTH_CHECK": str(health_check).lower()},
+                    config_file=tmp_path / "empty.toml")
+    closed, asked = [], []
+    monkeypatch.setattr(svc.netmod, "namespace_address", lambda path: ("10.0.0.2", "web-a"))
+    monkeypatch.setattr(svc.netmod, "snapshot", lambda path: [])
+    monkeypatch.setattr(svc.gatemod, "close", lambda name, mark, reason="": closed.append(name) or True)
+
+    def restore(self, h, image, probes, *, opts, health_check=True, **kw):
+        asked.append((h.gate, health_check))
+        return Restored(0.1, 0.05, None)
+    monkeypatch.setattr(svc.Engine, "restore", restore)
+    images = FakeImages(tmp_path)
+    t = Thawd(s, images, identify=FakeIdentities())
+    try:
+        rt = bundle(tmp_path, "c1", OPT_IN)
+        sp = specmod.Bundle(rt.bundle).load()
+        sp["linux"]["namespaces"].append({"type": "network", "path": "/var/run/netns/thaw-web-a"})
+        specmod.Bundle(rt.bundle).write(sp)
+        images.available[t.prepare_restore(rt).key] = True
+        assert t.prepare_restore(rt).restore
+        assert closed == (["web-a"] if gate else [])
+        ok, _, _ = t.restore(rt)
+        assert ok and asked == [("web-a" if gate else None, health_check)]
+    finally:
+        t.close()
+
+
+def test_every_restore_decision_ends_in_exactly_one_outcome(env, caplog):
+    """issue 14: a stand-in killed between create and start never reports; thawd
+    records such a decision as ABANDONED when it is released or replaced."""
+    t, images, tmp = env
+    rt = bundle(tmp, "c1", OPT_IN)
+    key = t.prepare_restore(rt).key
+    images.available[key] = True
+    abandoned = lambda: t.metrics.counters().get("thaw_restores_abandoned_total", 0)  # noqa: E731
+    assert t.prepare_restore(rt).restore
+    assert t.release("c1", "/run/r") and abandoned() == 1          # deleted before any start
+    assert t.prepare_restore(rt).restore
+    t.report_outcome(rt, "RESTORE_FAILED", "create for restore failed: killed")
+    t.release("c1", "/run/r")
+    assert abandoned() == 1                                          # it had its outcome already
+    assert t.prepare_restore(rt).restore and t.prepare_restore(rt).restore
+    assert abandoned() == 2                                          # replaced by a new decision
+    with caplog.at_level("INFO", logger="thawd"):
+        t.release("c1", "/run/r")
+    assert abandoned() == 3
+    assert any(r.getMessage().startswith("outcome c1 ") and "ABANDONED" in r.getMessage() for r in caplog.records)
+
+
+def test_a_standin_commits_by_its_marker_and_its_exit(tmp_path):
+    """thawd keeps a restore once its stand-in exited with the marker saying "restored";
+    a stand-in that died first, marker still "restore", gets it removed (issue 14)."""
+    import subprocess
+
+    from control.thawd.service import Standin
+    marker = tmp_path / "m.json"
+    marker.write_text(json.dumps({"id": "c1", "decision": "restore"}))
+    # A process named like the stand-in (argv[0]), which the test ends.
+    p = subprocess.Popen(["bash", "-c", "exec -a thaw-runsc-hooks sleep 30"])
+    try:
+        import time
+        for _ in range(100):   # until bash has exec'ed
+            if Path(f"/proc/{p.pid}/cmdline").read_bytes().startswith(b"thaw-runsc-hooks"):
+                break
+            time.sleep(0.01)
+        s = Standin.validate(p.pid, str(marker))
+        s.observe()
+        assert s.watchable and not s.wait_exit(0.05)        # alive
+        p.kill()
+        p.wait()
+        assert s.wait_exit(5) and s.committed("c1") is False  # died before committing
+        marker.write_text(json.dumps({"id": "c1", "decision": "restored"}))
+        assert s.committed("c1") is True and s.committed("c2") is None
+    finally:
+        p.kill()
+    other = Standin.validate(os.getpid(), str(marker))       # not a stand-in: not watched
+    other.observe()
+    assert not other.watchable
+    assert Standin.validate(0, "") is None
+    with pytest.raises(UserError):
+        Standin.validate(12, "relative/path")
+
+
+def test_a_restore_not_tried_opens_its_gate(tmp_path, monkeypatch):
+    """A restore that fails before the engine runs (its spec unreadable at start)
+    opens the gate PrepareRestore closed: the cold start needs its network."""
+    from control.thawd import service as svc
+    (tmp_path / "empty.toml").write_text("")
+    s = config.load(environ={"THAW_NODE_STATE_DIR": str(tmp_path / "state"),
+                             "THAW_RUNSC_PATH": str(tmp_path / "bin" / "runsc")},
+                    config_file=tmp_path / "empty.toml")
+    opened = []
+    monkeypatch.setattr(svc.netmod, "namespace_address", lambda path: ("10.0.0.2", "web-a"))
+    monkeypatch.setattr(svc.netmod, "snapshot", lambda path: [])
+    monkeypatch.setattr(svc.gatemod, "close", lambda name, mark, reason="": True)
+    monkeypatch.setattr(svc.gatemod, "open", lambda name, reason="": opened.append(name) or True)
+    monkeypatch.setattr(svc.Engine, "restore", lambda *a, **k: pytest.fail("the engine must not run"))
+    images = FakeImages(tmp_path)
+    t = Thawd(s, images, identify=FakeIdentities())
+    try:
+        rt = bundle(tmp_path, "c1", OPT_IN)
+        sp = specmod.Bundle(rt.bundle).load()
+        sp["linux"]["namespaces"].append({"type": "network", "path": "/var/run/netns/thaw-web-a"})
+        specmod.Bundle(rt.bundle).write(sp)
+        images.available[t.prepare_restore(rt).key] = True
+        assert t.prepare_restore(rt).restore and opened == []
+        (rt.bundle / "config.json").write_text("{")
+        ok, reason, _ = t.restore(rt)
+        assert not ok and reason.startswith("SpecError") and opened == ["web-a"]
+    finally:
+        t.close()

@@ -94,3 +94,25 @@ def test_host_layout_binds_every_symlink_hop(tmp_path):
     dests = [m["destination"] for m in specmod.host_layout([str(tmp_path / "venv" / "bin" / "python")])]
     assert str(tmp_path / "venv" / "bin") in dests
     assert str(tmp_path / "real" / "bin") in dests
+
+
+def test_load_refuses_fifos_devices_and_oversized_files_without_blocking(tmp_path):
+    """issue 14: a FIFO as config.json wedged thawd; nothing but a bounded regular file is read."""
+    b = specmod.Bundle(tmp_path / "fifo")
+    b.path.mkdir()
+    os.mkfifo(b.config_path)             # nobody writes it: a blocking open or read never returns
+    with pytest.raises(SpecError, match="is a FIFO, not a regular file"):
+        b.load()
+    big = specmod.Bundle(tmp_path / "big")
+    big.path.mkdir()
+    with open(big.config_path, "wb") as f:
+        f.truncate(specmod.MAX_CONFIG_BYTES + 1)
+    with pytest.raises(SpecError, match="more than the"):
+        big.load()
+    with pytest.raises(SpecError, match="is a directory"):
+        specmod.read_regular(tmp_path, 10)
+    with pytest.raises(SpecError, match="does not exist"):
+        specmod.Bundle(tmp_path / "none").load()
+    ok = specmod.Bundle(tmp_path / "ok")
+    ok.write(good_spec())
+    assert ok.load()["process"]["args"] == ["/bin/true"]

@@ -104,3 +104,15 @@ def test_bad_annotations_name_the_field(ann, field):
     with pytest.raises(UserError) as e:
         wl(spec(ann))
     assert e.value.fields["field"] == field
+
+
+def test_thaw_annotations_are_bounded():
+    """thawd reads any container's annotations: a value over the bound is refused before parsing."""
+    from control.lifecycle.workload import MAX_ANNOTATION_BYTES
+    spec = specmod.command_spec(["/app"], rootfs="r", annotations={
+        "thaw.dev/workload": "w", "thaw.dev/ready": "exec:" + "x" * MAX_ANNOTATION_BYTES})
+    with pytest.raises(UserError, match="thaw.dev/ready is .* bytes, more than"):
+        workload.from_spec(spec, TENANT, IMAGE)
+    spec["annotations"]["thaw.dev/ready"] = "file:/tmp/ready"
+    spec["annotations"]["other.example/huge"] = "y" * (2 * MAX_ANNOTATION_BYTES)   # not thaw's: the file bound covers it
+    assert workload.from_spec(spec, TENANT, IMAGE).ready is not None

@@ -29,18 +29,18 @@ const (
 
 // marker carries create's decision to start and delete of the same container.
 type marker struct {
-	ID         string  `json:"id"`
-	Root       string  `json:"root"`
-	Bundle     string  `json:"bundle"`
-	Key        string  `json:"workload_key"`
-	Decision   string  `json:"decision"` // restore | cold
-	Reason     string  `json:"reason,omitempty"`
+	ID       string `json:"id"`
+	Root     string `json:"root"`
+	Bundle   string `json:"bundle"`
+	Key      string `json:"workload_key"`
+	Decision string `json:"decision"` // preparing | restore | restored | cold | cold-fallback
+	Reason   string `json:"reason,omitempty"`
 	// How long start may wait for thawd's Restore: thawd's own settings bound
 	// it (PrepareRestoreResponse.restore_timeout_ms), so no stand-in constant
 	// can drift from them.
 	RestoreTimeoutMs uint32  `json:"restore_timeout_ms,omitempty"`
 	PidFile          string  `json:"pid_file,omitempty"`
-	Created    float64 `json:"created"`
+	Created          float64 `json:"created"`
 }
 
 // Standin handles one invocation.
@@ -199,8 +199,17 @@ func (s *Standin) create() int {
 	if rt.ContainerId == "" || !optedIn(rt.Bundle) {
 		return s.execRunsc(s.argv[1:])
 	}
-	m := &marker{ID: rt.ContainerId, Root: rt.RunscRoot, Bundle: rt.Bundle, Decision: "cold",
+	m := &marker{ID: rt.ContainerId, Root: rt.RunscRoot, Bundle: rt.Bundle, Decision: "preparing",
 		PidFile: s.a.Flag("pid-file"), Created: float64(t0.UnixNano()) / 1e9}
+	// The marker goes first: a create killed while thawd decides (SIGKILL, the
+	// shim's timeout) is followed by containerd's delete, and delete releases
+	// thawd's decision only for a container with a marker (issue 14: thawd
+	// hears every decision's end).
+	if err := s.saveMarker(m); err != nil {
+		s.log.Write("create", m, "marker-failed", err.Error(), t0)
+		return s.execRunsc(s.argv[1:])
+	}
+	m.Decision = "cold"
 	resp, err := s.prepare(rt)
 	switch {
 	case s.cfgErr != nil:
@@ -298,6 +307,12 @@ func (s *Standin) start() int {
 	ok, reason := s.restore(m)
 	if ok {
 		s.log.Write("start", m, "restored", "", t0)
+		// The commit, and the last thing before exit: thawd keeps the restore
+		// once this process has exited with the marker saying so (Restore's
+		// standin_pid). A SIGKILL before this rename ends in thawd removing the
+		// restore, matching the failed start containerd then reports.
+		m.Decision = "restored"
+		s.saveMarker(m)
 		return 0
 	}
 	// Fall back: the container must start, cold.
@@ -335,7 +350,8 @@ func (s *Standin) restore(m *marker) (bool, string) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	r, err := c.Restore(ctx, &pb.RestoreRequest{Runtime: s.runtimeOf(m)})
+	r, err := c.Restore(ctx, &pb.RestoreRequest{Runtime: s.runtimeOf(m), StandinPid: int32(os.Getpid()),
+		StandinMarker: s.markerPath(m.ID)})
 	if err != nil {
 		return false, "thawd Restore: " + describe(err)
 	}
@@ -353,6 +369,9 @@ func (s *Standin) delete() int {
 	t0 := time.Now()
 	id := s.a.ContainerID()
 	if m := s.loadMarker(id); m != nil {
+		if pids := s.reapOrphans(id, m.Root); len(pids) > 0 {
+			s.log.Write("delete", m, "reaped-orphans", fmt.Sprintf("killed %v: sandbox processes of a killed create", pids), t0)
+		}
 		if c, closer, err := s.dial(); err == nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			c.Release(ctx, &pb.ReleaseRequest{ContainerId: id, RunscRoot: m.Root})
