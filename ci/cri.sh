@@ -17,9 +17,13 @@
 # answers on THAW_THAWD_SOCKET, default BASE/thawd.sock). Environment:
 # THAW_BUILD_DIR (default ./build), THAW_CRI_SUBNET (pod addresses, default
 # 10.216.0.0/24: outside the 10.213-10.215 ranges thaw's own sandboxes and
-# tests use); THAW_THAWD_SOCKET, THAW_THAWD_PREPARE_TIMEOUT_S,
-# THAW_THAWD_HEALTH_TIMEOUT_S are handed to the stand-in (its config keys,
-# control/config.py; it ignores unknown THAW_* names).
+# tests use); THAW_CONFIG: the stand-in's configuration file (thawd.socket,
+# standin.state_dir, standin.log, read as on a node from /etc/thaw/config.toml;
+# control/dev/testbed.py CriStack writes one for a thawd it runs); without it
+# the stand-in dials BASE/thawd.sock and keeps its state and log under BASE.
+# THAW_THAWD_SOCKET, THAW_THAWD_PREPARE_TIMEOUT_S, THAW_THAWD_HEALTH_TIMEOUT_S
+# are handed to the stand-in when set (its config keys, control/config.py,
+# which override THAW_CONFIG's; it ignores unknown THAW_* names).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 build=${THAW_BUILD_DIR:-"$here/build"}
@@ -153,9 +157,15 @@ EOF
   # The stand-in's environment, as control/containerd.py PrivateContainerd.env
   # gives it (the shim and runsc inherit containerd's environment); no other
   # THAW_* of the caller's leaks in.
-  local -a envv=(PATH="$build:$PATH" HOME="${HOME:-/root}" THAW_REAL_RUNSC="$build/runsc"
-                 THAW_THAWD_SOCKET="${THAW_THAWD_SOCKET:-$base/thawd.sock}"
-                 THAW_STANDIN_STATE_DIR="$base/standin" THAW_STANDIN_LOG="$base/standin.log")
+  # Env names: go/internal/standin/config_keys.go (THAW_<SECTION>_<KEY>).
+  local -a envv=(PATH="$build:$PATH" HOME="${HOME:-/root}" THAW_REAL_RUNSC="$build/runsc")
+  if [[ -n ${THAW_CONFIG:-} ]]; then
+    envv+=(THAW_CONFIG="$THAW_CONFIG")
+    [[ -z ${THAW_THAWD_SOCKET:-} ]] || envv+=(THAW_THAWD_SOCKET="$THAW_THAWD_SOCKET")
+  else
+    envv+=(THAW_CONFIG=/dev/null THAW_THAWD_SOCKET="${THAW_THAWD_SOCKET:-$base/thawd.sock}"
+           THAW_STANDIN_STATE_DIR="$base/standin" THAW_STANDIN_LOG="$base/standin.log")
+  fi
   local v
   for v in THAW_THAWD_PREPARE_TIMEOUT_S THAW_THAWD_HEALTH_TIMEOUT_S; do
     [[ -z ${!v:-} ]] || envv+=("$v=${!v}")
@@ -237,6 +247,16 @@ down() {
       "$build/runsc" --root "$base/runsc-root/k8s.io" delete -force "$p" >/dev/null 2>&1 || true
     done
   fi
+  # Any runsc process of this instance still alive (a sandbox whose state is
+  # already gone, e.g. one stopped while restoring), by pid: its --root is
+  # under BASE. A leaked sandbox keeps its pod's veth and host route, and
+  # the next instance's pod with that address is unreachable.
+  for f in /proc/[0-9]*/cmdline; do
+    [[ $(tr '\0' '\n' 2>/dev/null < "$f" | head -1) == runsc-* ]] || continue
+    tr '\0' '\n' 2>/dev/null < "$f" | grep -q -- "^--root=$base/" || continue
+    p=${f#/proc/}; p=${p%/cmdline}
+    kill -KILL "$p" 2>/dev/null || true
+  done
   awk -v b="$base/" 'index($2, b) == 1 {print $2}' /proc/self/mounts | sort -r | while read -r m; do
     umount -l "$m" 2>/dev/null || true
   done

@@ -418,6 +418,18 @@ KEYS: tuple[Key, ...] = (
         "The thaw-fetch binary that runs a pull's ranged GETs, hashing and writes (go/cmd/thaw-fetch; "
         "~1.2x the in-process fetch here, docs/store.md); empty: fetch in-process with boto3. "
         "`thaw provision` writes /opt/thaw/bin/thaw-fetch.", installed="thaw-fetch"),
+    Key("store.stream", BOOL, False,
+        "Restore an image this node does not hold while it streams in from the store (thaw-gofer as "
+        "runsc's checkpoint-gofer sidecar: reads wait for verified bytes, faulted ranges are fetched first), "
+        "instead of pulling it whole first; the cache fills as it streams, under the same lock and lease as "
+        "a pull. Off until measured better (bench/stream.py, docs/store.md \"Streaming restore\")."),
+    Key("store.gofer", PATH, BUILD_DIR / "thaw-gofer",
+        "The thaw-gofer binary (go/cmd/thaw-gofer): the stream and runsc's checkpoint-gofer sidecar of a "
+        "streamed restore. `thaw provision` writes /opt/thaw/bin/thaw-gofer.", installed="thaw-gofer"),
+    Key("store.stream_deadline_s", SECONDS, 30.0,
+        "How long a streamed restore's read may wait for bytes not yet arrived; then runsc kills the "
+        "sandbox and the container starts cold. A stream that fails fails its waiting reads at once.",
+        range=(0.1, 3600)),
     Key("store.encrypt", BOOL, False,
         "Encrypt every chunk and manifest with the tenant's key (AES-256-GCM, convergent within a tenant); "
         "a tenant without a key file then neither publishes nor restores."),
@@ -468,6 +480,11 @@ KEYS: tuple[Key, ...] = (
     Key("thawd.ready_timeout_s", SECONDS, 600.0,
         "How long a cold-started workload may take to become ready for its automatic checkpoint.",
         range=(1, _DAY)),
+    Key("thawd.pod_assembly_timeout_s", SECONDS, 120.0,
+        "How long a restoring Kubernetes pod may take from its sandbox's restore to its last container's: "
+        "runsc restores the sandbox only then, and the kubelet creates the containers one after the other "
+        "(pulling images in between). Past it thawd removes the sandbox and the kubelet re-creates the pod, "
+        "cold.", range=(1, _DAY)),
     Key("thawd.quarantine_after", INT, 3,
         "Consecutive failed restores after which an image is quarantined (cold starts only).", range=(1, 1000)),
     Key("thawd.auto_checkpoint", BOOL, True,

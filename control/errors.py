@@ -292,6 +292,8 @@ class RunscError(ThawError):
         self.returncode = returncode
         self.runsc_message = msg
         self.stderr_tail = tail
+        # A recovered sentry panic prints its message above a long goroutine dump.
+        self.stderr_head = stderr.strip()[:2000]
 
 
 # Every exit status of the `thaw` CLI, documented once: README "Command line"

@@ -22,8 +22,9 @@ images):
 Where the sandbox has no address the node can reach (a container under
 containerd without a network namespace thaw knows), tcp/http/gpu probes run
 inside the sandbox instead: the request is made from the sandbox's own
-loopback by `runsc exec` of busybox-style `wget` (or python3), see
-`_exec_http`.
+loopback by `runsc exec` of python3 (or busybox-style `wget`), see
+`http_request`, which the workload profiles' HTTP hooks use too
+(control/lifecycle/profiles.py).
 
 TCP is the weakest: netstack completes a handshake for a listener whose
 application is stuck, so prefer http (or exec) where the workload allows.
@@ -43,7 +44,7 @@ import shlex
 import socket
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Protocol
+from typing import Callable, Protocol, Sequence
 
 from control.errors import UserError
 
@@ -57,12 +58,20 @@ class ProbeFailed(Exception):
     """One attempt failed; the message says how."""
 
 
+# exec(argv, timeout_s) -> (exit code, output): `runsc exec` in the sandbox
+ExecFn = Callable[[Sequence[str], float], "tuple[int, str]"]
+
+
 @dataclass(frozen=True)
 class Target:
-    """What a probe talks to. The callables are the seams unit tests replace."""
-    address: str | None = None                                   # sandbox IPv4 address
-    mark: int | None = None                                      # SO_MARK for probe sockets
-    exec: Callable[[list[str], float], tuple[int, str]] | None = None  # argv, timeout -> (rc, output)
+    """What thaw talks to in a sandbox: probes here and the workload profiles'
+    hooks (control/lifecycle/profiles.py). Without an address, HTTP goes from
+    inside the sandbox through `exec` (`http_request`): thawd does not know the
+    address of containers containerd started. The callables are the seams unit
+    tests replace."""
+    address: str | None = None                                   # sandbox IPv4 address as the node reaches it
+    mark: int | None = None                                      # SO_MARK: passes the closed gate (gate.py)
+    exec: ExecFn | None = None
     running: Callable[[], bool] | None = None
     started: float | None = None                                 # clock() when the check began (delay:)
     gone: Callable[[], bool] | None = None                       # the workload has exited or was deleted
@@ -116,15 +125,23 @@ class TcpProbe:
         return f"tcp:{self.port}"
 
 
-def http_get(target: Target, port: int, path: str, timeout_s: float) -> tuple[int, bytes]:
-    """A minimal HTTP/1.1 GET over a marked socket: (status, body). Without an
-    address, the GET runs inside the sandbox (`_exec_http`)."""
-    if not target.address and target.exec is not None:
-        return _exec_http(target, port, path, timeout_s)
+def http_request(target: Target, port: int, path: str, timeout_s: float, method: str = "GET",
+                 body: bytes = b"") -> tuple[int, bytes]:
+    """One HTTP/1.1 request to the sandbox: (status, body), any status. Over a
+    socket to the address, marked so it passes a closed gate; without an
+    address, from inside the sandbox (`_exec_http`). ProbeFailed when nothing
+    answered, or not in HTTP. The deadline covers the whole exchange."""
+    if not target.address:
+        if target.exec is None:
+            raise ProbeFailed("the sandbox has no network address and no way to exec in it")
+        return _exec_http(target, port, path, timeout_s, method, body)
     deadline = time.monotonic() + timeout_s
     s = _connect(target, port, timeout_s)
+    head = f"{method} {path} HTTP/1.1\r\nHost: {target.address}:{port}\r\nConnection: close\r\n"
+    if body or method in ("POST", "PUT", "PATCH"):
+        head += f"Content-Length: {len(body)}\r\n"
     try:
-        s.sendall(f"GET {path} HTTP/1.1\r\nHost: {target.address}\r\nConnection: close\r\n\r\n".encode())
+        s.sendall(head.encode() + b"\r\n" + body)
         buf = b""
         while len(buf) < MAX_RESPONSE_BYTES:
             s.settimeout(max(deadline - time.monotonic(), 0.001))
@@ -132,56 +149,91 @@ def http_get(target: Target, port: int, path: str, timeout_s: float) -> tuple[in
             if not chunk:
                 break
             buf += chunk
-            head, sep, body = buf.partition(b"\r\n\r\n")
+            rhead, sep, rbody = buf.partition(b"\r\n\r\n")
             if sep:
-                length = _content_length(head)
-                if length is not None and len(body) >= length:
+                length = _content_length(rhead)
+                if length is not None and len(rbody) >= length:
                     break
     except OSError as e:
-        raise ProbeFailed(f"GET {path}: {e.strerror or e}") from None
+        raise ProbeFailed(f"{method} {path}: {e.strerror or e}") from None
     finally:
         s.close()
-    head, sep, body = buf.partition(b"\r\n\r\n")
-    parts = head.split(b"\r\n", 1)[0].split()
+    rhead, sep, rbody = buf.partition(b"\r\n\r\n")
+    parts = rhead.split(b"\r\n", 1)[0].split()
     if not sep or len(parts) < 2 or not parts[0].startswith(b"HTTP/") or not parts[1].isdigit():
-        raise ProbeFailed(f"GET {path}: not an HTTP response: {buf[:80]!r}")
-    return int(parts[1]), body
+        raise ProbeFailed(f"{method} {path}: not an HTTP response: {buf[:80]!r}")
+    if _header(rhead, b"transfer-encoding").lower() == b"chunked":
+        rbody = _dechunk(rbody)
+    return int(parts[1]), rbody
 
 
-# A GET from inside the sandbox, to its own loopback: python3 when the image has
-# it (status and body), else busybox/GNU wget (wget exits non-zero on any status
-# >= 400 without saying which, so a 200 is all it can report).
-_PY_GET = ("import sys,urllib.request as u,urllib.error as e\n"
-           "try:\n r=u.urlopen(sys.argv[1],timeout=float(sys.argv[2])); s=r.status; b=r.read(1<<20)\n"
-           "except e.HTTPError as x:\n s=x.code; b=x.read(1<<20)\n"
-           "sys.stdout.write(str(s)+chr(10)+b.decode('utf-8','replace'))")
+# The HTTP client run inside the sandbox (to its own loopback) when the node has
+# no address for it: argv = method, url, body, timeout. Prints the status, a
+# newline and the body (up to MAX_RESPONSE_BYTES), for any status; exits 0
+# whenever something answered in HTTP.
+IN_SANDBOX_HTTP = (
+    "import sys,urllib.request as u,urllib.error as e\n"
+    "m,url,b,t=sys.argv[1:5]\n"
+    "q=u.Request(url,data=(b.encode() if b or m in ('POST','PUT','PATCH') else None),method=m)\n"
+    "try:\n r=u.urlopen(q,timeout=float(t)); s=r.status; o=r.read(1<<20)\n"
+    "except e.HTTPError as x:\n s=x.code; o=x.read(1<<20)\n"
+    "sys.stdout.write(str(s)+chr(10)+o.decode('utf-8','replace'))"
+)
 
 
-def _exec_http(target: Target, port: int, path: str, timeout_s: float,
+def _exec_http(target: Target, port: int, path: str, timeout_s: float, method: str = "GET", body: bytes = b"",
                connect_only: bool = False) -> tuple[int, bytes]:
+    """`http_request` from inside the sandbox: python3 when the image has it,
+    else (GET only) busybox/GNU wget, which exits non-zero on any status >= 400
+    without saying which, so a 200 is all it can report."""
     url = f"http://127.0.0.1:{port}{path}"
+    # runsc exec and python3's start on top of the request: 1 s for a probe's
+    # attempt, 5 s for a hook's long request.
+    exec_timeout = timeout_s + max(1.0, min(5.0, timeout_s / 20))
     t = f"{max(timeout_s, 0.001):.3f}"
-    rc, out = target.exec(["python3", "-c", _PY_GET, url, t], timeout_s + 1)
+    rc, out = target.exec(["python3", "-c", IN_SANDBOX_HTTP, method, url, body.decode(errors="replace"), t],
+                          exec_timeout)
     if rc == 0:
-        status, _, body = out.partition("\n")
+        status, _, text = out.partition("\n")
         if status.strip().isdigit():
-            return int(status), body.encode()
-    elif rc in (126, 127) or "executable file not found" in out or "no such file" in out.lower():
+            return int(status), text.encode()
+    elif method == "GET" and (rc in (126, 127) or "executable file not found" in out
+                              or "no such file" in out.lower()):
         secs = str(max(1, int(timeout_s + 0.999)))
-        rc, out = target.exec(["wget", "-q", "-T", secs, "-O", "-", url], timeout_s + 1)
+        rc, out = target.exec(["wget", "-q", "-T", secs, "-O", "-", url], exec_timeout)
         if rc == 0:
             return 200, out.encode()
         if connect_only and "refused" not in out.lower():
             return 0, b""  # something answered the connection (wget says nothing else)
-    raise ProbeFailed(f"GET {url} from inside the sandbox failed (exit {rc}): {out.strip()[-200:]}")
+    raise ProbeFailed(f"{method} {url} from inside the sandbox failed (exit {rc}): {out.strip()[-200:]}")
+
+
+def _header(head: bytes, name: bytes) -> bytes:
+    for line in head.split(b"\r\n")[1:]:
+        k, _, v = line.partition(b":")
+        if k.strip().lower() == name:
+            return v.strip()
+    return b""
+
+
+def _dechunk(body: bytes) -> bytes:
+    """A chunked body's data (what urllib gave hooks before); what is cut off stays cut off."""
+    out, rest = b"", body
+    while rest:
+        size, sep, rest = rest.partition(b"\r\n")
+        try:
+            n = int(size.split(b";")[0].strip() or b"0", 16)
+        except ValueError:
+            return body
+        if not sep or n == 0:
+            break
+        out, rest = out + rest[:n], rest[n + 2:]
+    return out
 
 
 def _content_length(head: bytes) -> int | None:
-    for line in head.split(b"\r\n")[1:]:
-        k, _, v = line.partition(b":")
-        if k.strip().lower() == b"content-length" and v.strip().isdigit():
-            return int(v.strip())
-    return None
+    v = _header(head, b"content-length")
+    return int(v) if v.isdigit() else None
 
 
 @dataclass(frozen=True)
@@ -192,7 +244,7 @@ class HttpProbe:
     body: str | None = None      # a substring the body must contain
 
     def attempt(self, target: Target, timeout_s: float) -> str:
-        status, body = http_get(target, self.port, self.path, timeout_s)
+        status, body = http_request(target, self.port, self.path, timeout_s)
         if status != self.status:
             raise ProbeFailed(f"GET {self.path} answered {status}, expected {self.status}")
         if self.body is not None and self.body.encode() not in body:
@@ -212,7 +264,7 @@ class GpuProbe:
     field: str = "gpu"
 
     def attempt(self, target: Target, timeout_s: float) -> str:
-        status, body = http_get(target, self.port, self.path, timeout_s)
+        status, body = http_request(target, self.port, self.path, timeout_s)
         if status != 200:
             raise ProbeFailed(f"GET {self.path} answered {status}, expected 200")
         try:

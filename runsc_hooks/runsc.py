@@ -148,6 +148,9 @@ class RestoreOptions:
     detach: bool = True
     background: bool = False
     direct: bool = False
+    # Added to runsc's environment for this call only: a streamed restore
+    # points GVISOR_SIDECAR_BINARIES_DIR at thaw-gofer (control/images/stream.py).
+    env: tuple[tuple[str, str], ...] = ()
 
     def argv(self) -> list[str]:
         a = [f"--image-path={self.image_path}"]
@@ -191,7 +194,8 @@ class Runsc:
         return [str(self.binary), *self.options.argv(), *args]
 
     def _run(self, args: Sequence[str], timeout_s: float | None = None,
-             check_id: str | None = None, stdio: int | None = None) -> subprocess.CompletedProcess:
+             check_id: str | None = None, env: Sequence[tuple[str, str]] = (),
+             stdio: int | None = None) -> subprocess.CompletedProcess:
         """Run one runsc command; raise RunscError (or NotFound) on failure.
 
         `check_id`: the container the command names, so "not found" becomes
@@ -218,7 +222,8 @@ class Runsc:
             # subprocess's wait(timeout=) polls with sleeps growing to 50 ms,
             # which added up to ~50 ms to every runsc call (bench/cli_speed.py).
             child = subprocess.Popen(argv, stdout=out if stdio is None else stdio,
-                                     stderr=err if stdio is None else stdio, stdin=subprocess.DEVNULL)
+                                     stderr=err if stdio is None else stdio, stdin=subprocess.DEVNULL,
+                                     env={**os.environ, **dict(env)} if env else None)
             timer = threading.Timer(deadline, child.kill)
             timer.daemon = True
             timer.start()
@@ -272,7 +277,9 @@ class Runsc:
         plain = [ln for ln in lines if not (len(ln) > 5 and ln[0] in "IWDE" and ln[1:5].isdigit())
                  and not _STACK_FRAME.search(ln) and any(c.isalnum() for c in ln)]
         errno_lines = [ln for ln in lines if any(t in ln.lower() for t in _ERRNO_TEXT)]
-        return (errno_lines or plain or ["runsc printed no error message"])[-1]
+        # A recovered panic's own text sits above its goroutine dump.
+        panics = [ln for ln in plain if "panic:" in ln]
+        return (errno_lines or panics or plain or ["runsc printed no error message"])[-1]
 
     # -- subcommands ---------------------------------------------------------
 
@@ -328,7 +335,7 @@ class Runsc:
     def restore(self, cid: str, opts: RestoreOptions, timeout_s: float | None = None,
                 stdio: int | None = None) -> None:
         """`stdio`: as for create; the restored workload's stdout and stderr."""
-        self._run(["restore", *opts.argv(), cid], timeout_s, stdio=stdio)
+        self._run(["restore", *opts.argv(), cid], timeout_s, env=opts.env, stdio=stdio)
 
     def pids(self, cid: str) -> list[int]:
         """The container's process ids in the sandbox's pid namespace. `runsc ps

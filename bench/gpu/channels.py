@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from control.lifecycle import profiles
+from runsc_hooks import probe as probemod
 
 SERVER_PORT = 8000   # twin: bench/gpu/server.py --port default
 
@@ -99,7 +100,7 @@ class HttpChannel:
         else:
             hooks = profiles.get("pytorch-offload").post_restore
         prof = profiles.Profile(f"bench-{op}", pre_checkpoint=tuple(hooks)).with_port(self.port)
-        rec = profiles.run_hooks(prof, "pre_checkpoint", profiles.Target(host=self.host))
+        rec = profiles.run_hooks(prof, "pre_checkpoint", probemod.Target(address=self.host))
         return json.loads(rec[-1]["output"])
 
     def request(self, op: str, timeout_s: float, abort: Abort = None, **args) -> dict:

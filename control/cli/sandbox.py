@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from control.lifecycle.sandbox import Sandboxes
 
 from control.cli.common import Context, handle_errors, json_option, needs_root
-from control.errors import UserError
+from control.errors import ThawError, UserError
 from control.cli.progress import Progress
 
 
@@ -162,7 +162,9 @@ def checkpoint_cmd(obj: Context, sid: str, out: Path, leave_running: bool) -> No
 
 
 @click.command("restore")
-@click.argument("image", type=click.Path(path_type=Path))
+@click.argument("image", type=click.Path(path_type=Path), required=False)
+@click.option("--from-store", "key", help="Restore the image of workload KEY: from the node cache, else from "
+              "the store (streamed while it arrives with store.stream, else pulled first).")
 @click.option("--id", "sid", required=True, help="Id of the restored sandbox.")
 @click.option("--probe", "probes", multiple=True, help="Health probe (repeatable; default: the image's).")
 @click.option("--cold-fallback", is_flag=True,
@@ -174,16 +176,21 @@ def checkpoint_cmd(obj: Context, sid: str, out: Path, leave_running: bool) -> No
 @click.pass_obj
 @handle_errors
 @needs_root(ROOT_WHY)
-def restore_cmd(obj: Context, image: Path, sid: str, probes: tuple[str, ...], cold_fallback: bool,
-                gpus: str | None) -> None:
-    """Restore an image directory as a new sandbox; traffic is let in once it is healthy."""
+def restore_cmd(obj: Context, image: Path | None, key: str | None, sid: str, probes: tuple[str, ...],
+                cold_fallback: bool, gpus: str | None) -> None:
+    """Restore an image directory (or, with --from-store, a workload's image) as a new sandbox;
+    traffic is let in once it is healthy."""
     from control.lifecycle import gpus as gpumod
     from runsc_hooks import probe as probemod
+    if (image is None) == (key is None):
+        raise UserError("give an image directory or --from-store KEY (one of them)")
     parsed = [probemod.parse(p) for p in probes] or None
     names = gpumod.parse_request(gpus) if gpus is not None else None
     sb = _sandboxes(obj)
-    with Progress(not obj.json).step(f"restore {image} as {sid}"):
-        if cold_fallback:
+    with Progress(not obj.json).step(f"restore {image or key} as {sid}"):
+        if key is not None:
+            out = restore_from_store(obj, sb, key, sid, parsed, cold_fallback, names)
+        elif cold_fallback:
             out = sb.warm_start(image, sid, probes=parsed, gpus=names).to_dict()
         else:
             out = {"mode": "restored", **sb.restore(image, sid, probes=parsed, gpus=names).to_dict()}
@@ -191,6 +198,55 @@ def restore_cmd(obj: Context, image: Path, sid: str, probes: tuple[str, ...], co
              + (f"restored in {d.get('restore_s', d.get('seconds', 0)):.2f}s" if d["mode"] == "restored"
                 else f"started cold: {d['fallback_reason']}") + ")"
              + (f" at {d['address']}" if d["address"] else ""))
+
+
+def restore_from_store(obj: Context, sb, key: str, sid: str, probes: list | None, cold_fallback: bool,
+                       gpus: list[str] | None = None) -> dict:
+    """`thaw restore --from-store KEY`: a cache hit restores from the entry; a miss
+    streams (store.stream: runsc restores at once, the image goes on arriving, the
+    command returns once it is all in the cache and the sandbox has loaded it) or
+    pulls, then restores. Either way the entry ends up in the cache, as after a pull."""
+    from control.images import image as images
+    from control.images import stream as streammod
+    from control.images.store import Store
+    from control.node.compat import node_tuple
+    s = obj.settings
+    t0 = time.monotonic()
+    cache, store, node = images.open_cache(s), Store(s), node_tuple(s)
+    if s.store_stream:
+        src = streammod.open_image(cache, store, s, key, node)
+    else:
+        pulled = images.pull(cache, store, key, node, workers=s.store_workers)
+        src = pulled.lease
+        src.hit = pulled.hit
+    streamed = isinstance(src, streammod.Stream)
+    kw = {"runsc_env": tuple(src.env().items()), "background": True} if streamed else {}
+    kw["gpus"] = gpus
+    try:
+        if cold_fallback:
+            start = sb.warm_start(src.path, sid, probes=probes, **kw)
+            out = start.to_dict()
+            if start.restore is not None:
+                out.update(start.restore.to_dict())
+        else:
+            out = {"mode": "restored", **sb.restore(src.path, sid, probes=probes, **kw).to_dict()}
+        out["source"] = "stream" if streamed else ("cache" if src.hit else "pull")
+        out["ready_s"] = round(time.monotonic() - t0, 4)
+        if streamed:
+            # The sandbox answers; its image goes on arriving. Wait for the end of
+            # both: the entry in the cache, every page in the sandbox.
+            src.wait()
+            out["stream"] = src.to_dict()
+            if out["mode"] == "restored":
+                try:
+                    sb.wait_restored(sid, s.runsc_timeout_s)
+                except ThawError as e:
+                    sb.delete(sid, force=True)
+                    raise ThawError(f"the restore of {key} as {sid} failed while its image streamed in "
+                                    f"({src.error or e}); the sandbox was removed") from None
+    finally:
+        src.release()
+    return out
 
 
 @click.command("ps")
@@ -220,6 +276,7 @@ def ps_cmd(obj: Context) -> None:
               help="Only the last N lines (of what is kept: node.log_max_bytes, twice at most).")
 @click.pass_obj
 @handle_errors
+@needs_root(ROOT_WHY)
 def logs_cmd(obj: Context, sid: str, follow: bool, tail: int | None) -> None:
     """Print a sandbox's stdout and stderr (thaw run/restore sandboxes; kept in
     <node.log_dir>/sandboxes/ID/, rotated at node.log_max_bytes)."""

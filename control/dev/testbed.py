@@ -162,3 +162,125 @@ class Stack:
         raise Timeout(f"publishing an image (thawd log: {(self.base / 'thawd.log').read_text()[-3000:]})", timeout_s)
 
 
+
+
+# -- Kubernetes pods through CRI ---------------------------------------------------
+
+POD_IMAGE = "thaw.dev/test/pod:1"
+POD_IMAGE_2 = "thaw.dev/test/pod:2"   # other content (a file names it): another image digest, so another key
+# One script, two containers of a pod: the app makes WEIGHTS_MB of "weights"
+# and serves its state over HTTP on PORT; the sidecar (no PORT) only keeps
+# its own state. Each has a boot id chosen at start and a counter ticking
+# every 100 ms, in memory (/tmp is the sandbox's memory), and prints a line
+# every second (its log).
+POD_SCRIPT = b"""#!/bin/sh
+boot=$(cat /proc/sys/kernel/random/uuid)
+dd if=/dev/urandom of=/tmp/weights bs=1048576 count=${WEIGHTS_MB:-4} 2>/dev/null
+r=0; while [ $r -lt ${WARMUP_ROUNDS:-1} ]; do sha256sum /tmp/weights > /tmp/digest; r=$((r+1)); done
+mkdir -p /www
+echo "$boot 0" > /www/index.html
+echo "$boot 0" > /tmp/state
+[ -n "$PORT" ] && httpd -p "$PORT" -h /www
+touch /tmp/ready
+echo "started $boot"
+i=0
+while true; do
+  i=$((i+1))
+  echo "$boot $i" > /tmp/state
+  [ -n "$PORT" ] && echo "$boot $i" > /www/index.html
+  [ $((i % 10)) -eq 0 ] && echo "tick $boot $i"
+  sleep 0.1
+done
+"""
+POD_CONTAINERS = {"app": {"PORT": "8080"}, "sidecar": {"WEIGHTS_MB": "1"}}
+
+
+def pod_annotations(workload: str, containers=("app", "sidecar"), probe: str = "file:/tmp/ready") -> dict[str, str]:
+    """A pod's opt-in and the containers it declares (control/lifecycle/pod.py)."""
+    return {"thaw.dev/workload": workload, **{f"thaw.dev/ready.{c}": probe for c in containers}}
+
+
+class CriStack(Stack):
+    """SeaweedFS + thawd + a private containerd with CRI (ci/cri.sh), the
+    `runsc-thaw` handler's stand-in configured to reach this thawd."""
+
+    def start(self) -> "CriStack":
+        from control.dev import cri as crimod
+        self.base.mkdir(parents=True, exist_ok=True)
+        # thawd asks ci/cri.sh's containerd (its socket and runsc root under BASE)
+        # whose a pod is: the tenant is the pod's Kubernetes namespace (issue 13).
+        self.extra_env = {"THAW_CONTAINERD_ADDRESS": str(self.base / "cri" / "containerd.sock"),
+                          "THAW_CONTAINERD_RUNSC_ROOT": str(self.base / "cri" / "runsc-root"), **self.extra_env}
+        self.weed.start()
+        self.weed.credentials.write_aws_file(self.base / "aws-credentials")
+        self.start_thawd()
+        self.standin_log = self.base / "standin.log"
+        settings = configmod.replace(self.settings(), standin_state_dir=self.base / "standin",
+                                     standin_log=self.standin_log)
+        cfg = self.base / "thaw-config.toml"
+        cfg.write_text(configmod.render_toml(
+            [(k, v) for k, v in configmod.values(settings) if k.standin],
+            header=("# The stand-in's keys, from the settings thawd runs with (control/dev/testbed.py).",)))
+        self.cri = crimod.up(self.base / "cri", BUILD, cfg)
+        files = ocibuild.busybox_files(BUILD / "busybox", {"/app/run.sh": ocibuild.File(POD_SCRIPT, 0o755),
+                                                           "/bin/httpd": ocibuild.File(link="busybox")})
+        for ref in (POD_IMAGE, POD_IMAGE_2):
+            archive = self.base / f"pod-image-{ref.rsplit(':', 1)[1]}.tar"
+            # Each its own content: thaw keys a container by its image's digest (issue 13),
+            # and two names of one content are one image.
+            ocibuild.build(archive, ref, {**files, "/etc/thaw-test-image": ocibuild.File(ref.encode())},
+                           ["/app/run.sh"])
+            self.cri.import_image(archive)
+        return self
+
+    def stop(self) -> None:
+        from control.dev import cri as crimod
+        try:
+            if hasattr(self, "cri"):
+                crimod.down(self.base / "cri", BUILD)
+        finally:
+            self.stop_thawd()
+            self.weed.stop()
+
+    def decisions(self) -> list[dict]:
+        p = self.base / "standin.log"
+        return [json.loads(line) for line in p.read_text().splitlines()] if p.exists() else []
+
+    def run_pod(self, name: str, annotations: dict[str, str], containers: dict[str, dict] | None = None, *,
+                uid: str | None = None, attempt: int = 0, handler: str = "runsc-thaw",
+                image: str = POD_IMAGE, extra: dict[str, dict] | None = None) -> tuple[str, str, dict[str, str]]:
+        """RunPodSandbox, then CreateContainer + StartContainer per container in order, as the
+        kubelet does: (pod id, pod config path, {container name: id})."""
+        cfg = self.cri.pod_config(name, annotations, uid=uid, attempt=attempt)
+        pod = self.cri.runp(cfg, handler)
+        ids = {}
+        for cname, env in (containers if containers is not None else POD_CONTAINERS).items():
+            kw = dict((extra or {}).get(cname, {}))
+            img = kw.pop("image", image)
+            cid = self.cri.create(pod, self.cri.container_config(f"{name}-{attempt}", cname, img, env=env, **kw), cfg)
+            self.cri.start(cid)
+            ids[cname] = cid
+        return pod, cfg, ids
+
+    def wait_key(self, prefix: str, timeout_s: float = 120) -> dict:
+        """The published (ready) cache entry whose key starts with `prefix`."""
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            for e in self.stats()["entries"]:
+                if e["state"] == "ready" and e["key"].startswith(prefix):
+                    return e
+            time.sleep(0.5)
+        raise Timeout(f"publishing an image {prefix}* (thawd log: {(self.base / 'thawd.log').read_text()[-3000:]})",
+                      timeout_s)
+
+    def state(self, cid: str, timeout_s: float = 60) -> tuple[str, int]:
+        """(boot id, counter) read from inside the container through CRI's exec."""
+        end = time.monotonic() + timeout_s
+        while True:
+            p = self.cri.exec(cid, "cat", "/tmp/state", check=False)
+            if p.returncode == 0 and len(p.stdout.split()) == 2:
+                boot, i = p.stdout.split()
+                return boot, int(i)
+            if time.monotonic() > end:
+                raise Timeout(f"{cid} reporting its state ({p.stderr.strip()[-300:]})", timeout_s)
+            time.sleep(0.1)

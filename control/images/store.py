@@ -14,6 +14,8 @@ there is no cross-tenant "does this chunk exist" answer):
                                          under its key instead (keys.pointer_name)
     manifests/<key>/<tuple-hash>.json    an image; written last, with If-None-Match: *
                                          (sealed with the tenant's key when it encrypts)
+    manifests/<key>/<tuple-hash>.order   the byte ranges restores of that image faulted on
+                                         (control/images/stream.py): a fetch-order hint, never data
 
 One object per chunk would be the plain content-addressed layout, but each
 GET costs the store a metadata lookup: on SeaweedFS here 1 MiB objects came
@@ -280,6 +282,30 @@ class Store:
             raise self._fail("get", name, e) from None
         except BotoCoreError as e:
             raise self._fail("get", name, e) from None
+
+    def order_name(self, key: str, tuple_hash: str) -> str:
+        """Beside the manifest, so it follows the manifest's naming (and any per-tenant
+        prefix); not ending in .json, so list_manifests does not take it for one."""
+        return self.manifest_name(key, tuple_hash).removesuffix(".json") + ".order"
+
+    def get_order(self, key: str, tuple_hash: str) -> bytes | None:
+        name = self.order_name(key, tuple_hash)
+        try:
+            return self.client.get_object(Bucket=self.bucket, Key=name)["Body"].read()
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in _NOT_FOUND:
+                return None
+            raise self._fail("get", name, e) from None
+        except BotoCoreError as e:
+            raise self._fail("get", name, e) from None
+
+    def put_order(self, key: str, tuple_hash: str, body: bytes) -> None:
+        """Last writer wins: an order is a hint, merged by its writers (stream.py)."""
+        name = self.order_name(key, tuple_hash)
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=name, Body=body, ContentType="application/json")
+        except (ClientError, BotoCoreError) as e:
+            raise self._fail("put", name, e) from None
 
     def list_manifests(self, key: str | None = None) -> Iterator[tuple[str, str, int]]:
         """(key, tuple_hash, bytes) of every manifest, or of one key's."""

@@ -151,15 +151,14 @@ class Engine:
         profile = profiles.for_spec(spec)
         if not profile.hooks(phase):
             return []
-        target = profiles.Target(host=h.address or "127.0.0.1", exec_in_sandbox=profiles.runsc_exec(h.runsc, h.id),
-                                 http_via_exec=h.address is None)
-        records = profiles.run_hooks(profile, phase, target)
+        records = profiles.run_hooks(profile, phase, self.target(h))
         log.info("%s hooks of %s (%s): %s", phase, h.id, profile.name, records)
         return records
 
     # -- checkpoint ------------------------------------------------------------
 
-    def checkpoint(self, h: Handle, out: Path, stop_after: bool = False, timeout_s: float | None = None) -> Saved:
+    def checkpoint(self, h: Handle, out: Path, stop_after: bool = False, timeout_s: float | None = None,
+                   hooks_on: Handle | None = None) -> Saved:
         """Save sandbox `h` into the new directory `out` (created by runsc; its parent must exist).
 
         The gate is closed from before the pre-checkpoint hooks until the image is
@@ -174,7 +173,10 @@ class Engine:
         t0 = time.monotonic()
         hooks: list[dict] = []
         try:
-            hooks = self.hooks(h, spec, "pre_checkpoint")
+            # A pod's sandbox is its pause container: its workload's hooks go to an
+            # app container of it (`hooks_on`, control/thawd/pods.py).
+            hooks = self.hooks(hooks_on, hooks_on.spec(), "pre_checkpoint") if hooks_on else \
+                self.hooks(h, spec, "pre_checkpoint")
             t1 = time.monotonic()
             h.runsc.checkpoint(h.id, CheckpointOptions(image_path=out, leave_running=True,
                                                        compression=self.s.checkpoint_compression,
@@ -190,7 +192,7 @@ class Engine:
                 raise
             reason = e.message if isinstance(e, ThawError) else f"{type(e).__name__}: {e}"
             if isinstance(e, RunscError):  # one line: runsc's own message (the argv is in the debug log)
-                log.debug("runsc checkpoint of %s: %s\n%s", h.id, e.argv, e.stderr_tail)
+                log.debug("runsc checkpoint of %s: %s\n%s\n...\n%s", h.id, e.argv, e.stderr_head, e.stderr_tail)
                 rc = "timed out" if e.returncode is None else f"exit {e.returncode}"
                 reason = f"runsc checkpoint failed ({rc}): {e.runsc_message}"
             if isinstance(e, HookError):
@@ -220,13 +222,16 @@ class Engine:
 
     def restore(self, h: Handle, image: Path, probes: list, *, opts: RestoreOptions,
                 policy: probemod.Policy | None = None, health_check: bool = True,
-                timeout_s: float | None = None, stdio: int | None = None) -> Restored:
+                post_restore_hooks: bool = True, timeout_s: float | None = None,
+                stdio: int | None = None) -> Restored:
         """`runsc restore` image into `h` (created by `opts.create` or already by a
         `runsc create`), then the health check and post-restore hooks; the gate
         (closed by the caller before the sandbox's network existed) opens only when
         both pass. Raises UnhealthyRestore / HookError / RunscError, leaving the
-        sandbox for the caller to remove (it knows what else to undo). `stdio`:
-        the restored workload's stdout/stderr when restore creates the sandbox
+        sandbox for the caller to remove (it knows what else to undo). A pod's sandbox
+        (`health_check` and `post_restore_hooks` off) is only registered for its restore
+        here: nothing runs in it until its last container is restored (control/thawd/pods.py).
+        `stdio`: the restored workload's stdout/stderr when restore creates the sandbox
         (the CLI's log pipe, control/lifecycle/logs.py)."""
         from control.errors import UnhealthyRestore
         t0 = time.monotonic()
@@ -238,7 +243,7 @@ class Engine:
             if not result.healthy:
                 raise UnhealthyRestore(h.id, str(image), result.to_dict(), result.summary())
         try:
-            hooks = self.hooks(h, h.spec(), "post_restore")
+            hooks = self.hooks(h, h.spec(), "post_restore") if post_restore_hooks else []
         except HookError as e:
             raise UnhealthyRestore(h.id, str(image), result.to_dict() if result else {},
                                    f"post-restore hook failed: {e.message}") from None
@@ -298,7 +303,7 @@ def no_space(e: BaseException) -> bool:
     import errno
     if isinstance(e, OSError):
         return e.errno in (errno.ENOSPC, errno.EDQUOT)
-    text = (str(e) + " " + getattr(e, "stderr_tail", "")).lower()
+    text = (str(e) + " " + getattr(e, "stderr_head", "") + " " + getattr(e, "stderr_tail", "")).lower()
     return any(t in text for t in _NO_SPACE_TEXT)
 
 

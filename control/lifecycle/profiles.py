@@ -53,12 +53,10 @@ import copy
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Mapping, Sequence, Union
+from typing import Mapping, Union
 
-from control.errors import HookError, NotFound, RunscError, SpecError
-
-if TYPE_CHECKING:
-    from runsc_hooks.runsc import Runsc
+from control.errors import HookError, NotFound, SpecError
+from runsc_hooks import probe as probemod
 
 log = logging.getLogger(__name__)
 
@@ -167,54 +165,13 @@ def apply_env(spec: dict, profile: Profile) -> dict:
 
 # -- running hooks -----------------------------------------------------------------
 
-# exec_in_sandbox(argv, timeout_s) -> (exit code, output)
-ExecFn = Callable[[Sequence[str], float], "tuple[int, str]"]
+# Hooks talk to the sandbox through the probes' Target and HTTP client
+# (runsc_hooks/probe.py): one description of a sandbox, one request function.
+# Its marked socket passes the closed gate, which the pre-checkpoint and
+# post-restore hooks run behind (control/lifecycle/engine.py).
 
 
-@dataclass(frozen=True)
-class Target:
-    """Where hooks go: the sandbox's address as the node reaches it, and a way to exec in it.
-
-    http_via_exec: send HTTP hooks from inside the sandbox (to its own
-    127.0.0.1) with the workload's python3, through exec_in_sandbox. thawd does
-    this for containers started by containerd, whose address it does not know.
-    """
-    host: str = "127.0.0.1"
-    exec_in_sandbox: ExecFn | None = None
-    http_via_exec: bool = False
-
-
-# The HTTP client run inside the sandbox for http_via_exec: argv = method, url,
-# body, timeout; prints the status and body, exits 1 on an HTTP error status.
-_IN_SANDBOX_HTTP = (
-    "import sys,urllib.request as u,urllib.error as e\n"
-    "m,url,b,t=sys.argv[1:5]\n"
-    "r=u.Request(url,data=(b.encode() if b or m in ('POST','PUT') else None),method=m)\n"
-    "try:\n"
-    " x=u.urlopen(r,timeout=float(t));print(x.status);print(x.read().decode(errors='replace')[-500:])\n"
-    "except e.HTTPError as h:\n"
-    " print(h.code);print(h.read().decode(errors='replace')[-500:]);sys.exit(1)\n"
-)
-
-
-def http_exec_argv(hook: "HttpHook") -> list[str]:
-    """argv that sends `hook` from inside the sandbox to its own loopback."""
-    return ["python3", "-c", _IN_SANDBOX_HTTP, hook.method, f"http://127.0.0.1:{hook.port}{hook.path}",
-            hook.body, str(hook.timeout_s)]
-
-
-def runsc_exec(runsc: "Runsc", cid: str) -> ExecFn:
-    """An ExecFn that runs hook commands in sandbox `cid` through `runsc exec`."""
-    def run(argv: Sequence[str], timeout_s: float) -> tuple[int, str]:
-        try:
-            proc = runsc.exec(cid, argv, timeout_s)
-        except RunscError as e:
-            return (-1 if e.returncode is None else e.returncode), e.stderr_tail or e.runsc_message
-        return 0, proc.stdout + proc.stderr
-    return run
-
-
-def run_hooks(profile: Profile, phase: str, target: Target) -> list[dict]:
+def run_hooks(profile: Profile, phase: str, target: probemod.Target) -> list[dict]:
     """Run the profile's hooks for `phase` in order; stop at the first failure (HookError).
 
     Returns one record per hook: what ran, how long it took, its answer.
@@ -223,21 +180,13 @@ def run_hooks(profile: Profile, phase: str, target: Target) -> list[dict]:
     for i, hook in enumerate(profile.hooks(phase)):
         name = f"{profile.name}/{phase}[{i}] {hook.describe()}"
         t0 = time.monotonic()
-        if isinstance(hook, HttpHook) and target.http_via_exec:
-            if target.exec_in_sandbox is None:
-                raise HookError(name, "http_via_exec needs a way to run a command in the sandbox")
-            rc, text = target.exec_in_sandbox(http_exec_argv(hook), hook.timeout_s + 5)
-            if rc != 0:
-                raise HookError(name, f"in-sandbox HTTP request failed (exit {rc}): {text.strip()[-500:]}")
-            first = text.strip().splitlines()[0] if text.strip() else ""
-            rec = {"hook": hook.describe(), "status": int(first) if first.isdigit() else None}
-        elif isinstance(hook, HttpHook):
-            status, text = _http(hook, target.host, name)
+        if isinstance(hook, HttpHook):
+            status, text = _http(hook, target, name)
             rec = {"hook": hook.describe(), "status": status}
         else:
-            if target.exec_in_sandbox is None:
+            if target.exec is None:
                 raise HookError(name, "no way to run a command in this sandbox was given")
-            rc, text = target.exec_in_sandbox(list(hook.argv), hook.timeout_s)
+            rc, text = target.exec(list(hook.argv), hook.timeout_s)
             if rc != 0:
                 raise HookError(name, f"exit {rc}: {text.strip()[-500:]}")
             rec = {"hook": hook.describe(), "exit": rc}
@@ -248,18 +197,17 @@ def run_hooks(profile: Profile, phase: str, target: Target) -> list[dict]:
     return records
 
 
-def _http(hook: HttpHook, host: str, name: str) -> tuple[int, str]:
-    import urllib.error  # here, not at the top: `thaw restore` of a sandbox without hooks never pays for it
-    import urllib.request
-    url = f"http://{host}:{hook.port}{hook.path}"
-    data = hook.body.encode() if hook.body or hook.method in ("POST", "PUT") else None
-    req = urllib.request.Request(url, data=data, method=hook.method)
+def _http(hook: HttpHook, target: probemod.Target, name: str) -> tuple[int, str]:
+    """Send `hook` (probe.http_request: to the address, or from inside the sandbox
+    without one); an error status or no answer is a HookError."""
+    where = (f"http://{target.address}:{hook.port}{hook.path}" if target.address
+             else f"http://127.0.0.1:{hook.port}{hook.path} (inside the sandbox)")
     try:
-        with urllib.request.urlopen(req, timeout=hook.timeout_s) as resp:
-            return resp.status, resp.read().decode(errors="replace")
-    except urllib.error.HTTPError as e:
-        body = e.read().decode(errors="replace").strip()[-500:]
-        raise HookError(name, f"HTTP {e.code} from {url}: {body}") from None
-    except (urllib.error.URLError, OSError) as e:
-        reason = getattr(e, "reason", e)
-        raise HookError(name, f"no answer from {url}: {reason}") from None
+        status, body = probemod.http_request(target, hook.port, hook.path, hook.timeout_s, hook.method,
+                                             hook.body.encode())
+    except probemod.ProbeFailed as e:
+        raise HookError(name, f"no answer from {where}: {e}") from None
+    text = body.decode(errors="replace")
+    if status >= 400:
+        raise HookError(name, f"HTTP {status} from {where}: {text.strip()[-500:]}")
+    return status, text

@@ -43,7 +43,7 @@ from control.lifecycle import gpus as gpumod
 from control.lifecycle import logs as logsmod
 from control.lifecycle.engine import Engine, Handle, status as engine_status, uses_gpu
 from control.errors import (AlreadyExists, CheckpointFailed, ImageError, InUse, InvalidTransition, NotFound,
-                            PreconditionError, RunscError, ThawError, UnhealthyRestore, UserError)
+                            PreconditionError, ThawError, UnhealthyRestore, UserError)
 from runsc_hooks import gate as gatemod
 from runsc_hooks import probe as probemod
 from runsc_hooks import network as netmod
@@ -468,14 +468,17 @@ class Sandboxes:
 
     def restore(self, image: Path, sid: str, probes: list | None = None,
                 mitigations: Mitigations = Mitigations(), policy: probemod.Policy | None = None,
-                gpus: list[str] | None = None) -> RestoreResult:
+                gpus: list[str] | None = None, runsc_env: tuple[tuple[str, str], ...] = (),
+                background: bool | None = None) -> RestoreResult:
         """Restore the image directory `image` as a new sandbox `sid`.
 
         With the gate closed: plumb the checkpoint's address, `runsc restore`,
         health check (`probes`, default: the image's); then open the gate. An
         unhealthy restore is removed and raises UnhealthyRestore. A GPU image
         gets `gpus` (CDI names), or the GPU indexes it was saved on, re-injected
-        and checked against what it needs before runsc runs (gpus.py).
+        and checked against what it needs before runsc runs (gpus.py). `runsc_env`
+        and `background` (default: checkpoint.restore_background) are for a
+        streamed image (control/images/stream.py).
         """
         validate_id(sid)
         meta = read_image(Path(image))
@@ -520,7 +523,8 @@ class Sandboxes:
                 h, Path(image), probe_list, policy=policy, health_check=mitigations.health_check,
                 opts=RestoreOptions(image_path=Path(image), create=CreateOptions(
                     bundle=bundle.path, pid_file=bundle.path / "init.pid"), detach=True,
-                    background=self.settings.restore_background), stdio=mon.stdio)
+                    background=self.settings.restore_background if background is None else background,
+                    env=runsc_env), stdio=mon.stdio)
             mon.started()
             if done.health is not None:
                 rec.health = done.health.to_dict()
@@ -540,7 +544,7 @@ class Sandboxes:
                              ready_at, done.gate_dropped)
 
     def warm_start(self, image: Path, sid: str, probes: list | None = None,
-                   gpus: list[str] | None = None) -> StartResult:
+                   gpus: list[str] | None = None, **restore_kw) -> StartResult:
         """Restore `image` as `sid`; when that fails for any reason the image's
         workload can still start from (unhealthy, runsc error, corrupt pages,
         GPUs the image cannot be restored onto), start it cold from the image's
@@ -548,7 +552,7 @@ class Sandboxes:
         container either way."""
         t0 = time.monotonic()
         try:
-            res = self.restore(image, sid, probes=probes, gpus=gpus)
+            res = self.restore(image, sid, probes=probes, gpus=gpus, **restore_kw)
             return StartResult(sid, "restored", time.monotonic() - t0, res.sandbox_ip, res)
         except (AlreadyExists, InUse, PreconditionError, InvalidTransition):
             raise
@@ -568,6 +572,12 @@ class Sandboxes:
                              tuple(netmod.Port.parse(p) for p in saved.get("ports", [])), addr)
         return StartResult(sid, "cold", time.monotonic() - t0, (rec.net or {}).get("sandbox_ip"),
                            fallback_reason=reason)
+
+    def wait_restored(self, sid: str, timeout_s: float | None = None) -> None:
+        """Until the sandbox's restore is complete, every page loaded (`runsc wait
+        --restore`); RunscError when it failed, when runsc killed the sandbox."""
+        rec = self._require(sid)
+        self.handle(rec).runsc.wait(runsc_id(sid), timeout_s, restore=True)
 
     def health(self, sid: str, probes: list | None = None,
                policy: probemod.Policy | None = None) -> tuple[probemod.HealthResult, bool | None]:

@@ -85,8 +85,12 @@ def lookup(settings: Settings, namespace: str, container_id: str) -> dict:
     return out
 
 
-def identify(settings: Settings, namespace: str, info: dict) -> Identity:
-    """The tenant and image digest of a container from containerd's record (`lookup`)."""
+def identify(settings: Settings, namespace: str, info: dict, sandbox: bool = False) -> Identity:
+    """The tenant and image digest of a container from containerd's record (`lookup`).
+    `sandbox`: the container is a CRI pod's sandbox (pause) container, which the CRI
+    plugin records with no image digest: only its tenant is told (image ""), for the
+    pod's lookup key (control/lifecycle/pod.py lookup); the pod's app containers
+    carry the image digests. A record that is no pod sandbox is refused."""
     mapping = settings.tenant_map
     cri = info.get("cri")
     if namespace == settings.containerd_cri_namespace and not cri:
@@ -101,12 +105,21 @@ def identify(settings: Settings, namespace: str, info: dict) -> Identity:
         if cri.get("label_namespace") and cri["label_namespace"] != pod_ns:
             raise IdentityError("identity-unknown", f"label io.kubernetes.pod.namespace={cri['label_namespace']!r} "
                                 f"disagrees with the pod sandbox's namespace {pod_ns!r}")
+        tenant = tenantmod.resolve(tenantmod.ORIGIN_K8S, pod_ns, mapping)
+        if sandbox:
+            # thaw-ctrinfo names a sandbox's own id as its sandbox_id (go/cmd/thaw-ctrinfo criOf).
+            if cri.get("sandbox_id") != info.get("id"):
+                raise IdentityError("identity-unknown", f"container {info.get('id')!r} is not a pod sandbox "
+                                    f"(its pod sandbox is {cri.get('sandbox_id')!r})")
+            return Identity(tenant, "", f"pod namespace {pod_ns} (CRI sandbox)")
         image = cri.get("image_digest") or ""
         if not _DIGEST.match(image):   # a pod's sandbox (pause) container has none
             raise IdentityError("no-image-digest", f"the CRI plugin recorded no image digest for this container "
                                 f"(pod {pod_ns}/{cri.get('pod_name', '')})")
-        return Identity(tenantmod.resolve(tenantmod.ORIGIN_K8S, pod_ns, mapping), image,
-                        f"pod namespace {pod_ns} (CRI)")
+        return Identity(tenant, image, f"pod namespace {pod_ns} (CRI)")
+    if sandbox:
+        raise IdentityError("identity-unknown", f"container in containerd namespace {namespace!r} is no CRI pod "
+                            "sandbox")
     image = info.get("image_digest") or ""
     if not info.get("image") or not _DIGEST.match(image):
         raise IdentityError("no-image-digest", "containerd records no image for this container "
@@ -120,6 +133,6 @@ def identify(settings: Settings, namespace: str, info: dict) -> Identity:
                     f"containerd namespace {namespace}")
 
 
-def identify_container(settings: Settings, runsc_root: Path, container_id: str) -> Identity:
+def identify_container(settings: Settings, runsc_root: Path, container_id: str, sandbox: bool = False) -> Identity:
     ns = namespace_of(runsc_root, settings.containerd_runsc_root)
-    return identify(settings, ns, lookup(settings, ns, container_id))
+    return identify(settings, ns, lookup(settings, ns, container_id), sandbox=sandbox)

@@ -11,14 +11,16 @@ the workload key (issue 13).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from contextlib import AbstractContextManager
+from pathlib import Path
 
 from control.images import image as images
 from control.images.cache import Lease
 from control.node.compat import CompatTuple, node_tuple
 from control.config import Settings
-from control.errors import NotFound, StoreError, TupleMismatch
+from control.errors import NotFound, StoreError, Timeout, TupleMismatch
 from control.images.keys import Keyring
 from control.images.store import Store
 from control.lifecycle.tenant import store_tenant
@@ -36,15 +38,26 @@ class ImageSource:
         if self.keys.manifest_key is None:
             log.warning("store.manifest_key_file is not set: manifests are neither signed nor checked, so anyone "
                         "who can write the bucket can publish an image this node restores (docs/security.md)")
+        self._lock = threading.Lock()
+        self._streams: dict = {}   # key -> the Stream filling its entry (store.stream)
         try:
             self.store.ensure_bucket()
         except StoreError as e:  # the store may come up later; pulls then report it per request
             log.warning("store not ready at start: %s", e)
 
     def pull(self, key: str) -> Lease:
-        """A leased cache entry for `key` on this node; NotFound / TupleMismatch / StoreError otherwise."""
+        """A leased cache entry for `key` on this node; NotFound / TupleMismatch / StoreError otherwise.
+        With store.stream, a miss gives a Stream instead: restorable at once, filling the
+        entry as it goes (control/images/stream.py)."""
+        store = self._store(key)
+        if self.s.store_stream:
+            if not store.encrypted:
+                return self._stream(key, store)
+            # thaw-gofer serves plaintext chunks only: an encrypting tenant's image
+            # is pulled (and decrypted) whole before it restores.
+            log.info("pull %s: the tenant encrypts; pulled whole, not streamed", key)
         t0 = time.monotonic()
-        r = images.pull(self.cache, self._store(key), key, self.node, workers=self.s.store_workers)
+        r = images.pull(self.cache, store, key, self.node, workers=self.s.store_workers)
         r.lease.hit = r.hit  # thawd counts hits and misses
         for note in r.notes:
             log.info("pull %s: %s", key, note)
@@ -55,6 +68,31 @@ class ImageSource:
                      key, f.fetched_bytes, f.fetched_raw_bytes, f.fetched_chunks, f.local_bytes, f.zero_bytes,
                      r.manifest_size, time.monotonic() - t0, f.seconds, f.engine or "?", f.direct_bytes)
         return r.lease
+
+    def _stream(self, key: str, store: Store):
+        from control.images import stream as streammod
+        with self._lock:
+            active = self._streams.get(key)
+        if active is not None and not active.done:
+            # Its stream holds the key's lock until the entry is in: a second
+            # container of the key starts cold rather than wait for it.
+            raise Timeout(f"waiting for the image of {key!r}, which streams in for another container,", 0)
+        src = streammod.open_image(self.cache, store, self.s, key, self.node,
+                                   lock_timeout_s=self.s.thawd_prepare_timeout_s)
+        if isinstance(src, streammod.Stream):
+            with self._lock:
+                self._streams[key] = src
+            src.add_done_callback(lambda st: self._stream_done(key, st))
+        return src
+
+    def _stream_done(self, key: str, st) -> None:
+        with self._lock:
+            if self._streams.get(key) is st:
+                del self._streams[key]
+        if st.error is None:
+            log.info("stream %s: in the cache as %s (%.2fs; %s)", key, st.entry_id, st.seconds, st.stats)
+        else:
+            log.warning("stream %s failed after %.2fs: %s", key, st.seconds, st.error)
 
     def has(self, key: str) -> bool:
         """Whether an image of `key` for this node exists (in the cache or the store)."""

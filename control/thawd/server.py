@@ -87,7 +87,8 @@ class ThawdServicer(pbg.ThawdServicer):
         d = self.t.prepare_restore(_rt(request.runtime))
         return pb.PrepareRestoreResponse(
             decision=pb.PrepareRestoreResponse.RESTORE if d.restore else pb.PrepareRestoreResponse.COLD,
-            reason=d.reason, workload_key=d.key, restore_timeout_ms=int(d.restore_timeout_s * 1000))
+            reason=d.reason, workload_key=d.key, restore_timeout_ms=int(d.restore_timeout_s * 1000),
+            image_path=d.image_path if d.restore else "")
 
     @_rpc
     def Restore(self, request, context):
@@ -97,7 +98,7 @@ class ThawdServicer(pbg.ThawdServicer):
         # containerd's view must agree).
         standin = Standin.validate(request.standin_pid, request.standin_marker)
         ok, detail, secs = self.t.restore(_rt(request.runtime), cancelled=lambda: not context.is_active(),
-                                          standin=standin)
+                                          standin=standin, subcontainer_restored=request.subcontainer_restored)
         return pb.RestoreResponse(restored=ok, detail=detail, seconds=secs)
 
     @_rpc

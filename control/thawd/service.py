@@ -18,11 +18,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from control.lifecycle import pod as podmod
+from control.lifecycle import tenant as tenantmod
 from control.lifecycle import workload as workloadmod
 from control.config import Settings
 from control.errors import IdentityError, IntegrityError, KeyMissing, ManifestRefused, NotFound, ThawError, UserError
 from control.thawd import ctrinfo
 from control.thawd.metrics import Metrics
+from control.thawd.pods import Pods
 from control.thawd.quarantine import Quarantine
 from control.files import write_json_atomic
 from control.lifecycle import profiles
@@ -151,14 +154,19 @@ class Decision:
 
 
 class Thawd:
-    def __init__(self, settings: Settings, images, metrics: Metrics | None = None, identify=None) -> None:
+    def __init__(self, settings: Settings, images, metrics: Metrics | None = None, identify=None,
+                 identify_sandbox=None) -> None:
         """`images` is the image source (control/images.py adapter: pull/publish/evict/entries).
         `identify(rt)` tells a container's tenant and image digest (ctrinfo.Identity) from
-        what its runtime records; default: containerd's records (control/thawd/ctrinfo.py)."""
+        what its runtime records; default: containerd's records (control/thawd/ctrinfo.py).
+        `identify_sandbox(rt)`: the same for a CRI pod's sandbox (pause) container, which
+        has a tenant but no image digest (ctrinfo.identify sandbox=True)."""
         self.s = settings
         self.images = images
         self.metrics = metrics or Metrics()
         self.identify = identify or (lambda rt: ctrinfo.identify_container(settings, rt.runsc_root, rt.container_id))
+        self.identify_sandbox = identify_sandbox or (lambda rt: ctrinfo.identify_container(
+            settings, rt.runsc_root, rt.container_id, sandbox=True))
         self.state_dir = settings.state_dir / "thawd"
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
@@ -177,6 +185,7 @@ class Thawd:
         self._networks: dict[tuple[str, str], tuple[str, list]] = {}   # (root, id) -> netns config before restore
         self.quarantine = Quarantine(settings)
         self._pool = ThreadPoolExecutor(max_workers=settings.thawd_workers, thread_name_prefix="thawd")
+        self.pods = Pods(self)
 
     # -- quarantine ------------------------------------------------------------
 
@@ -214,6 +223,13 @@ class Thawd:
                 self._identities[k] = ident
         return workloadmod.from_spec(spec, ident.tenant, ident.image)
 
+    def sandbox_tenant(self, rt: RuntimeRef, spec: dict) -> str:
+        """The tenant of a CRI pod's sandbox (pause) container, narrowed by the pod's
+        tenant annotation as its app containers' are (workload.from_spec); IdentityError
+        when that cannot be told. The pod's lookup key starts with it (pods.py)."""
+        ident = self.identify_sandbox(rt)
+        return tenantmod.narrow(ident.tenant, (spec.get("annotations") or {}).get(workloadmod.ANNOTATION_TENANT))
+
     def _key(self, rt: RuntimeRef, spec: dict | None = None) -> str:
         """The container's workload key, "" when it has none thaw may use."""
         try:
@@ -227,24 +243,34 @@ class Thawd:
         spec = specmod.Bundle(rt.bundle).load()
         if not workloadmod.opted_in(spec):
             return Decision(False, "not-opted-in")
+        role = podmod.role(spec)
+        if role == podmod.SANDBOX:       # a Kubernetes pod's pause container: the pod's decision
+            return self.pods.prepare_sandbox(rt, spec)
+        if role == podmod.MEMBER:        # an app container: its pod's decision, checked against the image
+            return self.pods.prepare_member(rt, spec)
         try:
             wl = self._workload(rt, spec)
         except IdentityError as e:
             return Decision(False, str(e))
         self._prepare_gpu_spec(rt, spec)
-        why = self.quarantine.reason(wl.key)
+        return self.claim_image(rt, spec, wl.key, t0)
+
+    def claim_image(self, rt: RuntimeRef, spec: dict, key: str, t0: float | None = None) -> Decision:
+        """A leased local image of `key` for container `rt` (fetched if need be, one pull
+        per key), its gate closed; or cold with the reason."""
+        why = self.quarantine.reason(key)
         if why is not None:
-            return Decision(False, f"quarantined: {why}", wl.key)
-        # The identity lookup comes out of the same budget: the stand-in waits
-        # thawd.prepare_timeout_s + 1 s for the whole answer.
-        deadline = t0 + self.s.thawd_prepare_timeout_s
-        fut = self._fetch(wl.key)
+            return Decision(False, f"quarantined: {why}", key)
+        # The identity lookup comes out of the same budget (t0, taken before it):
+        # the stand-in waits thawd.prepare_timeout_s + 1 s for the whole answer.
+        deadline = (t0 if t0 is not None else time.monotonic()) + self.s.thawd_prepare_timeout_s
+        fut = self._fetch(key)
         try:
             lease = fut.result(timeout=max(0.05, deadline - time.monotonic()))
         except TimeoutError:
-            return Decision(False, "fetch-in-progress: the image is still being fetched", wl.key)
+            return Decision(False, "fetch-in-progress: the image is still being fetched", key)
         except NotFound:
-            return Decision(False, "no-image", wl.key)
+            return Decision(False, "no-image", key)
         except IntegrityError as e:
             # The store served bytes that are not the image's (thaw-fetch and the Python
             # engine check every chunk; neither retries a mismatch): every pull of this
@@ -253,11 +279,11 @@ class Thawd:
             # A refused manifest (ManifestRefused, where "manifest") keeps its own reason,
             # manifest-refused, and counts only as a cold start, as before this rule.
             reason = f"{_fetch_reason(e)}: {e}"
-            if e.where == "store" and self.quarantine.failed(wl.key, reason):
+            if e.where == "store" and self.quarantine.failed(key, reason):
                 self.metrics.inc("thaw_quarantined_total")
-            return Decision(False, reason, wl.key)
+            return Decision(False, reason, key)
         except ThawError as e:
-            return Decision(False, f"{_fetch_reason(e)}: {e}", wl.key)
+            return Decision(False, f"{_fetch_reason(e)}: {e}", key)
         k = (str(rt.runsc_root), rt.container_id)
         with self._lock:  # claim the fetched lease, unless another container already did
             shared = any(v is lease for v in self._leases.values())
@@ -268,14 +294,14 @@ class Thawd:
             # The entry is local now: this pull is a cache hit with its own lease. It
             # is bounded by the same deadline (it may wait for the key's lock behind
             # another pull); a lease that comes too late is released.
-            second = self._pool.submit(self.images.pull, wl.key)
+            second = self._pool.submit(self.images.pull, key)
             try:
                 lease = second.result(timeout=max(0.05, deadline - time.monotonic()))
             except TimeoutError:
                 second.add_done_callback(lambda f: f.exception() is None and f.result().release())
-                return Decision(False, "fetch-in-progress: the image's cache entry is busy", wl.key)
+                return Decision(False, "fetch-in-progress: the image's cache entry is busy", key)
             except ThawError as e:
-                return Decision(False, f"{_fetch_reason(e)}: {e}", wl.key)
+                return Decision(False, f"{_fetch_reason(e)}: {e}", key)
             with self._lock:
                 old = self._leases.pop(k, None)
                 self._leases[k] = lease
@@ -287,13 +313,13 @@ class Thawd:
         why = self._spec_mismatch(Path(lease.path), spec)
         if why:
             self._release_key(k)
-            return Decision(False, f"spec-mismatch: {why}", wl.key)
+            return Decision(False, f"spec-mismatch: {why}", key)
         with self._lock:
-            self._pending[k] = (wl.key, h.gate)
+            self._pending[k] = (key, h.gate)
         if h.gate is not None:  # no packet reaches the sandbox until the restore is healthy
             gatemod.close(h.gate, self.s.network_probe_mark, f"restore of {rt.container_id}")
         self._remember_network(k, spec)
-        return Decision(True, "image-ready", wl.key, str(lease.path), self.restore_deadline_s(spec))
+        return Decision(True, "image-ready", key, str(lease.path), self.restore_deadline_s(spec))
 
     def _spec_mismatch(self, image: Path, spec: dict) -> str:
         """Why runsc would refuse to restore `image` into a container with `spec`
@@ -385,8 +411,15 @@ class Thawd:
         return Handle(rt.container_id, rt.runsc(self.s.runsc_path, timeout_s or self.s.runsc_timeout_s),
                       rt.bundle, address=address, gate=gate, mark=self.s.network_probe_mark)
 
-    def restore(self, rt: RuntimeRef, cancelled=lambda: False, standin: "Standin | None" = None
-                ) -> tuple[bool, str, float]:
+    def handle_of(self, rt: RuntimeRef, spec: dict) -> Handle:
+        return self._handle(rt, spec)
+
+    def lease_of(self, rt: RuntimeRef):
+        with self._lock:
+            return self._leases.get((str(rt.runsc_root), rt.container_id))
+
+    def restore(self, rt: RuntimeRef, cancelled=lambda: False, standin: "Standin | None" = None,
+                subcontainer_restored: bool = False) -> tuple[bool, str, float]:
         """start of a container PrepareRestore answered RESTORE to: runsc restore,
         health check, post-restore hooks, gate open; the outcome is recorded here.
         Not restored: the sandbox is removed and the caller starts it cold.
@@ -394,47 +427,74 @@ class Thawd:
         deadline passed): a restore nobody will report to containerd is undone.
         With `standin`, the restore is kept only once that stand-in has exited
         with its marker saying "restored" (_confirm): containerd believes the
-        stand-in's exit status, and a SIGKILL may land after this answer."""
+        stand-in's exit status, and a SIGKILL may land after this answer.
+        A pod's app container (`subcontainer_restored`): the stand-in ran its
+        `runsc restore` itself (control/thawd/pods.py says why)."""
         t0 = time.monotonic()
         if standin is not None:
             standin.observe()   # before anything: its identity, while it surely lives
         k = (str(rt.runsc_root), rt.container_id)
-        with self._lock:
-            lease = self._leases.get(k)
+        try:
+            spec = specmod.Bundle(rt.bundle).load()
+        except ThawError as e:
+            if subcontainer_restored:
+                raise           # a pod's app container holds no decision of its own to end
+            spec, unreadable = None, f"{type(e).__name__}: {e.message}"
+        role = podmod.role(spec) if spec is not None else podmod.LONE
+        if role == podmod.MEMBER or subcontainer_restored:
+            if not (role == podmod.MEMBER and subcontainer_restored):
+                raise UserError("subcontainer_restored is for a pod's app container, after its own runsc restore, "
+                                "and such a container's Restore must set it", field="subcontainer_restored")
+            p = self.pods.pod_of(rt, spec)
+            ok, detail, secs = self.pods.restore_member(rt, spec)
+            if ok:
+                self._watch_pod_standin(rt, standin, p)
+            return ok, detail, secs
+        lease = self.lease_of(rt)
         if lease is None:
             return False, "thawd holds no restore decision for this container (thawd restarted?)", 0.0
         with self._lock:
-            key, gate = self._pending.pop(k, ("", None))   # from here, the engine and _undo_restore own the gate
+            key, gate = self._pending.pop(k, ("", None))   # from here, the engine and undo_restore own the gate
         log.info("restore %s key=%s starting", rt.container_id, key)
+        if spec is None:
+            return self._restore_not_tried(rt, key, gate, unreadable, t0)
+        if role == podmod.SANDBOX:
+            p = self.pods.pod_of(rt, spec)
+            ok, detail, secs = self.pods.restore_sandbox(rt, Path(lease.path), cancelled)
+            if ok:
+                self._watch_pod_standin(rt, standin, p)
+            return ok, detail, secs
         try:
-            spec = specmod.Bundle(rt.bundle).load()
             # The identity established at create (self._identities): a tag moved
             # since must not change the key; an error here means thawd restarted.
             wl = self._workload(rt, spec)
-        except (ThawError, IdentityError) as e:
-            reason = f"{type(e).__name__}: {getattr(e, 'message', e)}"
-            if gate is not None:   # no restore was tried: the cold start needs its network
-                gatemod.open(gate, f"restore of {rt.container_id} not tried: {reason}")
-            self.report_outcome(rt, "RESTORE_FAILED", reason, key=key)
-            return False, reason, time.monotonic() - t0
+        except IdentityError as e:
+            return self._restore_not_tried(rt, key, gate, f"{type(e).__name__}: {getattr(e, 'message', e)}", t0)
         key = wl.key if wl else key
         h = Handle(rt.container_id, rt.runsc(self.s.runsc_path, self.s.runsc_timeout_s), rt.bundle)
         image = Path(lease.path)
+        # A streamed image (store.stream): runsc takes thaw-gofer as its checkpoint-gofer
+        # for this call, and restores in the background (the image is still arriving).
+        streamed = getattr(lease, "stream", False)
         try:
             h = self._handle(rt, spec)
             done = Engine(self.s).restore(h, image, [wl.health] if wl else [], opts=RestoreOptions(
-                image_path=image, detach=True, background=self.s.restore_background),
+                image_path=image, detach=True, background=self.s.restore_background or streamed,
+                env=tuple(lease.env().items()) if streamed else ()),
                 health_check=self.s.thawd_health_check)
         except Exception as e:  # noqa: BLE001 - every decision ends in one recorded outcome
             if not isinstance(e, ThawError):
                 log.exception("restore of %s failed unexpectedly", rt.container_id)
             reason = f"{type(e).__name__}: {getattr(e, 'message', e)}"
-            self._undo_restore(h, rt, key, reason)
+            self.undo_restore(h, rt, key, reason)
             return False, reason, time.monotonic() - t0
         if cancelled():
-            self._undo_restore(h, rt, key, "the stand-in gave up before the restore finished")
+            self.undo_restore(h, rt, key, "the stand-in gave up before the restore finished")
             return False, "cancelled", time.monotonic() - t0
         secs = time.monotonic() - t0
+        if streamed:
+            lease.add_done_callback(lambda st: self.metrics.inc(
+                "thaw_streams_total", result="installed" if st.error is None else "failed"))
         if standin is None:
             self._restored(rt, key, done, secs)
         else:
@@ -469,12 +529,42 @@ class Thawd:
                 log.warning("stand-in %d of %s still runs %.0f s after its restore; keeping the restore",
                             standin.pid, rt.container_id, CONFIRM_TIMEOUT_S)
             elif standin.committed(rt.container_id) is False:
-                self._undo_restore(h, rt, key, "the stand-in died after the restore, before it could report it")
+                self.undo_restore(h, rt, key, "the stand-in died after the restore, before it could report it")
                 return
             self._restored(rt, key, done, secs)
         except Exception:  # noqa: BLE001 - a thread of its own: log, never lose the outcome
             log.exception("confirming the restore of %s", rt.container_id)
             self._restored(rt, key, done, secs)
+
+    def _watch_pod_standin(self, rt: RuntimeRef, standin: "Standin | None", pod) -> None:
+        """The stand-in kill safety of _confirm for a pod's container (its pause
+        container, whose `runsc restore` thawd ran, or an app container, whose
+        the stand-in ran): when the stand-in dies after thawd's answer without
+        having committed the start, containerd reports that start failed, and
+        the pod containerd believes in is not the sandbox runsc holds. A pod's
+        sandbox cannot lose one container and start it cold again (its start
+        went to the restore: control/thawd/pods.py), so the whole pod goes
+        (Pods.fail): the kubelet re-creates it, and that sandbox starts cold.
+        Pod metrics are not deferred as _confirm defers a lone container's: a
+        pod's outcome is recorded at its last container (Pods.restore_member),
+        and a death after it is recorded as the pod's failure."""
+        if standin is None or pod is None:
+            return
+
+        def watch() -> None:
+            try:
+                if not standin.watchable:   # not a stand-in this thawd can see: keep what it restored
+                    return
+                if not standin.wait_exit(CONFIRM_TIMEOUT_S):
+                    log.warning("stand-in %d of %s still runs %.0f s after its restore; keeping the restore",
+                                standin.pid, rt.container_id, CONFIRM_TIMEOUT_S)
+                elif standin.committed(rt.container_id) is False:
+                    self.pods.standin_died(pod, f"the stand-in of container {rt.container_id} died after "
+                                                "its restore, before it could report it")
+            except Exception:  # noqa: BLE001 - a thread of its own: log, keep the restore
+                log.exception("confirming the restore of %s", rt.container_id)
+
+        threading.Thread(target=watch, daemon=True, name=f"confirm-{rt.container_id}"[:15]).start()
 
     def _remember_network(self, k: tuple[str, str], spec: dict) -> None:
         """Keep the container's network namespace configuration from before runsc
@@ -490,7 +580,15 @@ class Thawd:
         with self._lock:
             self._networks[k] = (path, snap)
 
-    def _undo_restore(self, h: Handle, rt: RuntimeRef, key: str, reason: str) -> None:
+    def _restore_not_tried(self, rt: RuntimeRef, key: str, gate, reason: str, t0: float):
+        """End a restore that never reached runsc: the cold start needs its network
+        (the gate opened), and the outcome is recorded."""
+        if gate is not None:
+            gatemod.open(gate, f"restore of {rt.container_id} not tried: {reason}")
+        self.report_outcome(rt, "RESTORE_FAILED", reason, key=key)
+        return False, reason, time.monotonic() - t0
+
+    def undo_restore(self, h: Handle, rt: RuntimeRef, key: str, reason: str) -> None:
         """A restore that will not be used: kill and delete the sandbox (the stand-in
         creates it again, cold), put the namespace's addresses and routes back
         (runsc removed them), open the gate, release the lease, count the failure."""
@@ -513,12 +611,21 @@ class Thawd:
     def report_outcome(self, rt: RuntimeRef, outcome: str, reason: str, key: str | None = None) -> None:
         if outcome not in ("RESTORE_FAILED", "COLD_STARTED"):
             raise UserError(f"outcome {outcome!r}: expected RESTORE_FAILED or COLD_STARTED", field="outcome")
+        spec = None
         if key is None:
-            key = self._key(rt)
-        with self._lock:
-            pending = self._pending.pop((str(rt.runsc_root), rt.container_id), None)
-        if pending is not None and pending[1] is not None:  # the restore was never tried: open its gate
-            gatemod.open(pending[1], f"restore of {rt.container_id} not tried: {outcome}")
+            spec = specmod.Bundle(rt.bundle).load()
+            role = podmod.role(spec)
+            if role != podmod.LONE:
+                log.info("outcome %s (pod %s) %s %s", rt.container_id, role, outcome, reason)
+                self._end_pending(rt, outcome)   # a pod's sandbox whose create failed
+                if outcome == "RESTORE_FAILED":
+                    self.pods.restore_failed(rt, spec, reason)
+                else:
+                    self.metrics.inc("thaw_cold_starts_total")
+                    self.pods.cold_started(rt, spec)
+                return
+            key = self._key(rt, spec)
+        self._end_pending(rt, outcome)
         log.info("outcome %s key=%s %s %s", rt.container_id, key, outcome, reason)
         if outcome == "RESTORE_FAILED":
             self.metrics.inc("thaw_fallbacks_total", reason=reason.split(":")[0])
@@ -529,60 +636,80 @@ class Thawd:
             self.metrics.inc("thaw_cold_starts_total")
             self._maybe_auto_checkpoint(rt, key)
 
+    def _end_pending(self, rt: RuntimeRef, outcome: str) -> None:
+        with self._lock:
+            pending = self._pending.pop((str(rt.runsc_root), rt.container_id), None)
+        if pending is not None and pending[1] is not None:  # the restore was never tried: open its gate
+            gatemod.open(pending[1], f"restore of {rt.container_id} not tried: {outcome}")
+
     def _maybe_auto_checkpoint(self, rt: RuntimeRef, key: str) -> None:
+        self.maybe_auto_checkpoint(key, lambda: self._auto_checkpoint(rt, key), rt.container_id)
+
+    def maybe_auto_checkpoint(self, key: str, job, what: str = "") -> None:
+        """Run `job` (it checks readiness and checkpoints) in the background, unless
+        automatic checkpoints are off, `key` is quarantined, has an image already, or
+        is being checkpointed now."""
         if not self.s.thawd_auto_checkpoint or not key or self.quarantine.reason(key) is not None:
             return
         try:
             if self.images.has(key):
                 return
         except ThawError as e:
-            log.warning("auto-checkpoint of %s skipped: cannot tell whether %s has an image (%s)",
-                        rt.container_id, key, e)
+            log.warning("auto-checkpoint of %s skipped: cannot tell whether %s has an image (%s)", what, key, e)
             return
         with self._lock:
             if key in self._checkpointing:
                 return
             self._checkpointing.add(key)
-        self._pool.submit(self._auto_checkpoint, rt, key)
+        self._pool.submit(self._run_auto_checkpoint, key, job, what)
 
-    def _auto_checkpoint(self, rt: RuntimeRef, key: str) -> None:
+    def _run_auto_checkpoint(self, key: str, job, what: str) -> None:
         try:
-            spec = specmod.Bundle(rt.bundle).load()
-            wl = self._workload(rt, spec)
-            if wl is None or wl.key != key:
-                log.warning("auto-checkpoint of %s skipped: its key is no longer %s", rt.container_id, key)
-                return
-            if wl.ready is None:
-                log.warning("auto-checkpoint of %s skipped: the workload declares no readiness probe "
-                            "(annotation %s); thaw does not guess when it is warm", rt.container_id,
-                            workloadmod.ANNOTATION_READY)
-                self.metrics.inc("thaw_auto_checkpoints_total", result="no-ready-probe")
-                return
-            engine = Engine(self.s)
-            h = self._handle(rt, spec)
-            ready = engine.check(h, [wl.ready], engine.policy(self.s.thawd_ready_timeout_s))
-            if not ready.healthy:
-                log.warning("auto-checkpoint of %s skipped: never ready (%s)", rt.container_id, ready.summary())
-                self.metrics.inc("thaw_auto_checkpoints_total", result="not-ready")
-                return
-            res = self.checkpoint(rt, leave_running=self.s.thawd_leave_running)
-            log.info("auto-checkpoint of %s published %s (%d bytes, %.2fs)", rt.container_id, key,
-                     res["image_bytes"], res["seconds"])
-            self.metrics.inc("thaw_auto_checkpoints_total", result="ok")
+            res = job()
+            if res is not None:
+                log.info("auto-checkpoint of %s published %s (%d bytes, %.2fs)", what, key,
+                         res["image_bytes"], res["seconds"])
+                self.metrics.inc("thaw_auto_checkpoints_total", result="ok")
         except Exception as e:  # noqa: BLE001 - a failed auto-checkpoint must not hurt the container
-            log.warning("auto-checkpoint of %s failed: %s", rt.container_id, e)
+            log.warning("auto-checkpoint of %s failed: %s", what, e)
             self.metrics.inc("thaw_auto_checkpoints_total", result="error")
         finally:
             with self._lock:
                 self._checkpointing.discard(key)
 
+    def _auto_checkpoint(self, rt: RuntimeRef, key: str) -> dict | None:
+        """A lone container's: wait for its readiness probe, checkpoint, publish."""
+        spec = specmod.Bundle(rt.bundle).load()
+        wl = self._workload(rt, spec)
+        if wl is None or wl.key != key:
+            log.warning("auto-checkpoint of %s skipped: its key is no longer %s", rt.container_id, key)
+            return None
+        if wl.ready is None:
+            log.warning("auto-checkpoint of %s skipped: the workload declares no readiness probe "
+                        "(annotation %s); thaw does not guess when it is warm", rt.container_id,
+                        workloadmod.ANNOTATION_READY)
+            self.metrics.inc("thaw_auto_checkpoints_total", result="no-ready-probe")
+            return None
+        engine = Engine(self.s)
+        h = self._handle(rt, spec)
+        ready = engine.check(h, [wl.ready], engine.policy(self.s.thawd_ready_timeout_s))
+        if not ready.healthy:
+            log.warning("auto-checkpoint of %s skipped: never ready (%s)", rt.container_id, ready.summary())
+            self.metrics.inc("thaw_auto_checkpoints_total", result="not-ready")
+            return None
+        return self.checkpoint(rt, leave_running=self.s.thawd_leave_running)
+
     # -- delete / explicit -------------------------------------------------------
 
     def release(self, container_id: str, runsc_root: str) -> bool:
+        self.pods.forget(runsc_root, container_id)
         return self._release_key((runsc_root, container_id))
 
     def _release(self, rt: RuntimeRef) -> bool:
         return self._release_key((str(rt.runsc_root), rt.container_id))
+
+    def release_ref(self, rt: RuntimeRef) -> bool:
+        return self._release(rt)
 
     def _release_key(self, k: tuple[str, str]) -> bool:
         self._settle(k, "released before any restore (create or start did not finish)")
@@ -609,19 +736,25 @@ class Thawd:
         log.info("outcome %s key=%s ABANDONED %s", k[1], key, why)
         self.metrics.inc("thaw_restores_abandoned_total")
 
-    def checkpoint(self, rt: RuntimeRef, leave_running: bool = True) -> dict:
-        """Checkpoint a running container and publish the image. The engine saves
+    def checkpoint(self, rt: RuntimeRef, leave_running: bool = True, key: str | None = None,
+                   hooks_rt: RuntimeRef | None = None) -> dict:
+        """Checkpoint a running container and publish the image (under `key`, default
+        the container's workload key; a pod's sandbox passes the pod's). The engine saves
         with the workload left running: a failed save never loses it; without
         `leave_running` it is stopped only after the image is complete."""
         spec = specmod.Bundle(rt.bundle).load()
-        wl = self._workload(rt, spec)
-        if wl is None:
+        if not workloadmod.opted_in(spec):
             raise UserError(f"container {rt.container_id} did not opt in (annotation {workloadmod.ANNOTATION_WORKLOAD})")
+        # A pod's key was made from its containers' identities (pods.py); its pause
+        # container has no image digest of its own to ask for (ctrinfo.identify).
+        key = key or self._workload(rt, spec).key
         # runsc writes the image straight into a partial directory of the node
         # cache; publishing chunks and uploads it from there and the cache adopts
         # the directory by rename: one copy of the image, hashed once.
-        with self.images.staged(wl.key) as image:
-            saved = Engine(self.s).checkpoint(self._handle(rt, spec), image.path, stop_after=not leave_running)
+        with self.images.staged(key) as image:
+            hooks_on = self._handle(hooks_rt, specmod.Bundle(hooks_rt.bundle).load()) if hooks_rt else None
+            saved = Engine(self.s).checkpoint(self._handle(rt, spec), image.path, stop_after=not leave_running,
+                                              hooks_on=hooks_on)
             # What a restore needs, with the image (thaw.json, as the CLI's images
             # carry it): the spec runsc validates at restore and the GPUs it holds.
             write_json_atomic(image.path / sandboxmod.IMAGE_META, {
@@ -631,7 +764,7 @@ class Thawd:
             published = self.images.publish(image)
         self.metrics.inc("thaw_checkpoints_total")
         self.metrics.observe("thaw_checkpoint_seconds", saved.seconds)
-        return {"workload_key": wl.key, "image_bytes": saved.bytes, "seconds": saved.seconds,
+        return {"workload_key": key, "image_bytes": saved.bytes, "seconds": saved.seconds,
                 "published": published}
 
     def stats(self) -> dict:
@@ -666,4 +799,6 @@ def _fetch_reason(e: ThawError) -> str:
         return "no-tenant-key"
     if type(e).__name__ == "TupleMismatch":
         return "tuple-mismatch"
+    if type(e).__name__ == "Timeout":   # another container's stream holds the key (image_source._stream)
+        return "fetch-in-progress"
     return "fetch-failed"

@@ -98,3 +98,59 @@ def test_check_passes_once_the_server_comes_up():
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+class ChunkedHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for part in (b"ok ", b"ready"):
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
+        self.wfile.write(b"0\r\n\r\n")
+
+
+def test_http_request_decodes_a_chunked_body():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), ChunkedHandler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        assert h.http_request(T, srv.server_address[1], "/", 2) == (200, b"ok ready")
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def _local_exec(without=()):
+    """Stands in for `runsc exec` into an image lacking `without`: runs the argv here."""
+    import subprocess
+    import sys
+
+    def run(argv, timeout_s):
+        if argv[0] in without:
+            return 127, f'exec: "{argv[0]}": executable file not found in $PATH'
+        argv = [sys.executable if argv[0] == "python3" else argv[0], *argv[1:]]
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+        return p.returncode, p.stdout + p.stderr
+    return run
+
+
+def test_http_probe_without_an_address_runs_inside_the_sandbox(server):
+    inside = h.Target(exec=_local_exec())
+    assert h.HttpProbe(server, "/health", body="ready").attempt(inside, 2) == "200"
+    assert h.HttpProbe(server, "/down", status=503).attempt(inside, 2) == "503"
+
+
+def test_in_sandbox_get_falls_back_to_wget_without_python3(server):
+    import shutil
+    assert shutil.which("wget"), "wget is needed to test the fallback for images without python3"
+    inside = h.Target(exec=_local_exec(without=("python3",)))
+    assert h.HttpProbe(server, "/health", body="ready").attempt(inside, 2) == "200"
+    with pytest.raises(h.ProbeFailed, match="from inside the sandbox failed"):
+        h.HttpProbe(server, "/down", status=503).attempt(inside, 2)  # wget cannot say which status
+    with pytest.raises(h.ProbeFailed, match="POST .* from inside the sandbox failed .*127"):
+        h.http_request(inside, server, "/health", 2, method="POST")  # wget only GETs here

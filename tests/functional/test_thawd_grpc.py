@@ -90,3 +90,28 @@ def test_prepare_answers_cold_with_a_reason(thawd):
     assert r.reason.startswith("identity-unknown: runsc root /r is not <containerd.runsc_root>/<namespace>")
     assert stub.Stats(pb.StatsRequest(), timeout=5).counters[
         'thaw_cold_decisions_total{reason="identity-unknown"}'] == 1
+
+
+def test_subcontainer_restored_is_only_for_a_pods_app_container(thawd):
+    """The stand-in runs `runsc restore` itself for a pod's app container and says
+    so (control/thawd/pods.py); any other container's Restore must not claim it."""
+    stub, _, tmp = thawd
+    lone = specmod.Bundle(tmp / "lone")
+    lone.write(specmod.command_spec(["/bin/true"], rootfs="rootfs", annotations={"thaw.dev/workload": "w"}))
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Restore(pb.RestoreRequest(runtime=pb.Runtime(container_id="c1", bundle=str(lone.path), runsc_root="/r"),
+                                       subcontainer_restored=True), timeout=5)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "subcontainer_restored" in e.value.details()
+    member = specmod.Bundle(tmp / "member")
+    member.write(specmod.command_spec(["/bin/true"], rootfs="rootfs", annotations={
+        "thaw.dev/workload": "w", "io.kubernetes.cri.container-type": "container",
+        "io.kubernetes.cri.sandbox-id": "s1", "io.kubernetes.cri.container-name": "app"}))
+    rt = pb.Runtime(container_id="c2", bundle=str(member.path), runsc_root="/r")
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Restore(pb.RestoreRequest(runtime=rt), timeout=5)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    # A member of a pod thawd does not know (thawd restarted): not restored, with the reason.
+    r = stub.Restore(pb.RestoreRequest(runtime=rt, subcontainer_restored=True), timeout=5)
+    assert not r.restored and "no restoring pod" in r.detail
+    p = stub.PrepareRestore(pb.PrepareRestoreRequest(runtime=rt), timeout=5)
+    assert p.decision == pb.PrepareRestoreResponse.COLD and p.reason.startswith("pod-unknown")

@@ -169,3 +169,67 @@ def test_failed_restores_fall_back_cold_and_quarantine(name, runsc_bin):
     finally:
         s.stop()
         subprocess.run(["rm", "-rf", str(base)])
+
+
+def test_a_miss_streams_through_thaw_gofer_while_the_container_restores(name, runsc_bin):
+    """store.stream under containerd (issue 18): thawd answers a cache miss with a
+    stream, runsc restores through thaw-gofer while the store (throttled by
+    thaw-s3proxy) still sends the image, and the cache ends with one ready entry."""
+    from tests.integration import streamed
+    from tests.integration.faults.s3proxy import S3Proxy
+    for b in ("thaw-runsc", "busybox", "thaw-gofer", "thaw-s3proxy"):
+        require((BUILD / b).is_file(), f"build/{b} (make setup)")
+    base = Path(f"/tmp/thaw-it/{name}")
+    subprocess.run(["rm", "-rf", str(base)])
+    s = Stack(base, name, extra_env={"THAW_STORE_STREAM": "1", "THAW_STORE_GOFER": str(BUILD / "thaw-gofer"),
+                                     "THAW_STORE_STREAM_DEADLINE_S": "60"})
+    proxy = None
+    try:
+        s.start()
+        s.ctrd.run(IMAGE, "seed", ANNOTATIONS)
+        boot1, _ = s.state("seed")
+        entry = s.wait_published()
+        key = entry["key"]
+        s.ctrd.remove("seed")
+        assert s.thaw("evict", key).returncode == 0
+        assert streamed.cache_state(base / "cache", key)["ready"] == []
+        # thawd now reads the store through a throttle, so the image is still arriving
+        # when runsc restores from it: ~6 s for the whole image.
+        proxy = S3Proxy(BUILD / "thaw-s3proxy", s.weed.endpoint, base / "s3proxy.log").start()
+        s.stop_thawd()
+        s.extra_env["THAW_STORE_ENDPOINT"] = proxy.endpoint
+        s.start_thawd()
+        proxy.add(kind="throttle", rate_bps=max(1 << 20, entry["bytes"] // 6))
+
+        s.ctrd.run(IMAGE, "streamed", ANNOTATIONS)
+        boot2, i2 = s.state("streamed")
+        assert boot2 == boot1, "the streamed container must come up restored, with the seed's memory"
+        d = [x["decision"] for x in s.decisions() if x["id"] == "streamed"]
+        assert d == ["restore", "restored"], d
+        streamed.wait_for(lambda: s.stats()["counters"].get('thaw_streams_total{result="installed"}') == 1,
+                          120, "the stream installing its entry (thawd log: "
+                          f"{(base / 'thawd.log').read_text()[-3000:]})", step=0.5)
+        c = s.stats()["counters"]
+        assert c.get("thaw_restores_total") == 1 and c.get("thaw_cache_misses_total") == 1, c
+        assert 'thaw_streams_total{result="failed"}' not in c, c
+        # runsc read through thaw-gofer, and some reads waited for bytes still in flight.
+        log = streamed.gofer_logs(base)
+        assert " done: " in log and " 0 failed" in log, log[-3000:]
+        assert " 0 waited " not in log, log[-3000:]
+        assert s.state("streamed")[1] > i2, "the restored container keeps running after its image is all in"
+        state = streamed.cache_state(base / "cache", key)
+        assert len(state["ready"]) == 1 and state["partials"] == [], state
+        # runsc restored from the stream's directory of hard links: it lives as long as
+        # the container's lease, and goes with it.
+        assert len(state["streams"]) == 1, state
+        [ready] = [e for e in s.stats()["entries"] if e["key"] == key and e["state"] == "ready"]
+        assert ready["leases"] == 1, ready   # the running container's
+        s.ctrd.remove("streamed")
+        assert next(e for e in s.stats()["entries"] if e["key"] == key)["leases"] == 0
+        state = streamed.cache_state(base / "cache", key)
+        assert len(state["ready"]) == 1 and state["streams"] == [], state
+    finally:
+        if proxy is not None:
+            proxy.stop()
+        s.stop()
+        subprocess.run(["rm", "-rf", str(base)])

@@ -147,7 +147,7 @@ def test_image_carries_this_thaw_and_what_it_runs_with(image):
     path = next(e.split("=", 1)[1] for e in image.config["config"]["Env"] if e.startswith("PATH="))
     thaw = next(image.resolve(f"{d}/thaw") for d in path.split(":") if f"{d}/thaw" in image.files)
     head = image.files[thaw]["head"].decode()
-    assert head.startswith("#!/usr/bin/python3\n") and "from control.cli import main" in head
+    assert head.startswith("#!/usr/bin/python3\n") and "from control.cli.main import main" in head   # pyproject.toml [project.scripts]
     assert image.files[thaw]["mode"] & 0o111
     assert image.files[image.resolve("/usr/bin/python3")]["type"] == tarfile.REGTYPE
     # Each dependency of pyproject.toml is installed for that interpreter.

@@ -273,7 +273,8 @@ def test_cri_containers_are_keyed_by_their_pods_kubernetes_namespace(cri_node, n
     """Pods in two Kubernetes namespaces with identical annotations and image get
     different tenants (k8s-<namespace>, from the CRI plugin's records; a mapped
     namespace gets its mapped tenant); a pod claiming another namespace's tenant
-    in its annotation is refused; the pause containers name no image and start cold."""
+    in its annotation is refused. Each is a pod (control/thawd/pods.py): its pause container
+    has no image digest, and its tenant alone starts the pod's lookup key."""
     cri = cri_node
     ann = {"thaw.dev/workload": "w"}
     pods = {}
@@ -291,16 +292,21 @@ def test_cri_containers_are_keyed_by_their_pods_kubernetes_namespace(cri_node, n
     lines = [json.loads(x) for x in (cri.base / "standin.log").read_text().splitlines()]
     create = {x["id"]: x for x in lines if x["cmd"] == "create"}
     keys = {pod: create[app]["workload_key"] for pod, (_, app) in pods.items()}
-    assert create[pods["a"][1]]["reason"] == "no-image" and keys["a"].startswith("k8s-team-a.w.")
-    assert create[pods["b"][1]]["reason"] == "no-image" and keys["b"].startswith("k8s-team-b.w.")
+    assert create[pods["a"][1]]["reason"].startswith("pod-cold: ") and keys["a"].startswith("k8s-team-a.w.")
+    assert create[pods["b"][1]]["reason"].startswith("pod-cold: ") and keys["b"].startswith("k8s-team-b.w.")
     assert keys["c"].startswith("team-a.w.")            # tenancy.map k8s:team-c -> team-a
     assert len({keys["a"], keys["b"], keys["c"]}) == 3
     forged = create[pods["forged"][1]]
-    assert forged["reason"].startswith("tenant-refused: annotation thaw.dev/tenant='k8s-team-a'"), forged
+    assert forged["reason"].startswith("pod-cold: tenant-refused: annotation thaw.dev/tenant='k8s-team-a'"), forged
     assert not forged["workload_key"]
     for pod, (sandbox, _) in pods.items():
         d = create[sandbox]
-        assert d["decision"] == "cold" and d["reason"].startswith("no-image-digest: "), d
+        if pod == "forged":
+            assert d["decision"] == "cold" and d["reason"].startswith("tenant-refused: "), d
+            assert not d["workload_key"]
+        else:   # cold: the pod declares no container (thaw.dev/ready.<container>); keyed by its tenant
+            assert d["decision"] == "cold" and d["reason"].startswith("no-declared-containers: "), d
+            assert d["workload_key"] == keys[pod], (d, keys[pod])
     for sandbox, app in pods.values():
         cri.crictl("stop", app)
         cri.crictl("rm", app)

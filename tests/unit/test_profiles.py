@@ -10,7 +10,10 @@ import pytest
 
 from control.lifecycle import profiles
 from control.errors import HookError, NotFound, SpecError
+from runsc_hooks import probe
 from runsc_hooks import spec as specmod
+
+LOOPBACK = probe.Target(address="127.0.0.1")  # the stand-in workload's address
 
 
 class Workload:
@@ -18,13 +21,14 @@ class Workload:
 
     def __init__(self, answers: dict[str, tuple[int, str]] | None = None, delay_s: float = 0.0):
         self.requests: list[tuple[str, str]] = []
+        self.bodies: list[bytes] = []
         answers = answers or {}
         outer = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def _answer(self):
                 n = int(self.headers.get("Content-Length") or 0)
-                self.rfile.read(n)
+                outer.bodies.append(self.rfile.read(n))
                 outer.requests.append((self.command, self.path))
                 time.sleep(delay_s)
                 status, body = answers.get(self.path, (200, "ok"))
@@ -54,8 +58,8 @@ class Workload:
 def test_vllm_profile_sleeps_before_checkpoint_and_wakes_after_restore():
     with Workload() as w:
         p = profiles.get("vllm").with_port(w.port)
-        pre = profiles.run_hooks(p, "pre_checkpoint", profiles.Target())
-        post = profiles.run_hooks(p, "post_restore", profiles.Target())
+        pre = profiles.run_hooks(p, "pre_checkpoint", LOOPBACK)
+        post = profiles.run_hooks(p, "post_restore", LOOPBACK)
     assert w.requests == [("POST", "/sleep?level=1"), ("POST", "/wake_up")]
     assert pre[0]["status"] == 200 and pre[0]["output"] == "ok" and pre[0]["seconds"] >= 0
     assert post[0]["hook"] == f"POST :{w.port}/wake_up"
@@ -71,16 +75,16 @@ def test_vllm_env():
 def test_pytorch_profile_releases_cached_memory_before_checkpoint():
     with Workload() as w:
         p = profiles.get("pytorch").with_port(w.port)
-        profiles.run_hooks(p, "pre_checkpoint", profiles.Target())
-        assert profiles.run_hooks(p, "post_restore", profiles.Target()) == []
+        profiles.run_hooks(p, "pre_checkpoint", LOOPBACK)
+        assert profiles.run_hooks(p, "post_restore", LOOPBACK) == []
     assert w.requests == [("POST", "/thaw/pre-checkpoint")]
 
 
 def test_pytorch_offload_moves_the_weights_out_before_and_back_after():
     with Workload() as w:
         p = profiles.get("pytorch-offload").with_port(w.port)
-        pre = profiles.run_hooks(p, "pre_checkpoint", profiles.Target())
-        post = profiles.run_hooks(p, "post_restore", profiles.Target())
+        pre = profiles.run_hooks(p, "pre_checkpoint", LOOPBACK)
+        post = profiles.run_hooks(p, "post_restore", LOOPBACK)
     # The release first (cached blocks, compile workers), then the weights; back after the restore.
     assert w.requests == [("POST", "/thaw/pre-checkpoint"), ("POST", "/thaw/offload-weights"),
                           ("POST", "/thaw/restore-weights")]
@@ -91,7 +95,7 @@ def test_a_workload_without_the_offload_route_fails_the_checkpoint_not_a_restore
     # An image whose weights did not leave the GPU must not be published as an offload image.
     with Workload({"/thaw/offload-weights": (404, '{"error": "no route"}')}) as w:
         with pytest.raises(HookError, match="HTTP 404"):
-            profiles.run_hooks(profiles.get("pytorch-offload").with_port(w.port), "pre_checkpoint", profiles.Target())
+            profiles.run_hooks(profiles.get("pytorch-offload").with_port(w.port), "pre_checkpoint", LOOPBACK)
 
 
 @pytest.mark.parametrize("name", ["pytorch", "pytorch-offload"])
@@ -104,7 +108,7 @@ def test_pytorch_profiles_keep_torch_compile_workers_from_starting(name, tmp_pat
 def test_http_error_is_a_hook_error_with_the_body():
     with Workload({"/sleep?level=1": (500, "sleep mode is not enabled")}) as w:
         with pytest.raises(HookError) as ei:
-            profiles.run_hooks(profiles.get("vllm").with_port(w.port), "pre_checkpoint", profiles.Target())
+            profiles.run_hooks(profiles.get("vllm").with_port(w.port), "pre_checkpoint", LOOPBACK)
     assert "HTTP 500" in str(ei.value) and "sleep mode is not enabled" in str(ei.value)
     assert ei.value.hook.startswith("vllm/pre_checkpoint[0]")
 
@@ -114,14 +118,14 @@ def test_no_listener_is_a_hook_error():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]   # bound, not listening: connection refused
         with pytest.raises(HookError, match="no answer from http://127.0.0.1:.*/wake_up"):
-            profiles.run_hooks(profiles.get("vllm").with_port(port), "post_restore", profiles.Target())
+            profiles.run_hooks(profiles.get("vllm").with_port(port), "post_restore", LOOPBACK)
 
 
 def test_slow_workload_times_out():
     slow = profiles.Profile("slow", pre_checkpoint=(profiles.HttpHook("/x", timeout_s=0.2),))
     with Workload(delay_s=1.0) as w:
         with pytest.raises(HookError, match="timed out"):
-            profiles.run_hooks(slow.with_port(w.port), "pre_checkpoint", profiles.Target())
+            profiles.run_hooks(slow.with_port(w.port), "pre_checkpoint", LOOPBACK)
 
 
 def test_exec_hooks_stop_at_the_first_failure():
@@ -134,10 +138,10 @@ def test_exec_hooks_stop_at_the_first_failure():
     p = profiles.Profile("x", post_restore=(profiles.ExecHook(("sync",)), profiles.ExecHook(("false",)),
                                             profiles.ExecHook(("never",))))
     with pytest.raises(HookError, match=r"x/post_restore\[1\] exec false failed: exit 3: boom"):
-        profiles.run_hooks(p, "post_restore", profiles.Target(exec_in_sandbox=fake_exec))
+        profiles.run_hooks(p, "post_restore", probe.Target(exec=fake_exec))
     assert ran == [["sync"], ["false"]]
     with pytest.raises(HookError, match="no way to run a command"):
-        profiles.run_hooks(p, "post_restore", profiles.Target())
+        profiles.run_hooks(p, "post_restore", LOOPBACK)
 
 
 def test_apply_env_replaces_same_names(tmp_path):
@@ -167,25 +171,6 @@ def test_unknown_phase():
         profiles.get("none").hooks("post_checkpoint")
 
 
-def test_runsc_exec_runs_hooks_through_runsc_exec(tmp_path):
-    from pathlib import Path
-
-    from runsc_hooks.runsc import GlobalOptions, Runsc
-    fake = tmp_path / "runsc"
-    log = tmp_path / "argv"
-    # A stand-in runsc: records its argv, fails when the hook command is "false".
-    fake.write_text(f'#!/bin/sh\necho "$@" >> {log}\n'
-                    'for a; do last=$a; done\n'
-                    'if [ "$last" = false ]; then echo "hook said no" >&2; exit 7; fi\necho done\n')
-    fake.chmod(0o755)
-    r = Runsc(fake, GlobalOptions(root=Path("/run/x")))
-    run = profiles.runsc_exec(r, "sb1")
-    assert run(["sync"], 5) == (0, "done\n")
-    rc, out = run(["false"], 5)
-    assert rc == 7 and "hook said no" in out
-    assert log.read_text().splitlines()[0].endswith("exec sb1 sync")
-
-
 def _local_exec(argv, timeout_s):
     """Stands in for `runsc exec`: runs the argv here (python3 resolved to this interpreter)."""
     import subprocess
@@ -198,16 +183,27 @@ def _local_exec(argv, timeout_s):
 def test_http_hooks_via_exec_send_the_request_from_inside():
     with Workload({"/sleep?level=1": (200, "asleep")}) as w:
         p = profiles.get("vllm").with_port(w.port)
-        recs = profiles.run_hooks(p, "pre_checkpoint", profiles.Target(host="192.0.2.1", exec_in_sandbox=_local_exec,
-                                                                       http_via_exec=True))
-    assert w.requests == [("POST", "/sleep?level=1")]  # reached via loopback, not the (unroutable) host
+        recs = profiles.run_hooks(p, "pre_checkpoint", probe.Target(exec=_local_exec))
+    assert w.requests == [("POST", "/sleep?level=1")]  # no address: reached from "inside", via loopback
     assert recs[0]["status"] == 200 and "asleep" in recs[0]["output"]
+
+
+def test_http_hooks_send_method_and_body_both_ways():
+    hook = profiles.HttpHook("/thaw/offload-weights?mode=alloc", body='{"n": 1}')
+    p = profiles.Profile("b", pre_checkpoint=(hook,), post_restore=(profiles.HttpHook("/state", method="GET"),))
+    for target in (LOOPBACK, probe.Target(exec=_local_exec)):
+        with Workload() as w:
+            profiles.run_hooks(p.with_port(w.port), "pre_checkpoint", target)
+            profiles.run_hooks(p.with_port(w.port), "post_restore", target)
+        assert w.requests == [("POST", "/thaw/offload-weights?mode=alloc"), ("GET", "/state")]
+        assert w.bodies == [b'{"n": 1}', b""]
 
 
 def test_http_hook_via_exec_error_is_a_hook_error():
     with Workload({"/thaw/pre-checkpoint": (503, "busy")}) as w:
         p = profiles.get("pytorch").with_port(w.port)
-        with pytest.raises(HookError, match="exit 1.*503"):
-            profiles.run_hooks(p, "pre_checkpoint", profiles.Target(exec_in_sandbox=_local_exec, http_via_exec=True))
-    with pytest.raises(HookError, match="needs a way to run a command"):
-        profiles.run_hooks(profiles.get("pytorch"), "pre_checkpoint", profiles.Target(http_via_exec=True))
+        with pytest.raises(HookError, match=r"HTTP 503 from http://127.0.0.1:\d+/thaw/pre-checkpoint "
+                                            r"\(inside the sandbox\): busy"):
+            profiles.run_hooks(p, "pre_checkpoint", probe.Target(exec=_local_exec))
+    with pytest.raises(HookError, match="no network address and no way to exec"):
+        profiles.run_hooks(profiles.get("pytorch"), "pre_checkpoint", probe.Target())

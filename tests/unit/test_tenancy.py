@@ -128,6 +128,24 @@ def test_cri_tenant_is_the_pod_namespace_the_cri_plugin_recorded():
                                                    "image_digest": DIGEST, "chain_id": CHAIN}).tenant == "ctr-team-b"
 
 
+def test_a_cri_pod_sandbox_has_a_tenant_and_no_image():
+    """A pod's pause container: the CRI plugin records no image digest for it, so only
+    its tenant is told (the pod's lookup key; its app containers carry the digests)."""
+    box = {**cri(image_digest=""), "id": "s1"}   # thaw-ctrinfo names a sandbox's own id as its sandbox_id
+    with pytest.raises(IdentityError) as e:
+        ctrinfo.identify(settings(), "k8s.io", box)
+    assert e.value.code == "no-image-digest"
+    ident = ctrinfo.identify(settings(THAW_TENANCY_MAP="k8s:team-a=acme"), "k8s.io", box, sandbox=True)
+    assert (ident.tenant, ident.image) == ("acme", "")
+    with pytest.raises(IdentityError) as e:   # an app container is no sandbox
+        ctrinfo.identify(settings(), "k8s.io", {**cri(), "id": "c1"}, sandbox=True)
+    assert e.value.code == "identity-unknown"
+    with pytest.raises(IdentityError):        # nor is a plain containerd container
+        ctrinfo.identify(settings(), "team-a", plain(), sandbox=True)
+    with pytest.raises(IdentityError):        # the kubelet's label still has to agree
+        ctrinfo.identify(settings(), "k8s.io", {**cri(label_ns="other", image_digest=""), "id": "s1"}, sandbox=True)
+
+
 def test_namespace_is_the_runsc_roots_last_component_under_the_configured_root(tmp_path):
     assert ctrinfo.namespace_of(tmp_path / "team-a", tmp_path) == "team-a"
     with pytest.raises(IdentityError):

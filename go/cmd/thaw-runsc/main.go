@@ -1,6 +1,6 @@
 // Command thaw-runsc is the runsc the containerd shim executes (runsc.toml
 // binary_name). It execs the real runsc for every subcommand but create,
-// start and delete, which it hands to thaw-runsc-hooks beside it
+// start, kill and delete, which it hands to thaw-runsc-hooks beside it
 // (go/internal/standin). This binary imports no gRPC: Go runs every package
 // initializer before main, and gRPC's cost ~4 ms on every pass-through call
 // (bench/results/containerd-*.json) where this one costs well under 1 ms.
@@ -25,7 +25,10 @@ func main() {
 		target = filepath.Join(dir, "runsc") // twin: standin.LoadConfig
 	}
 	switch runscargv.Parse(os.Args[1:]).Command {
-	case "create", "start", "delete":
+	case "create", "start", "kill", "delete":
+		// kill: a pod stopped while it restores (go/internal/standin kill).
+		// It costs the hooks binary's start (~4 ms) on every kill, which the
+		// shim sends only to stop a container.
 		// Without the hooks binary thaw can only get out of the way: a
 		// container must never fail to start because thaw is broken.
 		if hooks := filepath.Join(dir, "thaw-runsc-hooks"); isExecutable(hooks) {

@@ -116,3 +116,19 @@ func (a Argv) ContainerID() string {
 	}
 	return last
 }
+
+// KillContainerID is the container id of `runsc kill [--all] [--pid N] <id>
+// [signal]` (runsc/cmd/kill.go at the pin): its first positional word, since
+// the signal follows it. "" when there is none.
+func (a Argv) KillContainerID() string {
+	for i := 0; i < len(a.Args); i++ {
+		w := a.Args[i]
+		if !strings.HasPrefix(w, "-") {
+			return w
+		}
+		if n := strings.TrimLeft(w, "-"); n == "pid" { // the one kill flag that takes a value word
+			i++
+		}
+	}
+	return ""
+}

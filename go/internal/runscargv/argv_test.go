@@ -37,3 +37,22 @@ func TestParseUnknownFlagBeforeSubcommand(t *testing.T) {
 		t.Fatalf("--version has no subcommand: %+v", a)
 	}
 }
+
+// The shim sends `kill <id> <signal>` and `kill --all <id> <signal>`: the id is
+// the first positional word, not the last (the stand-in's kill looked up a
+// marker named after the signal and never routed a restoring pod's kill).
+func TestKillContainerIDIsTheFirstPositional(t *testing.T) {
+	for _, argv := range [][]string{
+		{"--root=/r", "--log-format=json", "kill", "c1", "9"},
+		{"--root=/r", "kill", "--all", "c1", "9"},
+		{"--root=/r", "kill", "--pid", "7", "c1", "15"},
+		{"--root=/r", "kill", "--pid=7", "c1"},
+	} {
+		if got := Parse(argv).KillContainerID(); got != "c1" {
+			t.Errorf("%v: KillContainerID = %q, want c1", argv, got)
+		}
+	}
+	if got := Parse([]string{"kill", "--all"}).KillContainerID(); got != "" {
+		t.Errorf("no id: %q", got)
+	}
+}

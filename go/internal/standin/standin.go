@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"syscall"
 	"time"
 
@@ -21,10 +22,25 @@ import (
 	"thaw.dev/thaw/go/internal/runscargv"
 )
 
-// Annotations the stand-in reads from config.json (twins: control/workload.py).
+// Annotations the stand-in reads from config.json (twins: control/workload.py,
+// control/lifecycle/pod.py).
 const (
 	AnnotationWorkload = "thaw.dev/workload" // opt-in: present = thaw may restore this container
-	origConfigName     = "config.json.thaw-orig"
+	// CRI's container type: "container" for a pod's app container, which joins
+	// the pod's sandbox as a subcontainer.
+	annotationContainerType = "io.kubernetes.cri.container-type"
+	origConfigName          = "config.json.thaw-orig"
+	// podFailedReason starts thawd's reason when it removed a pod's sandbox (the
+	// pod cannot be restored and, its sandbox's start spent on the restore,
+	// cannot start cold either). Twin: control/thawd/pods.py POD_FAILED.
+	podFailedReason = "pod-failed"
+	// stoppedWhileRestoring starts the reason the stand-in reports when a kill
+	// of a container of a restoring pod failed (runsc has no process to signal
+	// before the pod's last container registers). Twin: control/thawd/pods.py
+	// STOPPED_WHILE_RESTORING.
+	stoppedWhileRestoring = "stopped-while-restoring"
+	// CRI's pod name annotation: on a pod's sandbox (pause) container only.
+	annotationSandboxName = "io.kubernetes.cri.sandbox-name"
 )
 
 // marker carries create's decision to start and delete of the same container.
@@ -38,9 +54,15 @@ type marker struct {
 	// How long start may wait for thawd's Restore: thawd's own settings bound
 	// it (PrepareRestoreResponse.restore_timeout_ms), so no stand-in constant
 	// can drift from them.
-	RestoreTimeoutMs uint32  `json:"restore_timeout_ms,omitempty"`
-	PidFile          string  `json:"pid_file,omitempty"`
-	Created          float64 `json:"created"`
+	RestoreTimeoutMs uint32 `json:"restore_timeout_ms,omitempty"`
+	PidFile          string `json:"pid_file,omitempty"`
+	// A pod's app container (CRI): restored by its own `runsc restore`, which
+	// the stand-in runs with the shim's stdio (control/thawd/pods.py).
+	Member    bool   `json:"member,omitempty"`
+	ImagePath string `json:"image_path,omitempty"`
+	// A pod's sandbox (pause) container (CRI).
+	PodSandbox bool    `json:"pod_sandbox,omitempty"`
+	Created    float64 `json:"created"`
 }
 
 // Standin handles one invocation.
@@ -67,6 +89,8 @@ func Main(argv []string) int {
 		return s.create()
 	case "start":
 		return s.start()
+	case "kill":
+		return s.kill()
 	case "delete":
 		return s.delete()
 	default: // thaw-runsc sends only these three here; anything else is runsc's
@@ -177,30 +201,41 @@ func (s *Standin) dial() (pb.ThawdClient, func(), error) {
 	return pb.NewThawdClient(conn), func() { conn.Close() }, nil
 }
 
-// optedIn reads the bundle's annotations: only opted-in containers involve thawd.
-func optedIn(bundle string) bool {
+// annotations reads the bundle's annotations (nil when config.json is unreadable).
+func annotations(bundle string) map[string]string {
 	b, err := os.ReadFile(filepath.Join(bundle, "config.json"))
 	if err != nil {
-		return false
+		return nil
 	}
 	var spec struct {
 		Annotations map[string]string `json:"annotations"`
 	}
 	if json.Unmarshal(b, &spec) != nil {
-		return false
+		return nil
 	}
-	_, ok := spec.Annotations[AnnotationWorkload]
+	return spec.Annotations
+}
+
+// optedIn: only opted-in containers involve thawd.
+func optedIn(ann map[string]string) bool {
+	_, ok := ann[AnnotationWorkload]
 	return ok
 }
 
 func (s *Standin) create() int {
 	t0 := time.Now()
 	rt := s.runtime()
-	if rt.ContainerId == "" || !optedIn(rt.Bundle) {
+	var ann map[string]string
+	if rt.ContainerId != "" {
+		ann = annotations(rt.Bundle)
+	}
+	if !optedIn(ann) {
 		return s.execRunsc(s.argv[1:])
 	}
 	m := &marker{ID: rt.ContainerId, Root: rt.RunscRoot, Bundle: rt.Bundle, Decision: "preparing",
-		PidFile: s.a.Flag("pid-file"), Created: float64(t0.UnixNano()) / 1e9}
+		PidFile: s.a.Flag("pid-file"), Created: float64(t0.UnixNano()) / 1e9,
+		Member:     ann[annotationContainerType] == "container",
+		PodSandbox: ann[annotationContainerType] == "sandbox" && ann[annotationSandboxName] != ""}
 	// The marker goes first: a create killed while thawd decides (SIGKILL, the
 	// shim's timeout) is followed by containerd's delete, and delete releases
 	// thawd's decision only for a container with a marker (issue 14: thawd
@@ -218,6 +253,7 @@ func (s *Standin) create() int {
 		m.Reason = "thawd-unavailable: " + describe(err)
 	case resp.Decision == pb.PrepareRestoreResponse_RESTORE:
 		m.Decision, m.Key, m.RestoreTimeoutMs = "restore", resp.WorkloadKey, resp.RestoreTimeoutMs
+		m.ImagePath = resp.ImagePath
 	default:
 		m.Key, m.Reason = resp.WorkloadKey, resp.Reason
 	}
@@ -226,7 +262,13 @@ func (s *Standin) create() int {
 		return s.execRunsc(s.argv[1:])
 	}
 	s.log.Write("create", m, m.Decision, m.Reason, t0)
-	if m.Decision != "restore" {
+	if m.Member && strings.HasPrefix(m.Reason, podFailedReason) {
+		// thawd removed the pod's sandbox: say why rather than let runsc
+		// report a sandbox that is gone. The kubelet re-creates the pod.
+		return s.fail("thaw: " + m.Reason)
+	}
+	if m.Decision != "restore" || m.Member {
+		// A pod's app container is created as runsc would; its start restores it.
 		return s.execRunsc(s.argv[1:])
 	}
 	// Restore: create the sandbox now from the spec thawd prepared; start restores it.
@@ -301,18 +343,16 @@ func (s *Standin) start() int {
 		s.log.Write("start", m, "started-cold", m.Reason, t0)
 		return 0
 	}
+	if m.Member {
+		return s.startMember(m, t0)
+	}
 	// thawd runs `runsc restore`, the health check, the post-restore hooks and
 	// the network gate, and records the outcome (one lifecycle for every door:
 	// control/lifecycle/engine.py). Not restored: thawd removed the sandbox.
-	ok, reason := s.restore(m)
+	ok, reason, _ := s.restore(m, false)
 	if ok {
 		s.log.Write("start", m, "restored", "", t0)
-		// The commit, and the last thing before exit: thawd keeps the restore
-		// once this process has exited with the marker saying so (Restore's
-		// standin_pid). A SIGKILL before this rename ends in thawd removing the
-		// restore, matching the failed start containerd then reports.
-		m.Decision = "restored"
-		s.saveMarker(m)
+		s.commitRestored(m)
 		return 0
 	}
 	// Fall back: the container must start, cold.
@@ -336,12 +376,60 @@ func (s *Standin) start() int {
 	return 0
 }
 
+// startMember restores a pod's app container: `runsc restore` registers it in
+// the restoring sandbox, with this process's stdio, which is the shim's for
+// this container (runsc hands it to the sandbox; thawd could not). The last
+// container's restore is the sandbox's restore (runsc/boot/restore.go); thawd
+// then checks the pod's health. There is no cold fallback inside a sandbox
+// whose start went to a restore: on failure thawd removes the sandbox and the
+// start fails, and the kubelet re-creates the pod, which then starts cold.
+func (s *Standin) startMember(m *marker, t0 time.Time) int {
+	args := []string{"restore", "--image-path=" + m.ImagePath, "--detach", m.ID}
+	if err := s.runRunsc(args...); err != nil {
+		reason := "runsc restore: " + err.Error()
+		s.report(m, pb.ReportOutcomeRequest_RESTORE_FAILED, reason)
+		s.log.Write("start", m, "restore-failed", reason, t0)
+		return s.fail(fmt.Sprintf("thaw: restoring container %s failed (%s); its pod's sandbox is removed "+
+			"and starts cold when the kubelet re-creates it", m.ID, reason))
+	}
+	ok, reason, answered := s.restore(m, true)
+	if !answered {
+		// runsc has registered (or, last, restored) the container; only thawd's
+		// health check is missing. Failing the start now would lose a pod
+		// that may be fine: say so and go on.
+		s.log.Write("start", m, "restored-unchecked", reason, t0)
+		s.commitRestored(m)
+		return 0
+	}
+	if !ok {
+		s.log.Write("start", m, "restore-failed", reason, t0)
+		return s.fail(fmt.Sprintf("thaw: restoring container %s failed (%s); its pod's sandbox is removed "+
+			"and starts cold when the kubelet re-creates it", m.ID, reason))
+	}
+	s.log.Write("start", m, "restored", "", t0)
+	s.commitRestored(m)
+	return 0
+}
+
+// commitRestored is the commit, and the last thing before a restored start
+// exits 0: thawd keeps the restore once this process has exited with the
+// marker saying so (Restore's standin_pid). A SIGKILL before this rename ends
+// in thawd removing the restore (for a pod's container, its pod), matching
+// the failed start containerd then reports. kill still routes a pod's container
+// that has committed (kill).
+func (s *Standin) commitRestored(m *marker) {
+	m.Decision = "restored"
+	s.saveMarker(m)
+}
+
 // restore asks thawd to restore the container it prepared. Without thawd (it
 // went away after create) nothing can restore: the caller starts cold.
-func (s *Standin) restore(m *marker) (bool, string) {
+// subcontainerRestored: a pod's app container, whose runsc restore ran here.
+// answered: thawd gave an answer (false: it could not be asked, or the call failed).
+func (s *Standin) restore(m *marker, subcontainerRestored bool) (ok bool, reason string, answered bool) {
 	c, closer, err := s.dial()
 	if err != nil {
-		return false, "thawd unavailable at start: " + err.Error()
+		return false, "thawd unavailable at start: " + err.Error(), false
 	}
 	defer closer()
 	timeout := time.Duration(m.RestoreTimeoutMs) * time.Millisecond
@@ -351,19 +439,46 @@ func (s *Standin) restore(m *marker) (bool, string) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	r, err := c.Restore(ctx, &pb.RestoreRequest{Runtime: s.runtimeOf(m), StandinPid: int32(os.Getpid()),
-		StandinMarker: s.markerPath(m.ID)})
+		StandinMarker: s.markerPath(m.ID), SubcontainerRestored: subcontainerRestored})
 	if err != nil {
-		return false, "thawd Restore: " + describe(err)
+		return false, "thawd Restore: " + describe(err), false
 	}
 	if !r.Restored {
-		return false, r.Detail
+		return false, r.Detail, true
 	}
-	return true, ""
+	return true, "", true
 }
 
 // defaultRestoreTimeout is used only for a marker written by an older stand-in
 // that did not record thawd's deadline.
 const defaultRestoreTimeout = 150 * time.Second
+
+// kill is runsc's, except for a container of a pod that is being restored:
+// until the pod's last container has registered, runsc has no process to
+// signal in any of them and the kill fails, so the kubelet could never stop
+// the pod. Then thawd removes the restoring sandbox (the pod is going away)
+// and the kill succeeds: there is nothing left to signal.
+func (s *Standin) kill() int {
+	id := s.a.KillContainerID() // not ContainerID: kill's last word is the signal
+	m := s.loadMarker(id)
+	// "restored": a pod's container whose start committed; the pod may still be
+	// waiting for its later containers.
+	if m == nil || (m.Decision != "restore" && m.Decision != "restored") || !(m.Member || m.PodSandbox) {
+		return s.execRunsc(s.argv[1:])
+	}
+	t0 := time.Now()
+	err := s.runRunsc(append([]string{s.a.Command}, s.a.Args...)...)
+	if err == nil {
+		return 0
+	}
+	s.report(m, pb.ReportOutcomeRequest_RESTORE_FAILED, stoppedWhileRestoring+": kill: "+err.Error())
+	if s.runRunscQuiet("state", id) != nil { // gone with its sandbox
+		s.log.Write("kill", m, "restore-ended", "the pod was stopped while it restored", t0)
+		return 0
+	}
+	s.log.Write("kill", m, "kill-failed", err.Error(), t0)
+	return exitCode(err)
+}
 
 func (s *Standin) delete() int {
 	t0 := time.Now()

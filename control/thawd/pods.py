@@ -1,0 +1,479 @@
+"""thawd's pods: one restore-or-cold decision per Kubernetes pod, the pod's
+restore as runsc does it, and the automatic checkpoint of a cold pod once every
+container it declares is ready (docs/containerd.md "Pods").
+
+The kubelet drives a pod through CRI in a fixed order: the pause container
+(create, start: RunPodSandbox), then each app container in the pod spec's
+order (create, start). runsc restores a multi-container sandbox in that same
+shape (runsc/boot/restore.go restorer): `runsc restore` of the root container
+reads the image and registers the root, `runsc restore` of each subcontainer
+registers it by its `io.kubernetes.cri.container-name`, and the restore itself
+runs when the last container the image holds has registered; waits on the
+containers block until then. So:
+
+- The decision is made at the pause container's create: thawd knows the
+  pod's lookup key (control/lifecycle/pod.py) and, from the last pod of that
+  lookup key this node assembled, the container set and each container's
+  identity, hence the pod's key; it leases that image. The pause container's
+  start is `runsc restore` of the root (thawd runs it; the pause has no stdio).
+- Each app container's create is checked against the image's container set:
+  its name, its workload key and the fingerprint of the spec fields runsc
+  validates. A match: the stand-in creates it and, at start, runs `runsc
+  restore` for it itself, because the container's stdio is the shim's and
+  only the process the shim started holds it. The last one's restore is the
+  sandbox's restore; thawd then runs every container's health probe.
+- A mismatch after the pause container was restored cannot start that pod
+  cold: the root's `runsc restore` has consumed the sandbox's start (runsc
+  refuses `start` after it), and a sandbox that dies is a pod the kubelet
+  re-creates. thawd removes the sandbox, the container's `runsc create` (CRI
+  runs it inside StartContainer) fails with the reason, and the kubelet's next
+  sandbox for that pod (same pod uid) starts
+  cold; so does every pod of that lookup key until a pod of the new container
+  set has been seen. runsc itself refuses a spec it cannot restore (the last
+  container's `runsc restore` fails): the same.
+- A container the kubelet re-creates in a running pod (its restart after an
+  exit) is never restored: it starts cold in the running sandbox.
+
+Pod records live in memory (a thawd restart forgets pods in flight: their
+later containers start cold, which runsc turns into restores of a restoring
+sandbox by itself, controller.go StartSubcontainer); the container set of the
+last assembled pod of each lookup key is kept under <state_dir>/thawd/pods/.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from control.errors import IdentityError, ThawError
+from control.files import write_json_atomic
+from control.lifecycle import pod as podmod
+from control.lifecycle.engine import Engine, uses_gpu
+from runsc_hooks import spec as specmod
+from runsc_hooks.runsc import RestoreOptions
+
+if TYPE_CHECKING:
+    from control.thawd.service import Decision, RuntimeRef, Thawd
+
+log = logging.getLogger("thawd")
+
+# The reason prefix of a pod thawd removed: the stand-in fails the container's
+# create with it instead of creating a container in a sandbox that is gone.
+# Twin: go/internal/standin/standin.go podFailedReason.
+POD_FAILED = "pod-failed"
+# The reason prefix the stand-in reports when a kill of a container of a
+# restoring pod failed (the kubelet stops a pod before its last container
+# came): thawd removes the sandbox so the pod can go. Twin:
+# go/internal/standin/standin.go stoppedWhileRestoring.
+STOPPED_WHILE_RESTORING = "stopped-while-restoring"
+
+COLD, RESTORING, RESTORED, FAILED = "cold", "restoring", "restored", "failed"
+
+
+@dataclass
+class MemberState:
+    name: str
+    rt: "RuntimeRef"
+    identity: dict
+    started: bool = False        # cold: started; restoring: its `runsc restore` registered it
+
+
+@dataclass
+class Pod:
+    sandbox: "RuntimeRef"        # the pause container: the sandbox runsc checkpoints and restores
+    uid: str
+    lookup: str
+    declared: dict               # name -> pod.Member
+    state: str = COLD
+    reason: str = ""
+    key: str = ""                # the image restoring; for a cold pod, its key once assembled
+    table: dict = field(default_factory=dict)      # name -> identity the image was saved with
+    members: dict = field(default_factory=dict)    # name -> MemberState
+    undeclared: list = field(default_factory=list)
+    unkeyed: str = ""            # why a container's identity (so the pod's key) cannot be told: never checkpointed
+    restored_at: float = 0.0
+    timer: threading.Timer | None = None
+
+    def summary(self) -> str:
+        return f"pod {self.sandbox.container_id} ({self.lookup}, {self.state})"
+
+
+class Tables:
+    """The container set of the last pod assembled per lookup key, on disk."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+
+    def _path(self, lookup: str) -> Path:
+        return self.dir / f"{lookup}.json"
+
+    def get(self, lookup: str) -> dict | None:
+        try:
+            d = json.loads(self._path(lookup).read_text())
+            if isinstance(d.get("key"), str) and isinstance(d.get("containers"), dict):
+                return d
+            log.warning("pod table %s malformed; ignoring it", self._path(lookup))
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError) as e:
+            log.warning("pod table %s unreadable (%s); ignoring it", self._path(lookup), e)
+        return None
+
+    def put(self, lookup: str, key: str, containers: dict) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(self._path(lookup), {"key": key, "containers": containers, "time": time.time()})
+
+    def forget(self, lookup: str) -> None:
+        self._path(lookup).unlink(missing_ok=True)
+
+
+class Pods:
+    def __init__(self, thawd: "Thawd") -> None:
+        self.t = thawd
+        self.s = thawd.s
+        self.tables = Tables(thawd.state_dir / "pods")
+        self._lock = threading.Lock()
+        self._pods: dict[tuple[str, str], Pod] = {}        # (runsc root, sandbox id) -> pod
+        self._failed_uids: dict[str, tuple[str, float]] = {}  # pod uid -> (reason, when)
+
+    # -- records ---------------------------------------------------------------
+
+    def _get(self, root: Path | str, sandbox_id: str) -> Pod | None:
+        with self._lock:
+            return self._pods.get((str(root), sandbox_id))
+
+    def _new(self, rt: "RuntimeRef", spec: dict, tenant: str | None) -> Pod:
+        """`tenant`: the sandbox's (Thawd.sandbox_tenant); None when it cannot be told,
+        and the pod then has no lookup key: it starts cold and is never checkpointed."""
+        declared = podmod.declared(spec)
+        p = Pod(rt, podmod.pod_uid(spec), podmod.lookup(spec, declared, tenant) if tenant is not None else "",
+                declared)
+        with self._lock:
+            old = self._pods.pop((str(rt.runsc_root), rt.container_id), None)
+            self._pods[(str(rt.runsc_root), rt.container_id)] = p
+        if old and old.timer:
+            old.timer.cancel()
+        return p
+
+    def forget(self, root: str, container_id: str) -> None:
+        """delete of a container: a sandbox's pod record goes, a member leaves its pod."""
+        with self._lock:
+            p = self._pods.pop((root, container_id), None)
+            if p is None:
+                for q in self._pods.values():
+                    for name, m in list(q.members.items()):
+                        if m.rt.container_id == container_id and str(m.rt.runsc_root) == root:
+                            del q.members[name]
+        if p is not None and p.timer:
+            p.timer.cancel()
+
+    # -- the pause container ---------------------------------------------------
+
+    def prepare_sandbox(self, rt: "RuntimeRef", spec: dict) -> "Decision":
+        from control.thawd.service import Decision
+        try:
+            tenant = self.t.sandbox_tenant(rt, spec)
+        except IdentityError as e:
+            p = self._new(rt, spec, None)
+            p.reason = p.unkeyed = str(e)
+            return Decision(False, p.reason)
+        p = self._new(rt, spec, tenant)
+        if not p.declared:
+            p.reason = (f"no-declared-containers: the pod declares none (annotation "
+                        f"{podmod.ANNOTATION_READY_PREFIX}<container>)")
+            return Decision(False, p.reason, p.lookup)
+        with self._lock:  # one sandbox of that pod starts cold; later ones may restore again
+            failed = self._failed_uids.pop(p.uid, None)
+        if failed and time.time() - failed[1] < 3600:
+            p.reason = f"{POD_FAILED}-before: an earlier sandbox of this pod was not restored ({failed[0]})"
+            return Decision(False, p.reason, p.lookup)
+        table = self.tables.get(p.lookup)
+        if table is None:
+            p.reason = "no-image: no pod of this workload and container set assembled on this node yet"
+            return Decision(False, p.reason, p.lookup)
+        names = sorted(table["containers"])
+        if names != sorted(p.declared) and not (podmod.ANY in p.declared and len(names) == 1):
+            # the lookup key covers the declared names: a table that disagrees is damaged
+            p.reason = "no-image: the recorded container set does not match the declared names"
+            return Decision(False, p.reason, p.lookup)
+        d = self.t.claim_image(rt, spec, table["key"])
+        if not d.restore:
+            p.reason = d.reason
+            return d
+        p.state, p.key, p.table = RESTORING, table["key"], table["containers"]
+        return d
+
+    def pod_of(self, rt: "RuntimeRef", spec: dict) -> Pod | None:
+        """The pod record of a pod's container (its pause container or an app container)."""
+        sid = rt.container_id if podmod.role(spec) == podmod.SANDBOX else podmod.sandbox_id(spec)
+        return self._get(rt.runsc_root, sid)
+
+    def restore_sandbox(self, rt: "RuntimeRef", image: Path,
+                        cancelled=lambda: False) -> tuple[bool, str, float]:
+        """start of the pause container: `runsc restore` of the root registers it and
+        reads the image; the restore runs when the last app container registers.
+        `cancelled()`: the stand-in gave up (Thawd.restore); its start falls back to
+        a cold one, so the pod is cold from here."""
+        t0 = time.monotonic()
+        p = self._get(rt.runsc_root, rt.container_id)
+        if p is None or p.state != RESTORING:
+            return False, "thawd holds no restoring pod for this sandbox (thawd restarted?)", 0.0
+        h = self.t.handle_of(rt, specmod.Bundle(rt.bundle).load())
+        try:
+            Engine(self.s).restore(h, image, [], opts=RestoreOptions(
+                image_path=image, detach=True, background=self.s.restore_background),
+                health_check=False, post_restore_hooks=False)
+        except ThawError as e:
+            reason = f"{type(e).__name__}: {e.message}"
+            p.state, p.reason = COLD, f"restore of the sandbox failed: {reason}"
+            self.t.undo_restore(h, rt, p.key, reason)
+            return False, reason, time.monotonic() - t0
+        if cancelled():
+            p.state, p.reason = COLD, "the stand-in gave up before the sandbox's restore finished"
+            self.t.undo_restore(h, rt, p.key, p.reason)
+            return False, "cancelled", time.monotonic() - t0
+        timeout = self.s.thawd_pod_assembly_timeout_s
+        p.timer = threading.Timer(timeout, self._assembly_deadline, args=(p, timeout))
+        p.timer.daemon = True
+        p.timer.start()
+        log.info("%s: sandbox registered for restore in %.3fs; waiting for %s", p.summary(),
+                 time.monotonic() - t0, ", ".join(sorted(p.table)))
+        return True, "sandbox registered; restored with its last container", time.monotonic() - t0
+
+    def _assembly_deadline(self, p: Pod, timeout: float) -> None:
+        if p.state == RESTORING:
+            missing = sorted(n for n in p.table if not (n in p.members and p.members[n].started))
+            self.fail(p, f"assembly-timeout: {', '.join(missing)} not restored within {timeout:.0f}s "
+                         "(thawd.pod_assembly_timeout_s)")
+
+    # -- app containers -----------------------------------------------------------
+
+    def prepare_member(self, rt: "RuntimeRef", spec: dict) -> "Decision":
+        from control.thawd.service import Decision
+        sid, name = podmod.sandbox_id(spec), podmod.container_name(spec)
+        p = self._get(rt.runsc_root, sid)
+        if p is None:
+            return Decision(False, f"pod-unknown: thawd has no record of sandbox {sid} (thawd restarted?)")
+        try:
+            # its workload key from its recorded tenant and image digest, as a lone container's
+            ident, unkeyed = podmod.identity(spec, self.t._workload(rt, spec).key), ""
+        except IdentityError as e:
+            ident, unkeyed = {}, f"{e} (container {name!r})"
+        self._bind(p, name)
+        if p.state == RESTORING:
+            if unkeyed:   # nobody can tell it is the image's container: the pod starts again, cold
+                self.fail(p, unkeyed)
+                return Decision(False, f"{POD_FAILED}: {p.reason}", p.key)
+            problem = self._mismatch(p, name, ident)
+            if problem:
+                self.fail(p, f"container-mismatch: {problem}", forget_table=True)
+                return Decision(False, f"{POD_FAILED}: {p.reason}", p.key)
+            with self._lock:
+                p.members[name] = MemberState(name, rt, ident)
+            lease = self.t.lease_of(p.sandbox)
+            return Decision(True, "pod-restoring", p.key, str(lease.path) if lease else "",
+                            self.t.restore_deadline_s(spec) + self.s.thawd_health_timeout_s * len(p.table))
+        with self._lock:
+            known = name in p.members
+            p.members[name] = MemberState(name, rt, ident)
+            if name not in p.declared and name not in p.undeclared:
+                p.undeclared.append(name)
+            if unkeyed and not p.unkeyed:
+                p.unkeyed = unkeyed
+        if p.state == FAILED:
+            return Decision(False, f"{POD_FAILED}: {p.reason}", p.key)
+        if p.state == RESTORED or known:
+            return Decision(False, "pod-running: a container re-created in a running pod starts cold "
+                                   "(the kubelet's restart; a restore would bring back the saved state)", p.key)
+        self._assembled(p)
+        return Decision(False, f"pod-cold: {unkeyed or p.reason}", p.key or p.lookup)
+
+    @staticmethod
+    def _bind(p: Pod, name: str) -> None:
+        """A pod declared by thaw.dev/ready alone: its first container is the declared one."""
+        if name and podmod.ANY in p.declared and name not in p.declared:
+            m = p.declared.pop(podmod.ANY)
+            p.declared[name] = podmod.Member(name, m.ready, m.health)
+
+    def _mismatch(self, p: Pod, name: str, ident: dict) -> str:
+        if name not in p.table:
+            return (f"container {name!r} is not one of the image's ({', '.join(sorted(p.table))})"
+                    if name else "a container without io.kubernetes.cri.container-name")
+        if name in p.members:
+            return f"container {name!r} created twice while the pod restores"
+        diff = podmod.differences(p.table[name], ident)
+        return f"container {name!r} differs from the image's: {', '.join(diff)}" if diff else ""
+
+    def _assembled(self, p: Pod) -> None:
+        """A cold pod whose declared containers have all been created: its key and container
+        set are known; remember them for the next pod of this lookup key."""
+        if p.key or p.unkeyed or not p.lookup or set(p.members) != set(p.declared):
+            return
+        table = {n: m.identity for n, m in p.members.items()}
+        p.key = podmod.key(p.lookup, table)
+        self.tables.put(p.lookup, p.key, table)
+        log.info("%s assembled: key %s (%s)", p.summary(), p.key, ", ".join(sorted(table)))
+
+    def restore_member(self, rt: "RuntimeRef", spec: dict) -> tuple[bool, str, float]:
+        """The stand-in ran `runsc restore` for this app container (with the shim's stdio).
+        The last one's was the sandbox's restore: health-check every container."""
+        t0 = time.monotonic()
+        p = self._get(rt.runsc_root, podmod.sandbox_id(spec))
+        name = podmod.container_name(spec)
+        if p is None or p.state != RESTORING or name not in p.members:
+            return False, "thawd holds no restoring pod for this container", 0.0
+        with self._lock:
+            p.members[name].started = True
+            done = all(n in p.members and p.members[n].started for n in p.table)
+        if not done:
+            return True, "registered; the sandbox restores with its last container", time.monotonic() - t0
+        engine = Engine(self.s)
+        results = []
+        for n in sorted(p.table):
+            m = p.members[n]
+            h = self.t.handle_of(m.rt, specmod.Bundle(m.rt.bundle).load())
+            r = engine.check(h, [p.declared[n].health])
+            results.append(f"{n}: {r.summary()}")
+            if not r.healthy:
+                reason = f"UnhealthyRestore: container {n}: {r.summary()}"
+                self.fail(p, reason, count=True)
+                return False, reason, time.monotonic() - t0
+        first = next(iter(p.members.values()))
+        try:  # the workload profile's hooks (thaw.dev/profile) run against the pod's first container
+            hooks = engine.hooks(self.t.handle_of(first.rt, specmod.Bundle(first.rt.bundle).load()),
+                                 specmod.Bundle(first.rt.bundle).load(), "post_restore")
+        except ThawError as e:
+            reason = f"UnhealthyRestore: post-restore hook failed: {e.message}"
+            self.fail(p, reason, count=True)
+            return False, reason, time.monotonic() - t0
+        if hooks:
+            results.append(f"post-restore hooks: {len(hooks)}")
+        if p.timer:
+            p.timer.cancel()
+        p.state, p.restored_at = RESTORED, time.time()
+        secs = time.monotonic() - t0
+        log.info("outcome %s key=%s RESTORED (pod of %d containers; health %.3fs: %s)", p.sandbox.container_id,
+                 p.key, len(p.table), secs, "; ".join(results))
+        self.t.metrics.inc("thaw_restores_total")
+        self.t.metrics.observe("thaw_health_seconds", secs)
+        self.t.quarantine.succeeded(p.key)
+        return True, "; ".join(results), secs
+
+    # -- outcomes the stand-in reports ----------------------------------------------
+
+    def cold_started(self, rt: "RuntimeRef", spec: dict) -> None:
+        role = podmod.role(spec)
+        if role == podmod.SANDBOX:
+            if self._get(rt.runsc_root, rt.container_id) is None:  # thawd restarted since create
+                self._new(rt, spec).reason = "thawd restarted"
+            return
+        p = self._get(rt.runsc_root, podmod.sandbox_id(spec))
+        name = podmod.container_name(spec)
+        if p is None or name not in p.members:
+            return
+        with self._lock:
+            p.members[name].started = True
+        if p.state == COLD:
+            self._maybe_checkpoint(p)
+
+    def restore_failed(self, rt: "RuntimeRef", spec: dict, reason: str) -> None:
+        """The stand-in could not do its part of a restore: the pause container's create
+        (it starts cold), or an app container's `runsc restore` (the pod is lost); or
+        a container of a restoring pod could not be stopped (the pod is going away)."""
+        if reason.startswith(STOPPED_WHILE_RESTORING):
+            sid = rt.container_id if podmod.role(spec) == podmod.SANDBOX else podmod.sandbox_id(spec)
+            p = self._get(rt.runsc_root, sid)
+            if p is not None and p.state == RESTORING:
+                self.fail(p, reason)
+            return
+        if podmod.role(spec) == podmod.SANDBOX:
+            p = self._get(rt.runsc_root, rt.container_id)
+            if p is not None:
+                p.state, p.reason = COLD, f"restore could not be tried: {reason}"
+            return
+        p = self._get(rt.runsc_root, podmod.sandbox_id(spec))
+        if p is not None and p.state == RESTORING:
+            self.fail(p, f"runsc restore of container {podmod.container_name(spec)!r}: {reason}", count=True)
+
+    def standin_died(self, p: Pod, reason: str) -> None:
+        """A stand-in of this pod's restore died after thawd's answer, before it
+        committed its start (Thawd._watch_pod_standin): containerd reports that
+        start failed. Not the image's fault: not counted towards quarantine."""
+        if p.state in (RESTORING, RESTORED):
+            self.fail(p, reason)
+
+    def fail(self, p: Pod, reason: str, *, count: bool = False, forget_table: bool = False) -> None:
+        """The pod cannot be restored and cannot start cold in this sandbox: remove the
+        sandbox (the kubelet re-creates the pod, and its next sandbox starts cold)."""
+        with self._lock:
+            if p.state == FAILED:
+                return
+            p.state, p.reason = FAILED, reason
+            self._failed_uids[p.uid] = (reason, time.time())
+        if p.timer:
+            p.timer.cancel()
+        if forget_table:
+            self.tables.forget(p.lookup)
+        log.warning("%s: %s; removing its sandbox: the kubelet re-creates the pod, which then starts cold",
+                    p.summary(), reason)
+        r = p.sandbox.runsc(self.s.runsc_path, self.s.runsc_timeout_s)
+        try:
+            if r.exists(p.sandbox.container_id):
+                r.delete(p.sandbox.container_id, force=True)
+        except ThawError as e:
+            log.warning("removing the sandbox of %s: %s", p.summary(), e)
+        self.t.metrics.inc("thaw_fallbacks_total", reason=reason.split(":")[0])
+        self.t.release_ref(p.sandbox)
+        if count and p.key and self.t.quarantine.failed(p.key, reason):
+            self.t.metrics.inc("thaw_quarantined_total")
+
+    # -- automatic checkpoint ----------------------------------------------------------
+
+    def _maybe_checkpoint(self, p: Pod) -> None:
+        if p.unkeyed:
+            log.warning("%s is not checkpointed: %s", p.summary(), p.unkeyed)
+            return
+        if p.undeclared:
+            log.warning("%s is not checkpointed: container(s) %s not declared (annotation %s<container>)",
+                        p.summary(), ", ".join(p.undeclared), podmod.ANNOTATION_READY_PREFIX)
+            return
+        if not p.key or not all(m.started for m in p.members.values()):
+            return
+        gpu = [n for n, m in p.members.items() if uses_gpu(specmod.Bundle(m.rt.bundle).load())]
+        if gpu:
+            # runsc needs the CUDA helper mounted into and named for the pod's GPU
+            # containers; thaw does that for lone containers only (docs/containerd.md).
+            log.warning("%s is not checkpointed: GPU containers (%s) in pods are not supported yet",
+                        p.summary(), ", ".join(gpu))
+            self.t.metrics.inc("thaw_auto_checkpoints_total", result="gpu-pod")
+            return
+        self.t.maybe_auto_checkpoint(p.key, lambda: self._auto_checkpoint(p), p.summary())
+
+    def _auto_checkpoint(self, p: Pod) -> dict | None:
+        """Wait for every declared container's readiness, then checkpoint the sandbox
+        (all its containers) and publish it under the pod's key."""
+        engine = Engine(self.s)
+        deadline = time.monotonic() + self.s.thawd_ready_timeout_s
+        for n in sorted(p.declared):
+            m = p.members.get(n)
+            if m is None:
+                return None
+            h = self.t.handle_of(m.rt, specmod.Bundle(m.rt.bundle).load())
+            ready = engine.check(h, [p.declared[n].ready], engine.policy(max(1.0, deadline - time.monotonic())))
+            if not ready.healthy:
+                log.warning("auto-checkpoint of %s skipped: container %s never ready (%s)", p.summary(), n,
+                            ready.summary())
+                self.t.metrics.inc("thaw_auto_checkpoints_total", result="not-ready")
+                return None
+        if p.state != COLD or set(p.members) != set(p.declared):
+            return None  # the pod went away or changed while it warmed up
+        # The profile's pre-checkpoint hooks run against the pod's first container
+        # (the kubelet starts them in the pod spec's order); runsc saves the sandbox.
+        first = next(iter(p.members.values()))
+        return self.t.checkpoint(p.sandbox, leave_running=self.s.thawd_leave_running, key=p.key, hooks_rt=first.rt)
+

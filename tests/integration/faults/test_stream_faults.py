@@ -1,0 +1,184 @@
+"""Faults of a streamed restore (issue 18 item 5), injected for real:
+thaw-s3proxy between the node and SeaweedFS, a real runsc restore through
+thaw-gofer, a real checkpoint of control/dev/workloads/memory_server.py.
+
+Each must end in a cold start or a retry, never in a restored sandbox with
+wrong memory, and must leave no half cache entry: the partial is removed (or,
+after a kill, removed by the next start's recovery) and only a complete,
+verified image is ever installed."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import signal
+import subprocess
+import time
+
+import pytest
+
+from control.images import manifest as manifestmod
+from control.images.store import Store
+from control.node.compat import node_tuple
+from tests.conftest import BUILD, require
+
+from .. import streamed
+from .s3proxy import S3Proxy
+
+MB = 128
+RATE = 20 << 20   # bytes/s: the ~140 MB image needs ~7 s; the server answers well before
+DEADLINE_S = 3    # store.stream_deadline_s: a read waiting longer fails the restore
+
+
+@pytest.fixture
+def proxy(weed, scratch) -> S3Proxy:
+    binary = BUILD / "thaw-s3proxy"
+    require(binary.is_file(), f"thaw-s3proxy built at {binary} (ci/build-go.sh)")
+    require((BUILD / "thaw-gofer").is_file(), f"thaw-gofer built at {BUILD / 'thaw-gofer'} (ci/build-go.sh)")
+    p = S3Proxy(binary, weed.endpoint, scratch / "s3proxy.log").start()
+    yield p
+    p.stop()
+
+
+@pytest.fixture
+def published(base, name, settings, scratch) -> dict:
+    return streamed.publish(streamed.env_for(base, settings), name, f"{name}-src", MB, scratch)
+
+
+def through(settings, proxy, scratch, tag="b"):
+    """A node with an empty cache whose store is behind the proxy; one try per GET, 3 s
+    timeouts (a stalled stream fails in seconds, not after the retry budget)."""
+    return dataclasses.replace(settings, store_endpoint=proxy.endpoint, cache_dir=scratch / f"cache-{tag}",
+                               store_retries=0, store_timeout_s=3.0)
+
+
+def stream_env(base, s, **extra):
+    return streamed.env_for(base, s, THAW_STORE_STREAM=1, THAW_STORE_STREAM_DEADLINE_S=DEADLINE_S,
+                            THAW_STORE_TIMEOUT_S=3, THAW_STORE_RETRY_BUDGET_S=0, **extra)
+
+
+def finish(p: subprocess.Popen, timeout: float = 180) -> tuple[int, str, str]:
+    try:
+        out, err = p.communicate(timeout=timeout)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    return p.returncode, out, err
+
+
+def nothing_half_made(s, key) -> None:
+    state = streamed.cache_state(s.cache_dir, key)
+    assert state == {"ready": [], "partials": [], "streams": []}, state
+    assert streamed.no_thaw_gofer_streams(s.cache_dir)
+
+
+def runsc_status(env, sid) -> str:
+    r = streamed.run(env, "ps", "--json")
+    rows = {row["id"]: row for row in json.loads(r.stdout)} if r.returncode == 0 else {}
+    return rows[sid]["runsc_status"] if sid in rows else "absent"
+
+
+def test_store_stall_before_the_answer_ends_in_a_cold_start(base, name, settings, published, proxy, scratch):
+    b = through(settings, proxy, scratch)
+    env = stream_env(base, b)
+    proxy.add(kind="throttle", rate_bps=RATE)
+    p = streamed.start(env, "restore", "--from-store", name, "--id", f"{name}-r", "--cold-fallback", "--json")
+    # Stall every new GET as soon as the sentry has opened the image: the pages the
+    # server needs to answer (the interpreter's heap, at the end of pages.img) never come.
+    streamed.wait_for(lambda: " open pages.img" in streamed.gofer_logs(base), 60, "the gofer opened pages.img",
+                      step=0.005)
+    proxy.add(kind="stall")
+    rc, out, err = finish(p)
+    assert rc == 0, err
+    r = json.loads(out)
+    assert r["mode"] == "cold" and r["fallback_reason"], r
+    assert r["stream"]["error"], r["stream"]
+    answer, _ = streamed.first_answer(published["host"], 120)
+    assert answer["boot"] != published["boot"]        # a fresh start, not the checkpoint
+    assert answer["digest"] == published["digest"]    # (same seed: the cold start rebuilt the same bytes)
+    assert " failed after " in streamed.gofer_logs(base)
+    nothing_half_made(b, name)
+    assert streamed.run(env, "delete", f"{name}-r", "--force").returncode == 0
+
+
+def test_store_stall_after_the_answer_ends_in_a_retry(base, name, settings, published, proxy, scratch):
+    b = through(settings, proxy, scratch)
+    env = stream_env(base, b)
+    proxy.add(kind="throttle", rate_bps=RATE)
+    p = streamed.start(env, "restore", "--from-store", name, "--id", f"{name}-r", "--json")
+    answer, _ = streamed.first_answer(published["host"], 60)
+    assert answer["boot"] == published["boot"] and p.poll() is None
+    stall = proxy.add(kind="stall")
+    rc, out, err = finish(p)
+    # The sweep reached bytes that never came: the read failed at the deadline,
+    # runsc killed the sandbox, the command removed it and says why.
+    assert rc != 0 and "failed while its image streamed in" in err, (out, err)
+    assert runsc_status(env, f"{name}-r") == "absent"
+    log = streamed.gofer_logs(base)
+    assert " failed after " in log, log[-2000:]
+    nothing_half_made(b, name)
+
+    proxy.remove(stall)   # the retry
+    r = streamed.run(env, "restore", "--from-store", name, "--id", f"{name}-r", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["source"] == "stream"
+    assert streamed.get(published["host"], "/sum", 120)["digest"] == published["digest"]
+    state = streamed.cache_state(b.cache_dir, name)
+    assert len(state["ready"]) == 1 and state["partials"] == [] and state["streams"] == [], state
+    assert streamed.run(env, "delete", f"{name}-r", "--force").returncode == 0
+
+
+def test_altered_chunk_never_reaches_the_sandbox(base, name, settings, published, proxy, scratch):
+    b = through(settings, proxy, scratch)
+    env = stream_env(base, b)
+    # One byte of a chunk 60% into pages.img, altered in every answer the store gives.
+    m = manifestmod.parse(Store(settings).get_manifest(name, node_tuple(settings).hash()), "store")
+    pages = next(f for f in m.files if f.name == "pages.img")
+    target = next(c for off, c in pages.placed() if off >= pages.size * 6 // 10)
+    loc = m.locations[target.hash]
+    proxy.add(kind="throttle", rate_bps=RATE)
+    proxy.add(kind="corrupt", key=loc.pack, offsets=[loc.offset + min(100, loc.stored - 1)])
+    p = streamed.start(env, "restore", "--from-store", name, "--id", f"{name}-r", "--cold-fallback", "--json")
+    answers = []
+    while p.poll() is None:   # whatever answers meanwhile is the checkpoint's process or a cold one
+        try:
+            answers.append(streamed.get(published["host"], "/ping", 0.3)["boot"])
+        except OSError:
+            pass
+        time.sleep(0.1)
+    rc, out, err = finish(p)
+    if rc == 0:   # failed before the server answered: started cold
+        r = json.loads(out)
+        assert r["mode"] == "cold", r
+        assert streamed.first_answer(published["host"], 120)[0]["boot"] != published["boot"]
+        assert target.hash in (r["stream"]["error"] or ""), r["stream"]
+        assert streamed.run(env, "delete", f"{name}-r", "--force").returncode == 0
+    else:         # failed after it answered: the sandbox was removed
+        assert target.hash in err and "failed while its image streamed in" in err, err
+        assert runsc_status(env, f"{name}-r") == "absent"
+    nothing_half_made(b, name)
+
+
+def test_killed_mid_stream_leaves_no_entry_and_a_retry_restores(base, name, settings, published, proxy, scratch):
+    b = through(settings, proxy, scratch)
+    env = stream_env(base, b)
+    throttle = proxy.add(kind="throttle", rate_bps=RATE)
+    p = streamed.start(env, "restore", "--from-store", name, "--id", f"{name}-r", "--json")
+    answer, _ = streamed.first_answer(published["host"], 60)
+    assert answer["boot"] == published["boot"] and p.poll() is None
+    p.send_signal(signal.SIGKILL)   # the process that owns the stream, mid-stream
+    p.communicate()
+    # Its stream died with it (PDEATHSIG); the gofer failed the sandbox's waiting
+    # reads at once and runsc killed the sandbox: it does not run on, half loaded.
+    streamed.wait_for(lambda: streamed.no_thaw_gofer_streams(b.cache_dir), 10, "the stream died with its owner")
+    streamed.wait_for(lambda: runsc_status(env, f"{name}-r") != "running", 15, "the half-loaded sandbox died")
+    assert streamed.cache_state(b.cache_dir, name)["ready"] == []   # a partial at most, never an entry
+    assert streamed.run(env, "delete", f"{name}-r", "--force").returncode == 0
+
+    proxy.remove(throttle)   # the retry: recovers the dead stream's partial and directory
+    r = streamed.run(env, "restore", "--from-store", name, "--id", f"{name}-r", "--json")
+    assert r.returncode == 0, r.stderr
+    assert streamed.get(published["host"], "/sum", 120)["digest"] == published["digest"]
+    state = streamed.cache_state(b.cache_dir, name)
+    assert len(state["ready"]) == 1 and state["partials"] == [] and state["streams"] == [], state
+    assert streamed.run(env, "delete", f"{name}-r", "--force").returncode == 0

@@ -1,0 +1,224 @@
+"""Kubernetes pods restored through CRI: a private containerd with its CRI
+plugin (ci/cri.sh), gVisor's shim with thaw's stand-in under the `runsc-thaw`
+handler, thawd and SeaweedFS (control/dev/testbed.py CriStack), driven by
+crictl in the kubelet's order: RunPodSandbox, then CreateContainer and
+StartContainer per container. The pod is an app and a sidecar, each with a
+boot id and a counter in memory (testbed POD_SCRIPT). Nothing is faked.
+
+One stack serves the module (its start is most of the cost); every test uses
+its own workload name, so their images and pod records do not meet."""
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from control.dev.cri import CrictlError
+from control.dev.testbed import POD_CONTAINERS, POD_IMAGE, POD_IMAGE_2, CriStack, pod_annotations
+
+from tests.conftest import BUILD, require
+
+BASE = Path("/tmp/thaw-it/t-cri-restore")
+
+
+@pytest.fixture(scope="module")
+def cs(runsc_bin):
+    for b in ("crictl", "containerd", "thaw-runsc", "thaw-runsc-hooks", "busybox", "cni-bin/ptp"):
+        require((BUILD / b).is_file(), f"{b} built at {BUILD / b}")
+    subprocess.run(["rm", "-rf", str(BASE)])
+    s = CriStack(BASE, "t-cri-restore")
+    try:
+        yield s.start()
+    finally:
+        s.stop()
+        subprocess.run(["rm", "-rf", str(BASE)])
+
+
+def decisions(cs: CriStack, *ids: str) -> dict[str, list[tuple[str, str]]]:
+    """The stand-in's decisions per container id: [(command, decision)]."""
+    out: dict[str, list] = {i: [] for i in ids}
+    for d in cs.decisions():
+        if d["id"] in out:
+            out[d["id"]].append((d["cmd"], d["decision"]))
+    return out
+
+
+def reason(cs: CriStack, cid: str, cmd: str = "create") -> str:
+    return next(d["reason"] for d in cs.decisions() if d["id"] == cid and d["cmd"] == cmd)
+
+
+def seed(cs: CriStack, workload: str) -> dict[str, tuple[str, int]]:
+    """A pod of `workload` started cold, published by thawd once both containers were
+    ready, then removed: the saved state of each container."""
+    pod, _, ids = cs.run_pod(f"{workload}-seed", pod_annotations(workload))
+    boots = {n: cs.state(c)[0] for n, c in ids.items()}
+    entry = cs.wait_key(f"k8s-default.{workload}.")
+    saved = {n: cs.state(c) for n, c in ids.items()}
+    assert {n: s[0] for n, s in saved.items()} == boots, "checkpoints leave the pod running"
+    assert decisions(cs, pod, *ids.values()) == {
+        i: [("create", "cold"), ("start", "started-cold")] for i in (pod, *ids.values())}
+    assert reason(cs, pod).startswith("no-image") and reason(cs, ids["app"]).startswith("pod-cold")
+    cs.cri.remove_pod(pod)
+    assert entry["key"].count("-") >= 1
+    return saved
+
+
+def test_pod_restores_both_containers_and_the_cri_view_stays_true(cs):
+    w = "pods-restore"
+    saved = seed(cs, w)
+    pod, cfg, ids = cs.run_pod(f"{w}-b", pod_annotations(w), uid="b-uid")
+    for n, cid in ids.items():
+        boot, i = cs.state(cid)
+        assert boot == saved[n][0], f"{n} must come back with its own saved memory"
+        # The counter goes on from where the checkpoint saved it (the seed ran on
+        # after its checkpoint, so `saved` may be ahead; a cold start has a new boot id).
+        end = time.monotonic() + 5
+        while cs.state(cid)[1] <= i and time.monotonic() < end:
+            time.sleep(0.1)
+        assert cs.state(cid)[1] > i >= 1
+    assert saved["app"][0] != saved["sidecar"][0]
+    assert decisions(cs, pod, *ids.values()) == {
+        i: [("create", "restore"), ("start", "restored")] for i in (pod, *ids.values())}
+    counters = cs.stats()["counters"]
+    assert counters.get("thaw_restores_total") == 1, counters   # one restore: the pod
+
+    # crictl pods / ps / inspect say what runs.
+    pods = cs.cri.json("pods", "--name", f"{w}-b")["items"]
+    assert [(p["id"], p["state"], p["runtimeHandler"]) for p in pods] == [(pod, "SANDBOX_READY", "runsc-thaw")]
+    ps = {c["metadata"]["name"]: c for c in cs.cri.json("ps", "--pod", pod)["containers"]}
+    assert {n: (c["id"], c["state"]) for n, c in ps.items()} == {
+        n: (ids[n], "CONTAINER_RUNNING") for n in POD_CONTAINERS}
+    info = cs.cri.json("inspect", ids["sidecar"])
+    assert info["status"]["state"] == "CONTAINER_RUNNING" and info["info"]["pid"] > 0
+    assert info["info"]["runtimeSpec"]["annotations"]["io.kubernetes.cri.container-name"] == "sidecar"
+    # Logs: the restored processes write into this pod's log files (every line here is new).
+    end = time.monotonic() + 10
+    logs = ""
+    while f"tick {saved['app'][0]}" not in logs and time.monotonic() < end:
+        logs = cs.cri.crictl("logs", ids["app"]).stdout
+        time.sleep(0.2)
+    assert f"tick {saved['app'][0]}" in logs and "started" not in logs, logs[-500:]
+    # The pod's new address answers with the restored app's memory.
+    ip = cs.cri.pod_ip(pod)
+    body = urllib.request.urlopen(f"http://{ip}:8080/", timeout=5).read().decode()
+    assert body.split()[0] == saved["app"][0]
+    assert "gvisor" in cs.cri.exec(ids["sidecar"], "cat", "/proc/version").stdout.lower()
+
+    # The kubelet restarts a container that exited: it stops and removes it and
+    # creates it again in the same pod (attempt 1). That one starts cold.
+    cs.cri.crictl("stop", ids["app"])
+    cs.cri.crictl("rm", ids["app"])
+    again = cs.cri.create(pod, cs.cri.container_config(f"{w}-b-1", "app", env=POD_CONTAINERS["app"], attempt=1,
+                                                       image=POD_IMAGE), cfg)
+    cs.cri.start(again)
+    assert cs.state(again)[0] not in (saved["app"][0], saved["sidecar"][0])
+    assert decisions(cs, again)[again] == [("create", "cold"), ("start", "started-cold")]
+    assert reason(cs, again).startswith("pod-running")
+    assert cs.state(ids["sidecar"])[0] == saved["sidecar"][0], "the restart touches no other container"
+    assert cs.stats()["counters"].get("thaw_restores_total") == 1
+
+    cs.cri.crictl("stop", again)
+    cs.cri.crictl("rm", again)
+    cs.cri.remove_pod(pod)
+    assert cs.cri.crictl("pods", "-q", "--name", f"{w}-b").stdout.strip() == ""
+    entry = next(e for e in cs.stats()["entries"] if e["key"].startswith(f"k8s-default.{w}."))
+    assert entry["leases"] == 0, "removing the pod released its image"
+
+
+def test_single_container_pod_is_the_same_path(cs):
+    """One container, declared the short way (thaw.dev/ready for the pod's one
+    container, as deploy/kubernetes/examples/pod.yaml does)."""
+    w = "pods-single"
+    ann = {"thaw.dev/workload": w, "thaw.dev/ready": "file:/tmp/ready"}
+    one = {"server": POD_CONTAINERS["app"]}
+    pod, _, ids = cs.run_pod(f"{w}-a", ann, one)
+    boot, _ = cs.state(ids["server"])
+    cs.wait_key(f"k8s-default.{w}.")
+    cs.cri.remove_pod(pod)
+    pod, _, ids = cs.run_pod(f"{w}-b", ann, one, uid="single-b")
+    assert cs.state(ids["server"])[0] == boot
+    assert decisions(cs, pod, ids["server"]) == {
+        i: [("create", "restore"), ("start", "restored")] for i in (pod, ids["server"])}
+    cs.cri.remove_pod(pod)
+
+
+def test_pod_stopped_while_restoring_goes_away(cs):
+    """The kubelet stops and removes a pod whose last container never started:
+    runsc has no process to signal yet, so thaw removes the restoring sandbox and
+    StopPodSandbox and RemovePodSandbox succeed; nothing of the pod is left."""
+    w = "pods-stopped"
+    seed(cs, w)
+    cfg = cs.cri.pod_config(f"{w}-b", pod_annotations(w), uid=f"{w}-b-uid")
+    pod = cs.cri.runp(cfg, "runsc-thaw")
+    app = cs.cri.create(pod, cs.cri.container_config(f"{w}-b-0", "app", POD_IMAGE, env=POD_CONTAINERS["app"]), cfg)
+    cs.cri.start(app)
+    assert decisions(cs, app)[app] == [("create", "restore"), ("start", "restored")]
+    cs.cri.remove_pod(pod)
+    assert cs.cri.crictl("pods", "-q", "--name", f"{w}-b").stdout.strip() == ""
+    assert not [p for p in Path("/proc").glob("[0-9]*/cmdline")
+                if pod.encode() in _read(p) and _read(p).startswith(b"runsc-sandbox")], "sandbox left behind"
+
+
+def _read(p: Path) -> bytes:
+    try:
+        return p.read_bytes()
+    except OSError:
+        return b""
+
+
+def test_pod_declaring_another_container_set_starts_cold(cs):
+    w = "pods-set"
+    saved = seed(cs, w)
+    pod, _, ids = cs.run_pod(f"{w}-b", pod_annotations(w, ("app", "other")),
+                             {"app": POD_CONTAINERS["app"], "other": {}})
+    assert reason(cs, pod).startswith("no-image")
+    assert cs.state(ids["app"])[0] != saved["app"][0]
+    assert decisions(cs, *ids.values()) == {i: [("create", "cold"), ("start", "started-cold")] for i in ids.values()}
+    cs.cri.remove_pod(pod)
+
+
+@pytest.mark.parametrize("case, sidecar, why", [
+    ("image", {"image": POD_IMAGE_2}, "workload key (image"),
+    ("caps", {"linux": {"security_context": {"capabilities": {"add_capabilities": ["NET_ADMIN"]}}}},
+     "capabilities"),
+])
+def test_pod_whose_containers_differ_from_the_image_starts_cold(cs, case, sidecar, why):
+    """The same names, but the sidecar is another image, or asks a capability runsc
+    compares at restore. The pod's sandbox was restoring when the sidecar's runsc
+    create came (the kubelet starts containers one by one): thawd removes it and the
+    start fails with the reason; the kubelet then re-creates the pod (same uid,
+    attempt 1), and that sandbox starts cold."""
+    w = f"pods-differ-{case}"
+    saved = seed(cs, w)
+    name, uid = f"{w}-b", f"{w}-uid"
+    cfg = cs.cri.pod_config(name, pod_annotations(w), uid=uid)
+    pod = cs.cri.runp(cfg, "runsc-thaw")
+    app = cs.cri.create(pod, cs.cri.container_config(f"{name}-0", "app", POD_IMAGE, env=POD_CONTAINERS["app"]), cfg)
+    cs.cri.start(app)
+    side = {"image": POD_IMAGE, **sidecar}
+    # CRI's CreateContainer only records the container; StartContainer creates the
+    # task (runsc create, where thaw decides) and starts it: that call fails.
+    sc = cs.cri.create(pod, cs.cri.container_config(f"{name}-0", "sidecar", env=POD_CONTAINERS["sidecar"], **side),
+                       cfg)
+    with pytest.raises(CrictlError) as e:
+        cs.cri.start(sc)
+    assert "pod-failed: container-mismatch: container 'sidecar' differs" in e.value.stderr, e.value.stderr
+    assert why in e.value.stderr
+    for cid in (pod, app):  # both had registered for the restore (the app's task is gone with the sandbox)
+        assert decisions(cs, cid)[cid][:2] == [("create", "restore"), ("start", "restored")]
+    # No start; containerd's delete of the failed task may already have released it.
+    assert [d for d in decisions(cs, sc)[sc] if d != ("delete", "released")] == [("create", "cold")]
+    assert reason(cs, sc).startswith("pod-failed: container-mismatch")
+    cs.cri.wait_pod_state(pod, "SANDBOX_NOTREADY")
+    cs.cri.remove_pod(pod)   # the kubelet: the sandbox died; stop and remove it, make a new one
+
+    pod2, _, ids2 = cs.run_pod(name, pod_annotations(w), uid=uid, attempt=1, extra={"sidecar": side})
+    assert reason(cs, pod2).startswith("pod-failed-before"), reason(cs, pod2)
+    for n, cid in ids2.items():
+        assert cs.state(cid)[0] != saved[n][0], f"{n} started cold"
+        assert decisions(cs, cid)[cid] == [("create", "cold"), ("start", "started-cold")]
+    cs.cri.remove_pod(pod2)

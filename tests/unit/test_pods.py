@@ -1,0 +1,306 @@
+"""thawd's pod decisions (control/thawd/pods.py) with a fake image source and a
+fake runsc that records its argv; bundles, specs and the pod tables are real."""
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+import pytest
+
+from control import config
+from control.lifecycle import pod as podmod
+from control.thawd.service import RuntimeRef, Thawd
+from runsc_hooks import spec as specmod
+from control.errors import IdentityError
+from control.thawd.ctrinfo import Identity
+from tests.unit.test_pod import POD_ANN, TENANT, digest, identity, lookup, member, sandbox
+from tests.unit.test_service import FakeImages
+
+FAKE_RUNSC = """#!/bin/sh
+echo "$@" >> "$(dirname "$0")/argv.log"
+case " $* " in
+  *" state "*) echo '{"id": "x", "status": "running", "pid": 1, "bundle": "/b"}' ;;
+esac
+exit 0
+"""
+
+
+class FakePodIdentities:
+    """containerd's records as ctrinfo tells them: every pod in TENANT, a member's
+    image digest by its image name (test_pod.digest); `fail[container id]` raises."""
+
+    def __init__(self) -> None:
+        self.fail: dict[str, IdentityError] = {}
+
+    def container(self, rt: RuntimeRef) -> Identity:
+        if rt.container_id in self.fail:
+            raise self.fail[rt.container_id]
+        spec = specmod.Bundle(rt.bundle).load()
+        if podmod.role(spec) == podmod.SANDBOX:   # as ctrinfo.identify: the CRI plugin records no digest
+            raise IdentityError("no-image-digest", "the CRI plugin recorded no image digest for this container")
+        return Identity(TENANT, digest(spec), "test")
+
+    def sandbox(self, rt: RuntimeRef) -> Identity:
+        if rt.container_id in self.fail:
+            raise self.fail[rt.container_id]
+        return Identity(TENANT, "", "test sandbox")
+
+
+@pytest.fixture
+def env(tmp_path):
+    (tmp_path / "empty.toml").write_text("")
+    runsc = tmp_path / "bin" / "runsc"
+    runsc.parent.mkdir()
+    runsc.write_text(FAKE_RUNSC)
+    runsc.chmod(runsc.stat().st_mode | stat.S_IEXEC)
+    s = config.load(environ={"THAW_NODE_STATE_DIR": str(tmp_path / "state"), "THAW_THAWD_PREPARE_TIMEOUT_S": "1",
+                             "THAW_RUNSC_PATH": str(runsc)}, config_file=tmp_path / "empty.toml")
+    images = FakeImages(tmp_path)
+    ids = FakePodIdentities()
+    t = Thawd(s, images, identify=ids.container, identify_sandbox=ids.sandbox)
+    t.fake_ids = ids
+    checkpoints: list[str] = []
+    t.maybe_auto_checkpoint = lambda key, job, what="": checkpoints.append(key)
+    yield t, images, tmp_path, checkpoints
+    t.close()
+
+
+def rt_of(tmp: Path, cid: str, spec: dict) -> RuntimeRef:
+    b = tmp / "bundles" / cid
+    b.mkdir(parents=True)
+    (b / "config.json").write_text(json.dumps(spec))
+    return RuntimeRef.validate(cid, str(b), "/run/test-root", ["--root=/run/test-root"])
+
+
+def cold_pod(t: Thawd, tmp: Path, sid: str = "s1", uid: str = "uid-1", images=("thaw.dev/web:1",) * 2) -> dict:
+    """A pod the kubelet starts cold: pause, app, sidecar (create, start each)."""
+    box = rt_of(tmp, sid, sandbox(uid=uid) | {"annotations": {**sandbox(uid=uid)["annotations"],
+                                                             "io.kubernetes.cri.sandbox-id": sid}})
+    decisions = {"sandbox": t.prepare_restore(box)}
+    t.report_outcome(box, "COLD_STARTED", decisions["sandbox"].reason)
+    for name, image in zip(("app", "sidecar"), images):
+        m = member(name, image=image)
+        m["annotations"]["io.kubernetes.cri.sandbox-id"] = sid
+        r = rt_of(tmp, f"{sid}-{name}", m)
+        decisions[name] = t.prepare_restore(r)
+        t.report_outcome(r, "COLD_STARTED", decisions[name].reason)
+    return decisions
+
+
+def test_cold_pod_is_keyed_by_its_containers_and_checkpointed_once_all_started(env):
+    t, images, tmp, checkpoints = env
+    d = cold_pod(t, tmp)
+    assert not d["sandbox"].restore and d["sandbox"].reason.startswith("no-image")
+    assert [d[n].reason.split(":")[0] for n in ("app", "sidecar")] == ["pod-cold", "pod-cold"]
+    lk = lookup(sandbox(), ["app", "sidecar"])
+    table = t.pods.tables.get(lk)
+    assert table["key"] == podmod.key(lk, {n: identity(member(n)) for n in ("app", "sidecar")})
+    assert checkpoints == [table["key"]]  # once, after the last declared container started
+
+
+def test_a_pod_whose_identity_cannot_be_told_starts_cold_and_is_never_keyed(env):
+    """The sandbox's tenant or a member's image digest unknown (ctrinfo): that pod is
+    cold with the reason, gets no table, and is never checkpointed."""
+    t, images, tmp, checkpoints = env
+    t.fake_ids.fail["s1"] = IdentityError("identity-unknown", "containerd did not answer")
+    d = cold_pod(t, tmp)
+    assert not d["sandbox"].restore and d["sandbox"].reason.startswith("identity-unknown: containerd did not")
+    assert all(d[n].reason.startswith("pod-cold: identity-unknown") for n in ("app", "sidecar"))
+    assert t.pods.tables.get(lookup(sandbox(), ["app", "sidecar"])) is None and checkpoints == []
+    t.fake_ids.fail = {"s2-sidecar": IdentityError("no-image-digest", "no digest recorded")}
+    d = cold_pod(t, tmp, sid="s2", uid="uid-2")
+    assert d["app"].reason.startswith("pod-cold: no-image") and d["sidecar"].reason.startswith(
+        "pod-cold: no-image-digest: no digest recorded (container 'sidecar')")
+    assert t.pods.tables.get(lookup(sandbox(), ["app", "sidecar"])) is None and checkpoints == []
+
+
+def test_a_member_whose_identity_cannot_be_told_fails_a_restoring_pod(env):
+    t, images, tmp, _ = env
+    cold_pod(t, tmp)
+    images.available[t.pods.tables.get(lookup(sandbox(), ["app", "sidecar"]))["key"]] = True
+    box = rt_of(tmp, "s2", sandbox(uid="uid-2"))
+    assert t.prepare_restore(box).restore
+    t.fake_ids.fail["s2-app"] = IdentityError("image-moved", "the tag moved")
+    m = member("app")
+    m["annotations"]["io.kubernetes.cri.sandbox-id"] = "s2"
+    d = t.prepare_restore(rt_of(tmp, "s2-app", m))
+    assert not d.restore and d.reason.startswith("pod-failed: image-moved: the tag moved (container 'app')")
+
+
+def test_next_pod_restores_with_the_image_of_its_container_set(env):
+    t, images, tmp, _ = env
+    cold_pod(t, tmp)
+    key = t.pods.tables.get(lookup(sandbox(), ["app", "sidecar"]))["key"]
+    images.available[key] = True
+    box = rt_of(tmp, "s2", sandbox(uid="uid-2"))
+    d = t.prepare_restore(box)
+    assert d.restore and d.key == key and d.image_path == str(tmp / key)
+    for name in ("app", "sidecar"):
+        m = member(name)
+        m["annotations"]["io.kubernetes.cri.sandbox-id"] = "s2"
+        dm = t.prepare_restore(rt_of(tmp, f"s2-{name}", m))
+        assert dm.restore and dm.key == key and dm.image_path == str(tmp / key), dm
+
+
+def test_a_container_that_differs_fails_the_pod_and_its_next_sandbox_starts_cold(env):
+    t, images, tmp, _ = env
+    cold_pod(t, tmp)
+    lk = lookup(sandbox(), ["app", "sidecar"])
+    images.available[t.pods.tables.get(lk)["key"]] = True
+    box = rt_of(tmp, "s2", sandbox(uid="uid-2"))
+    assert t.prepare_restore(box).restore
+    m = member("sidecar", image="thaw.dev/web:2")
+    m["annotations"]["io.kubernetes.cri.sandbox-id"] = "s2"
+    d = t.prepare_restore(rt_of(tmp, "s2-sidecar", m))
+    assert not d.restore and d.reason.startswith("pod-failed: container-mismatch: container 'sidecar' differs")
+    assert "workload key" in d.reason
+    assert "delete --force s2" in (tmp / "bin" / "argv.log").read_text()   # the sandbox is removed
+    assert t.pods.tables.get(lk) is None                                # the node forgets that set
+    # The kubelet's next sandbox for that pod (same uid) starts cold, and says why.
+    again = t.prepare_restore(rt_of(tmp, "s3", sandbox(uid="uid-2")))
+    assert not again.restore and again.reason.startswith("pod-failed-before")
+
+
+def test_a_container_the_image_does_not_hold_fails_the_pod(env):
+    t, images, tmp, _ = env
+    cold_pod(t, tmp)
+    images.available[t.pods.tables.get(lookup(sandbox(), ["app", "sidecar"]))["key"]] = True
+    assert t.prepare_restore(rt_of(tmp, "s2", sandbox(uid="uid-2"))).restore
+    m = member("other")
+    m["annotations"]["io.kubernetes.cri.sandbox-id"] = "s2"
+    d = t.prepare_restore(rt_of(tmp, "s2-other", m))
+    assert d.reason.startswith("pod-failed: container-mismatch: container 'other' is not one of the image's")
+
+
+def test_another_declared_set_is_another_lookup_and_starts_cold(env):
+    t, images, tmp, _ = env
+    cold_pod(t, tmp)
+    images.available[t.pods.tables.get(lookup(sandbox(), ["app", "sidecar"]))["key"]] = True
+    ann = {k: v for k, v in POD_ANN.items() if "sidecar" not in k} | {"thaw.dev/ready.other": "running"}
+    d = t.prepare_restore(rt_of(tmp, "s2", sandbox(ann, uid="uid-2")))
+    assert not d.restore and d.reason.startswith("no-image")
+
+
+def test_a_container_recreated_in_a_running_pod_starts_cold(env):
+    t, images, tmp, checkpoints = env
+    cold_pod(t, tmp)
+    m = member("app")
+    m["annotations"]["io.kubernetes.cri.sandbox-id"] = "s1"
+    d = t.prepare_restore(rt_of(tmp, "s1-app-1", m))  # the kubelet's restart of a container that exited
+    assert not d.restore and d.reason.startswith("pod-running")
+    assert len(checkpoints) == 1
+
+
+def test_undeclared_containers_and_pods_declaring_none_are_not_checkpointed(env):
+    t, images, tmp, checkpoints = env
+    box = rt_of(tmp, "s1", sandbox({"thaw.dev/workload": "web"}))
+    d = t.prepare_restore(box)
+    assert not d.restore and d.reason.startswith("no-declared-containers")
+    cold_pod(t, tmp, sid="s2")
+    m = member("extra")
+    m["annotations"]["io.kubernetes.cri.sandbox-id"] = "s2"
+    r = rt_of(tmp, "s2-extra", m)
+    t.prepare_restore(r)
+    t.report_outcome(r, "COLD_STARTED", "")
+    assert len(checkpoints) == 1   # the one of the complete pod, before the extra container came
+
+
+def test_a_single_container_pod_with_a_pod_wide_probe_is_the_same_path(env):
+    """thaw.dev/ready alone (deploy/kubernetes/examples/pod.yaml): the pod's one
+    container, named when the kubelet creates it."""
+    t, images, tmp, checkpoints = env
+    ann = {"thaw.dev/workload": "llm", "thaw.dev/ready": "file:/tmp/ready"}
+
+    def run(sid, uid):
+        d = [t.prepare_restore(rt_of(tmp, sid, sandbox(ann, uid=uid)))]
+        m = member("server", ann=ann)
+        m["annotations"]["io.kubernetes.cri.sandbox-id"] = sid
+        r = rt_of(tmp, f"{sid}-server", m)
+        d.append(t.prepare_restore(r))
+        t.report_outcome(r, "COLD_STARTED", d[-1].reason)
+        return d
+
+    cold = run("s1", "u1")
+    assert [x.restore for x in cold] == [False, False] and len(checkpoints) == 1
+    images.available[checkpoints[0]] = True
+    warm = run("s2", "u2")
+    assert [x.restore for x in warm] == [True, True] and warm[1].key == checkpoints[0]
+
+
+def test_a_pod_stopped_while_restoring_is_removed_and_a_running_one_is_not(env):
+    t, images, tmp, _ = env
+    cold_pod(t, tmp)
+    images.available[t.pods.tables.get(lookup(sandbox(), ["app", "sidecar"]))["key"]] = True
+    assert t.prepare_restore(rt_of(tmp, "s2", sandbox(uid="uid-2"))).restore
+    m = member("app")
+    m["annotations"]["io.kubernetes.cri.sandbox-id"] = "s2"
+    app = rt_of(tmp, "s2-app", m)
+    assert t.prepare_restore(app).restore
+    argv = tmp / "bin" / "argv.log"
+    t.report_outcome(app, "RESTORE_FAILED", "stopped-while-restoring: kill: exit status 128")
+    assert "delete --force s2" in argv.read_text()
+    # A restored pod's failed kill (say, of a container that already exited) is runsc's business.
+    t.pods._get("/run/test-root", "s1").state = "restored"
+    m1 = member("app")
+    m1["annotations"]["io.kubernetes.cri.sandbox-id"] = "s1"
+    before = argv.read_text()
+    t.report_outcome(rt_of(tmp, "s1-app-x", m1), "RESTORE_FAILED", "stopped-while-restoring: kill: exit status 1")
+    assert argv.read_text() == before
+
+
+def _standin_process(tmp: Path, cid: str, decision: str):
+    """A process named like the stand-in (argv[0]) and its marker saying `decision`."""
+    import subprocess
+    import time
+
+    from control.thawd.service import Standin
+    marker = tmp / f"marker-{cid}.json"
+    marker.write_text(json.dumps({"id": cid, "decision": decision}))
+    p = subprocess.Popen(["bash", "-c", "exec -a thaw-runsc-hooks sleep 30"])
+    for _ in range(200):   # until bash has exec'ed
+        if Path(f"/proc/{p.pid}/cmdline").read_bytes().startswith(b"thaw-runsc-hooks"):
+            break
+        time.sleep(0.01)
+    return p, Standin.validate(p.pid, str(marker))
+
+
+def test_a_pod_whose_standin_dies_before_committing_its_start_is_removed(env):
+    """The stand-in kill safety (issue 14) for pods: a pod container's stand-in that
+    exits having committed its start keeps the pod; one killed after thawd's answer,
+    before its commit, is a start containerd reports failed: thawd removes the pod."""
+    import time
+    t, images, tmp, _ = env
+    cold_pod(t, tmp)
+    images.available[t.pods.tables.get(lookup(sandbox(), ["app", "sidecar"]))["key"]] = True
+    box = rt_of(tmp, "s2", sandbox(uid="uid-2"))
+    assert t.prepare_restore(box).restore
+    argv = tmp / "bin" / "argv.log"
+    procs = []
+    try:
+        p, s = _standin_process(tmp, "s2", "restored")        # the pause container's, committed
+        procs.append(p)
+        ok, detail, _ = t.restore(box, standin=s)
+        assert ok, detail
+        m = member("app")
+        m["annotations"]["io.kubernetes.cri.sandbox-id"] = "s2"
+        app = rt_of(tmp, "s2-app", m)
+        assert t.prepare_restore(app).restore
+        p, s = _standin_process(tmp, "s2-app", "restore")     # the app's, killed before its commit
+        procs.append(p)
+        ok, detail, _ = t.restore(app, standin=s, subcontainer_restored=True)
+        assert ok, detail
+        procs[0].kill()
+        time.sleep(0.3)
+        assert "delete --force s2" not in argv.read_text()    # the committed one kept the pod
+        p.kill()
+        for _ in range(100):
+            if "delete --force s2" in argv.read_text():
+                break
+            time.sleep(0.05)
+        assert "delete --force s2" in argv.read_text()
+        assert t.pods._get("/run/test-root", "s2").state == "failed"
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
