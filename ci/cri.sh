@@ -14,13 +14,16 @@
 #
 # Runtime handlers: `runsc` (gVisor's shim, runsc itself) and `runsc-thaw`
 # (gVisor's shim, thaw's stand-in as runsc: cold starts unless a thawd
-# answers on BASE/thawd.sock). Environment: THAW_BUILD_DIR (default ./build),
-# THAW_CRI_SUBNET (pod addresses, default 10.216.0.0/24: outside the
-# 10.213-10.215 ranges thaw's own sandboxes and tests use); THAW_CONFIG: the
-# stand-in's configuration file (thawd.socket, standin.state_dir, standin.log,
-# read as on a node from /etc/thaw/config.toml; control/dev/testbed.py
-# CriStack writes one for a thawd it runs); without it the stand-in dials
-# BASE/thawd.sock and keeps its state and log under BASE.
+# answers on THAW_THAWD_SOCKET, default BASE/thawd.sock). Environment:
+# THAW_BUILD_DIR (default ./build), THAW_CRI_SUBNET (pod addresses, default
+# 10.216.0.0/24: outside the 10.213-10.215 ranges thaw's own sandboxes and
+# tests use); THAW_CONFIG: the stand-in's configuration file (thawd.socket,
+# standin.state_dir, standin.log, read as on a node from /etc/thaw/config.toml;
+# control/dev/testbed.py CriStack writes one for a thawd it runs); without it
+# the stand-in dials BASE/thawd.sock and keeps its state and log under BASE.
+# THAW_THAWD_SOCKET, THAW_THAWD_PREPARE_TIMEOUT_S, THAW_THAWD_HEALTH_TIMEOUT_S
+# are handed to the stand-in when set (its config keys, control/config.py,
+# which override THAW_CONFIG's; it ignores unknown THAW_* names).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 build=${THAW_BUILD_DIR:-"$here/build"}
@@ -158,10 +161,15 @@ EOF
   local -a envv=(PATH="$build:$PATH" HOME="${HOME:-/root}" THAW_REAL_RUNSC="$build/runsc")
   if [[ -n ${THAW_CONFIG:-} ]]; then
     envv+=(THAW_CONFIG="$THAW_CONFIG")
+    [[ -z ${THAW_THAWD_SOCKET:-} ]] || envv+=(THAW_THAWD_SOCKET="$THAW_THAWD_SOCKET")
   else
-    envv+=(THAW_CONFIG=/dev/null THAW_THAWD_SOCKET="$base/thawd.sock" THAW_STANDIN_STATE_DIR="$base/standin"
-           THAW_STANDIN_LOG="$base/standin.log")
+    envv+=(THAW_CONFIG=/dev/null THAW_THAWD_SOCKET="${THAW_THAWD_SOCKET:-$base/thawd.sock}"
+           THAW_STANDIN_STATE_DIR="$base/standin" THAW_STANDIN_LOG="$base/standin.log")
   fi
+  local v
+  for v in THAW_THAWD_PREPARE_TIMEOUT_S THAW_THAWD_HEALTH_TIMEOUT_S; do
+    [[ -z ${!v:-} ]] || envv+=("$v=${!v}")
+  done
   (cd "$base" && exec env -i "${envv[@]}" \
       setsid "$build/containerd" --config "$base/config.toml" >"$base/containerd.log" 2>&1 </dev/null) &
   echo $! > "$base/containerd.pid"

@@ -184,6 +184,58 @@ def _mark(v: Any) -> int:
         raise ValueError(f"expected an integer mark (decimal or 0x hex), got {v!r}") from None
 
 
+# A tenant id (issue 13): lower-case letters, digits and '-', at most 48
+# characters, no '.' (a workload key's first '.'-separated field is its tenant)
+# and no '_' or '%' (the node cache matches a tenant's entries with SQL LIKE).
+# control/lifecycle/tenant.py derives ids of this form; tenancy.map values must be.
+TENANT_PATTERN = r"[a-z0-9](?:[a-z0-9-]{0,46}[a-z0-9])?"
+# What a tenancy.map key names: <origin>:<name>, origin k8s (a Kubernetes
+# namespace), ctr (a containerd namespace) or user (a local user).
+_TENANT_SOURCE = r"(k8s|ctr|user):[A-Za-z0-9][A-Za-z0-9._-]{0,75}"
+
+
+class Pairs(tuple):
+    """A mapping setting, kept as sorted (key, value) pairs so Settings stays hashable."""
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return dict(self).get(name, default)
+
+
+def _tenant_map(v: Any) -> Pairs:
+    """<origin>:<name> -> tenant. TOML: an inline table; env: "k8s:a=t1,ctr:b=t2"."""
+    if isinstance(v, Pairs):
+        return v
+    if isinstance(v, dict):
+        items = list(v.items())
+    elif isinstance(v, str):
+        items = []
+        for part in (p.strip() for p in v.split(",")):
+            if not part:
+                continue
+            if "=" not in part:
+                raise ValueError(f"expected <origin>:<name>=<tenant> pairs separated by commas, got {part!r}")
+            k, _, t = part.partition("=")
+            items.append((k.strip(), t.strip()))
+    else:
+        raise ValueError(f"expected a table of <origin>:<name> = <tenant>, got {v!r}")
+    for k, t in items:
+        if not isinstance(k, str) or not re.fullmatch(_TENANT_SOURCE, k):
+            raise ValueError(f"{k!r} is not <origin>:<name> with origin k8s, ctr or user")
+        if not isinstance(t, str) or not re.fullmatch(TENANT_PATTERN, t):
+            raise ValueError(f"tenant {t!r} for {k!r}: expected 1-48 of a-z 0-9 '-', starting and ending "
+                             "with a letter or digit")
+    return Pairs(sorted(items))
+
+
+def _socket_address(v: Any) -> str:
+    """containerd's gRPC address: a Unix socket path (unix:// optional)."""
+    s = _str(v)
+    path = s[len("unix://"):] if s.startswith("unix://") else s
+    if not path.startswith("/"):
+        raise ValueError(f"expected an absolute Unix socket path, got {s!r}")
+    return path
+
+
 BOOL = Kind("boolean", _bool, bool)
 INT = Kind("integer", _int, int, numeric=True)
 SIZE = Kind("size (k, m, g, t suffixes)", _size, int, numeric=True)
@@ -198,6 +250,8 @@ DNS_LABEL = Kind("DNS label", _dns_label, str)
 IPV4 = Kind("IPv4 address", _ipv4, str)
 IPV4_SLOTS = Kind("IPv4 network, /30 or larger", _ipv4_slots, str)
 MARK = Kind("packet mark (decimal or 0x hex)", _mark, int, numeric=True)
+TENANT_MAP = Kind("table of <origin>:<name> = tenant", _tenant_map, Pairs)
+SOCKET = Kind("Unix socket path", _socket_address, str)
 
 
 def one_of(*choices: str) -> Kind:
@@ -314,6 +368,23 @@ KEYS: tuple[Key, ...] = (
     Key("containerd.restart_command", WORDS, ("systemctl", "restart", "containerd"),
         "Command that restarts containerd, run by `thaw provision --restart-containerd` after its "
         "config changed."),
+    Key("containerd.address", SOCKET, "/run/containerd/containerd.sock",
+        "containerd's gRPC socket. thawd asks containerd (through thaw-ctrinfo) whose a container is and "
+        "which image digest it runs (docs/security.md)."),
+    Key("containerd.cri_namespace", STR, "k8s.io",
+        "containerd namespace of the CRI plugin's containers: only there does the pod's Kubernetes "
+        "namespace, from the CRI plugin's own records, name the tenant."),
+    Key("containerd.info", PATH, BUILD_DIR / "thaw-ctrinfo",
+        "The thaw-ctrinfo binary that reads containerd's records of a container (go/cmd/thaw-ctrinfo). "
+        "`thaw provision` writes /opt/thaw/bin/thaw-ctrinfo.", installed="thaw-ctrinfo"),
+    Key("containerd.info_timeout_s", SECONDS, 2.0,
+        "Deadline of one thaw-ctrinfo lookup; a container whose identity is not known in time starts cold.",
+        range=(0.1, 60)),
+    # [tenancy]
+    Key("tenancy.map", TENANT_MAP, Pairs(),
+        "Node-level tenant mapping: `\"<origin>:<name>\" = \"<tenant>\"` with origin k8s (a Kubernetes "
+        "namespace), ctr (a containerd namespace) or user (a local user); unmapped ones are "
+        "`<origin>-<name>` (docs/security.md).", field="tenant_map"),
     # [network]
     Key("network.subnet", IPV4_SLOTS, "10.213.0.0/16", "Sandbox addresses come from here (one /30 per sandbox)."),
     Key("network.publish_address", IPV4, "127.0.0.1",
@@ -359,6 +430,16 @@ KEYS: tuple[Key, ...] = (
         "How long a streamed restore's read may wait for bytes not yet arrived; then runsc kills the "
         "sandbox and the container starts cold. A stream that fails fails its waiting reads at once.",
         range=(0.1, 3600)),
+    Key("store.encrypt", BOOL, False,
+        "Encrypt every chunk and manifest with the tenant's key (AES-256-GCM, convergent within a tenant); "
+        "a tenant without a key file then neither publishes nor restores."),
+    Key("store.tenant_keys_dir", OPT_PATH, None,
+        "Directory of tenant keys: one file per tenant, named after the tenant id, holding 32 random bytes "
+        "(raw or 64 hex digits), mode 0400 or 0600."),
+    Key("store.manifest_key_file", OPT_PATH, None,
+        "The cluster's manifest key (32 random bytes, raw or hex; every node shares it): manifests are "
+        "published with its HMAC-SHA256 tag and refused without a valid one. Empty: manifests are neither "
+        "signed nor checked."),
     # [pack]
     Key("pack.chunker", PATH, BUILD_DIR / "thaw-chunk",
         "The thaw-chunk binary (FastCDC, SHA-256 + BLAKE3, go/cmd/thaw-chunk). `thaw provision` writes "
@@ -490,6 +571,8 @@ def render_value(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return repr(value)
+    if isinstance(value, Pairs):
+        return "{" + ", ".join(f'"{k}" = "{v}"' for k, v in value) + "}"
     if isinstance(value, tuple):
         return "[" + ", ".join(f'"{w}"' for w in value) + "]"
     return f'"{value}"'
@@ -510,6 +593,8 @@ def render_toml(items: list[tuple[Key, Any]], header: tuple[str, ...] = ()) -> s
 
 def json_value(value: Any) -> Any:
     """A setting's value as JSON (`thaw config --json`)."""
+    if isinstance(value, Pairs):
+        return dict(value)
     if isinstance(value, tuple):
         return list(value)
     if isinstance(value, (bool, int, float, str)) or value is None:

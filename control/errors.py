@@ -124,6 +124,26 @@ class TupleMismatch(PreconditionError):
         self.reasons = list(reasons)
 
 
+class IdentityError(PreconditionError):
+    """thaw cannot tell, from what the workload cannot set, whose a container is
+    or which image it runs (docs/security.md). `code` is the short reason a
+    decision log and thawd's metrics show (tenant-refused, identity-unknown,
+    image-moved, ...); such a container starts cold."""
+
+    def __init__(self, code: str, problem: str) -> None:
+        super().__init__(f"{code}: {problem}", code=code)
+        self.code = code
+
+
+class KeyMissing(PreconditionError):
+    """Encryption is on and there is no key for this tenant (store.tenant_keys_dir)."""
+
+    def __init__(self, tenant: str, where: str) -> None:
+        super().__init__(f"no encryption key for tenant {tenant!r} in {where}: with store.encrypt on, "
+                         "its images are neither published nor restored", tenant=tenant)
+        self.tenant = tenant
+
+
 class CacheFull(PreconditionError):
     """The cache cannot make room: the image exceeds the budget, or entries in use hold it."""
 
@@ -150,6 +170,18 @@ class IntegrityError(ThawError):
         super().__init__(f"{where} chunk {chunk}: {problem}", where=where, chunk=chunk)
         self.where = where
         self.chunk = chunk
+
+
+class ManifestRefused(IntegrityError):
+    """A manifest that does not carry this cluster's integrity tag, or was not
+    written for the tenant and key it is stored under: someone without the
+    manifest key wrote or moved it (docs/security.md)."""
+
+    def __init__(self, source: str, problem: str) -> None:
+        ThawError.__init__(self, f"manifest {source} refused: {problem}", where="manifest", source=source)
+        self.where = "manifest"
+        self.chunk = ""
+        self.source = source
 
 
 class GpuError(PreconditionError):

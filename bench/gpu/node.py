@@ -780,13 +780,17 @@ class Node:
     def broken_image(self, key: str, cold: dict) -> dict:
         self.o.need("broken image", 150 if self.o.gpu else 40)
         from control import config as configmod
-        from control.images import manifest as manifestmod
+        from control.images import image as images
+        from control.images.keys import Keyring
         from control.images.store import Store
+        from control.lifecycle.tenant import store_tenant
+        from control.node import compat
         from control.thawd.quarantine import read_quarantine
         s = configmod.load(environ={}, config_file=Path(CONFIG))
-        store = Store(s)
-        (k, th, _), *_ = list(store.list_manifests(key))
-        m = manifestmod.parse(store.get_manifest(key, th), store.manifest_name(key, th))
+        # The key's tenant's part of the store, as thawd reads it (issue 13): the
+        # manifest this node's thawd would pull, opened with the tenant's key if any.
+        store = Store(s).for_tenant(store_tenant(key), Keyring.from_settings(s))
+        m = images.remote_manifest(store, key, compat.node_tuple(s))
         biggest = max(m.files, key=lambda f: f.size)
         stored = [c for c in biggest.chunks if c.hash in m.locations]
         target = stored[len(stored) // 2]

@@ -35,6 +35,7 @@ class Context:
         self._config_file = config_file
         self.json = json_out
         self.verbose = verbose
+        self.tenant_request: str | None = None   # the image commands' --tenant
         self._settings: configmod.Settings | None = None
 
     def override(self, key: str, value: Any) -> None:

@@ -1,9 +1,15 @@
 """`thaw push | pull | ls | gc | verify`: checkpoint images between a directory,
-the object store and this node's cache (control/images.py does the work)."""
+the object store and this node's cache (control/images.py does the work).
+
+push, pull and ls work on one tenant's part of the store: the local user's
+(`user-<name>`, or what tenancy.map says); root may name any tenant with
+--tenant, others only their own or a sub-tenant of it (issue 13)."""
 
 from __future__ import annotations
 
 import functools
+import os
+import pwd
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -17,6 +23,9 @@ from control.cli.common import Context, handle_errors, json_option
 from control.cli.progress import Bar, size as _size
 from control.errors import NotFound
 
+if TYPE_CHECKING:
+    from control.images.store import Store
+
 
 def store_options(f: Callable) -> Callable:
     """Options shared by the image commands: where the store and the cache are."""
@@ -26,11 +35,16 @@ def store_options(f: Callable) -> Callable:
     @click.option("--cache-dir", default=None, help="Cache root [cache.dir].")
     @click.option("--budget", default=None, help="Cache budget in bytes, e.g. 50G [cache.budget_bytes].")
     @click.option("--machine-type", default=None, help="This node's machine type [node.machine_type].")
+    @click.option("--tenant", default=None,
+                  help="Tenant whose images these are (default: the local user's, user-<name>; only root "
+                       "may name another tenant, others a sub-tenant <own>.<sub>).")
     @click.option("--progress/--no-progress", default=None,
                   help="Progress bar on stderr (default: when stderr is a terminal).")
     @functools.wraps(f)
-    def wrapper(*args: Any, endpoint, bucket, prefix, cache_dir, budget, machine_type, progress, **kw: Any) -> Any:
+    def wrapper(*args: Any, endpoint, bucket, prefix, cache_dir, budget, machine_type, tenant, progress,
+                **kw: Any) -> Any:
         obj = click.get_current_context().find_object(Context)
+        obj.tenant_request = tenant
         for k, v in (("store.endpoint", endpoint), ("store.bucket", bucket), ("store.prefix", prefix),
                      ("cache.dir", cache_dir), ("cache.budget_bytes", budget),
                      ("node.machine_type", machine_type)):
@@ -45,9 +59,29 @@ def _node(obj: Context) -> compat.CompatTuple:
     return compat.node_tuple(obj.settings)
 
 
+def _tenant(obj: Context) -> str:
+    from control.lifecycle import tenant as tenantmod
+    uid = os.geteuid()
+    try:
+        user = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        user = str(uid)
+    return tenantmod.cli_tenant(obj.tenant_request, user, uid, obj.settings.tenant_map)
+
+
+def _store(obj: Context) -> Store:
+    """The store as this command's tenant sees it."""
+    from control.images.keys import Keyring
+    from control.images.store import Store
+    from control.lifecycle import tenant as tenantmod
+    s = obj.settings
+    return Store(s).for_tenant(tenantmod.store_tenant(_tenant(obj)), Keyring.from_settings(s))
+
+
 @click.command("push")
 @click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--key", "key", required=True, help="Workload key the image is published under.")
+@click.option("--key", "key", required=True,
+              help="Workload key the image is published under: <tenant>.<name> (e.g. user-root.myapp).")
 @click.option("--cache/--no-cache", "use_cache", default=True,
               help="Also cache the image on this node (DIR is copied into the cache, then published from there).")
 @click.option("--allow-node-local", is_flag=True,
@@ -65,11 +99,10 @@ def push_cmd(obj: Context, directory: Path, key: str, use_cache: bool, allow_nod
     _check_portable(directory, allow_node_local)
     from control.images import image as images
     from control.images import manifest as manifestmod
-    from control.images.store import Store
     manifestmod.validate_key(key)   # the plain input first, before the directory or the store is looked at
     s = obj.settings
     bar = Bar(f"push {key}", obj.progress)
-    r = images.push(images.open_cache(s) if use_cache else None, Store(s), directory, key, _node(obj),
+    r = images.push(images.open_cache(s) if use_cache else None, _store(obj), directory, key, _node(obj),
                     chunker=s.pack_chunker, avg_chunk=s.pack_avg_chunk_bytes, workers=s.store_workers,
                     progress=bar, on_total=bar.set_total)
     bar.close()
@@ -108,10 +141,9 @@ def _check_portable(directory: Path, allow: bool) -> None:
 def pull_cmd(obj: Context, key: str) -> None:
     """Make KEY's image ready in this node's cache (fetching only what is missing)."""
     from control.images import image as images
-    from control.images.store import Store
     s = obj.settings
     bar = Bar(f"pull {key}", obj.progress)
-    r = images.pull(images.open_cache(s), Store(s), key, _node(obj), workers=s.store_workers,
+    r = images.pull(images.open_cache(s), _store(obj), key, _node(obj), workers=s.store_workers,
                     progress=bar, on_total=bar.set_total)
     bar.close()
     r.lease.release()
@@ -135,9 +167,8 @@ def pull_cmd(obj: Context, key: str) -> None:
 def ls_cmd(obj: Context, local_only: bool) -> None:
     """Images in this node's cache and in the store, with sizes and whether this node can restore them."""
     from control.images import image as images
-    from control.images.store import Store
     s = obj.settings
-    d = images.listing(images.open_cache(s), None if local_only else Store(s), _node(obj))
+    d = images.listing(images.open_cache(s), None if local_only else _store(obj), _node(obj))
     from control.thawd.quarantine import read_quarantine
     quarantined = read_quarantine(s)
     for e in d["local"]:

@@ -90,27 +90,40 @@ class PrivateContainerd:
             time.sleep(0.1)
         raise Timeout("private containerd start", timeout_s)
 
-    def ctr(self, *args: str, check: bool = True, timeout_s: float = 30.0) -> subprocess.CompletedProcess:
-        argv = [str(self.build / "ctr"), "--address", str(self.socket), "--namespace", NAMESPACE, *args]
+    def ctr(self, *args: str, check: bool = True, timeout_s: float = 30.0,
+            ns: str = NAMESPACE) -> subprocess.CompletedProcess:
+        """`ctr` against this instance in containerd namespace `ns` (thaw's tenant
+        under plain containerd is the namespace: docs/security.md)."""
+        argv = [str(self.build / "ctr"), "--address", str(self.socket), "--namespace", ns, *args]
         p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=self.env(),
                            stdin=subprocess.DEVNULL)
         if check and p.returncode != 0:
             raise CtrError(argv, p.returncode, p.stderr)
         return p
 
-    def import_image(self, archive: Path) -> None:
-        self.ctr("images", "import", "--all-platforms", str(archive))
+    def import_image(self, archive: Path, ns: str = NAMESPACE) -> None:
+        self.ctr("images", "import", "--all-platforms", str(archive), ns=ns)
+
+    def image_digest(self, ref: str, ns: str = NAMESPACE) -> str:
+        """The target digest containerd's image store holds for `ref`."""
+        for line in self.ctr("images", "ls", ns=ns).stdout.splitlines()[1:]:
+            f = line.split()
+            if f and f[0] == ref:
+                return f[2]
+        raise ThawError(f"image {ref} not in namespace {ns}")
 
     def run(self, image: str, cid: str, annotations: dict[str, str] | None = None,
             args: list[str] | None = None, env: dict[str, str] | None = None, netns: str | None = None,
-            mounts: list[dict] | None = None) -> None:
+            ns: str = NAMESPACE, create_only: bool = False, mounts: list[dict] | None = None) -> None:
         """`ctr run -d` with gVisor's shim and this instance's runsc.toml; `netns`:
         a network namespace the container joins (ctr has no CNI: e.g. one thaw
-        plumbed, runsc_hooks/network.py `plumb`), so the node reaches it;
+        plumbed, runsc_hooks/network.py `plumb`), so the node reaches it; `ns`:
+        the containerd namespace (thaw's tenant under plain containerd); with
+        `create_only`, `ctr containers create` (start_task then makes the task);
         `mounts`: OCI mounts added to the image's (`ctr run --mount`), e.g.
         runsc_hooks/spec.py `host_layout` binds of the host's Python."""
-        argv = ["run", "-d", "--null-io", "--runtime", RUNTIME,
-                "--runtime-config-path", str(self.runsc_toml)]
+        argv = ["run", "-d", "--null-io"] if not create_only else ["containers", "create"]
+        argv += ["--runtime", RUNTIME, "--runtime-config-path", str(self.runsc_toml)]
         if netns:
             argv += ["--with-ns", f"network:{netns}"]
         for m in mounts or []:
@@ -127,28 +140,39 @@ class PrivateContainerd:
             argv += ["--annotation", f"{k}={v}"]
         for k, v in (env or {}).items():
             argv += ["--env", f"{k}={v}"]
-        self.ctr(*argv, image, cid, *(args or []))
+        self.ctr(*argv, image, cid, *(args or []), ns=ns)
 
-    def exec(self, cid: str, *cmd: str, check: bool = True) -> subprocess.CompletedProcess:
-        return self.ctr("task", "exec", "--exec-id", f"x{time.monotonic_ns()}", cid, *cmd, check=check)
+    def start_task(self, cid: str, ns: str = NAMESPACE) -> None:
+        """Start the task of a container made with run(create_only=True)."""
+        self.ctr("task", "start", "-d", "--null-io", cid, ns=ns)
 
-    def remove(self, cid: str) -> None:
-        self.ctr("task", "kill", "--signal", "SIGKILL", cid, check=False)
+    def exec(self, cid: str, *cmd: str, check: bool = True, ns: str = NAMESPACE) -> subprocess.CompletedProcess:
+        return self.ctr("task", "exec", "--exec-id", f"x{time.monotonic_ns()}", cid, *cmd, check=check, ns=ns)
+
+    def remove(self, cid: str, ns: str = NAMESPACE) -> None:
+        self.ctr("task", "kill", "--signal", "SIGKILL", cid, check=False, ns=ns)
         end = time.monotonic() + 20
         while time.monotonic() < end:
-            if self.ctr("task", "delete", cid, check=False).returncode == 0:
+            if self.ctr("task", "delete", cid, check=False, ns=ns).returncode == 0:
                 break
-            if "not found" in self.ctr("task", "ls", check=False).stdout and cid not in self.ctr("task", "ls", check=False).stdout:
+            if "not found" in self.ctr("task", "ls", check=False, ns=ns).stdout and cid not in self.ctr(
+                    "task", "ls", check=False, ns=ns).stdout:
                 break
             time.sleep(0.2)
-        self.ctr("containers", "delete", cid, check=False)
+        self.ctr("containers", "delete", cid, check=False, ns=ns)
+
+    def namespaces(self) -> list[str]:
+        return self.ctr("namespaces", "ls", "-q", check=False).stdout.split() or [NAMESPACE]
 
     def stop(self) -> None:
+        namespaces = [NAMESPACE]
         if self.proc is not None:
-            for line in self.ctr("task", "ls", "-q", check=False).stdout.split():
-                self.remove(line)
-            for line in self.ctr("containers", "ls", "-q", check=False).stdout.split():
-                self.ctr("containers", "delete", line, check=False)
+            namespaces = self.namespaces()
+            for ns in namespaces:
+                for line in self.ctr("task", "ls", "-q", check=False, ns=ns).stdout.split():
+                    self.remove(line, ns=ns)
+                for line in self.ctr("containers", "ls", "-q", check=False, ns=ns).stdout.split():
+                    self.ctr("containers", "delete", line, check=False, ns=ns)
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:
                 self.proc.wait(15)
@@ -161,7 +185,8 @@ class PrivateContainerd:
         subprocess.run(["pkill", "-9", "-f", f"containerd-shim-runsc-v1.*{self.socket}"], capture_output=True)
         for mnt in reversed(_mounts_under(self.base)):
             subprocess.run(["umount", "-l", mnt], capture_output=True)
-        remove_root(self.runsc_root / NAMESPACE)
+        for ns in set(namespaces) | {NAMESPACE}:
+            remove_root(self.runsc_root / ns)
         remove_root(self.runsc_root)
         shutil.rmtree(self.base, ignore_errors=True)
 

@@ -33,6 +33,10 @@ COUNTER = b"""#!/bin/sh
 boot=$(cat /proc/sys/kernel/random/uuid)
 dd if=/dev/urandom of=/tmp/weights bs=1048576 count=${WEIGHTS_MB:-4} 2>/dev/null
 r=0; while [ $r -lt ${WARMUP_ROUNDS:-1} ]; do sha256sum /tmp/weights > /tmp/digest; r=$((r+1)); done
+# A known string in memory, 32 times between 64 KiB of random bytes: most
+# chunks holding it are then stored uncompressed, so in a plaintext store it is
+# there to be found (tests/integration/test_tenancy.py).
+if [ -n "$SECRET" ]; then for i in $(seq 32); do head -c 65536 /dev/urandom; echo -n "$SECRET"; done > /tmp/secret; fi
 echo $boot > /tmp/boot
 touch /tmp/ready
 i=0
@@ -61,6 +65,10 @@ class Stack:
             "THAW_STORE_CREDENTIALS_FILE": str(self.base / "aws-credentials"),
             "THAW_PACK_CHUNKER": str(BUILD / "thaw-chunk"), "THAW_STORE_FETCHER": str(BUILD / "thaw-fetch"),
             "THAW_THAWD_HEALTH_TIMEOUT_S": "20",
+            # thawd asks this stack's containerd whose a container is (issue 13).
+            "THAW_CONTAINERD_ADDRESS": str(self.base / "ctrd" / "containerd.sock"),
+            "THAW_CONTAINERD_RUNSC_ROOT": str(self.base / "ctrd" / "runsc-root"),
+            "THAW_CONTAINERD_INFO": str(BUILD / "thaw-ctrinfo"),
             **self.extra_env,
         })
         return env
@@ -124,15 +132,19 @@ class Stack:
             raise ThawError(f"thaw stats failed: {p.stderr.strip()}")
         return json.loads(p.stdout)
 
+    def metrics(self) -> dict[str, float]:
+        """thawd's counters (the same as its /metrics endpoint's)."""
+        return self.stats()["counters"]
+
     def decisions(self) -> list[dict]:
         p = self.ctrd.settings.standin_log
         return [json.loads(line) for line in p.read_text().splitlines()] if p.exists() else []
 
-    def state(self, cid: str, timeout_s: float = 60) -> tuple[str, int]:
+    def state(self, cid: str, timeout_s: float = 60, ns: str = "thaw") -> tuple[str, int]:
         """(boot id, counter) read from inside the container."""
         end = time.monotonic() + timeout_s
         while True:
-            p = self.ctrd.exec(cid, "cat", "/tmp/state", check=False)
+            p = self.ctrd.exec(cid, "cat", "/tmp/state", check=False, ns=ns)
             if p.returncode == 0 and len(p.stdout.split()) == 2:
                 boot, i = p.stdout.split()
                 return boot, int(i)
@@ -140,10 +152,10 @@ class Stack:
                 raise Timeout(f"{cid} reporting its state", timeout_s)
             time.sleep(0.1)
 
-    def wait_published(self, timeout_s: float = 120) -> dict:
+    def wait_published(self, timeout_s: float = 120, key_prefix: str = "") -> dict:
         end = time.monotonic() + timeout_s
         while time.monotonic() < end:
-            entries = [e for e in self.stats()["entries"] if e["state"] == "ready"]
+            entries = [e for e in self.stats()["entries"] if e["state"] == "ready" and e["key"].startswith(key_prefix)]
             if entries:
                 return entries[0]
             time.sleep(0.5)
@@ -155,7 +167,7 @@ class Stack:
 # -- Kubernetes pods through CRI ---------------------------------------------------
 
 POD_IMAGE = "thaw.dev/test/pod:1"
-POD_IMAGE_2 = "thaw.dev/test/pod:2"   # the same files under another name: "another image" to thaw's key
+POD_IMAGE_2 = "thaw.dev/test/pod:2"   # other content (a file names it): another image digest, so another key
 # One script, two containers of a pod: the app makes WEIGHTS_MB of "weights"
 # and serves its state over HTTP on PORT; the sidecar (no PORT) only keeps
 # its own state. Each has a boot id chosen at start and a counter ticking
@@ -195,6 +207,10 @@ class CriStack(Stack):
     def start(self) -> "CriStack":
         from control.dev import cri as crimod
         self.base.mkdir(parents=True, exist_ok=True)
+        # thawd asks ci/cri.sh's containerd (its socket and runsc root under BASE)
+        # whose a pod is: the tenant is the pod's Kubernetes namespace (issue 13).
+        self.extra_env = {"THAW_CONTAINERD_ADDRESS": str(self.base / "cri" / "containerd.sock"),
+                          "THAW_CONTAINERD_RUNSC_ROOT": str(self.base / "cri" / "runsc-root"), **self.extra_env}
         self.weed.start()
         self.weed.credentials.write_aws_file(self.base / "aws-credentials")
         self.start_thawd()
@@ -210,7 +226,10 @@ class CriStack(Stack):
                                                            "/bin/httpd": ocibuild.File(link="busybox")})
         for ref in (POD_IMAGE, POD_IMAGE_2):
             archive = self.base / f"pod-image-{ref.rsplit(':', 1)[1]}.tar"
-            ocibuild.build(archive, ref, files, ["/app/run.sh"])
+            # Each its own content: thaw keys a container by its image's digest (issue 13),
+            # and two names of one content are one image.
+            ocibuild.build(archive, ref, {**files, "/etc/thaw-test-image": ocibuild.File(ref.encode())},
+                           ["/app/run.sh"])
             self.cri.import_image(archive)
         return self
 

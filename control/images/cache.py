@@ -136,6 +136,10 @@ class Cache:
         self.verify_mode = verify
         for d in ("entries", "tmp", "locks", "trash"):
             (self.root / d).mkdir(parents=True, exist_ok=True)
+        # The cache holds images in plaintext (runsc reads them): only its owner
+        # (root, thawd) may enter it (docs/security.md).
+        if self.root.stat().st_uid == os.geteuid():
+            os.chmod(self.root, 0o700)
         # One process at a time creates the schema and switches the journal
         # to WAL (that switch needs the database to itself).
         with FileLock(self.root / "index.lock", timeout=60):
@@ -293,20 +297,24 @@ class Cache:
 
     # -- sources for dedup ---------------------------------------------------------------
 
-    def sources(self, hashes: Iterable[str]) -> Sources:
+    def sources(self, hashes: Iterable[str], tenant: str = "") -> Sources:
         """Where the chunks `hashes` lie in this cache (ready entries first, then
         corrupt ones; every copy is hash-checked when read). One index query per
-        500 hashes, done here, not per chunk."""
+        500 hashes, done here, not per chunk. With `tenant`, only that tenant's
+        entries (keys "<tenant>.*") count: dedup stays within a tenant, so how
+        fast a pull is says nothing about another tenant's images (issue 13).
+        Tenant ids hold no LIKE wildcard (config.TENANT_PATTERN)."""
         want = list(dict.fromkeys(hashes))
         found: dict[str, list[LocalCopy]] = {}
+        only = " AND e.key LIKE ?" if tenant else ""
         db = self._connect()
         try:
             for i in range(0, len(want), 500):
                 part = want[i:i + 500]
                 rows = db.execute(
                     "SELECT c.hash, c.entry, c.file, c.offset FROM chunks c JOIN entries e ON e.id = c.entry "
-                    f"WHERE c.hash IN ({','.join('?' * len(part))}) AND e.state IN ('ready', 'corrupt') "
-                    "ORDER BY e.state = 'corrupt'", part).fetchall()
+                    f"WHERE c.hash IN ({','.join('?' * len(part))}) AND e.state IN ('ready', 'corrupt'){only} "
+                    "ORDER BY e.state = 'corrupt'", part + ([f"{tenant}.%"] if tenant else [])).fetchall()
                 for h, eid, f, off in rows:
                     found.setdefault(h, []).append(LocalCopy(self.entry_path(eid) / f, off, eid))
         finally:

@@ -14,6 +14,13 @@ command's or thawd's work; the modules below do the parts.
     pull: under the key's lock: a ready, compatible, intact cache entry -> lease;
           else the store's manifest for this node's tuple -> reserve space ->
           fill (local chunks, then parallel GETs) -> install -> lease
+
+With a tenant's view of the store (Store.for_tenant, issue 13), a key must
+start with "<tenant>.", manifests are signed with the cluster's manifest key
+(when configured) and sealed with the tenant's key (when it encrypts), and
+are refused on the way in unless they verify and were written for this very
+tenant, key and tuple; local copies of chunks come only from the same
+tenant's cache entries.
 """
 
 from __future__ import annotations
@@ -33,8 +40,10 @@ from control.images import transfer
 from control.images.cache import Cache, Lease
 from control.node.compat import CompatTuple, check
 from control.config import Settings
-from control.errors import CacheFull, ImageError, ManifestError, NoSpace, NotFound, ThawError, TupleMismatch
+from control.errors import (CacheFull, ImageError, KeyMissing, ManifestError, ManifestRefused, NoSpace, NotFound,
+                            ThawError, TupleMismatch, UserError)
 from control.files import fsync_path
+from control.images import keys as keysmod
 from control.images.manifest import Manifest
 from control.images.store import Store
 from control.images.transfer import Progress
@@ -71,9 +80,10 @@ def remote_manifest(store: Store, key: str, node: CompatTuple, reasons: list[str
     """
     reasons = list(reasons or [])
     invalid: list[ManifestError] = []
+    _check_tenant(store, key)
     exact = store.get_manifest(key, node.hash())
     if exact is not None:
-        m = _checked(exact, store.manifest_name(key, node.hash()), key)
+        m = _checked(exact, store.manifest_name(key, node.hash()), key, store)
         if not check(m.tuple, node):
             return m
     for k, th, _size in store.list_manifests(key):
@@ -83,7 +93,7 @@ def remote_manifest(store: Store, key: str, node: CompatTuple, reasons: list[str
         if body is None:
             continue
         try:
-            m = _checked(body, store.manifest_name(key, th), key)
+            m = _checked(body, store.manifest_name(key, th), key, store)
         except ManifestError as e:
             invalid.append(e)
             continue
@@ -98,13 +108,59 @@ def remote_manifest(store: Store, key: str, node: CompatTuple, reasons: list[str
     raise NotFound("image", key, "not in this node's cache and not in the store")
 
 
-def _checked(body: bytes, source: str, key: str) -> Manifest:
+def _check_tenant(store: Store, key: str) -> None:
+    tenant = getattr(store, "tenant", "")
+    if tenant and not key.startswith(tenant + "."):
+        raise UserError(f"key {key!r} is not tenant {tenant!r}'s: its keys start with {tenant + '.'!r}", field="key")
+
+
+def _checked(body: bytes, source: str, key: str, store: Store | None = None) -> Manifest:
+    """A manifest read from the store, refused (ManifestRefused) unless it opens
+    with the tenant's key (when it encrypts), carries a valid tag (when the
+    cluster has a manifest key) and was written for this tenant, key and tuple."""
+    tenant = getattr(store, "tenant", "")
+    tenant_key = getattr(store, "tenant_key", None)
+    manifest_key = getattr(store, "manifest_key", None)
+    tuple_hash = source.rsplit("/", 1)[-1].removesuffix(".json")
+    if keysmod.is_sealed_manifest(body):
+        if tenant_key is None:
+            raise KeyMissing(tenant or "(none)", "this node's keys (the manifest is encrypted; store.encrypt is off "
+                             "or the tenant has no key)")
+        try:
+            body = keysmod.open_manifest(tenant_key, tenant, key, tuple_hash, body)
+        except ValueError as e:
+            raise ManifestRefused(source, str(e)) from None
+    elif tenant_key is not None:
+        raise ManifestRefused(source, "it is not encrypted, but this tenant's images are (store.encrypt): "
+                              "written by someone without the tenant's key, or before encryption was on")
+    if manifest_key is not None:
+        manifestmod.verify(body, manifest_key, source)
     m = manifestmod.parse(body, source)
     if m.key != key:
         raise ManifestError("key", f"is {m.key!r}, but the manifest is stored under {key!r}", source)
     if not source.endswith(f"/{m.tuple_hash}.json"):
         raise ManifestError("tuple_hash", f"{m.tuple_hash} does not match the object name", source)
+    if tenant and m.tenant != tenant:
+        raise ManifestRefused(source, f"it names tenant {m.tenant or '(none)'!r}, but it is stored under tenant "
+                              f"{tenant!r}")
+    if m.encryption != getattr(store, "encryption", ""):
+        raise ManifestRefused(source, f"its chunks are sealed as {m.encryption or 'plaintext'!r}, this store's as "
+                              f"{getattr(store, 'encryption', '') or 'plaintext'!r}")
     return m
+
+
+def _published_body(store: Store, m: Manifest) -> bytes:
+    """A manifest as it goes to the store: signed, then sealed, as the tenant's settings say."""
+    body = m.to_json()
+    if getattr(store, "manifest_key", None) is not None:
+        body = manifestmod.sign(body, store.manifest_key)
+    if getattr(store, "tenant_key", None) is not None:
+        body = keysmod.seal_manifest(store.tenant_key, store.tenant, m.key, m.tuple_hash, body)
+    return body
+
+
+def _tenant(store: Store | None) -> str:
+    return getattr(store, "tenant", "") if store is not None else ""
 
 
 def pull(cache: Cache, store: Store | None, key: str, node: CompatTuple, *, workers: int,
@@ -112,6 +168,8 @@ def pull(cache: Cache, store: Store | None, key: str, node: CompatTuple, *, work
     """A leased cache entry of `key` for this node, fetched if need be. Release the lease
     (`result.lease.release()`, or use it as a context manager) once runsc is done."""
     manifestmod.validate_key(key)
+    if store is not None:
+        _check_tenant(store, key)
     notes: list[str] = []
     with cache.key_lock(key):
         notes += [f"recovered: removed {p}" for p in cache.recover_locked(key)]
@@ -132,7 +190,8 @@ def pull(cache: Cache, store: Store | None, key: str, node: CompatTuple, *, work
         m = remote_manifest(store, key, node, reasons)
         if on_total:
             on_total(m.size)
-        entry_id, stats = _fill_and_install(cache, store, m, cache.sources(m.unique_chunks()),
+        entry_id, stats = _fill_and_install(cache, store, m,
+                                            cache.sources(m.unique_chunks(), tenant=_tenant(store)),
                                             workers=workers, progress=progress)
         for e in cache.entries(key):
             if e.state == "corrupt" and cache.evict(e.id):
@@ -290,6 +349,7 @@ def _publish(store: Store, directory: Path, key: str, node: CompatTuple, *, chun
              on_total) -> tuple[Manifest, transfer.UploadStats, bool, Manifest]:
     """Chunk, upload and publish `directory`: (our manifest, upload stats,
     whether ours won, the manifest the store now holds)."""
+    _check_tenant(store, key)
     files = chunk.image_files(directory)
     before = chunk.file_state(files)
     layout = chunk.chunk_image(directory, key, node, chunker, avg_chunk)
@@ -300,15 +360,16 @@ def _publish(store: Store, directory: Path, key: str, node: CompatTuple, *, chun
     # The upload trusted thaw-chunk's names; this is what makes that safe.
     if chunk.file_state(files) != before:
         raise ImageError(str(directory), "files changed while being published (nothing was published)")
-    m = dataclasses.replace(layout, locations=locations)
-    won = store.put_manifest_if_absent(key, m.tuple_hash, m.to_json())
+    m = dataclasses.replace(layout, locations=locations, tenant=_tenant(store),
+                            encryption=getattr(store, "encryption", ""))
+    won = store.put_manifest_if_absent(key, m.tuple_hash, _published_body(store, m))
     final = m
     if not won:
         body = store.get_manifest(key, m.tuple_hash)
         if body is None:
             raise NotFound("manifest", store.manifest_name(key, m.tuple_hash),
                            "the conditional put lost, but the winner's manifest is not readable")
-        final = _checked(body, store.manifest_name(key, m.tuple_hash), key)
+        final = _checked(body, store.manifest_name(key, m.tuple_hash), key, store)
         log.info("push %s: another writer published first (%s)", key, final.creator)
     return m, up, won, final
 
@@ -339,7 +400,8 @@ def _install(cache: Cache, store: Store, st: Staged, ours: Manifest, final: Mani
         else:
             # Another node's image won the race: ours is dropped (`staged` removes
             # it) and the winner's is fetched as a pull would fetch it.
-            entry_id, _ = _fill_and_install(cache, store, final, cache.sources(final.unique_chunks()),
+            entry_id, _ = _fill_and_install(cache, store, final,
+                                            cache.sources(final.unique_chunks(), tenant=_tenant(store)),
                                             workers=workers, progress=None)
         for e in cache.entries(final.key):
             if e.state == "corrupt":
@@ -362,8 +424,8 @@ def listing(cache: Cache, store: Store | None, node: CompatTuple) -> dict:
         row: dict = {"key": key, "tuple_hash": th, "manifest_bytes": nbytes}
         body = store.get_manifest(key, th)
         try:
-            m = _checked(body or b"", store.manifest_name(key, th), key)
-        except ManifestError as e:
+            m = _checked(body or b"", store.manifest_name(key, th), key, store)
+        except (ManifestError, ManifestRefused, KeyMissing) as e:
             row.update(match=False, valid=False, reasons=[str(e)])
         else:
             bad = check(m.tuple, node)

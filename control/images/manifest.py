@@ -28,21 +28,32 @@ BLAKE3_HEX is what thaw-fetch checks fetched bytes against, because it costs
 about half as much CPU per byte (docs/store.md). Version 1 is the same without
 "check" and without the seventh element (fetches then check SHA-256); it is
 still read, and written for a manifest that has no checks.
+
+Version 3 (issue 13) adds "tenant" (whose image it is: the key starts with it,
+and the store holds it under that tenant's prefix), "encryption" (absent, or
+keys.ENCRYPTION when every chunk is sealed with the tenant's key: STORED_LEN
+is then the sealed length, keys.SEALED_OVERHEAD more than the payload) and
+"tag": HMAC-SHA256 under the cluster's manifest key of the canonical JSON of
+every other field (`sign`, `verify`). A node with a manifest key refuses a
+manifest whose tag is missing or wrong before it fetches a byte.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import re
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from control.node.compat import CompatTuple
-from control.errors import ManifestError, UserError
+from control.errors import ManifestError, ManifestRefused, UserError
+from control.images import keys as keysmod
 
 SCHEMA = "thaw.manifest"
-SCHEMA_VERSION = 2
-SCHEMA_VERSIONS = (1, 2)            # read; 1 has no per-chunk BLAKE3 check
+SCHEMA_VERSION = 3
+SCHEMA_VERSIONS = (1, 2, 3)         # read; 1 has no per-chunk BLAKE3 check, 1 and 2 no tenant
 HASH = "sha256"
 CHECK = "blake3"                    # twin: go/cmd/thaw-chunk (the "b" field), go/cmd/thaw-fetch
 MAX_FILES = 16
@@ -113,6 +124,8 @@ class Manifest:
     files: tuple[FileEntry, ...]
     locations: dict = field(default_factory=dict)   # hash -> Location
     creator: dict = field(default_factory=dict)
+    tenant: str = ""        # schema 3: whose image (the store tenant)
+    encryption: str = ""    # "" or keys.ENCRYPTION: every chunk sealed with the tenant's key
 
     @property
     def size(self) -> int:
@@ -152,8 +165,15 @@ class Manifest:
                     "min": self.chunking.min, "avg": self.chunking.avg, "max": self.chunking.max}
         if checked:
             chunking["check"] = self.chunking.check
+        v3 = bool(self.tenant)
+        extra: dict = {}
+        if v3:
+            extra["tenant"] = self.tenant
+            if self.encryption:
+                extra["encryption"] = self.encryption
         return {
-            "schema": SCHEMA, "schema_version": SCHEMA_VERSION if checked else 1, "key": self.key,
+            **extra,
+            "schema": SCHEMA, "schema_version": 3 if v3 else 2 if checked else 1, "key": self.key,
             "tuple": self.tuple.to_dict(), "tuple_hash": self.tuple_hash,
             "chunking": chunking,
             "packs": packs,
@@ -192,9 +212,19 @@ def from_dict(d: Any, source: str | None = None) -> Manifest:
          f"unknown version {ver}; this thaw reads versions {', '.join(map(str, SCHEMA_VERSIONS))} "
          "(upgrade thaw to read it)")
     known = {"schema", "schema_version", "key", "tuple", "tuple_hash", "chunking", "packs", "files", "size",
-             "creator"}
+             "creator"} | ({"tenant", "encryption", "tag"} if ver >= 3 else set())
     for k in d:
         need(k in known, k, "unknown field")
+    tenant, encryption = "", ""
+    if ver >= 3:
+        tenant = d.get("tenant")
+        need(isinstance(tenant, str) and bool(_TENANT.match(tenant)), "tenant", "must be a tenant id")
+        encryption = d.get("encryption", "")
+        need(encryption in ("", keysmod.ENCRYPTION), "encryption",
+             f"unknown encryption {encryption!r}; this thaw knows {keysmod.ENCRYPTION!r}")
+        need(d.get("tag") is None or (isinstance(d["tag"], str) and bool(_HEX.match(d["tag"]))), "tag",
+             "must be 64 lowercase hex digits")
+    overhead = keysmod.SEALED_OVERHEAD if encryption else 0
     key = d.get("key")
     need(isinstance(key, str) and bool(_NAME.match(key)), "key",
          "must be 1-128 characters of A-Z a-z 0-9 . _ -, starting with a letter or digit")
@@ -209,13 +239,17 @@ def from_dict(d: Any, source: str | None = None) -> Manifest:
     for k in ch:
         need(k in ("algorithm", "hash", "min", "avg", "max") + (("check",) if ver >= 2 else ()), f"chunking.{k}",
              "unknown field")
-    if ver >= 2:
+    if ver >= 3:
+        need(key.startswith(tenant + "."), "key", f"{key!r} does not start with its tenant {tenant!r} and a '.'")
+    # Version 2 always has the BLAKE3 checks; version 3 has them when "check" is there.
+    has_check = ver == 2 or (ver >= 3 and "check" in ch)
+    if has_check:
         need(ch.get("check") == CHECK, "chunking.check", f"must be {CHECK!r}, got {ch.get('check')!r}")
-    width = 7 if ver >= 2 else 6
+    width = 7 if has_check else 6
     for k in ("min", "avg", "max"):
         need(integer(ch.get(k)) and 0 < ch[k] <= MAX_CHUNK_BYTES, f"chunking.{k}",
              f"must be an integer in 1..{MAX_CHUNK_BYTES}")
-    chunking = Chunking(ch["algorithm"], ch["min"], ch["avg"], ch["max"], check=CHECK if ver >= 2 else "")
+    chunking = Chunking(ch["algorithm"], ch["min"], ch["avg"], ch["max"], check=CHECK if has_check else "")
 
     packs = d.get("packs")
     need(isinstance(packs, list) and all(isinstance(p, str) and bool(_HEX.match(p)) for p in packs),
@@ -255,10 +289,12 @@ def from_dict(d: Any, source: str | None = None) -> Manifest:
                  f"must be an integer in 1..{MAX_CHUNK_BYTES}")
             need(integer(c[2]) and 0 <= c[2] < len(packs), f"{cw}[2]", f"pack index must be in 0..{len(packs) - 1}")
             need(integer(c[3]) and 0 <= c[3] < MAX_PACK_BYTES, f"{cw}[3]", "offset must be a non-negative integer")
-            need(integer(c[4]) and 0 < c[4] <= MAX_CHUNK_BYTES + 1024, f"{cw}[4]",
-                 "stored length must be a positive integer")
+            need(integer(c[4]) and overhead < c[4] <= MAX_CHUNK_BYTES + 1024 + overhead, f"{cw}[4]",
+                 "stored length must be a positive integer" + (" above the sealing overhead" if overhead else ""))
             need(c[5] in CODECS, f"{cw}[5]", f"codec must be one of {', '.join(CODECS)}")
-            need(c[5] != "none" or c[4] == c[1], f"{cw}[4]", "an uncompressed chunk is stored at its own length")
+            need(c[5] != "none" or c[4] == c[1] + overhead, f"{cw}[4]",
+                 "an uncompressed chunk is stored at its own length" + (" plus the sealing overhead" if overhead
+                                                                         else ""))
             loc = Location(packs[c[2]], c[3], c[4], c[5])
             prev = locations.setdefault(c[0], loc)
             need(prev == loc, cw, "the same chunk appears with two different locations")
@@ -285,4 +321,41 @@ def from_dict(d: Any, source: str | None = None) -> Manifest:
             need(lengths.setdefault(c.hash, c.length) == c.length, f"files[{out.index(f)}].chunks",
                  f"chunk {c.hash[:16]} appears with two different lengths")
     return Manifest(key=key, tuple=tup, chunking=chunking, files=tuple(out), locations=locations,
-                    creator=dict(creator))
+                    creator=dict(creator), tenant=tenant, encryption=encryption)
+
+
+# -- the integrity tag (issue 13) ------------------------------------------------------
+
+_TENANT = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,46}[a-z0-9])?$")   # config.TENANT_PATTERN
+
+
+def _canonical(d: dict) -> bytes:
+    return json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _tag(d: dict, key: bytes) -> str:
+    rest = {k: v for k, v in d.items() if k != "tag"}
+    return hmac.new(key, keysmod.MANIFEST_TAG_LABEL + _canonical(rest), hashlib.sha256).hexdigest()
+
+
+def sign(body: bytes, key: bytes) -> bytes:
+    """A manifest's JSON with its integrity tag under the cluster's manifest key."""
+    d = json.loads(body)
+    d["tag"] = _tag(d, key)
+    return (json.dumps(d, sort_keys=True, separators=(",", ":")) + "\n").encode()
+
+
+def verify(body: bytes, key: bytes, source: str) -> None:
+    """ManifestRefused unless `body` carries a valid tag under `key`. The tag covers
+    the canonical form of the parsed document, the very fields `parse` builds
+    the manifest from."""
+    try:
+        d = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        raise ManifestRefused(source, "not JSON") from None
+    if not isinstance(d, dict) or not isinstance(d.get("tag"), str):
+        raise ManifestRefused(source, "it carries no integrity tag: written by someone without this cluster's "
+                              "manifest key (store.manifest_key_file), or by a thaw that signed nothing")
+    if not hmac.compare_digest(d["tag"], _tag(d, key)):
+        raise ManifestRefused(source, "its integrity tag does not verify under this cluster's manifest key "
+                              "(store.manifest_key_file): it was altered, or written by someone without the key")

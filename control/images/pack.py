@@ -16,15 +16,23 @@ Two writers that build the same table write bodies in which every chunk sits
 at the same offset and length and decodes to the same bytes (checked on every
 fetch), so either body serves every manifest that names the pack, even where
 two zlib builds encode a chunk differently.
+
+A tenant that encrypts (issue 13, control/images/keys.py) seals each encoded
+chunk with its own key (`chunk_key(h)`), and its packs are named by an HMAC of
+the table under the tenant's key (`name_key`): a pack name computed from chunk
+hashes alone would let a reader of the bucket confirm a guess of a pack's
+chunks.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import zlib
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
+from control.images import keys as keysmod
 from control.images.manifest import Location
 
 # Pack size, chosen by measurement on SeaweedFS (docs/store.md): ranged GETs of
@@ -43,10 +51,21 @@ COMPRESS_MIN_SAVING = 0.10
 _SAMPLE = 16 << 10
 ZLIB_LEVEL = 1
 _NAME_DOMAIN = b"thaw-pack-v1\n"
+_SEALED_NAME_DOMAIN = b"thaw/pack-name/v1\0"
 
 
-def encode(raw: bytes | memoryview) -> tuple[str, bytes | memoryview]:
-    """(codec, payload): zlib where it saves >= COMPRESS_MIN_SAVING, else `raw` itself."""
+def encode(raw: bytes | memoryview, key: bytes | None = None, h: str = "") -> tuple[str, bytes | memoryview]:
+    """(codec, stored bytes): zlib where it saves >= COMPRESS_MIN_SAVING, else `raw`
+    itself; then, with a chunk key (keys.chunk_key of the tenant's key and the
+    chunk's SHA-256 `h`), sealed with AES-256-GCM (keys.seal_chunk). Compression
+    comes first: ciphertext does not compress."""
+    codec, payload = _compress(raw)
+    if key is not None:
+        payload = keysmod.seal_chunk(key, h, codec, payload)
+    return codec, payload
+
+
+def _compress(raw: bytes | memoryview) -> tuple[str, bytes | memoryview]:
     n = len(raw)
     if n > 2 * _SAMPLE:
         sample = bytes(raw[:_SAMPLE // 2]) + bytes(raw[n // 2:n // 2 + _SAMPLE // 2])
@@ -58,8 +77,12 @@ def encode(raw: bytes | memoryview) -> tuple[str, bytes | memoryview]:
     return CODEC_NONE, raw
 
 
-def decode(codec: str, payload: bytes | memoryview, length: int) -> bytes | memoryview:
-    """The raw bytes of a stored chunk; ValueError if it cannot be decoded to `length` bytes."""
+def decode(codec: str, payload: bytes | memoryview, length: int, key: bytes | None = None,
+           h: str = "") -> bytes | memoryview:
+    """The raw bytes of a stored chunk (opened first with its chunk key when it is
+    sealed); ValueError if it cannot be decoded to `length` bytes."""
+    if key is not None:
+        payload = keysmod.open_chunk(key, h, codec, payload)
     if codec == CODEC_NONE:
         raw = payload
     elif codec == CODEC_ZLIB:
@@ -100,27 +123,30 @@ class Pack:
         return sum(n for _, _, n in self.chunks)
 
 
-def name(table: Sequence[tuple[str, str, int]]) -> str:
-    """A pack's name from its table of contents: (chunk SHA-256, codec, stored length) in order."""
-    h = hashlib.sha256(_NAME_DOMAIN)
+def name(table: Sequence[tuple[str, str, int]], key: bytes | None = None) -> str:
+    """A pack's name from its table of contents: (chunk SHA-256, codec, stored length) in order;
+    with an encrypting tenant's key, an HMAC of it under that key."""
+    h = hmac.new(key, _SEALED_NAME_DOMAIN, hashlib.sha256) if key is not None else hashlib.sha256(_NAME_DOMAIN)
     for c, codec, stored in table:
         h.update(f"{c} {codec} {stored}\n".encode())
     return h.hexdigest()
 
 
-def build(chunks: Sequence[tuple[str, bytes | memoryview]]) -> Pack:
-    """A pack of (hash, raw bytes) chunks, each encoded. The hashes are trusted:
-    the caller got them from thaw-chunk's pass over the same bytes."""
+def build(chunks: Sequence[tuple[str, bytes | memoryview]],
+          chunk_key: Callable[[str], bytes | None] = lambda h: None, name_key: bytes | None = None) -> Pack:
+    """A pack of (hash, raw bytes) chunks, each encoded (and sealed with `chunk_key(hash)`
+    where that is not None). The hashes are trusted: the caller got them from
+    thaw-chunk's pass over the same bytes."""
     parts: list[bytes | memoryview] = []
     table: list[tuple[str, str, int]] = []
     raw_len: list[int] = []
     for h, raw in chunks:
-        codec, payload = encode(raw)
+        codec, payload = encode(raw, chunk_key(h), h)
         parts.append(payload)
         table.append((h, codec, len(payload)))
         raw_len.append(len(raw))
     body = b"".join(parts)
-    pname = name(table)
+    pname = name(table, name_key)
     placed, off = [], 0
     for (h, codec, stored), n in zip(table, raw_len):
         placed.append((h, Location(pname, off, stored, codec), n))

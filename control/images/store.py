@@ -1,13 +1,19 @@
 """The object store: S3 through boto3.
 
-Layout under the configured bucket and prefix (ARCHITECTURE.md, "Data"):
+Layout under the configured bucket and prefix (ARCHITECTURE.md, "Data"), for
+each tenant under tenants/<tenant>/ (issue 13: `for_tenant`; a pack, a
+pointer or a manifest of one tenant is never read or probed for another, so
+there is no cross-tenant "does this chunk exist" answer):
     packs/<sha256>                       encoded chunks back to back (~32 MiB); named by
                                          the SHA-256 of their bytes; never rewritten
     chunks/<sha256>                      a chunk's pointer, content-addressed, shared by all
                                          images: an empty object whose metadata says where its
                                          bytes are (thaw-pack, -offset, -stored, -codec, -length);
-                                         written after its pack, so it never points at nothing
+                                         written after its pack, so it never points at nothing;
+                                         an encrypting tenant's pointers are named by an HMAC
+                                         under its key instead (keys.pointer_name)
     manifests/<key>/<tuple-hash>.json    an image; written last, with If-None-Match: *
+                                         (sealed with the tenant's key when it encrypts)
     manifests/<key>/<tuple-hash>.order   the byte ranges restores of that image faulted on
                                          (control/images/stream.py): a fetch-order hint, never data
 
@@ -24,7 +30,9 @@ Every botocore failure becomes StoreError naming the operation and object.
 
 from __future__ import annotations
 
+import copy
 import logging
+import re
 from typing import Iterator
 
 import boto3
@@ -32,8 +40,9 @@ import botocore.session
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from control.config import Settings
-from control.errors import StoreError
+from control.config import TENANT_PATTERN, Settings
+from control.errors import StoreError, UserError
+from control.images import keys as keysmod
 from control.images.manifest import CODECS, Location
 from control.images.retry import RetryPolicy
 
@@ -79,13 +88,48 @@ class Store:
         self.retries = settings.store_retries
         self.presign_expires_s = settings.store_presign_expires_s
         self.retry_budget_s = settings.store_retry_budget_s
+        self.tenant = ""                        # set by for_tenant
+        self.tenant_key: bytes | None = None    # the tenant's key when it encrypts (never logged)
+        self.manifest_key: bytes | None = None  # the cluster's manifest key, when configured
 
     def _count_retry(self) -> None:
         self.retried += 1   # an int += under the GIL: a lost count would only understate a statistic
 
+    def for_tenant(self, tenant: str, keyring: "keysmod.Keyring | None" = None) -> "Store":
+        """This store as one tenant sees it: its own prefix (tenants/<tenant>/), its
+        key when encryption is on (KeyMissing without one), the manifest key.
+        Shares the S3 client."""
+        if not re.fullmatch(TENANT_PATTERN, tenant or ""):
+            raise UserError(f"tenant {tenant!r} is not a tenant id", field="tenant")
+        view = copy.copy(self)
+        view.prefix = f"{self.prefix}tenants/{tenant}/"
+        view.tenant = tenant
+        view.tenant_key = keyring.tenant_key(tenant) if keyring is not None else None
+        view.manifest_key = keyring.manifest_key if keyring is not None else None
+        view.retried = 0
+        return view
+
+    def __repr__(self) -> str:   # never the keys
+        return f"Store(s3://{self.bucket}/{self.prefix}, tenant={self.tenant!r}, encrypted={self.encrypted})"
+
+    @property
+    def encrypted(self) -> bool:
+        return self.tenant_key is not None
+
+    @property
+    def encryption(self) -> str:
+        """What a manifest published here says in its "encryption" field."""
+        return keysmod.ENCRYPTION if self.tenant_key is not None else ""
+
+    def chunk_key(self, h: str) -> bytes | None:
+        """The key chunk `h` is sealed with in this tenant's packs, None when it does not encrypt."""
+        return keysmod.chunk_key(self.tenant_key, h) if self.tenant_key is not None else None
+
     # -- names -------------------------------------------------------------
 
     def chunk_name(self, h: str) -> str:
+        if self.tenant_key is not None:
+            return f"{self.prefix}chunks/{keysmod.pointer_name(self.tenant_key, h)}"
         return f"{self.prefix}chunks/{h}"
 
     def manifest_name(self, key: str, tuple_hash: str) -> str:
@@ -191,14 +235,19 @@ class Store:
         except (KeyError, ValueError):
             return None   # not a pointer thaw wrote: treat the chunk as absent and upload it again
         ok = len(loc.pack) == 64 and loc.offset >= 0 and loc.stored > 0 and loc.codec in CODECS
+        # A pointer written before this tenant encrypted (or after it stopped) names
+        # bytes sealed differently: upload the chunk again rather than mix the two.
+        ok = ok and meta.get("thaw-encryption", "") == self.encryption
         return loc if ok else None
 
     def put_chunk_pointer(self, h: str, loc: Location, length: int) -> None:
         name = self.chunk_name(h)
         try:
-            self.client.put_object(Bucket=self.bucket, Key=name, Body=b"", Metadata={
-                "thaw-pack": loc.pack, "thaw-offset": str(loc.offset), "thaw-stored": str(loc.stored),
-                "thaw-codec": loc.codec, "thaw-length": str(length)})
+            meta = {"thaw-pack": loc.pack, "thaw-offset": str(loc.offset), "thaw-stored": str(loc.stored),
+                    "thaw-codec": loc.codec, "thaw-length": str(length)}
+            if self.encryption:
+                meta["thaw-encryption"] = self.encryption
+            self.client.put_object(Bucket=self.bucket, Key=name, Body=b"", Metadata=meta)
         except (ClientError, BotoCoreError) as e:
             raise self._fail("put", name, e) from None
 

@@ -330,10 +330,13 @@ def fill(manifest: Manifest, dest: Path, store: Store | None, sources: Sources, 
 
     Raises IntegrityError when the store serves a chunk that does not hash to
     its name, StoreError when the store fails; `dest` is then incomplete and
-    the caller removes it.
+    the caller removes it. A manifest whose chunks are sealed (its
+    "encryption") is opened with `store`'s tenant key: the caller checked that
+    they agree (image.pull).
     """
     t0 = time.monotonic()
     stats = FillStats()
+    sealed = bool(manifest.encryption)
     fetcher: Path | None = getattr(store, "fetcher", None)
     stats.engine = "thaw-fetch" if fetcher is not None else "python"
     if fetcher is not None and not fetcher.is_file():
@@ -422,7 +425,8 @@ def fill(manifest: Manifest, dest: Path, store: Store | None, sources: Sources, 
         def from_store(r: _Range) -> None:
             # Place the body so that the first uncompressed chunk's bytes sit at its file
             # offset modulo ALIGN (decoded chunks are copies: their place in the body is moot).
-            h0, loc0 = next(((h, loc) for h, loc in r.chunks if loc.codec == pack.CODEC_NONE), r.chunks[0])
+            h0, loc0 = next(((h, loc) for h, loc in r.chunks if loc.codec == pack.CODEC_NONE and not sealed),
+                            r.chunks[0])
             pad = (places[h0][0][1] - (loc0.offset - r.start)) % ALIGN
             buf = buffers.get(pad + r.length)
             body = buf[pad:pad + r.length]
@@ -433,7 +437,7 @@ def fill(manifest: Manifest, dest: Path, store: Store | None, sources: Sources, 
                 pos = loc.offset - r.start
                 payload = body[pos:pos + loc.stored]
                 try:
-                    data = pack.decode(loc.codec, payload, lengths[h])
+                    data = pack.decode(loc.codec, payload, lengths[h], store.chunk_key(h) if sealed else None, h)
                 except ValueError as e:
                     raise IntegrityError("store", h, f"bytes at {store.pack_name(r.pack)} offset {loc.offset} "
                                                      f"do not decode ({e}): the stored chunk was altered or "
@@ -443,7 +447,7 @@ def fill(manifest: Manifest, dest: Path, store: Store | None, sources: Sources, 
                     raise IntegrityError("store", h, f"bytes at {store.pack_name(r.pack)} offset {loc.offset} "
                                                      f"hash to {got}: the stored chunk was altered or damaged")
                 rest = places[h]
-                if loc.codec == pack.CODEC_NONE:
+                if loc.codec == pack.CODEC_NONE and not sealed:   # its stored bytes are its raw bytes
                     fd, off = rest[0]
                     last = segments[-1] if segments else None
                     if last and last[0] == fd and last[1] + last[3] == off and last[2] + last[3] == pos:
@@ -470,7 +474,7 @@ def fill(manifest: Manifest, dest: Path, store: Store | None, sources: Sources, 
             files = [os.path.abspath(dest / f.name) for f in manifest.files]
             _fetch_with(fetcher, store, plan_ranges(manifest, remote), files,
                         {h: [(file_index[fd], off) for fd, off in places[h]] for h in remote}, lengths, checks,
-                        workers=workers, direct_io=direct_io, progress=progress, stats=stats)
+                        workers=workers, direct_io=direct_io, progress=progress, stats=stats, sealed=sealed)
         elif remote:
             before = getattr(store, "retried", 0)
             _run_pool(workers, plan_ranges(manifest, remote), from_store)
@@ -491,13 +495,17 @@ GO_PLAN_VERSION = 2
 def _fetch_with(fetcher: Path, store: Store, ranges: list[_Range], files: list[str],
                 places: dict[str, list[tuple[int, int]]], lengths: dict[str, int], checks: dict[str, str], *,
                 workers: int,
-                direct_io: bool, progress: Progress | None, stats: FillStats) -> None:
+                direct_io: bool, progress: Progress | None, stats: FillStats, sealed: bool = False) -> None:
     """Run `ranges` through thaw-fetch (go/cmd/thaw-fetch): ranged GETs of
     presigned pack URLs, every chunk checked against its SHA-256 name (`checks`,
     the manifest's BLAKE3, travel in the plan and are not used), writes to
     `places` (file index, offset), O_DIRECT where `direct_io`, retries as the
     store's retry policy says (docs/store.md, "Retry policy"). Same errors as
-    the in-process path."""
+    the in-process path.
+
+    `sealed`: each chunk's entry carries an eighth element, its AES-256-GCM key
+    in hex (keys.chunk_key: one chunk's key, never the tenant's). The plan goes
+    to thaw-fetch's stdin only: no argv, no file, no log holds a key."""
     objects: list[dict] = []
     index: dict[str, int] = {}
 
@@ -514,6 +522,7 @@ def _fetch_with(fetcher: Path, store: Store, ranges: list[_Range], files: list[s
             "timeout_s": store.timeout_s, "direct_io": direct_io, "files": files, "objects": objects,
             "ranges": [[obj(r.pack), r.start, r.length,
                         [[h, lengths[h], loc.offset - r.start, loc.stored, loc.codec, places[h], checks.get(h, "")]
+                         + ([store.chunk_key(h).hex()] if sealed else [])
                          for h, loc in r.chunks]] for r in ranges]}
     env = dict(os.environ)
     if env.get("AWS_CA_BUNDLE") and not env.get("SSL_CERT_FILE"):
@@ -598,7 +607,9 @@ def upload(layout: Manifest, src: Path, store: Store, *, workers: int,
     missing = [h for h in first if h not in locations]   # file order: packs hold neighbours
 
     def send(group: list[str]) -> None:
-        p = pack.build(_read_chunks(src, [(h, *first[h]) for h in group]))
+        # Sealed with the tenant's chunk keys when it encrypts (store.chunk_key; pack.build).
+        p = pack.build(_read_chunks(src, [(h, *first[h]) for h in group]),
+                       chunk_key=store.chunk_key, name_key=store.tenant_key)
         store.put_pack(p.name, p.body)
         with lock:
             for h, loc, n in p.chunks:

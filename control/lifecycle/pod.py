@@ -28,8 +28,11 @@ the pod's opt-in and declarations:
                                  checkpointed
 
 The pod's key composes per-container identities and lives here, not in
-workload.py: workload.workload_key(spec) stays the identity of one container
-(tenant, workload, image, args, key-env, GPUs), whatever it grows to.
+workload.py: workload.workload_key(spec, tenant, image) stays the identity of one
+container (tenant, workload, image, args, key-env, GPUs), whatever it grows to; the
+tenant and image digest come from containerd's records, never from the spec
+(control/thawd/ctrinfo.py), so thawd hands each member's workload key in, and the
+sandbox's tenant (its pause container has no image digest) for the lookup part.
 `key = <lookup>-<10 hex>`, where the lookup part (tenant, workload, the
 sandbox's own key and the declared names) is what thawd can compute when the
 pause container is created, before the kubelet has created any app container,
@@ -133,8 +136,15 @@ def declared(spec: dict) -> dict[str, Member]:
             raise UserError(f"annotation {k}: no {ANNOTATION_READY_PREFIX}{k[len(ANNOTATION_HEALTH_PREFIX):]} "
                             "declares that container", field=k)
     if not out and workload.ANNOTATION_READY in ann:
-        wl = workload.from_spec(spec)
-        out[ANY] = Member(ANY, wl.ready, wl.health)
+        # as workload.from_spec reads a lone container's probes (which also needs its identity)
+        ready = workload.parse_probe(ann[workload.ANNOTATION_READY], workload.ANNOTATION_READY)
+        if workload.ANNOTATION_HEALTH in ann:
+            health = workload.parse_probe(ann[workload.ANNOTATION_HEALTH], workload.ANNOTATION_HEALTH)
+        elif isinstance(ready, probemod.DelayProbe):
+            health = probemod.RunningProbe()
+        else:
+            health = ready
+        out[ANY] = Member(ANY, ready, health)
     return out
 
 
@@ -189,15 +199,17 @@ def fingerprint(spec: dict) -> dict[str, str]:
     }
 
 
-def identity(spec: dict) -> dict:
-    """One container's part of its pod's key: its own workload key and the fingerprint."""
-    return {"key": workload.workload_key(spec), "spec": fingerprint(spec)}
+def identity(spec: dict, key: str) -> dict:
+    """One container's part of its pod's key: its own workload key (`key`, thawd's
+    from the container's recorded tenant and image) and the fingerprint."""
+    return {"key": key, "spec": fingerprint(spec)}
 
 
-def lookup(sandbox_spec: dict, names) -> str:
-    """<tenant>.<workload>.<10 hex>: the sandbox's own identity (pause image, pod-wide
-    annotations) and the names the pod declares; known when the pause container is created."""
-    base = workload.workload_key(sandbox_spec)
+def lookup(sandbox_spec: dict, names, tenant: str) -> str:
+    """<tenant>.<workload>.<10 hex>: the sandbox's own identity (its tenant, pod-wide
+    annotations, args) and the names the pod declares; known when the pause container
+    is created. The pause container has no image digest (ctrinfo.identify sandbox=True)."""
+    base = workload.workload_key(sandbox_spec, tenant, "")
     prefix = base.rsplit(".", 1)[0]
     return f"{prefix}.{_h({'sandbox': base, 'containers': sorted(names)})[:10]}"
 

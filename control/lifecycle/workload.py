@@ -1,14 +1,20 @@
-"""Workload identity and profile, read from a container's OCI spec.
+"""Workload identity and profile, read from a container's OCI spec and from
+what the runtime, not the workload, says about it.
 
 A container opts in with the annotation `thaw.dev/workload=<name>`. Its
 workload key names "the same warm state": the tenant, the workload name, the
-image (when the runtime tells it), the command line, the env vars the
-workload lists as significant, and the GPU count. Two containers with equal
-keys may restore each other's checkpoints (given a matching node tuple).
+image digest, the command line, the env vars the workload lists as
+significant, and the GPU count. Two containers with equal keys may restore
+each other's checkpoints (given a matching node tuple). The tenant and the
+image digest come from the caller (thawd asks containerd's records:
+control/thawd/ctrinfo.py), never from the spec, whose annotations the
+workload's author writes (issue 13, docs/security.md).
 
 Annotations (twins: go/internal/standin/standin.go for the opt-in one):
   thaw.dev/workload   opt-in and workload name (required to involve thaw)
-  thaw.dev/tenant     tenant (default "default")
+  thaw.dev/tenant     optional narrowing of the tenant: the tenant itself or
+                      <tenant>.<sub>; anything else is refused
+                      (control/lifecycle/tenant.py narrow)
   thaw.dev/key-env    comma-separated env var names that belong in the key
   thaw.dev/ready      readiness probe: thawd checkpoints a cold-started workload
                       automatically only once it passes. No default: a workload that
@@ -29,6 +35,7 @@ import re
 from dataclasses import dataclass
 
 from control.errors import UserError
+from control.lifecycle import tenant as tenantmod
 from runsc_hooks import probe as probemod
 
 ANNOTATION_WORKLOAD = "thaw.dev/workload"
@@ -37,8 +44,7 @@ ANNOTATION_KEY_ENV = "thaw.dev/key-env"
 ANNOTATION_READY = "thaw.dev/ready"
 ANNOTATION_HEALTH = "thaw.dev/health"
 
-# Image identity as runtimes pass it (runsc itself never sees the image name).
-_IMAGE_ANNOTATIONS = ("io.kubernetes.cri.image-name", "io.containerd.image.name", "org.opencontainers.image.ref.name")
+_DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@+-]{0,199}$")
 # thaw's own annotations hold names and probe expressions: a longer value is
 # refused before it is parsed (thawd reads them from any container's spec).
@@ -57,7 +63,8 @@ def parse_probe(text: str, field: str):
 @dataclass(frozen=True)
 class Workload:
     name: str
-    tenant: str
+    tenant: str        # narrowed: <tenant> or <tenant>.<sub>
+    image: str         # the image digest the key was made with
     key: str
     ready: "probemod.Probe | None"   # None: never checkpointed automatically
     health: "probemod.Probe"
@@ -67,8 +74,10 @@ def opted_in(spec: dict) -> bool:
     return ANNOTATION_WORKLOAD in (spec.get("annotations") or {})
 
 
-def from_spec(spec: dict) -> Workload | None:
-    """The workload of an opted-in spec, None if it did not opt in."""
+def from_spec(spec: dict, tenant: str, image: str) -> Workload | None:
+    """The workload of an opted-in spec, None if it did not opt in. `tenant` and
+    `image` (a sha256 digest) are what the runtime's records say; the spec's
+    own tenant annotation may only narrow `tenant` (IdentityError otherwise)."""
     ann = spec.get("annotations") or {}
     if ANNOTATION_WORKLOAD not in ann:
         return None
@@ -80,9 +89,11 @@ def from_spec(spec: dict) -> Workload | None:
     if not _NAME_RE.match(name):
         raise UserError(f"annotation {ANNOTATION_WORKLOAD}={name!r} is not a valid workload name",
                         field=ANNOTATION_WORKLOAD)
-    tenant = ann.get(ANNOTATION_TENANT, "default")
-    if not _NAME_RE.match(tenant):
-        raise UserError(f"annotation {ANNOTATION_TENANT}={tenant!r} is not a valid tenant", field=ANNOTATION_TENANT)
+    if not tenantmod.TENANT_RE.fullmatch(tenant):
+        raise UserError(f"tenant {tenant!r} is not a tenant id", field="tenant")
+    if not _DIGEST_RE.match(image):
+        raise UserError(f"image {image!r} is not a sha256 digest", field="image")
+    narrowed = tenantmod.narrow(tenant, ann.get(ANNOTATION_TENANT))
     ready = parse_probe(ann[ANNOTATION_READY], ANNOTATION_READY) if ANNOTATION_READY in ann else None
     if ANNOTATION_HEALTH in ann:
         health = parse_probe(ann[ANNOTATION_HEALTH], ANNOTATION_HEALTH)
@@ -92,11 +103,16 @@ def from_spec(spec: dict) -> Workload | None:
         # A restored workload was ready when it was saved: never wait out a
         # readiness delay again (that would only add to the restore).
         health = probemod.RunningProbe()
-    return Workload(name=name, tenant=tenant, key=workload_key(spec), ready=ready, health=health)
+    return Workload(name=name, tenant=narrowed, image=image, key=workload_key(spec, narrowed, image), ready=ready,
+                    health=health)
 
 
-def workload_key(spec: dict) -> str:
-    """<tenant>.<name>.<16 hex of the identity hash>: readable, and stable for equal inputs."""
+def workload_key(spec: dict, tenant: str, image: str) -> str:
+    """<tenant>.<name>.<16 hex of the identity hash>: readable, and stable for equal
+    inputs. The tenant (at most one '.', before a sub-tenant) comes first: the
+    store, the node cache and the dedup domain find an image's tenant there
+    (control/lifecycle/tenant.py store_tenant). At most 65 + 1 + 40 + 1 + 16
+    characters (manifest.validate_key allows 128)."""
     ann = spec.get("annotations") or {}
     proc = spec.get("process") or {}
     env = dict(e.split("=", 1) for e in proc.get("env", []) if "=" in e)
@@ -104,14 +120,14 @@ def workload_key(spec: dict) -> str:
     devices = (spec.get("linux") or {}).get("devices") or []
     gpus = sum(1 for d in devices if re.fullmatch(r"/dev/nvidia\d+", d.get("path", "")))
     identity = {
-        "tenant": ann.get(ANNOTATION_TENANT, "default"),
+        "tenant": tenant,
         "workload": ann.get(ANNOTATION_WORKLOAD, ""),
-        "image": next((ann[a] for a in _IMAGE_ANNOTATIONS if a in ann), ""),
+        "image": image,
         "args": proc.get("args", []),
         "cwd": proc.get("cwd", "/"),
         "env": {n: env.get(n) for n in key_env},
         "gpus": gpus,
     }
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
-    safe = lambda s: re.sub(r"[^A-Za-z0-9_.-]+", "-", s)[:48]  # noqa: E731
-    return f"{safe(identity['tenant'])}.{safe(identity['workload'])}.{digest}"
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", identity["workload"])[:40]
+    return f"{tenant}.{safe}.{digest}"

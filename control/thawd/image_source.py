@@ -4,7 +4,9 @@ A thin adapter over control/images/image.py and control/images/cache.py so
 control/thawd/service.py sees six verbs: pull (a leased local entry, fetched
 if need be), has, staged (a cache partial for `runsc checkpoint` to write
 into), publish (it), entries, evict. The node's compatibility tuple is
-computed once, at start.
+computed once, at start. Every verb works on the tenant's view of the store
+(its prefix, its key, the manifest key), the tenant being the first field of
+the workload key (issue 13).
 """
 from __future__ import annotations
 
@@ -19,7 +21,9 @@ from control.images.cache import Lease
 from control.node.compat import CompatTuple, node_tuple
 from control.config import Settings
 from control.errors import NotFound, StoreError, Timeout, TupleMismatch
+from control.images.keys import Keyring
 from control.images.store import Store
+from control.lifecycle.tenant import store_tenant
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +33,11 @@ class ImageSource:
         self.s = settings
         self.cache = images.open_cache(settings)
         self.store = store if store is not None else Store(settings)
+        self.keys = Keyring.from_settings(settings)
         self.node = node or node_tuple(settings)
+        if self.keys.manifest_key is None:
+            log.warning("store.manifest_key_file is not set: manifests are neither signed nor checked, so anyone "
+                        "who can write the bucket can publish an image this node restores (docs/security.md)")
         self._lock = threading.Lock()
         self._streams: dict = {}   # key -> the Stream filling its entry (store.stream)
         try:
@@ -41,10 +49,15 @@ class ImageSource:
         """A leased cache entry for `key` on this node; NotFound / TupleMismatch / StoreError otherwise.
         With store.stream, a miss gives a Stream instead: restorable at once, filling the
         entry as it goes (control/images/stream.py)."""
+        store = self._store(key)
         if self.s.store_stream:
-            return self._stream(key)
+            if not store.encrypted:
+                return self._stream(key, store)
+            # thaw-gofer serves plaintext chunks only: an encrypting tenant's image
+            # is pulled (and decrypted) whole before it restores.
+            log.info("pull %s: the tenant encrypts; pulled whole, not streamed", key)
         t0 = time.monotonic()
-        r = images.pull(self.cache, self.store, key, self.node, workers=self.s.store_workers)
+        r = images.pull(self.cache, store, key, self.node, workers=self.s.store_workers)
         r.lease.hit = r.hit  # thawd counts hits and misses
         for note in r.notes:
             log.info("pull %s: %s", key, note)
@@ -56,7 +69,7 @@ class ImageSource:
                      r.manifest_size, time.monotonic() - t0, f.seconds, f.engine or "?", f.direct_bytes)
         return r.lease
 
-    def _stream(self, key: str):
+    def _stream(self, key: str, store: Store):
         from control.images import stream as streammod
         with self._lock:
             active = self._streams.get(key)
@@ -64,7 +77,7 @@ class ImageSource:
             # Its stream holds the key's lock until the entry is in: a second
             # container of the key starts cold rather than wait for it.
             raise Timeout(f"waiting for the image of {key!r}, which streams in for another container,", 0)
-        src = streammod.open_image(self.cache, self.store, self.s, key, self.node,
+        src = streammod.open_image(self.cache, store, self.s, key, self.node,
                                    lock_timeout_s=self.s.thawd_prepare_timeout_s)
         if isinstance(src, streammod.Stream):
             with self._lock:
@@ -86,7 +99,7 @@ class ImageSource:
         if any(e.state == "ready" and e.tuple.hash() == self.node.hash() for e in self.cache.entries(key)):
             return True
         try:
-            images.remote_manifest(self.store, key, self.node)
+            images.remote_manifest(self._store(key), key, self.node)
             return True
         except (NotFound, TupleMismatch):
             return False
@@ -100,7 +113,7 @@ class ImageSource:
         """Publish a staged image and make it this node's cache entry (by rename);
         True if ours won the publish."""
         t0 = time.monotonic()
-        r = images.publish_staged(self.cache, self.store, st, chunker=self.s.pack_chunker,
+        r = images.publish_staged(self.cache, self._store(st.key), st, chunker=self.s.pack_chunker,
                                   avg_chunk=self.s.pack_avg_chunk_bytes, workers=self.s.store_workers)
         for note in r.notes:
             log.info("publish %s: %s", st.key, note)
@@ -110,6 +123,10 @@ class ImageSource:
                  u.uploaded_chunks, u.chunks, u.packs, time.monotonic() - t0, u.seconds,
                  "published" if r.published else "another writer published first")
         return r.published
+
+    def _store(self, key: str) -> Store:
+        """The store as the tenant of `key` sees it (KeyMissing when it must encrypt and has no key)."""
+        return self.store.for_tenant(store_tenant(key), self.keys)
 
     def entries(self) -> list[dict]:
         return [{"key": e.key, "tuple_hash": e.tuple.hash(), "bytes": e.size, "leases": e.leases,

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from control.errors import ThawError
+from control.errors import IdentityError, ThawError
 from control.files import write_json_atomic
 from control.lifecycle import pod as podmod
 from control.lifecycle.engine import Engine, uses_gpu
@@ -95,6 +95,7 @@ class Pod:
     table: dict = field(default_factory=dict)      # name -> identity the image was saved with
     members: dict = field(default_factory=dict)    # name -> MemberState
     undeclared: list = field(default_factory=list)
+    unkeyed: str = ""            # why a container's identity (so the pod's key) cannot be told: never checkpointed
     restored_at: float = 0.0
     timer: threading.Timer | None = None
 
@@ -146,9 +147,12 @@ class Pods:
         with self._lock:
             return self._pods.get((str(root), sandbox_id))
 
-    def _new(self, rt: "RuntimeRef", spec: dict) -> Pod:
+    def _new(self, rt: "RuntimeRef", spec: dict, tenant: str | None) -> Pod:
+        """`tenant`: the sandbox's (Thawd.sandbox_tenant); None when it cannot be told,
+        and the pod then has no lookup key: it starts cold and is never checkpointed."""
         declared = podmod.declared(spec)
-        p = Pod(rt, podmod.pod_uid(spec), podmod.lookup(spec, declared), declared)
+        p = Pod(rt, podmod.pod_uid(spec), podmod.lookup(spec, declared, tenant) if tenant is not None else "",
+                declared)
         with self._lock:
             old = self._pods.pop((str(rt.runsc_root), rt.container_id), None)
             self._pods[(str(rt.runsc_root), rt.container_id)] = p
@@ -172,7 +176,13 @@ class Pods:
 
     def prepare_sandbox(self, rt: "RuntimeRef", spec: dict) -> "Decision":
         from control.thawd.service import Decision
-        p = self._new(rt, spec)
+        try:
+            tenant = self.t.sandbox_tenant(rt, spec)
+        except IdentityError as e:
+            p = self._new(rt, spec, None)
+            p.reason = p.unkeyed = str(e)
+            return Decision(False, p.reason)
+        p = self._new(rt, spec, tenant)
         if not p.declared:
             p.reason = (f"no-declared-containers: the pod declares none (annotation "
                         f"{podmod.ANNOTATION_READY_PREFIX}<container>)")
@@ -249,9 +259,16 @@ class Pods:
         p = self._get(rt.runsc_root, sid)
         if p is None:
             return Decision(False, f"pod-unknown: thawd has no record of sandbox {sid} (thawd restarted?)")
-        ident = podmod.identity(spec)
+        try:
+            # its workload key from its recorded tenant and image digest, as a lone container's
+            ident, unkeyed = podmod.identity(spec, self.t._workload(rt, spec).key), ""
+        except IdentityError as e:
+            ident, unkeyed = {}, f"{e} (container {name!r})"
         self._bind(p, name)
         if p.state == RESTORING:
+            if unkeyed:   # nobody can tell it is the image's container: the pod starts again, cold
+                self.fail(p, unkeyed)
+                return Decision(False, f"{POD_FAILED}: {p.reason}", p.key)
             problem = self._mismatch(p, name, ident)
             if problem:
                 self.fail(p, f"container-mismatch: {problem}", forget_table=True)
@@ -266,13 +283,15 @@ class Pods:
             p.members[name] = MemberState(name, rt, ident)
             if name not in p.declared and name not in p.undeclared:
                 p.undeclared.append(name)
+            if unkeyed and not p.unkeyed:
+                p.unkeyed = unkeyed
         if p.state == FAILED:
             return Decision(False, f"{POD_FAILED}: {p.reason}", p.key)
         if p.state == RESTORED or known:
             return Decision(False, "pod-running: a container re-created in a running pod starts cold "
                                    "(the kubelet's restart; a restore would bring back the saved state)", p.key)
         self._assembled(p)
-        return Decision(False, f"pod-cold: {p.reason}", p.key or p.lookup)
+        return Decision(False, f"pod-cold: {unkeyed or p.reason}", p.key or p.lookup)
 
     @staticmethod
     def _bind(p: Pod, name: str) -> None:
@@ -293,7 +312,7 @@ class Pods:
     def _assembled(self, p: Pod) -> None:
         """A cold pod whose declared containers have all been created: its key and container
         set are known; remember them for the next pod of this lookup key."""
-        if p.key or set(p.members) != set(p.declared):
+        if p.key or p.unkeyed or not p.lookup or set(p.members) != set(p.declared):
             return
         table = {n: m.identity for n, m in p.members.items()}
         p.key = podmod.key(p.lookup, table)
@@ -416,6 +435,9 @@ class Pods:
     # -- automatic checkpoint ----------------------------------------------------------
 
     def _maybe_checkpoint(self, p: Pod) -> None:
+        if p.unkeyed:
+            log.warning("%s is not checkpointed: %s", p.summary(), p.unkeyed)
+            return
         if p.undeclared:
             log.warning("%s is not checkpointed: container(s) %s not declared (annotation %s<container>)",
                         p.summary(), ", ".join(p.undeclared), podmod.ANNOTATION_READY_PREFIX)

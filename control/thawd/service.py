@@ -19,9 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from control.lifecycle import pod as podmod
+from control.lifecycle import tenant as tenantmod
 from control.lifecycle import workload as workloadmod
 from control.config import Settings
-from control.errors import IntegrityError, NotFound, ThawError, UserError
+from control.errors import IdentityError, IntegrityError, KeyMissing, ManifestRefused, NotFound, ThawError, UserError
+from control.thawd import ctrinfo
 from control.thawd.metrics import Metrics
 from control.thawd.pods import Pods
 from control.thawd.quarantine import Quarantine
@@ -152,15 +154,26 @@ class Decision:
 
 
 class Thawd:
-    def __init__(self, settings: Settings, images, metrics: Metrics | None = None) -> None:
-        """`images` is the image source (control/images.py adapter: pull/publish/evict/entries)."""
+    def __init__(self, settings: Settings, images, metrics: Metrics | None = None, identify=None,
+                 identify_sandbox=None) -> None:
+        """`images` is the image source (control/images.py adapter: pull/publish/evict/entries).
+        `identify(rt)` tells a container's tenant and image digest (ctrinfo.Identity) from
+        what its runtime records; default: containerd's records (control/thawd/ctrinfo.py).
+        `identify_sandbox(rt)`: the same for a CRI pod's sandbox (pause) container, which
+        has a tenant but no image digest (ctrinfo.identify sandbox=True)."""
         self.s = settings
         self.images = images
         self.metrics = metrics or Metrics()
+        self.identify = identify or (lambda rt: ctrinfo.identify_container(settings, rt.runsc_root, rt.container_id))
+        self.identify_sandbox = identify_sandbox or (lambda rt: ctrinfo.identify_container(
+            settings, rt.runsc_root, rt.container_id, sandbox=True))
         self.state_dir = settings.state_dir / "thawd"
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._leases: dict[tuple[str, str], object] = {}        # (root, id) -> lease
+        # (root, id) -> ctrinfo.Identity, established at create: a tag moved later
+        # must not change which key a running container checkpoints under.
+        self._identities: dict[tuple[str, str], ctrinfo.Identity] = {}
         self._fetches: dict[str, Future] = {}                    # key -> background pull
         self._checkpointing: set[str] = set()
         # Restore decisions with no outcome yet: (root, id) -> (workload key,
@@ -195,29 +208,65 @@ class Thawd:
         log.info("prepare %s key=%s -> %s %s", rt.container_id, d.key, "restore" if d.restore else "cold", d.reason)
         return d
 
+    def _workload(self, rt: RuntimeRef, spec: dict) -> "workloadmod.Workload | None":
+        """The workload of an opted-in container, keyed by the identity its runtime
+        records (asked once per container); IdentityError when that cannot be told
+        or its tenant annotation would widen or switch it."""
+        if not workloadmod.opted_in(spec):
+            return None
+        k = (str(rt.runsc_root), rt.container_id)
+        with self._lock:
+            ident = self._identities.get(k)
+        if ident is None:
+            ident = self.identify(rt)
+            with self._lock:
+                self._identities[k] = ident
+        return workloadmod.from_spec(spec, ident.tenant, ident.image)
+
+    def sandbox_tenant(self, rt: RuntimeRef, spec: dict) -> str:
+        """The tenant of a CRI pod's sandbox (pause) container, narrowed by the pod's
+        tenant annotation as its app containers' are (workload.from_spec); IdentityError
+        when that cannot be told. The pod's lookup key starts with it (pods.py)."""
+        ident = self.identify_sandbox(rt)
+        return tenantmod.narrow(ident.tenant, (spec.get("annotations") or {}).get(workloadmod.ANNOTATION_TENANT))
+
+    def _key(self, rt: RuntimeRef, spec: dict | None = None) -> str:
+        """The container's workload key, "" when it has none thaw may use."""
+        try:
+            wl = self._workload(rt, spec if spec is not None else specmod.Bundle(rt.bundle).load())
+        except (IdentityError, UserError):
+            return ""
+        return wl.key if wl else ""
+
     def _decide(self, rt: RuntimeRef) -> Decision:
+        t0 = time.monotonic()
         spec = specmod.Bundle(rt.bundle).load()
-        wl = workloadmod.from_spec(spec)
-        if wl is None:
+        if not workloadmod.opted_in(spec):
             return Decision(False, "not-opted-in")
         role = podmod.role(spec)
         if role == podmod.SANDBOX:       # a Kubernetes pod's pause container: the pod's decision
             return self.pods.prepare_sandbox(rt, spec)
         if role == podmod.MEMBER:        # an app container: its pod's decision, checked against the image
             return self.pods.prepare_member(rt, spec)
+        try:
+            wl = self._workload(rt, spec)
+        except IdentityError as e:
+            return Decision(False, str(e))
         self._prepare_gpu_spec(rt, spec)
-        return self.claim_image(rt, spec, wl.key)
+        return self.claim_image(rt, spec, wl.key, t0)
 
-    def claim_image(self, rt: RuntimeRef, spec: dict, key: str) -> Decision:
+    def claim_image(self, rt: RuntimeRef, spec: dict, key: str, t0: float | None = None) -> Decision:
         """A leased local image of `key` for container `rt` (fetched if need be, one pull
         per key), its gate closed; or cold with the reason."""
         why = self.quarantine.reason(key)
         if why is not None:
             return Decision(False, f"quarantined: {why}", key)
-        deadline = time.monotonic() + self.s.thawd_prepare_timeout_s
+        # The identity lookup comes out of the same budget (t0, taken before it):
+        # the stand-in waits thawd.prepare_timeout_s + 1 s for the whole answer.
+        deadline = (t0 if t0 is not None else time.monotonic()) + self.s.thawd_prepare_timeout_s
         fut = self._fetch(key)
         try:
-            lease = fut.result(timeout=self.s.thawd_prepare_timeout_s)
+            lease = fut.result(timeout=max(0.05, deadline - time.monotonic()))
         except TimeoutError:
             return Decision(False, "fetch-in-progress: the image is still being fetched", key)
         except NotFound:
@@ -227,14 +276,14 @@ class Thawd:
             # engine check every chunk; neither retries a mismatch): every pull of this
             # image fails alike, so it counts towards quarantine like a failed restore,
             # and a quarantined key stops costing a download at every start.
-            reason = f"fetch-failed: {e}"
+            # A refused manifest (ManifestRefused, where "manifest") keeps its own reason,
+            # manifest-refused, and counts only as a cold start, as before this rule.
+            reason = f"{_fetch_reason(e)}: {e}"
             if e.where == "store" and self.quarantine.failed(key, reason):
                 self.metrics.inc("thaw_quarantined_total")
             return Decision(False, reason, key)
         except ThawError as e:
-            reason = {"TupleMismatch": "tuple-mismatch", "Timeout": "fetch-in-progress"}.get(type(e).__name__,
-                                                                                             "fetch-failed")
-            return Decision(False, f"{reason}: {e}", key)
+            return Decision(False, f"{_fetch_reason(e)}: {e}", key)
         k = (str(rt.runsc_root), rt.container_id)
         with self._lock:  # claim the fetched lease, unless another container already did
             shared = any(v is lease for v in self._leases.values())
@@ -252,7 +301,7 @@ class Thawd:
                 second.add_done_callback(lambda f: f.exception() is None and f.result().release())
                 return Decision(False, "fetch-in-progress: the image's cache entry is busy", key)
             except ThawError as e:
-                return Decision(False, f"fetch-failed: {e}", key)
+                return Decision(False, f"{_fetch_reason(e)}: {e}", key)
             with self._lock:
                 old = self._leases.pop(k, None)
                 self._leases[k] = lease
@@ -405,18 +454,22 @@ class Thawd:
         if lease is None:
             return False, "thawd holds no restore decision for this container (thawd restarted?)", 0.0
         with self._lock:
-            key, _ = self._pending.pop(k, ("", None))   # from here, the engine and undo_restore own the gate
+            key, gate = self._pending.pop(k, ("", None))   # from here, the engine and undo_restore own the gate
         log.info("restore %s key=%s starting", rt.container_id, key)
         if spec is None:
-            self.report_outcome(rt, "RESTORE_FAILED", unreadable, key=key)
-            return False, unreadable, time.monotonic() - t0
+            return self._restore_not_tried(rt, key, gate, unreadable, t0)
         if role == podmod.SANDBOX:
             p = self.pods.pod_of(rt, spec)
             ok, detail, secs = self.pods.restore_sandbox(rt, Path(lease.path), cancelled)
             if ok:
                 self._watch_pod_standin(rt, standin, p)
             return ok, detail, secs
-        wl = workloadmod.from_spec(spec)
+        try:
+            # The identity established at create (self._identities): a tag moved
+            # since must not change the key; an error here means thawd restarted.
+            wl = self._workload(rt, spec)
+        except IdentityError as e:
+            return self._restore_not_tried(rt, key, gate, f"{type(e).__name__}: {getattr(e, 'message', e)}", t0)
         key = wl.key if wl else key
         h = Handle(rt.container_id, rt.runsc(self.s.runsc_path, self.s.runsc_timeout_s), rt.bundle)
         image = Path(lease.path)
@@ -527,6 +580,14 @@ class Thawd:
         with self._lock:
             self._networks[k] = (path, snap)
 
+    def _restore_not_tried(self, rt: RuntimeRef, key: str, gate, reason: str, t0: float):
+        """End a restore that never reached runsc: the cold start needs its network
+        (the gate opened), and the outcome is recorded."""
+        if gate is not None:
+            gatemod.open(gate, f"restore of {rt.container_id} not tried: {reason}")
+        self.report_outcome(rt, "RESTORE_FAILED", reason, key=key)
+        return False, reason, time.monotonic() - t0
+
     def undo_restore(self, h: Handle, rt: RuntimeRef, key: str, reason: str) -> None:
         """A restore that will not be used: kill and delete the sandbox (the stand-in
         creates it again, cold), put the namespace's addresses and routes back
@@ -563,8 +624,7 @@ class Thawd:
                     self.metrics.inc("thaw_cold_starts_total")
                     self.pods.cold_started(rt, spec)
                 return
-            wl = workloadmod.from_spec(spec)
-            key = wl.key if wl else ""
+            key = self._key(rt, spec)
         self._end_pending(rt, outcome)
         log.info("outcome %s key=%s %s %s", rt.container_id, key, outcome, reason)
         if outcome == "RESTORE_FAILED":
@@ -620,7 +680,10 @@ class Thawd:
     def _auto_checkpoint(self, rt: RuntimeRef, key: str) -> dict | None:
         """A lone container's: wait for its readiness probe, checkpoint, publish."""
         spec = specmod.Bundle(rt.bundle).load()
-        wl = workloadmod.from_spec(spec)
+        wl = self._workload(rt, spec)
+        if wl is None or wl.key != key:
+            log.warning("auto-checkpoint of %s skipped: its key is no longer %s", rt.container_id, key)
+            return None
         if wl.ready is None:
             log.warning("auto-checkpoint of %s skipped: the workload declares no readiness probe "
                         "(annotation %s); thaw does not guess when it is warm", rt.container_id,
@@ -651,6 +714,7 @@ class Thawd:
     def _release_key(self, k: tuple[str, str]) -> bool:
         self._settle(k, "released before any restore (create or start did not finish)")
         with self._lock:
+            self._identities.pop(k, None)
             lease = self._leases.pop(k, None)
             self._networks.pop(k, None)
         if lease is None:
@@ -679,10 +743,11 @@ class Thawd:
         with the workload left running: a failed save never loses it; without
         `leave_running` it is stopped only after the image is complete."""
         spec = specmod.Bundle(rt.bundle).load()
-        wl = workloadmod.from_spec(spec)
-        if wl is None:
+        if not workloadmod.opted_in(spec):
             raise UserError(f"container {rt.container_id} did not opt in (annotation {workloadmod.ANNOTATION_WORKLOAD})")
-        key = key or wl.key
+        # A pod's key was made from its containers' identities (pods.py); its pause
+        # container has no image digest of its own to ask for (ctrinfo.identify).
+        key = key or self._workload(rt, spec).key
         # runsc writes the image straight into a partial directory of the node
         # cache; publishing chunks and uploads it from there and the cache adopts
         # the directory by rename: one copy of the image, hashed once.
@@ -724,3 +789,16 @@ class Thawd:
             self._leases.clear()
         for lease in leases:
             lease.release()
+
+
+def _fetch_reason(e: ThawError) -> str:
+    """The decision reason (and metrics label) of a failed pull."""
+    if isinstance(e, ManifestRefused):
+        return "manifest-refused"
+    if isinstance(e, KeyMissing):
+        return "no-tenant-key"
+    if type(e).__name__ == "TupleMismatch":
+        return "tuple-mismatch"
+    if type(e).__name__ == "Timeout":   # another container's stream holds the key (image_source._stream)
+        return "fetch-in-progress"
+    return "fetch-failed"

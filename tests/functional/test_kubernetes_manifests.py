@@ -34,6 +34,7 @@ def test_every_manifest_decodes_strictly(objects):
     assert set(objects) == {
         ("Namespace", "thaw-system"), ("RuntimeClass", "runsc-thaw"), ("ServiceAccount", "thawd"),
         ("ConfigMap", "thaw-config"), ("Secret", "thaw-s3-credentials"), ("DaemonSet", "thawd"),
+        ("Secret", "thaw-manifest-key"), ("Secret", "thaw-tenant-keys"),
         ("Pod", "llm-server"),
     }
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -20,10 +21,13 @@ HOOKS = BUILD / "thaw-runsc-hooks"
 STANDIN_KEYS = [k for k in config.KEYS if k.standin]
 
 
-def go_view(env: dict[str, str]) -> tuple[int, dict]:
+def go_view(env: dict[str, str], cwd: Path | None = None) -> tuple[int, dict]:
+    # Never the checkout as working directory: a binary that opened a refused
+    # relative path (a stale build did: relative/path in the repo) writes there.
     assert HOOKS.is_file(), f"{HOOKS} is not built: run `make setup`"
-    p = subprocess.run([str(HOOKS), "thaw-config"], capture_output=True, text=True, timeout=30,
-                       env={"PATH": "/usr/bin:/bin", **env})
+    with tempfile.TemporaryDirectory(prefix="go-view-") as tmp:
+        p = subprocess.run([str(HOOKS), "thaw-config"], capture_output=True, text=True, timeout=30,
+                           env={"PATH": "/usr/bin:/bin", **env}, cwd=cwd or tmp)
     return p.returncode, json.loads(p.stdout)
 
 
@@ -112,8 +116,11 @@ def test_both_refuse_the_same_bad_values_naming_key_and_source(tmp_path, k, raw,
     with pytest.raises(ConfigError) as e:
         config.load(environ=env)
     assert e.value.key == k.name and source in str(e.value)
-    rc, go = go_view(env)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    rc, go = go_view(env, cwd)
     assert rc == 78, go
+    assert not list(cwd.iterdir()), "the refused value was opened anyway"
     assert go["error"].startswith(f"config {k.name}: ") and source in go["error"], go["error"]
     # The stand-in keeps going on the default (and starts containers cold, standin.go create).
     default = config.json_value(k.default)

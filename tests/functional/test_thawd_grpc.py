@@ -84,9 +84,12 @@ def test_prepare_answers_cold_with_a_reason(thawd):
     opted.write(specmod.command_spec(["/bin/true"], rootfs="rootfs", annotations={"thaw.dev/workload": "w"}))
     r = stub.PrepareRestore(pb.PrepareRestoreRequest(runtime=pb.Runtime(
         container_id="c2", bundle=str(opted.path), runsc_root="/r")), timeout=5)
-    assert r.decision == pb.PrepareRestoreResponse.COLD and r.reason == "no-image"
-    assert r.workload_key.startswith("default.w.")
-    assert stub.Stats(pb.StatsRequest(), timeout=5).counters['thaw_cold_decisions_total{reason="no-image"}'] == 1
+    # An opted-in container whose runsc root is not <containerd.runsc_root>/<namespace>:
+    # nobody can tell whose it is, so it starts cold and gets no key (issue 13).
+    assert r.decision == pb.PrepareRestoreResponse.COLD and r.workload_key == ""
+    assert r.reason.startswith("identity-unknown: runsc root /r is not <containerd.runsc_root>/<namespace>")
+    assert stub.Stats(pb.StatsRequest(), timeout=5).counters[
+        'thaw_cold_decisions_total{reason="identity-unknown"}'] == 1
 
 
 def test_subcontainer_restored_is_only_for_a_pods_app_container(thawd):

@@ -18,6 +18,7 @@ from control import config
 from control.images import image as images
 from control.images.cache import Cache
 from control.images.store import Store
+from control.lifecycle.tenant import store_tenant
 from control.node import compat
 
 overrides, src, key, mode, marker = json.loads(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4], \
@@ -43,6 +44,6 @@ cache = images.open_cache(settings)
 with images.staged(cache, key, node) as st:
     for f in src.iterdir():
         shutil.copyfile(f, st.path / f.name)
-    images.publish_staged(cache, Store(settings), st, chunker=settings.pack_chunker,
+    images.publish_staged(cache, Store(settings).for_tenant(store_tenant(key)), st, chunker=settings.pack_chunker,
                           avg_chunk=settings.pack_avg_chunk_bytes, workers=settings.store_workers, progress=progress)
 raise SystemExit("the publish finished; it should have hung")

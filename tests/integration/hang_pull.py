@@ -38,6 +38,7 @@ elif mode == "install":
     Cache._commit_locked = lambda self, *a, **k: hang()
 else:
     raise SystemExit(f"unknown mode {mode}")
-images.pull(images.open_cache(settings), Store(settings), key, node, workers=settings.store_workers,
+images.pull(images.open_cache(settings), Store(settings).for_tenant(key.split(".")[0]), key, node,
+            workers=settings.store_workers,
             progress=progress)
 raise SystemExit("the pull finished; it should have hung")

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from control.dev import ocibuild
+from control.dev.containerd import NAMESPACE
 from control.dev.testbed import COUNTER, Stack
 from runsc_hooks import gate as gatemod
 from runsc_hooks import network as netmod
@@ -103,7 +104,7 @@ def test_http_ready_probe_gate_and_health_under_containerd(web):
     outcome = next(m for m in msgs if m.startswith("outcome second") and "RESTORED" in m)
     assert f"http:{PORT}/ready: ok" in outcome, outcome   # the health probe is the http one (ready's default)
     assert [d["decision"] for d in s.decisions() if d["id"] == "second"] == ["restore", "restored"]
-    assert entry["key"].startswith("default.web.")
+    assert entry["key"].startswith(f"ctr-{NAMESPACE}.web.")   # the containerd namespace is the tenant (issue 13)
     s.ctrd.remove("second")
 
 

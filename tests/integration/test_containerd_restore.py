@@ -33,7 +33,7 @@ def test_cold_then_published_then_restored(cs):
     cs.ctrd.run(IMAGE, "first", ANNOTATIONS)
     boot1, _ = cs.state("first")
     entry = cs.wait_published()
-    assert entry["key"].startswith("default.counter.")
+    assert entry["key"].startswith("ctr-thaw.counter.")   # the containerd namespace is the tenant
     # runsc wrote the image into the cache and the entry is that directory: no staging
     # directory, no partial left, and nothing beside the entry in entries/.
     assert not (cs.base / "state" / "thawd" / "staging").exists()

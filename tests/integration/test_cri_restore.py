@@ -56,7 +56,7 @@ def seed(cs: CriStack, workload: str) -> dict[str, tuple[str, int]]:
     ready, then removed: the saved state of each container."""
     pod, _, ids = cs.run_pod(f"{workload}-seed", pod_annotations(workload))
     boots = {n: cs.state(c)[0] for n, c in ids.items()}
-    entry = cs.wait_key(f"default.{workload}.")
+    entry = cs.wait_key(f"k8s-default.{workload}.")
     saved = {n: cs.state(c) for n, c in ids.items()}
     assert {n: s[0] for n, s in saved.items()} == boots, "checkpoints leave the pod running"
     assert decisions(cs, pod, *ids.values()) == {
@@ -125,7 +125,7 @@ def test_pod_restores_both_containers_and_the_cri_view_stays_true(cs):
     cs.cri.crictl("rm", again)
     cs.cri.remove_pod(pod)
     assert cs.cri.crictl("pods", "-q", "--name", f"{w}-b").stdout.strip() == ""
-    entry = next(e for e in cs.stats()["entries"] if e["key"].startswith(f"default.{w}."))
+    entry = next(e for e in cs.stats()["entries"] if e["key"].startswith(f"k8s-default.{w}."))
     assert entry["leases"] == 0, "removing the pod released its image"
 
 
@@ -137,7 +137,7 @@ def test_single_container_pod_is_the_same_path(cs):
     one = {"server": POD_CONTAINERS["app"]}
     pod, _, ids = cs.run_pod(f"{w}-a", ann, one)
     boot, _ = cs.state(ids["server"])
-    cs.wait_key(f"default.{w}.")
+    cs.wait_key(f"k8s-default.{w}.")
     cs.cri.remove_pod(pod)
     pod, _, ids = cs.run_pod(f"{w}-b", ann, one, uid="single-b")
     assert cs.state(ids["server"])[0] == boot

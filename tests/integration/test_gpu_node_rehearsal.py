@@ -66,7 +66,8 @@ def test_gpu_node_script_rehearsed_on_cpu(name, tmp_path):
                                                      "broken_image"))
     assert cold["gpu_assigned"]["index"] == 0 and cold["server_gpu"]["gpu"] == "fake"
     ck = steps["checkpoint"]
-    assert ck["key"].startswith("default.gpu-server.") and ck["checkpoint"]["image_bytes"] > 0
+    # The tenant is the containerd namespace thawd found through thaw-ctrinfo (issue 13).
+    assert ck["key"].startswith("ctr-thaw-gpu-node.gpu-server.") and ck["checkpoint"]["image_bytes"] > 0
     assert ck["publish"]["uploaded_bytes"] > 0 and ck["publish"]["seconds"] > 0
     assert ck["nvidia_smi"]["uuids"] == ["GPU-fake-0000"]
     assert steps["evict"]["result"]["evicted"] is True
@@ -82,6 +83,7 @@ def test_gpu_node_script_rehearsed_on_cpu(name, tmp_path):
     # The altered chunk: refused at the pull, cold start, quarantined.
     assert broken["decisions"][0]["decision"] == "cold" and "altered" in broken["decisions"][0]["reason"]
     assert broken["boot"] != cold["boot"] and "fetch-failed" in broken["quarantine"]
+    assert "tenants/ctr-thaw-gpu-node/packs/" in broken["altered"]["object"]   # the tenant's own pack
 
     h = r["headline"]
     assert h["gpu_index"] == {"cold": 0, "store": 1, "cache": 0} and h["answers_identical"]

@@ -1,9 +1,12 @@
 """Fakes for the store's unit tests: an in-memory store and images chunked in Python."""
 from __future__ import annotations
 
+import copy
 import hashlib
 import threading
 from pathlib import Path
+
+from control.images import keys as keysmod
 
 from control.node.compat import CompatTuple
 from control.errors import StoreError
@@ -39,15 +42,39 @@ class FakeStore:
         self.retries = 1
         self.retry_budget_s = 0.0
         self.timeout_s = 1.0
+        self.prefix = ""
+        self.tenant = ""
+        self.tenant_key: bytes | None = None
+        self.manifest_key: bytes | None = None
+        self.heads: list[str] = []   # every pointer name asked about (chunk_location)
+
+    def for_tenant(self, tenant: str, tenant_key=None, manifest_key: bytes | None = None):
+        """A view with Store.for_tenant's naming and keys over the same objects;
+        `tenant_key` may be a keys.Keyring, as Store.for_tenant takes."""
+        if isinstance(tenant_key, keysmod.Keyring):
+            tenant_key, manifest_key = tenant_key.tenant_key(tenant), tenant_key.manifest_key
+        view = copy.copy(self)
+        view.prefix, view.tenant = f"tenants/{tenant}/", tenant
+        view.tenant_key, view.manifest_key = tenant_key, manifest_key
+        return view
+
+    @property
+    def encryption(self) -> str:
+        return keysmod.ENCRYPTION if self.tenant_key is not None else ""
+
+    def chunk_key(self, h: str) -> bytes | None:
+        return keysmod.chunk_key(self.tenant_key, h) if self.tenant_key is not None else None
 
     def chunk_name(self, h: str) -> str:
-        return f"chunks/{h}"
+        if self.tenant_key is not None:
+            return f"{self.prefix}chunks/{keysmod.pointer_name(self.tenant_key, h)}"
+        return f"{self.prefix}chunks/{h}"
 
     def pack_name(self, p: str) -> str:
-        return f"packs/{p}"
+        return f"{self.prefix}packs/{p}"
 
     def manifest_name(self, key: str, th: str) -> str:
-        return f"manifests/{key}/{th}.json"
+        return f"{self.prefix}manifests/{key}/{th}.json"
 
     def ensure_bucket(self) -> None:
         pass
@@ -72,6 +99,7 @@ class FakeStore:
         buf[:] = data
 
     def chunk_location(self, h: str) -> Location | None:
+        self.heads.append(self.chunk_name(h))
         m = self.meta.get(self.chunk_name(h))
         return None if m is None else Location(m["pack"], m["offset"], m["stored"], m["codec"])
 
@@ -92,7 +120,8 @@ class FakeStore:
         return self.objects.get(self.manifest_name(key, th))
 
     def list_manifests(self, key: str | None = None):
+        base = f"{self.prefix}manifests/"
         for name, body in sorted(self.objects.items()):
-            if name.startswith("manifests/" + (f"{key}/" if key else "")):
-                k, leaf = name[len("manifests/"):].split("/")
+            if name.startswith(base + (f"{key}/" if key else "")):
+                k, leaf = name[len(base):].split("/")
                 yield k, leaf[:-len(".json")], len(body)

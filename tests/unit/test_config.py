@@ -157,6 +157,8 @@ def _other_value(k: config.Key) -> tuple[str, object]:
         config.DNS_LABEL: ("other-handler", "other-handler"),
         config.IPV4: ("10.0.0.9", "10.0.0.9"),
         config.IPV4_SLOTS: ("10.9.0.0/24", "10.9.0.0/24"),
+        config.SOCKET: ("unix:///other/containerd.sock", "/other/containerd.sock"),
+        config.TENANT_MAP: ("k8s:team-a=a, ctr:ci=b", config.Pairs([("ctr:ci", "b"), ("k8s:team-a", "a")])),
     }
     if k.kind.name.startswith("one of "):
         other = next(c for c in k.kind.name[len("one of "):].split(", ") if c != k.default)

@@ -26,6 +26,26 @@ def test_configmap_points_thaw_at_the_installed_binaries():
     assert Path(cfg["runsc"]["path"]) == bindir / "runsc"
     assert Path(cfg["pack"]["chunker"]) == bindir / "thaw-chunk"
     assert Path(cfg["store"]["fetcher"]) == bindir / "thaw-fetch"
+    assert Path(cfg["containerd"]["info"]) == bindir / "thaw-ctrinfo"
+
+
+def test_keys_come_from_secret_files_mounted_private():
+    """The manifest key and the tenant keys are Secret volumes of mode 0400 at the
+    paths the ConfigMap names (docs/security.md), never environment variables."""
+    import yaml
+    text = (REPO / "deploy/kubernetes/30-configmap.yaml").read_text()
+    block = text.split("config.toml: |\n", 1)[1]
+    cfg = tomllib.loads("\n".join(line[4:] for line in block.splitlines()))
+    ds = yaml.safe_load((REPO / "deploy/kubernetes/40-daemonset.yaml").read_text())
+    pod = ds["spec"]["template"]["spec"]
+    thawd = next(c for c in pod["containers"] if c["name"] == "thawd")
+    mounts = {m["mountPath"]: m["name"] for m in thawd["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    for path in (Path(cfg["store"]["manifest_key_file"]).parent, Path(cfg["store"]["tenant_keys_dir"])):
+        v = volumes[mounts[str(path)]]
+        assert "secret" in v and v["secret"]["defaultMode"] == 0o400, v
+    assert not any("KEY" in e["name"] and "AWS" not in e["name"] for e in thawd.get("env", []))
+    assert config.load(environ={}, default_file=Path("/nonexistent")) is not None
 
 
 def test_image_build_script_installs_every_binary_provision_installs():

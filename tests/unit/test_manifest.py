@@ -42,10 +42,10 @@ def test_round_trip():
 
 def test_unknown_schema_version_is_refused_by_name():
     d = doc()
-    d["schema_version"] = 3
+    d["schema_version"] = 4
     with pytest.raises(ManifestError) as e:
         parse(d)
-    assert e.value.field == "schema_version" and "unknown version 3" in str(e.value)
+    assert e.value.field == "schema_version" and "unknown version 4" in str(e.value)
 
 
 B1, B2 = "d" * 64, "e" * 64

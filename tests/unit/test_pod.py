@@ -1,10 +1,11 @@
 """A pod's roles, declared containers and key (control/lifecycle/pod.py)."""
 import copy
+import hashlib
 
 import pytest
 
 from control.errors import UserError
-from control.lifecycle import pod
+from control.lifecycle import pod, workload
 from runsc_hooks import probe
 from runsc_hooks import spec as specmod
 
@@ -22,6 +23,23 @@ def member(name="app", args=("/app/run.sh",), image="thaw.dev/web:1", ann=None, 
     return specmod.command_spec(list(args), rootfs="r", env=env or {}, annotations={
         "io.kubernetes.cri.container-type": "container", "io.kubernetes.cri.sandbox-id": "s1",
         "io.kubernetes.cri.container-name": name, "io.kubernetes.cri.image-name": image, **(ann or POD_ANN)})
+
+
+TENANT = "default"   # the pod's tenant, as thawd's ctrinfo tells it (here: a fake's)
+
+
+def digest(spec: dict) -> str:
+    """The image digest containerd records for a member; in these tests a function of its image name."""
+    return "sha256:" + hashlib.sha256(spec["annotations"]["io.kubernetes.cri.image-name"].encode()).hexdigest()
+
+
+def identity(spec: dict, tenant: str = TENANT) -> dict:
+    """A member's identity with the workload key thawd gives it (Thawd._workload)."""
+    return pod.identity(spec, workload.workload_key(spec, tenant, digest(spec)))
+
+
+def lookup(sandbox_spec: dict, names, tenant: str = TENANT) -> str:
+    return pod.lookup(sandbox_spec, names, tenant)
 
 
 def test_roles():
@@ -56,20 +74,23 @@ def test_bad_declarations_name_the_annotation(ann, field):
 
 
 def test_lookup_covers_the_sandbox_and_the_declared_names_only():
-    a = pod.lookup(sandbox(), ["app", "sidecar"])
-    assert a.startswith("default.web.") and a == pod.lookup(sandbox(uid="uid-2"), ["sidecar", "app"])
-    assert a != pod.lookup(sandbox(), ["app"])
-    assert a != pod.lookup(sandbox({**POD_ANN, "thaw.dev/workload": "api"}), ["app", "sidecar"])
+    a = lookup(sandbox(), ["app", "sidecar"])
+    assert a.startswith("default.web.") and a == lookup(sandbox(uid="uid-2"), ["sidecar", "app"])
+    assert a != lookup(sandbox(), ["app"])
+    assert a != lookup(sandbox({**POD_ANN, "thaw.dev/workload": "api"}), ["app", "sidecar"])
+    # Another tenant's pod of the same workload has another lookup key, in its own store prefix.
+    other = lookup(sandbox(), ["app", "sidecar"], tenant="k8s-team-b")
+    assert other.startswith("k8s-team-b.web.") and other.split(".")[-1] != a.split(".")[-1]
 
 
 def test_key_changes_with_any_container_identity():
-    lk = pod.lookup(sandbox(), ["app", "sidecar"])
-    base = {"app": pod.identity(member("app")), "sidecar": pod.identity(member("sidecar"))}
+    lk = lookup(sandbox(), ["app", "sidecar"])
+    base = {"app": identity(member("app")), "sidecar": identity(member("sidecar"))}
     k = pod.key(lk, base)
     assert k.startswith(lk + "-") and len(k) <= 128
-    assert k == pod.key(lk, {"sidecar": pod.identity(member("sidecar")), "app": pod.identity(member("app"))})
+    assert k == pod.key(lk, {"sidecar": identity(member("sidecar")), "app": identity(member("app"))})
     for changed in (member("sidecar", image="thaw.dev/web:2"), member("sidecar", args=("/app/other.sh",))):
-        assert pod.key(lk, {**base, "sidecar": pod.identity(changed)}) != k
+        assert pod.key(lk, {**base, "sidecar": identity(changed)}) != k
 
 
 def test_fingerprint_ignores_what_runsc_lets_change():
@@ -91,10 +112,10 @@ def test_differences_name_the_spec_field():
     a = member()
     b = copy.deepcopy(a)
     b["process"]["capabilities"]["bounding"] = b["process"]["capabilities"]["bounding"] + ["CAP_NET_ADMIN"]
-    assert pod.differences(pod.identity(a), pod.identity(b)) == ["capabilities"]
+    assert pod.differences(identity(a), identity(b)) == ["capabilities"]
     c = member(image="thaw.dev/web:2")
-    assert pod.differences(pod.identity(a), pod.identity(c)) == ["workload key (image, args, cwd, key-env, GPUs)"]
-    assert pod.differences(pod.identity(a), pod.identity(member())) == []
+    assert pod.differences(identity(a), identity(c)) == ["workload key (image, args, cwd, key-env, GPUs)"]
+    assert pod.differences(identity(a), identity(member())) == []
 
 
 def test_a_pod_wide_ready_probe_declares_the_pods_one_container():

@@ -12,7 +12,9 @@ from control import config
 from control.lifecycle import pod as podmod
 from control.thawd.service import RuntimeRef, Thawd
 from runsc_hooks import spec as specmod
-from tests.unit.test_pod import POD_ANN, member, sandbox
+from control.errors import IdentityError
+from control.thawd.ctrinfo import Identity
+from tests.unit.test_pod import POD_ANN, TENANT, digest, identity, lookup, member, sandbox
 from tests.unit.test_service import FakeImages
 
 FAKE_RUNSC = """#!/bin/sh
@@ -22,6 +24,27 @@ case " $* " in
 esac
 exit 0
 """
+
+
+class FakePodIdentities:
+    """containerd's records as ctrinfo tells them: every pod in TENANT, a member's
+    image digest by its image name (test_pod.digest); `fail[container id]` raises."""
+
+    def __init__(self) -> None:
+        self.fail: dict[str, IdentityError] = {}
+
+    def container(self, rt: RuntimeRef) -> Identity:
+        if rt.container_id in self.fail:
+            raise self.fail[rt.container_id]
+        spec = specmod.Bundle(rt.bundle).load()
+        if podmod.role(spec) == podmod.SANDBOX:   # as ctrinfo.identify: the CRI plugin records no digest
+            raise IdentityError("no-image-digest", "the CRI plugin recorded no image digest for this container")
+        return Identity(TENANT, digest(spec), "test")
+
+    def sandbox(self, rt: RuntimeRef) -> Identity:
+        if rt.container_id in self.fail:
+            raise self.fail[rt.container_id]
+        return Identity(TENANT, "", "test sandbox")
 
 
 @pytest.fixture
@@ -34,7 +57,9 @@ def env(tmp_path):
     s = config.load(environ={"THAW_NODE_STATE_DIR": str(tmp_path / "state"), "THAW_THAWD_PREPARE_TIMEOUT_S": "1",
                              "THAW_RUNSC_PATH": str(runsc)}, config_file=tmp_path / "empty.toml")
     images = FakeImages(tmp_path)
-    t = Thawd(s, images)
+    ids = FakePodIdentities()
+    t = Thawd(s, images, identify=ids.container, identify_sandbox=ids.sandbox)
+    t.fake_ids = ids
     checkpoints: list[str] = []
     t.maybe_auto_checkpoint = lambda key, job, what="": checkpoints.append(key)
     yield t, images, tmp_path, checkpoints
@@ -68,16 +93,45 @@ def test_cold_pod_is_keyed_by_its_containers_and_checkpointed_once_all_started(e
     d = cold_pod(t, tmp)
     assert not d["sandbox"].restore and d["sandbox"].reason.startswith("no-image")
     assert [d[n].reason.split(":")[0] for n in ("app", "sidecar")] == ["pod-cold", "pod-cold"]
-    lookup = podmod.lookup(sandbox(), ["app", "sidecar"])
-    table = t.pods.tables.get(lookup)
-    assert table["key"] == podmod.key(lookup, {n: podmod.identity(member(n)) for n in ("app", "sidecar")})
+    lk = lookup(sandbox(), ["app", "sidecar"])
+    table = t.pods.tables.get(lk)
+    assert table["key"] == podmod.key(lk, {n: identity(member(n)) for n in ("app", "sidecar")})
     assert checkpoints == [table["key"]]  # once, after the last declared container started
+
+
+def test_a_pod_whose_identity_cannot_be_told_starts_cold_and_is_never_keyed(env):
+    """The sandbox's tenant or a member's image digest unknown (ctrinfo): that pod is
+    cold with the reason, gets no table, and is never checkpointed."""
+    t, images, tmp, checkpoints = env
+    t.fake_ids.fail["s1"] = IdentityError("identity-unknown", "containerd did not answer")
+    d = cold_pod(t, tmp)
+    assert not d["sandbox"].restore and d["sandbox"].reason.startswith("identity-unknown: containerd did not")
+    assert all(d[n].reason.startswith("pod-cold: identity-unknown") for n in ("app", "sidecar"))
+    assert t.pods.tables.get(lookup(sandbox(), ["app", "sidecar"])) is None and checkpoints == []
+    t.fake_ids.fail = {"s2-sidecar": IdentityError("no-image-digest", "no digest recorded")}
+    d = cold_pod(t, tmp, sid="s2", uid="uid-2")
+    assert d["app"].reason.startswith("pod-cold: no-image") and d["sidecar"].reason.startswith(
+        "pod-cold: no-image-digest: no digest recorded (container 'sidecar')")
+    assert t.pods.tables.get(lookup(sandbox(), ["app", "sidecar"])) is None and checkpoints == []
+
+
+def test_a_member_whose_identity_cannot_be_told_fails_a_restoring_pod(env):
+    t, images, tmp, _ = env
+    cold_pod(t, tmp)
+    images.available[t.pods.tables.get(lookup(sandbox(), ["app", "sidecar"]))["key"]] = True
+    box = rt_of(tmp, "s2", sandbox(uid="uid-2"))
+    assert t.prepare_restore(box).restore
+    t.fake_ids.fail["s2-app"] = IdentityError("image-moved", "the tag moved")
+    m = member("app")
+    m["annotations"]["io.kubernetes.cri.sandbox-id"] = "s2"
+    d = t.prepare_restore(rt_of(tmp, "s2-app", m))
+    assert not d.restore and d.reason.startswith("pod-failed: image-moved: the tag moved (container 'app')")
 
 
 def test_next_pod_restores_with_the_image_of_its_container_set(env):
     t, images, tmp, _ = env
     cold_pod(t, tmp)
-    key = t.pods.tables.get(podmod.lookup(sandbox(), ["app", "sidecar"]))["key"]
+    key = t.pods.tables.get(lookup(sandbox(), ["app", "sidecar"]))["key"]
     images.available[key] = True
     box = rt_of(tmp, "s2", sandbox(uid="uid-2"))
     d = t.prepare_restore(box)
@@ -92,8 +146,8 @@ def test_next_pod_restores_with_the_image_of_its_container_set(env):
 def test_a_container_that_differs_fails_the_pod_and_its_next_sandbox_starts_cold(env):
     t, images, tmp, _ = env
     cold_pod(t, tmp)
-    lookup = podmod.lookup(sandbox(), ["app", "sidecar"])
-    images.available[t.pods.tables.get(lookup)["key"]] = True
+    lk = lookup(sandbox(), ["app", "sidecar"])
+    images.available[t.pods.tables.get(lk)["key"]] = True
     box = rt_of(tmp, "s2", sandbox(uid="uid-2"))
     assert t.prepare_restore(box).restore
     m = member("sidecar", image="thaw.dev/web:2")
@@ -102,7 +156,7 @@ def test_a_container_that_differs_fails_the_pod_and_its_next_sandbox_starts_cold
     assert not d.restore and d.reason.startswith("pod-failed: container-mismatch: container 'sidecar' differs")
     assert "workload key" in d.reason
     assert "delete --force s2" in (tmp / "bin" / "argv.log").read_text()   # the sandbox is removed
-    assert t.pods.tables.get(lookup) is None                                # the node forgets that set
+    assert t.pods.tables.get(lk) is None                                # the node forgets that set
     # The kubelet's next sandbox for that pod (same uid) starts cold, and says why.
     again = t.prepare_restore(rt_of(tmp, "s3", sandbox(uid="uid-2")))
     assert not again.restore and again.reason.startswith("pod-failed-before")
@@ -111,7 +165,7 @@ def test_a_container_that_differs_fails_the_pod_and_its_next_sandbox_starts_cold
 def test_a_container_the_image_does_not_hold_fails_the_pod(env):
     t, images, tmp, _ = env
     cold_pod(t, tmp)
-    images.available[t.pods.tables.get(podmod.lookup(sandbox(), ["app", "sidecar"]))["key"]] = True
+    images.available[t.pods.tables.get(lookup(sandbox(), ["app", "sidecar"]))["key"]] = True
     assert t.prepare_restore(rt_of(tmp, "s2", sandbox(uid="uid-2"))).restore
     m = member("other")
     m["annotations"]["io.kubernetes.cri.sandbox-id"] = "s2"
@@ -122,7 +176,7 @@ def test_a_container_the_image_does_not_hold_fails_the_pod(env):
 def test_another_declared_set_is_another_lookup_and_starts_cold(env):
     t, images, tmp, _ = env
     cold_pod(t, tmp)
-    images.available[t.pods.tables.get(podmod.lookup(sandbox(), ["app", "sidecar"]))["key"]] = True
+    images.available[t.pods.tables.get(lookup(sandbox(), ["app", "sidecar"]))["key"]] = True
     ann = {k: v for k, v in POD_ANN.items() if "sidecar" not in k} | {"thaw.dev/ready.other": "running"}
     d = t.prepare_restore(rt_of(tmp, "s2", sandbox(ann, uid="uid-2")))
     assert not d.restore and d.reason.startswith("no-image")
@@ -177,7 +231,7 @@ def test_a_single_container_pod_with_a_pod_wide_probe_is_the_same_path(env):
 def test_a_pod_stopped_while_restoring_is_removed_and_a_running_one_is_not(env):
     t, images, tmp, _ = env
     cold_pod(t, tmp)
-    images.available[t.pods.tables.get(podmod.lookup(sandbox(), ["app", "sidecar"]))["key"]] = True
+    images.available[t.pods.tables.get(lookup(sandbox(), ["app", "sidecar"]))["key"]] = True
     assert t.prepare_restore(rt_of(tmp, "s2", sandbox(uid="uid-2"))).restore
     m = member("app")
     m["annotations"]["io.kubernetes.cri.sandbox-id"] = "s2"
@@ -218,7 +272,7 @@ def test_a_pod_whose_standin_dies_before_committing_its_start_is_removed(env):
     import time
     t, images, tmp, _ = env
     cold_pod(t, tmp)
-    images.available[t.pods.tables.get(podmod.lookup(sandbox(), ["app", "sidecar"]))["key"]] = True
+    images.available[t.pods.tables.get(lookup(sandbox(), ["app", "sidecar"]))["key"]] = True
     box = rt_of(tmp, "s2", sandbox(uid="uid-2"))
     assert t.prepare_restore(box).restore
     argv = tmp / "bin" / "argv.log"

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from control import config
-from control.errors import IntegrityError, NotFound, StoreError, ThawError, TupleMismatch, UserError
+from control.errors import (IdentityError, IntegrityError, KeyMissing, ManifestRefused, NotFound, StoreError,
+                            ThawError, TupleMismatch, UserError)
+from control.thawd.ctrinfo import Identity
 from control.thawd.service import ORIG_CONFIG, RuntimeRef, Thawd
 from runsc_hooks import spec as specmod
 
@@ -48,6 +50,24 @@ class FakeImages:
         return key in self.available
 
 
+IMAGE = "sha256:" + "a" * 64
+
+
+class FakeIdentities:
+    """What containerd's records say about each container (control/thawd/ctrinfo.py's part)."""
+
+    def __init__(self) -> None:
+        self.by_id: dict[str, object] = {}   # container id -> Identity | IdentityError
+        self.asked: list[str] = []
+
+    def __call__(self, rt: RuntimeRef) -> Identity:
+        self.asked.append(rt.container_id)
+        v = self.by_id.get(rt.container_id, Identity("ctr-t", IMAGE, "test"))
+        if isinstance(v, Exception):
+            raise v
+        return v
+
+
 @pytest.fixture
 def env(tmp_path):
     (tmp_path / "empty.toml").write_text("")
@@ -56,7 +76,7 @@ def env(tmp_path):
                              "THAW_RUNSC_PATH": str(tmp_path / "bin" / "runsc")},
                     config_file=tmp_path / "empty.toml")
     images = FakeImages(tmp_path)
-    t = Thawd(s, images)
+    t = Thawd(s, images, identify=FakeIdentities())
     yield t, images, tmp_path
     t.close()
 
@@ -83,7 +103,7 @@ def test_no_image_then_image(env):
     t, images, tmp = env
     rt = bundle(tmp, "c1", OPT_IN)
     d = t.prepare_restore(rt)
-    assert (d.restore, d.reason) == (False, "no-image") and d.key.startswith("default.web.")
+    assert (d.restore, d.reason) == (False, "no-image") and d.key.startswith("ctr-t.web.")
     images.available[d.key] = True
     d2 = t.prepare_restore(rt)
     assert d2.restore and d2.image_path == str(tmp / d.key)
@@ -146,7 +166,7 @@ def test_consecutive_failures_quarantine_and_persist(env):
     assert not d.restore and d.reason.startswith("quarantined: 2 restores in a row failed")
     saved = json.loads((tmp / "state" / "thawd" / "quarantine.json").read_text())
     assert "unhealthy after restore" in saved[key]
-    t2 = Thawd(t.s, images)  # a restarted thawd remembers
+    t2 = Thawd(t.s, images, identify=t.identify)  # a restarted thawd remembers
     assert key in t2.quarantined()
     assert t2.unquarantine(key)
     assert t2.prepare_restore(rt).restore
@@ -226,6 +246,64 @@ def test_runtime_fields_are_validated(cid, bundle_path, root, flags):
         RuntimeRef.validate(cid, bundle_path, root, flags)
 
 
+def test_identity_comes_from_the_runtime_and_a_refusal_is_cold_with_its_reason(env):
+    t, images, tmp = env
+    ids = t.identify
+    a = t.prepare_restore(bundle(tmp, "a", OPT_IN))
+    images.available[a.key] = True
+    assert t.prepare_restore(bundle(tmp, "a", OPT_IN)).restore
+    # Another tenant with identical annotations: another key, no image.
+    ids.by_id["b"] = Identity("ctr-other", IMAGE, "test")
+    b = t.prepare_restore(bundle(tmp, "b", OPT_IN))
+    assert (b.restore, b.reason) == (False, "no-image") and b.key != a.key and b.key.startswith("ctr-other.")
+    # Another image with identical annotations: another key.
+    ids.by_id["c"] = Identity("ctr-t", "sha256:" + "b" * 64, "test")
+    c = t.prepare_restore(bundle(tmp, "c", OPT_IN))
+    assert not c.restore and c.key != a.key
+    # A forged tenant annotation: refused, no key (so never checkpointed either).
+    ids.by_id["f"] = Identity("ctr-other", IMAGE, "test")
+    f = t.prepare_restore(bundle(tmp, "f", {**OPT_IN, "thaw.dev/tenant": "ctr-t"}))
+    assert (f.restore, f.key) == (False, "") and f.reason.startswith("tenant-refused: ")
+    # containerd cannot tell (or the tag moved): cold, reason kept.
+    ids.by_id["m"] = IdentityError("image-moved", "image x now names y")
+    m = t.prepare_restore(bundle(tmp, "m", OPT_IN))
+    assert (m.restore, m.key) == (False, "") and m.reason == "image-moved: image x now names y"
+    counters = t.metrics.counters()
+    assert counters['thaw_cold_decisions_total{reason="tenant-refused"}'] == 1
+    assert counters['thaw_cold_decisions_total{reason="image-moved"}'] == 1
+    assert counters['thaw_cold_decisions_total{reason="no-image"}'] >= 2
+    # A refused container that starts cold is not checkpointed: it has no key.
+    t.report_outcome(bundle(tmp, "f", {**OPT_IN, "thaw.dev/tenant": "ctr-t"}), "COLD_STARTED", f.reason)
+    ids.by_id["d"] = Identity("ctr-d", IMAGE, "test")
+    t.report_outcome(bundle(tmp, "d", OPT_IN), "COLD_STARTED", "")   # an accepted one without an image is
+    t._pool.shutdown(wait=True)
+    assert t.metrics.counters().get('thaw_auto_checkpoints_total{result="no-ready-probe"}') == 1
+
+
+def test_identity_is_established_once_per_container_until_it_is_released(env):
+    t, images, tmp = env
+    ids = t.identify
+    rt = bundle(tmp, "a", OPT_IN)
+    k1 = t.prepare_restore(rt).key
+    ids.by_id["a"] = Identity("ctr-t", "sha256:" + "c" * 64, "test")   # the tag moved after create
+    assert t.prepare_restore(rt).key == k1 and ids.asked == ["a"]      # the container keeps its key
+    t.release("a", "/run/r")
+    assert t.prepare_restore(rt).key != k1                            # a new container with that id asks again
+
+
+@pytest.mark.parametrize("err, reason", [
+    (ManifestRefused("s3://b/m.json", "its integrity tag does not verify"), "manifest-refused"),
+    (KeyMissing("ctr-t", "/keys"), "no-tenant-key"),
+])
+def test_refused_manifests_and_missing_keys_are_cold_with_their_reason(env, err, reason):
+    t, images, tmp = env
+    rt = bundle(tmp, "c1", OPT_IN)
+    images.available[t.prepare_restore(rt).key] = err
+    d = t.prepare_restore(rt)
+    assert not d.restore and d.reason.startswith(reason + ": ")
+    assert t.metrics.counters()[f'thaw_cold_decisions_total{{reason="{reason}"}}'] == 1
+
+
 FAKE_RUNSC_CHECKPOINT = r'''#!{python}
 import pathlib, sys
 args = sys.argv[1:]
@@ -267,7 +345,7 @@ def test_checkpoint_writes_into_the_cache_and_the_entry_is_that_directory(tmp_pa
     monkeypatch.setattr(images, "publish_staged", publish_staged)
     store = FakeStore()
     src = ImageSource(s, node=TUPLE, store=store)
-    t = Thawd(s, src)
+    t = Thawd(s, src, identify=FakeIdentities())
     try:
         rt = bundle(tmp_path, "c1", OPT_IN)
         if mode == "fail":
@@ -332,7 +410,7 @@ def test_gate_and_health_check_follow_the_diagnostic_keys(tmp_path, monkeypatch,
         return Restored(0.1, 0.05, None)
     monkeypatch.setattr(svc.Engine, "restore", restore)
     images = FakeImages(tmp_path)
-    t = Thawd(s, images)
+    t = Thawd(s, images, identify=FakeIdentities())
     try:
         rt = bundle(tmp_path, "c1", OPT_IN)
         sp = specmod.Bundle(rt.bundle).load()
@@ -401,3 +479,33 @@ def test_a_standin_commits_by_its_marker_and_its_exit(tmp_path):
     assert Standin.validate(0, "") is None
     with pytest.raises(UserError):
         Standin.validate(12, "relative/path")
+
+
+def test_a_restore_not_tried_opens_its_gate(tmp_path, monkeypatch):
+    """A restore that fails before the engine runs (its spec unreadable at start)
+    opens the gate PrepareRestore closed: the cold start needs its network."""
+    from control.thawd import service as svc
+    (tmp_path / "empty.toml").write_text("")
+    s = config.load(environ={"THAW_NODE_STATE_DIR": str(tmp_path / "state"),
+                             "THAW_RUNSC_PATH": str(tmp_path / "bin" / "runsc")},
+                    config_file=tmp_path / "empty.toml")
+    opened = []
+    monkeypatch.setattr(svc.netmod, "namespace_address", lambda path: ("10.0.0.2", "web-a"))
+    monkeypatch.setattr(svc.netmod, "snapshot", lambda path: [])
+    monkeypatch.setattr(svc.gatemod, "close", lambda name, mark, reason="": True)
+    monkeypatch.setattr(svc.gatemod, "open", lambda name, reason="": opened.append(name) or True)
+    monkeypatch.setattr(svc.Engine, "restore", lambda *a, **k: pytest.fail("the engine must not run"))
+    images = FakeImages(tmp_path)
+    t = Thawd(s, images, identify=FakeIdentities())
+    try:
+        rt = bundle(tmp_path, "c1", OPT_IN)
+        sp = specmod.Bundle(rt.bundle).load()
+        sp["linux"]["namespaces"].append({"type": "network", "path": "/var/run/netns/thaw-web-a"})
+        specmod.Bundle(rt.bundle).write(sp)
+        images.available[t.prepare_restore(rt).key] = True
+        assert t.prepare_restore(rt).restore and opened == []
+        (rt.bundle / "config.json").write_text("{")
+        ok, reason, _ = t.restore(rt)
+        assert not ok and reason.startswith("SpecError") and opened == ["web-a"]
+    finally:
+        t.close()

@@ -57,6 +57,7 @@ type job struct {
 	rand                                    func() float64                             // of the retry policy
 	sleep                                   func(ctx context.Context, d time.Duration) // (a fake clock)
 	maxRange, maxRaw                        int
+	maxSealed                               int // largest sealed chunk, 0 if none (crypt.go)
 	started                                 time.Time
 }
 
@@ -88,6 +89,9 @@ func newJob(p *plan) (*job, error) {
 		for _, c := range r.chunks {
 			if c.codec != codecNone {
 				j.maxRaw = max(j.maxRaw, c.raw)
+			}
+			if c.key != nil {
+				j.maxSealed = max(j.maxSealed, c.stored)
 			}
 		}
 	}
@@ -151,12 +155,16 @@ func (j *job) run(parent context.Context) error {
 			defer wg.Done()
 			buf := alignedBuffer(j.maxRange + 2*align)
 			scratch := make([]byte, j.maxRaw)
+			var opened []byte // where sealed chunks are decrypted to (aligned: O_DIRECT writes from it)
+			if j.maxSealed > 0 {
+				opened = alignedBuffer(j.maxSealed + align)
+			}
 			inflater := &inflater{}
 			for r := range work {
 				if ctx.Err() != nil {
 					continue
 				}
-				if err := j.one(ctx, r, buf, scratch, inflater); err != nil {
+				if err := j.one(ctx, r, buf, scratch, opened, inflater); err != nil {
 					fail(err)
 				}
 			}
@@ -177,13 +185,13 @@ func (j *job) run(parent context.Context) error {
 }
 
 // one fetches a range, verifies each chunk, and writes it to its places.
-func (j *job) one(ctx context.Context, r *rng, buf, scratch []byte, inf *inflater) error {
+func (j *job) one(ctx context.Context, r *rng, buf, scratch, opened []byte, inf *inflater) error {
 	// Place the body so that the first uncompressed chunk's bytes sit at its
 	// file offset modulo align: runs of such chunks can then go out with
 	// O_DIRECT straight from the buffer (decoded chunks are copies anyway).
 	pad := 0
 	for _, c := range r.chunks {
-		if c.codec == codecNone {
+		if c.codec == codecNone && c.key == nil {
 			pad = int(((c.places[0].off-int64(c.pos))%align + align) % align)
 			break
 		}
@@ -202,6 +210,18 @@ func (j *job) one(ctx context.Context, r *rng, buf, scratch []byte, inf *inflate
 	for i := range r.chunks {
 		c := &r.chunks[i]
 		data := body[c.pos : c.pos+c.stored]
+		at := 0 // where a sealed chunk's payload starts in opened
+		if c.key != nil {
+			if c.codec == codecNone { // its payload is its raw bytes: put them at their file offset modulo align
+				at = int(c.places[0].off % align)
+			}
+			var err error
+			if data, err = openChunk(c.key, c.sum, c.codec, data, opened[at:at]); err != nil {
+				return &fetchError{Kind: "integrity", Chunk: hex.EncodeToString(c.sum[:]), Object: obj,
+					Offset: r.start + int64(c.pos), Detail: fmt.Sprintf("bytes at %s offset %d do not open (%v): "+
+						"the stored chunk was altered or damaged", obj, r.start+int64(c.pos), err)}
+			}
+		}
 		if c.codec == codecZlib {
 			var err error
 			if data, err = inf.decode(data, scratch[:c.raw]); err != nil {
@@ -221,7 +241,12 @@ func (j *job) one(ctx context.Context, r *rng, buf, scratch []byte, inf *inflate
 					"the stored chunk was altered or damaged", obj, r.start+int64(c.pos), got, c.sum)}
 		}
 		rest := c.places
-		if c.codec == codecNone {
+		if c.codec == codecNone && c.key != nil { // opened in place for an O_DIRECT write; write it now
+			if err := j.writeSegment(rest[0].file, opened, at, rest[0].off, c.raw); err != nil {
+				return err
+			}
+			rest = rest[1:]
+		} else if c.codec == codecNone {
 			pl := rest[0]
 			if n := len(segs); n > 0 && segs[n-1].file == pl.file && segs[n-1].off+int64(segs[n-1].n) == pl.off &&
 				segs[n-1].pos+segs[n-1].n == c.pos {

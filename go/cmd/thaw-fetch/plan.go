@@ -47,6 +47,7 @@ type chunk struct {
 	stored int
 	codec  string
 	places []place
+	key    []byte // AES-256-GCM key of a sealed chunk (crypt.go); nil: stored in the clear
 }
 
 type rng struct {
@@ -56,8 +57,9 @@ type rng struct {
 	chunks []chunk
 }
 
-// UnmarshalJSON reads [OBJECT, START, LENGTH, [[HASH, RAW, POS, STORED, CODEC, [[FILE, OFF], ...], CHECK], ...]]
-// (CHECK: the chunk's BLAKE3-256 or "", accepted and not used: the SHA-256 HASH is checked):
+// UnmarshalJSON reads [OBJECT, START, LENGTH, [[HASH, RAW, POS, STORED, CODEC, [[FILE, OFF], ...], CHECK, KEY?], ...]]
+// (CHECK: the chunk's BLAKE3-256 or "", accepted and not used: the SHA-256 HASH is checked;
+// KEY, only for a sealed chunk: its AES-256-GCM key in hex, crypt.go):
 // positional arrays keep a plan for hundreds of thousands of chunks small.
 func (r *rng) UnmarshalJSON(b []byte) error {
 	var raw []json.RawMessage
@@ -72,14 +74,24 @@ func (r *rng) UnmarshalJSON(b []byte) error {
 		return fmt.Errorf("range chunks: %v", err)
 	}
 	for _, c := range chunks {
-		if len(c) != 7 {
-			return fmt.Errorf("a chunk is [hash, raw, pos, stored, codec, places, check]")
+		if len(c) != 7 && len(c) != 8 {
+			return fmt.Errorf("a chunk is [hash, raw, pos, stored, codec, places, check] or [..., check, key]")
 		}
 		var h, check string
 		var pl [][2]int64
 		var ch chunk
 		if err := unmarshalAll(c, &h, &ch.raw, &ch.pos, &ch.stored, &ch.codec, &pl, &check); err != nil {
 			return err
+		}
+		if len(c) == 8 {
+			var key string
+			if err := json.Unmarshal(c[7], &key); err != nil || len(key) != 64 {
+				return fmt.Errorf("a chunk key must be 64 hex digits") // never the key itself in a message
+			}
+			ch.key = make([]byte, 32)
+			if _, err := hex.Decode(ch.key, []byte(key)); err != nil {
+				return fmt.Errorf("a chunk key must be 64 hex digits")
+			}
 		}
 		if check != "" { // a schema-2 manifest's BLAKE3: read for compatibility, not used (fetch.go, one)
 			var b3 [32]byte
@@ -150,7 +162,14 @@ func (p *plan) check(sizes []int64) error {
 			if c.codec != codecNone && c.codec != codecZlib {
 				return fmt.Errorf("range %d: unknown codec %q", i, c.codec)
 			}
-			if c.codec == codecNone && c.stored != c.raw {
+			overhead := 0
+			if c.key != nil {
+				overhead = sealedOverhead
+				if c.stored <= overhead {
+					return fmt.Errorf("range %d: a sealed chunk of %d bytes", i, c.stored)
+				}
+			}
+			if c.codec == codecNone && c.stored != c.raw+overhead {
 				return fmt.Errorf("range %d: an uncompressed chunk stores %d bytes for %d", i, c.stored, c.raw)
 			}
 			if len(c.places) == 0 {

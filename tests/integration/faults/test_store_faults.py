@@ -32,18 +32,23 @@ ENGINES = ("thaw-fetch", "python")
 WINDOW_S = 10   # issue 14: "survive a 10 s SlowDown or 5xx window"
 
 
+# The CLI's tenant when it runs as root (tests/integration/test_store.py TENANT).
+TENANT = "user-root"
+
+
 def same_files(a: Path, b: Path) -> None:
     for f in sorted(a.iterdir()):
         assert (b / f.name).read_bytes() == f.read_bytes(), f.name
 
 
 def push(s, image, key, node):
-    return images.push(None, Store(s), image, key, node, chunker=s.pack_chunker, avg_chunk=s.pack_avg_chunk_bytes,
-                       workers=s.store_workers)
+    return images.push(None, Store(s).for_tenant(TENANT), image, key, node, chunker=s.pack_chunker,
+                       avg_chunk=s.pack_avg_chunk_bytes, workers=s.store_workers)
 
 
 def pull(s, key, node, **kw):
-    return images.pull(images.open_cache(s), Store(s), key, node, workers=s.store_workers, **kw)
+    return images.pull(images.open_cache(s), Store(s).for_tenant(TENANT), key, node, workers=s.store_workers,
+                       **kw)
 
 
 def through(proxy: S3Proxy, s, scratch: Path, tag: str, engine: str = "thaw-fetch"):
@@ -69,7 +74,7 @@ def test_boto3_and_presigned_urls_pass_through_the_proxy(settings, weed, proxy, 
     request sent straight to SeaweedFS (another Host) is refused. (SeaweedFS
     4.48 does not check the Host of presigned URLs; AWS S3 does.)"""
     s = dataclasses.replace(settings, store_endpoint=proxy.endpoint)
-    store = Store(s)
+    store = Store(s).for_tenant(TENANT)
     body = bytes(range(256)) * 64
     pack = hashlib.sha256(body).hexdigest()
     store.put_pack(pack, body)
@@ -110,11 +115,11 @@ def test_pull_rides_out_a_10s_window(window, engine, settings, checkpoints, node
     """Issue 14 item 1: a window of 10 s during which every GET of a pack gets
     503 SlowDown (or 502), opening at the pull's first pack GET, is ridden out
     with the default retry policy; the image arrives whole."""
-    push(settings, checkpoints["runtime"], "wl", node)
+    push(settings, checkpoints["runtime"], "user-root.wl", node)
     b = through(proxy, settings, scratch, "b", engine)
     fid = proxy.add(**WINDOWS[window], duration_s=WINDOW_S, start="first", key="/packs/")
     t0 = time.monotonic()
-    r = pull(b, "wl", node)
+    r = pull(b, "user-root.wl", node)
     took = time.monotonic() - t0
     r.lease.release()
     f = proxy.fault(fid)
@@ -128,23 +133,23 @@ def test_outage_longer_than_the_budget_ends_in_one_line(settings, checkpoints, n
     with one line naming the store, the object and how long it was tried
     (exit 69), and leaves no partial entry; other faults on the way (the
     manifest GET) are not involved: only packs fail."""
-    push(settings, checkpoints["runtime"], "wl", node)
+    push(settings, checkpoints["runtime"], "user-root.wl", node)
     b = through(proxy, settings, scratch, "b")
     fid = proxy.add(kind="error", status=503, start="first", key="/packs/")   # until removed
     t0 = time.monotonic()
-    r = store_thaw(b, "pull", "wl", check=False)
+    r = store_thaw(b, "pull", "user-root.wl", check=False)
     took = time.monotonic() - t0
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 69 and len(lines) == 1, r.stderr
     line = lines[0]
-    assert proxy.endpoint in line and f"s3://{settings.store_bucket}/packs/" in line and "SlowDown" in line, line
+    assert proxy.endpoint in line and f"s3://{settings.store_bucket}/tenants/{TENANT}/packs/" in line and "SlowDown" in line, line
     m = re.search(r"gave up after (\d+) tries in (\d+\.\d) s \(retry policy: 3 retries or 30 s\)", line)
     assert m and 30 <= float(m.group(2)) < 32, line
     assert 30 <= took < 30 + 20, took
     assert proxy.fault(fid)["hits"] >= int(m.group(1))
     assert images.open_cache(b).entries() == [] and list((b.cache_dir / "tmp").iterdir()) == []
     proxy.remove(fid)
-    r = pull(b, "wl", node)    # the store is back: the pull completes
+    r = pull(b, "user-root.wl", node)    # the store is back: the pull completes
     r.lease.release()
     same_files(checkpoints["runtime"], r.lease.path)
 
@@ -156,10 +161,10 @@ def test_chunk_whose_sha256_name_is_wrong_is_refused(settings, checkpoints, node
     SHA-256 name does not: thaw-fetch once installed the chunk (it checked
     BLAKE3 only) and `thaw verify` then called the entry corrupt. It must be
     refused before anything is installed, naming the chunk."""
-    push(settings, checkpoints["runtime"], "wl", node)
-    store = Store(settings)
-    m = images.remote_manifest(store, "wl", node)
-    key = store.manifest_name("wl", m.tuple_hash)
+    push(settings, checkpoints["runtime"], "user-root.wl", node)
+    store = Store(settings).for_tenant(TENANT)
+    m = images.remote_manifest(store, "user-root.wl", node)
+    key = store.manifest_name("user-root.wl", m.tuple_hash)
     doc = json.loads(store.client.get_object(Bucket=settings.store_bucket, Key=key)["Body"].read())
     assert doc["schema_version"] == 2
     victim = doc["files"][-1]["chunks"][len(doc["files"][-1]["chunks"]) // 2]
@@ -171,7 +176,7 @@ def test_chunk_whose_sha256_name_is_wrong_is_refused(settings, checkpoints, node
     store.client.put_object(Bucket=settings.store_bucket, Key=key, Body=json.dumps(doc).encode())
     b = dataclasses.replace(settings, cache_dir=scratch / "cache-b")
     with pytest.raises(IntegrityError) as e:
-        pull(b, "wl", node)
+        pull(b, "user-root.wl", node)
     assert e.value.chunk == wrong and "sha256" in str(e.value)
     assert images.open_cache(b).entries() == [] and list((b.cache_dir / "tmp").iterdir()) == []
 
@@ -180,17 +185,17 @@ def test_bytes_altered_in_transit_are_refused(settings, checkpoints, node, scrat
     """One byte of one chunk flipped between the store and the node (the
     proxy's corrupt fault): the pull is refused naming that chunk, nothing is
     installed, and without the fault the same pull succeeds."""
-    push(settings, checkpoints["runtime"], "wl", node)
-    m = images.remote_manifest(Store(settings), "wl", node)
+    push(settings, checkpoints["runtime"], "user-root.wl", node)
+    m = images.remote_manifest(Store(settings).for_tenant(TENANT), "user-root.wl", node)
     target = m.files[-1].chunks[len(m.files[-1].chunks) // 2]
     loc = m.locations[target.hash]
     b = through(proxy, settings, scratch, "b")
     fid = proxy.add(kind="corrupt", key=f"/packs/{loc.pack}$", offsets=[loc.offset + loc.stored // 2])
     with pytest.raises(IntegrityError) as e:
-        pull(b, "wl", node)
+        pull(b, "user-root.wl", node)
     assert e.value.chunk == target.hash and proxy.fault(fid)["hits"] >= 1
     assert images.open_cache(b).entries() == [] and list((b.cache_dir / "tmp").iterdir()) == []
     proxy.remove(fid)
-    r = pull(b, "wl", node)
+    r = pull(b, "user-root.wl", node)
     r.lease.release()
     same_files(checkpoints["runtime"], r.lease.path)
