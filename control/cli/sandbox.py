@@ -11,6 +11,7 @@ at once, with its exit status), 2 for a bad request.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from dataclasses import dataclass
@@ -208,11 +209,14 @@ def restore_from_store(obj: Context, sb, key: str, sid: str, probes: list | None
     pulls, then restores. Either way the entry ends up in the cache, as after a pull."""
     from control.images import image as images
     from control.images import stream as streammod
-    from control.images.store import Store
+    from control.cli.images import _store
     from control.node.compat import node_tuple
     s = obj.settings
     t0 = time.monotonic()
-    cache, store, node = images.open_cache(s), Store(s), node_tuple(s)
+    # The store as this command's tenant sees it (issue 13): its prefix, keys, manifest checks.
+    cache, store, node = images.open_cache(s), _store(obj), node_tuple(s)
+    if s.store_stream and store.encrypted:   # thaw-gofer serves plaintext chunks: pull whole
+        s = dataclasses.replace(s, store_stream=False)
     if s.store_stream:
         src = streammod.open_image(cache, store, s, key, node)
     else:

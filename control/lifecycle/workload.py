@@ -74,6 +74,15 @@ def opted_in(spec: dict) -> bool:
     return ANNOTATION_WORKLOAD in (spec.get("annotations") or {})
 
 
+def check_annotation_sizes(spec: dict) -> None:
+    """UserError for a thaw.dev/* annotation over MAX_ANNOTATION_BYTES: refused before
+    anything else is asked about the container (thawd's bounded inputs, issue 14)."""
+    for k, v in (spec.get("annotations") or {}).items():
+        if k.startswith(ANNOTATION_PREFIX) and len(v.encode()) > MAX_ANNOTATION_BYTES:
+            raise UserError(f"annotation {k} is {len(v.encode())} bytes, more than {MAX_ANNOTATION_BYTES}",
+                            field=k)
+
+
 def from_spec(spec: dict, tenant: str, image: str) -> Workload | None:
     """The workload of an opted-in spec, None if it did not opt in. `tenant` and
     `image` (a sha256 digest) are what the runtime's records say; the spec's
@@ -81,10 +90,7 @@ def from_spec(spec: dict, tenant: str, image: str) -> Workload | None:
     ann = spec.get("annotations") or {}
     if ANNOTATION_WORKLOAD not in ann:
         return None
-    for k, v in ann.items():
-        if k.startswith(ANNOTATION_PREFIX) and len(v.encode()) > MAX_ANNOTATION_BYTES:
-            raise UserError(f"annotation {k} is {len(v.encode())} bytes, more than {MAX_ANNOTATION_BYTES}",
-                            field=k)
+    check_annotation_sizes(spec)
     name = ann[ANNOTATION_WORKLOAD]
     if not _NAME_RE.match(name):
         raise UserError(f"annotation {ANNOTATION_WORKLOAD}={name!r} is not a valid workload name",

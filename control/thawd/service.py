@@ -243,6 +243,7 @@ class Thawd:
         spec = specmod.Bundle(rt.bundle).load()
         if not workloadmod.opted_in(spec):
             return Decision(False, "not-opted-in")
+        workloadmod.check_annotation_sizes(spec)   # bounded input: refused before the identity lookup
         role = podmod.role(spec)
         if role == podmod.SANDBOX:       # a Kubernetes pod's pause container: the pod's decision
             return self.pods.prepare_sandbox(rt, spec)

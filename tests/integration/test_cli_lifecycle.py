@@ -235,11 +235,11 @@ def test_image_of_a_command_restores_on_a_second_node(base, name, settings):
     p = thaw("checkpoint", src, "--out", str(base / "img"), env=env_a)
     assert p.returncode == 0, p.stderr
     assert json.loads((base / "img" / IMAGE_META).read_text())["rootfs"] == {"layout": "host"}
-    code, pushed = thaw_json("push", str(base / "img"), "--key", name, env=env_a)
+    code, pushed = thaw_json("push", str(base / "img"), "--key", f"user-root.{name}", env=env_a)
     assert code == 0 and pushed["published"], pushed
     shutil.rmtree(base / "a" / "state" / "rootfs", ignore_errors=True)   # nothing of node A is needed
 
-    code, pulled = thaw_json("pull", name, env=env_b)
+    code, pulled = thaw_json("pull", f"user-root.{name}", env=env_b)
     assert code == 0 and not pulled["hit"], pulled
     entry = Path(pulled["path"])
     assert entry.is_relative_to(base / "b" / "cache")
@@ -280,12 +280,12 @@ def test_a_bundle_image_names_what_is_node_local(base, name, settings):
     assert p.returncode == 0, p.stderr
     p = thaw("checkpoint", src, "--out", str(base / "img"), env=env_a)
     assert p.returncode == 0, p.stderr
-    p = thaw("push", str(base / "img"), "--key", name, env=env_a)
+    p = thaw("push", str(base / "img"), "--key", f"user-root.{name}", env=env_a)
     assert p.returncode == 2 and f"depends on this node: root filesystem {rootfs}" in p.stderr, p.stderr
-    code, pushed = thaw_json("push", str(base / "img"), "--key", name, "--allow-node-local", env=env_a)
+    code, pushed = thaw_json("push", str(base / "img"), "--key", f"user-root.{name}", "--allow-node-local", env=env_a)
     assert code == 0 and pushed["published"]
     shutil.rmtree(bundle)                                 # node B does not have it
-    code, pulled = thaw_json("pull", name, env=env_b)
+    code, pulled = thaw_json("pull", f"user-root.{name}", env=env_b)
     assert code == 0
     for extra in ([], ["--cold-fallback"]):
         p = thaw("restore", pulled["path"], "--id", f"{name}-b", *extra, env=env_b)

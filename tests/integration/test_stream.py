@@ -41,7 +41,7 @@ def node(settings, proxy, scratch, tag):
 
 def test_streamed_restore_answers_from_the_checkpoints_memory_while_the_image_arrives(
         base, name, settings, proxy, scratch):
-    key = name
+    key = f"user-root.{name}"   # the CLI's tenant (issue 13): keys carry it
     before = streamed.publish(streamed.env_for(base, settings), key, f"{name}-src", MB, scratch)
     host = before["host"]
     b = node(settings, proxy, scratch, "b")
@@ -83,7 +83,7 @@ def test_streamed_restore_answers_from_the_checkpoints_memory_while_the_image_ar
     assert pulled.returncode == 0 and json.loads(pulled.stdout)["hit"] is True, pulled.stderr
     # The faulted ranges are recorded beside the manifest.
     from control.node.compat import node_tuple
-    order = Store(b).get_order(key, node_tuple(b).hash())
+    order = Store(b).for_tenant("user-root").get_order(key, node_tuple(b).hash())
     assert order is not None and json.loads(order)["files"].get(streammod.PAGES), order
     assert streamed.run(env, "delete", f"{name}-r", "--force").returncode == 0
 

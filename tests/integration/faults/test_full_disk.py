@@ -72,7 +72,7 @@ def test_checkpoint_into_a_full_file_system(base: Path, name: str, small_fs: Pat
 
 @pytest.mark.parametrize("engine", ["python", "thaw-fetch"])
 def test_pull_into_a_full_cache(settings, checkpoints, scratch, small_fs, engine):
-    key = f"full-{engine}"
+    key = f"user-root.full-{engine}"   # the CLI's tenant (issue 13): keys carry it
     store_thaw(settings, "push", str(copy_image(checkpoints["kv"], scratch / "kv")), "--key", key, "--no-cache")
     cache = small_fs / "cache"
     env = {"THAW_CACHE_DIR": str(cache),

@@ -41,7 +41,7 @@ def proxy(weed, scratch) -> S3Proxy:
 
 @pytest.fixture
 def published(base, name, settings, scratch) -> dict:
-    return streamed.publish(streamed.env_for(base, settings), name, f"{name}-src", MB, scratch)
+    return streamed.publish(streamed.env_for(base, settings), f"user-root.{name}", f"{name}-src", MB, scratch)
 
 
 def through(settings, proxy, scratch, tag="b"):
@@ -82,7 +82,7 @@ def test_store_stall_before_the_answer_ends_in_a_cold_start(base, name, settings
     b = through(settings, proxy, scratch)
     env = stream_env(base, b)
     proxy.add(kind="throttle", rate_bps=RATE)
-    p = streamed.start(env, "restore", "--from-store", name, "--id", f"{name}-r", "--cold-fallback", "--json")
+    p = streamed.start(env, "restore", "--from-store", f"user-root.{name}", "--id", f"{name}-r", "--cold-fallback", "--json")
     # Stall every new GET as soon as the sentry has opened the image: the pages the
     # server needs to answer (the interpreter's heap, at the end of pages.img) never come.
     streamed.wait_for(lambda: " open pages.img" in streamed.gofer_logs(base), 60, "the gofer opened pages.img",
@@ -97,7 +97,7 @@ def test_store_stall_before_the_answer_ends_in_a_cold_start(base, name, settings
     assert answer["boot"] != published["boot"]        # a fresh start, not the checkpoint
     assert answer["digest"] == published["digest"]    # (same seed: the cold start rebuilt the same bytes)
     assert " failed after " in streamed.gofer_logs(base)
-    nothing_half_made(b, name)
+    nothing_half_made(b, f"user-root.{name}")
     assert streamed.run(env, "delete", f"{name}-r", "--force").returncode == 0
 
 
@@ -105,7 +105,7 @@ def test_store_stall_after_the_answer_ends_in_a_retry(base, name, settings, publ
     b = through(settings, proxy, scratch)
     env = stream_env(base, b)
     proxy.add(kind="throttle", rate_bps=RATE)
-    p = streamed.start(env, "restore", "--from-store", name, "--id", f"{name}-r", "--json")
+    p = streamed.start(env, "restore", "--from-store", f"user-root.{name}", "--id", f"{name}-r", "--json")
     answer, _ = streamed.first_answer(published["host"], 60)
     assert answer["boot"] == published["boot"] and p.poll() is None
     stall = proxy.add(kind="stall")
@@ -116,14 +116,14 @@ def test_store_stall_after_the_answer_ends_in_a_retry(base, name, settings, publ
     assert runsc_status(env, f"{name}-r") == "absent"
     log = streamed.gofer_logs(base)
     assert " failed after " in log, log[-2000:]
-    nothing_half_made(b, name)
+    nothing_half_made(b, f"user-root.{name}")
 
     proxy.remove(stall)   # the retry
-    r = streamed.run(env, "restore", "--from-store", name, "--id", f"{name}-r", "--json")
+    r = streamed.run(env, "restore", "--from-store", f"user-root.{name}", "--id", f"{name}-r", "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["source"] == "stream"
     assert streamed.get(published["host"], "/sum", 120)["digest"] == published["digest"]
-    state = streamed.cache_state(b.cache_dir, name)
+    state = streamed.cache_state(b.cache_dir, f"user-root.{name}")
     assert len(state["ready"]) == 1 and state["partials"] == [] and state["streams"] == [], state
     assert streamed.run(env, "delete", f"{name}-r", "--force").returncode == 0
 
@@ -132,13 +132,15 @@ def test_altered_chunk_never_reaches_the_sandbox(base, name, settings, published
     b = through(settings, proxy, scratch)
     env = stream_env(base, b)
     # One byte of a chunk 60% into pages.img, altered in every answer the store gives.
-    m = manifestmod.parse(Store(settings).get_manifest(name, node_tuple(settings).hash()), "store")
+    key = f"user-root.{name}"   # the CLI's tenant's view of the store (issue 13)
+    m = manifestmod.parse(Store(settings).for_tenant("user-root").get_manifest(key, node_tuple(settings).hash()),
+                          "store")
     pages = next(f for f in m.files if f.name == "pages.img")
     target = next(c for off, c in pages.placed() if off >= pages.size * 6 // 10)
     loc = m.locations[target.hash]
     proxy.add(kind="throttle", rate_bps=RATE)
     proxy.add(kind="corrupt", key=loc.pack, offsets=[loc.offset + min(100, loc.stored - 1)])
-    p = streamed.start(env, "restore", "--from-store", name, "--id", f"{name}-r", "--cold-fallback", "--json")
+    p = streamed.start(env, "restore", "--from-store", f"user-root.{name}", "--id", f"{name}-r", "--cold-fallback", "--json")
     answers = []
     while p.poll() is None:   # whatever answers meanwhile is the checkpoint's process or a cold one
         try:
@@ -156,14 +158,14 @@ def test_altered_chunk_never_reaches_the_sandbox(base, name, settings, published
     else:         # failed after it answered: the sandbox was removed
         assert target.hash in err and "failed while its image streamed in" in err, err
         assert runsc_status(env, f"{name}-r") == "absent"
-    nothing_half_made(b, name)
+    nothing_half_made(b, f"user-root.{name}")
 
 
 def test_killed_mid_stream_leaves_no_entry_and_a_retry_restores(base, name, settings, published, proxy, scratch):
     b = through(settings, proxy, scratch)
     env = stream_env(base, b)
     throttle = proxy.add(kind="throttle", rate_bps=RATE)
-    p = streamed.start(env, "restore", "--from-store", name, "--id", f"{name}-r", "--json")
+    p = streamed.start(env, "restore", "--from-store", f"user-root.{name}", "--id", f"{name}-r", "--json")
     answer, _ = streamed.first_answer(published["host"], 60)
     assert answer["boot"] == published["boot"] and p.poll() is None
     p.send_signal(signal.SIGKILL)   # the process that owns the stream, mid-stream
@@ -172,13 +174,13 @@ def test_killed_mid_stream_leaves_no_entry_and_a_retry_restores(base, name, sett
     # reads at once and runsc killed the sandbox: it does not run on, half loaded.
     streamed.wait_for(lambda: streamed.no_thaw_gofer_streams(b.cache_dir), 10, "the stream died with its owner")
     streamed.wait_for(lambda: runsc_status(env, f"{name}-r") != "running", 15, "the half-loaded sandbox died")
-    assert streamed.cache_state(b.cache_dir, name)["ready"] == []   # a partial at most, never an entry
+    assert streamed.cache_state(b.cache_dir, f"user-root.{name}")["ready"] == []   # a partial at most, never an entry
     assert streamed.run(env, "delete", f"{name}-r", "--force").returncode == 0
 
     proxy.remove(throttle)   # the retry: recovers the dead stream's partial and directory
-    r = streamed.run(env, "restore", "--from-store", name, "--id", f"{name}-r", "--json")
+    r = streamed.run(env, "restore", "--from-store", f"user-root.{name}", "--id", f"{name}-r", "--json")
     assert r.returncode == 0, r.stderr
     assert streamed.get(published["host"], "/sum", 120)["digest"] == published["digest"]
-    state = streamed.cache_state(b.cache_dir, name)
+    state = streamed.cache_state(b.cache_dir, f"user-root.{name}")
     assert len(state["ready"]) == 1 and state["partials"] == [] and state["streams"] == [], state
     assert streamed.run(env, "delete", f"{name}-r", "--force").returncode == 0
