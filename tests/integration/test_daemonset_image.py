@@ -272,6 +272,16 @@ def test_daemonset_commands_run_from_the_image(rootfs):
 
     # The main container: thawd, then the readiness probe against it.
     thawd = next(c for c in pod["containers"] if c["name"] == "thawd")
+    # The Secrets the DaemonSet mounts for thawd (the manifest key, the tenant keys),
+    # as the kubelet would place them: files of mode 0400 under the mount paths.
+    for m in thawd.get("volumeMounts", []):
+        if m["name"] == "manifest-key":
+            d = mnt / m["mountPath"].lstrip("/")
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "manifest.key").write_bytes(os.urandom(32))
+            (d / "manifest.key").chmod(0o400)
+        elif m["name"] == "tenant-keys":
+            (mnt / m["mountPath"].lstrip("/")).mkdir(parents=True, exist_ok=True)
     env = _env(thawd, AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test",
                # no store and no metrics port: nothing here answers for S3, and
                # 9464 may be taken by a thawd of this machine's own.
@@ -283,7 +293,8 @@ def test_daemonset_commands_run_from_the_image(rootfs):
         end = time.monotonic() + 60
         while not sock.exists() and proc.poll() is None and time.monotonic() < end:
             time.sleep(0.2)
-        assert sock.exists(), f"thawd from the image did not listen (exit {proc.poll()})"
+        assert sock.exists(), (f"thawd from the image did not listen (exit {proc.poll()}): "
+                               f"{proc.stdout.read()[-2000:] if proc.poll() is not None else ''}")
         probe = thawd["readinessProbe"]["exec"]["command"]
         r = _in_image(mnt, env, probe)
         assert r.returncode == 0, f"readiness probe {probe} failed:\n{r.stdout[-3000:]}{r.stderr[-2000:]}"
