@@ -28,6 +28,7 @@ import grpc
 from control import errors as errmod
 from control.config import Settings
 from control.errors import ConfigError, PreconditionError, ThawError
+from control.thawd.exits import ExitWatch
 from control.thawd.metrics import Metrics, serve as serve_metrics
 from control.thawd.rpc import thawd_pb2 as pb
 from control.thawd.rpc import thawd_pb2_grpc as pbg
@@ -96,7 +97,7 @@ class ThawdServicer(pbg.ThawdServicer):
         # deadline passes, the RPC is cancelled, and a restore nobody will
         # report to containerd must not keep running (issue 14: the task and
         # containerd's view must agree).
-        standin = Standin.validate(request.standin_pid, request.standin_marker)
+        standin = Standin.validate(request.standin_pid, request.standin_marker, exits=self.t.exits)
         ok, detail, secs = self.t.restore(_rt(request.runtime), cancelled=lambda: not context.is_active(),
                                           standin=standin, subcontainer_restored=request.subcontainer_restored)
         return pb.RestoreResponse(restored=ok, detail=detail, seconds=secs)
@@ -240,7 +241,11 @@ def build(settings: Settings, images, tuple_hash: str) -> tuple[grpc.Server, Tha
     lock_node(settings)
     prepare_socket(settings.thawd_socket)
     metrics = Metrics()
-    thawd = Thawd(settings, images, metrics)
+    exits = ExitWatch().start()
+    if not exits.available:
+        log.warning("process exit events unavailable (%s): a stand-in killed after committing a restore "
+                    "is judged by its marker alone (control/thawd/exits.py)", exits.why_not)
+    thawd = Thawd(settings, images, metrics, exits=exits)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.thawd_rpc_workers, thread_name_prefix="rpc"),
                          options=[("grpc.max_receive_message_length", MAX_REQUEST_BYTES)],
                          maximum_concurrent_rpcs=max(MAX_CONCURRENT_RPCS, 4 * settings.thawd_rpc_workers))

@@ -24,6 +24,7 @@ from control.lifecycle import workload as workloadmod
 from control.config import Settings
 from control.errors import IdentityError, IntegrityError, KeyMissing, ManifestRefused, NotFound, ThawError, UserError
 from control.thawd import ctrinfo
+from control.thawd.exits import ExitWatch
 from control.thawd.metrics import Metrics
 from control.thawd.pods import Pods
 from control.thawd.quarantine import Quarantine
@@ -86,32 +87,48 @@ STANDIN_BINARY = "thaw-runsc-hooks"
 class Standin:
     """The stand-in process that asked for a Restore, and its marker file: the
     marker says "restored" once the stand-in committed the restore, just
-    before it exits (go/internal/standin start)."""
+    before it exits (go/internal/standin start). Where thawd hears process
+    exits (control/thawd/exits.py), the exit status decides too: a stand-in
+    killed after its commit, before its exit, made containerd report a failed
+    start, so its restore must go although the marker says "restored"."""
     pid: int
     marker: Path
     start: str = ""       # /proc/PID/stat start time: a recycled pid is not the stand-in
     watchable: bool = False
+    exits: "ExitWatch | None" = None
+    since_ns: int = 0     # CLOCK_MONOTONIC: an exit of `pid` before this is another process's
+
+    # How long before the Restore request arrived the stand-in may have died
+    # (killed after sending it): its exit still counts.
+    EARLY_DEATH_NS = 2_000_000_000
 
     @classmethod
-    def validate(cls, pid: int, marker: str) -> "Standin | None":
+    def validate(cls, pid: int, marker: str, exits: "ExitWatch | None" = None) -> "Standin | None":
         if pid <= 0 and not marker:
             return None            # an older stand-in: nothing to wait for
         if pid <= 0 or not marker.startswith("/") or "\0" in marker or ".." in Path(marker).parts:
             raise UserError("standin_pid and standin_marker go together: a pid and an absolute path",
                             field="standin_pid")
-        return cls(pid, Path(marker))
+        return cls(pid, Path(marker), exits=exits, since_ns=time.monotonic_ns() - cls.EARLY_DEATH_NS)
 
     def observe(self) -> None:
         """Record who `pid` is now. Only a thaw-runsc-hooks process is watched: in
         another pid namespace (thawd in a pod without hostPID) the number names
-        some other process or none, and nothing can be told from it."""
+        some other process or none, and nothing can be told from it. A stand-in
+        already dead when its request is read is watched when its exit was
+        heard (exit events come only in the initial pid namespace, where pid
+        numbers are the stand-in's own)."""
         from control.files import process_start
         try:
             argv0 = Path(f"/proc/{self.pid}/cmdline").read_bytes().split(b"\0")[0]
         except OSError:
             argv0 = b""
         self.start = process_start(self.pid) if Path(argv0.decode(errors="replace")).name == STANDIN_BINARY else ""
-        self.watchable = bool(self.start)
+        self.watchable = bool(self.start) or (not argv0 and self.exit_status(wait_s=0.5) is not None)
+
+    def exit_status(self, wait_s: float = 1.0) -> int | None:
+        """The stand-in's wait status (0: exited 0; a signal number: killed), None when not heard."""
+        return self.exits.status(self.pid, self.since_ns, wait_s) if self.exits is not None else None
 
     def wait_exit(self, timeout_s: float) -> bool:
         """True once the stand-in has exited; False after `timeout_s`."""
@@ -133,8 +150,15 @@ class Standin:
             os.close(fd)
 
     def committed(self, container_id: str) -> bool | None:
-        """Does its marker say the restore of `container_id` was committed? None
-        when there is no readable marker of that container (nothing to go by)."""
+        """Did the (exited) stand-in commit the restore of `container_id`? False
+        when it did not exit 0 (containerd reports that start failed, whatever
+        its marker says) or its marker does not say "restored"; None when
+        there is no readable marker of that container (nothing to go by)."""
+        status = self.exit_status()
+        if status is not None and status != 0:
+            log.info("stand-in %d of %s ended with wait status %#x: its start failed", self.pid, container_id,
+                     status)
+            return False
         try:
             data = json.loads(specmod.read_regular(self.marker, MAX_MARKER_BYTES, "standin_marker"))
         except (ThawError, ValueError):
@@ -155,13 +179,16 @@ class Decision:
 
 class Thawd:
     def __init__(self, settings: Settings, images, metrics: Metrics | None = None, identify=None,
-                 identify_sandbox=None) -> None:
+                 identify_sandbox=None, exits: ExitWatch | None = None) -> None:
         """`images` is the image source (control/images.py adapter: pull/publish/evict/entries).
         `identify(rt)` tells a container's tenant and image digest (ctrinfo.Identity) from
         what its runtime records; default: containerd's records (control/thawd/ctrinfo.py).
         `identify_sandbox(rt)`: the same for a CRI pod's sandbox (pause) container, which
-        has a tenant but no image digest (ctrinfo.identify sandbox=True)."""
+        has a tenant but no image digest (ctrinfo.identify sandbox=True).
+        `exits`: process exit statuses (control/thawd/exits.py), which tell a
+        stand-in killed after its commit; None: its marker alone decides."""
         self.s = settings
+        self.exits = exits
         self.images = images
         self.metrics = metrics or Metrics()
         self.identify = identify or (lambda rt: ctrinfo.identify_container(settings, rt.runsc_root, rt.container_id))

@@ -481,6 +481,50 @@ def test_a_standin_commits_by_its_marker_and_its_exit(tmp_path):
         Standin.validate(12, "relative/path")
 
 
+def test_a_standin_killed_after_its_commit_loses_its_restore(tmp_path):
+    """The marker says "restored", but the stand-in was SIGKILLed before it
+    exited: containerd reports the start failed, so thawd must not keep the
+    restore (the window CI caught once: issue 14). Its exit status, heard from
+    the kernel (control/thawd/exits.py), decides; exit 0 keeps it."""
+    import subprocess
+
+    from control.thawd.exits import ExitWatch
+    from control.thawd.service import Standin
+    from tests.conftest import require
+    require(os.geteuid() == 0, "root (the process events connector needs CAP_NET_ADMIN)")
+    exits = ExitWatch().start()
+    assert exits.available, exits.why_not
+    marker = tmp_path / "m.json"
+    marker.write_text(json.dumps({"id": "c1", "decision": "restored"}))
+    try:
+        for argv, kill, kept in ((["sleep", "30"], True, False), (["sleep", "0.3"], False, True)):
+            p = subprocess.Popen(["bash", "-c", "exec -a thaw-runsc-hooks " + " ".join(argv)])
+            for _ in range(100):
+                if Path(f"/proc/{p.pid}/cmdline").read_bytes().startswith(b"thaw-runsc-hooks"):
+                    break
+                import time
+                time.sleep(0.01)
+            s = Standin.validate(p.pid, str(marker), exits=exits)
+            s.observe()
+            assert s.watchable
+            if kill:
+                p.kill()
+            p.wait()
+            assert s.wait_exit(5) and s.committed("c1") is kept, argv
+        # A stand-in already dead when its request is read: watched, by its heard exit.
+        p = subprocess.Popen(["bash", "-c", "exec -a thaw-runsc-hooks sleep 30"])
+        s = Standin.validate(p.pid, str(marker), exits=exits)
+        p.kill()
+        p.wait()
+        s.observe()
+        assert s.watchable and s.wait_exit(1) and s.committed("c1") is False
+        # Without exit events the marker alone decides (the earlier behaviour).
+        s.exits = None
+        assert s.committed("c1") is True
+    finally:
+        exits.close()
+
+
 def test_a_restore_not_tried_opens_its_gate(tmp_path, monkeypatch):
     """A restore that fails before the engine runs (its spec unreadable at start)
     opens the gate PrepareRestore closed: the cold start needs its network."""

@@ -1,0 +1,50 @@
+"""control/thawd/exits.py against the kernel's process events connector (real
+netlink; the suite runs as root, as thawd does)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+from control.thawd.exits import ExitWatch
+from tests.conftest import require
+
+
+def _watch() -> ExitWatch:
+    require(os.geteuid() == 0, "root (the connector needs CAP_NET_ADMIN)")
+    w = ExitWatch().start()
+    assert w.available, w.why_not
+    return w
+
+
+def test_exit_statuses_of_processes_thawd_does_not_own():
+    w = _watch()
+    try:
+        since = time.monotonic_ns()
+        code3 = subprocess.Popen(["sh", "-c", "exit 3"])
+        ok = subprocess.Popen(["true"])
+        killed = subprocess.Popen(["sleep", "30"])
+        killed.send_signal(signal.SIGKILL)
+        for p in (code3, ok, killed):
+            p.wait()      # reaped, as the shim reaps a stand-in: the status is still known
+        assert w.status(code3.pid, since) == 3 << 8
+        assert w.status(ok.pid, since) == 0
+        assert w.status(killed.pid, since) == signal.SIGKILL
+        # An exit before `since` is another process's (a recycled pid): unknown.
+        assert w.status(ok.pid, time.monotonic_ns(), wait_s=0.05) is None
+        alive = subprocess.Popen(["sleep", "30"])
+        try:
+            t0 = time.monotonic()
+            assert w.status(alive.pid, since, wait_s=0.2) is None
+            assert time.monotonic() - t0 >= 0.15       # it waited for the event that did not come
+        finally:
+            alive.kill()
+            alive.wait()
+    finally:
+        w.close()
+
+
+def test_unavailable_answers_none():
+    w = ExitWatch()        # never started: as where the connector is refused (a pod without hostPID)
+    assert not w.available and w.status(os.getpid(), 0, wait_s=0) is None
