@@ -298,9 +298,15 @@ def plumb(name: str, host_ip: str, sandbox_ip: str, prefixlen: int = 30, subnet:
             ipr.link("add", ifname=host_if, kind="veth", peer={"ifname": host_if + "p"})
             peer = ipr.link_lookup(ifname=host_if + "p")[0]
             ipr.link("set", index=peer, net_ns_fd=ns)
-            idx = ipr.link_lookup(ifname=host_if)[0]
-            ipr.addr("add", index=idx, address=host_ip, prefixlen=prefixlen)
-            ipr.link("set", index=idx, state="up")
+        # The namespace end first, the host end last: the node's route to the
+        # sandbox exists from the moment the host end is up with its address, and
+        # a veth whose peer is still down has no carrier, so its queue drops what
+        # it sends unseen. A packet routed in that gap (a client already sending
+        # to the address) left an ARP request dropped and the neighbour entry
+        # INCOMPLETE until the kernel asked again 1 s later (neigh retrans_time),
+        # with every packet for the sandbox, the health probe's SYN too, queued
+        # behind it: the containerd door's first probe waited ~0.6 s under the
+        # flood bench (docs/network.md, "The first probe after a restore").
         with NetNS(ns) as nsr:
             lo = nsr.link_lookup(ifname="lo")[0]
             nsr.link("set", index=lo, state="up")
@@ -309,6 +315,10 @@ def plumb(name: str, host_ip: str, sandbox_ip: str, prefixlen: int = 30, subnet:
             nsr.addr("add", index=p, address=sandbox_ip, prefixlen=prefixlen)
             nsr.link("set", index=p, state="up")
             nsr.route("add", dst="0.0.0.0/0", gateway=host_ip)
+        with _ipr() as ipr:
+            idx = ipr.link_lookup(ifname=host_if)[0]
+            ipr.addr("add", index=idx, address=host_ip, prefixlen=prefixlen)
+            ipr.link("set", index=idx, state="up")
         net = SandboxNet(name=name, netns=ns, host_if=host_if, host_ip=host_ip, sandbox_ip=sandbox_ip,
                          prefixlen=prefixlen, ports=tuple(ports), publish_address=publish_address)
         _nat(net, egress)
