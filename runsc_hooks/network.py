@@ -32,6 +32,7 @@ import ipaddress
 import logging
 import os
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -175,6 +176,46 @@ def _ipr():
     return IPRoute()
 
 
+_CLONE_NEWNET = 0x40000000   # <sched.h>
+
+
+def _in_netns(netns_path: str, fn):
+    """fn(ipr) with an IPRoute inside the network namespace at `netns_path`, run on
+    a thread of its own that setns(2) moves there (it moves only the calling
+    thread, and the thread ends with the call). pyroute2's NetNS forks a child to
+    open each socket instead; in thawd's multi-threaded gRPC server that child
+    died of SIGSEGV in 13-17 % of the flood bench's PrepareRestore calls ("network
+    of on0004 not recorded: child process is dead, status: -11"), and a cold start
+    after a failed restore then had no network (docs/network.md)."""
+    box: dict = {}
+
+    def work() -> None:
+        try:
+            fd = os.open(netns_path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                if hasattr(os, "setns"):   # Python >= 3.12
+                    os.setns(fd, _CLONE_NEWNET)
+                else:
+                    import ctypes
+                    libc = ctypes.CDLL(None, use_errno=True)
+                    if libc.setns(fd, _CLONE_NEWNET) != 0:
+                        err = ctypes.get_errno()
+                        raise OSError(err, f"setns {netns_path}: {os.strerror(err)}")
+            finally:
+                os.close(fd)
+            with _ipr() as ipr:
+                box["value"] = fn(ipr)
+        except BaseException as e:  # noqa: BLE001 - raised again in the caller's thread
+            box["error"] = e
+
+    t = threading.Thread(target=work, name="thaw-netns", daemon=True)
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
 def namespace_address(netns_path: str | None) -> tuple[str | None, str | None]:
     """(sandbox address the node reaches, gate name) of a container whose network
     namespace is `netns_path` (its OCI spec's), for probes and the gate of the
@@ -198,13 +239,17 @@ def namespace_address(netns_path: str | None) -> tuple[str | None, str | None]:
     if not _is_netns(path):
         log.info("network namespace %s of a spec is not a namespace file; probes go inside", netns_path)
         return None, None
+    def first_address(ns) -> str | None:
+        for addr in ns.get_addr(family=2):
+            ip = addr.get_attr("IFA_ADDRESS")
+            if ip and not ipaddress.IPv4Address(ip).is_loopback:
+                return ip
+        return None
+
     try:
-        from pyroute2 import NetNS
-        with NetNS(str(path)) as ns:
-            for addr in ns.get_addr(family=2):
-                ip = addr.get_attr("IFA_ADDRESS")
-                if ip and not ipaddress.IPv4Address(ip).is_loopback:
-                    return ip, None
+        ip = _in_netns(str(path), first_address)
+        if ip:
+            return ip, None
     except Exception as e:  # noqa: BLE001 - an unreadable namespace: probes go inside instead
         log.info("no address in network namespace %s: %s", netns_path, e)
     return None, None
@@ -218,43 +263,47 @@ def snapshot(netns_path: str) -> list[dict]:
     them. A restore that fails leaves the namespace without them, and the cold
     start that follows in the same namespace would have no network:
     `reapply` puts them back first."""
-    from pyroute2 import NetNS
-    out = []
     if not _is_netns(Path(netns_path)):   # a spec may name any path: never open a FIFO
-        return out
-    with NetNS(netns_path) as ns:
-        names = {link["index"]: link.get_attr("IFLA_IFNAME") for link in ns.get_links()}
-        for addr in ns.get_addr(family=2):
-            name = names.get(addr["index"], "")
-            if name and name != "lo":
-                out.append({"kind": "addr", "ifname": name, "address": addr.get_attr("IFA_ADDRESS"),
-                            "prefixlen": addr["prefixlen"]})
-        for r in ns.get_routes(family=2, table=254):
-            oif = names.get(r.get_attr("RTA_OIF"), "")
-            if oif and oif != "lo":
-                out.append({"kind": "route", "ifname": oif, "dst": r.get_attr("RTA_DST"), "dst_len": r["dst_len"],
-                            "gateway": r.get_attr("RTA_GATEWAY"), "scope": r["scope"],
-                            "proto": r["proto"]})
+        return []
+    return _in_netns(netns_path, _snapshot)
+
+
+def _snapshot(ns) -> list[dict]:
+    out = []
+    names = {link["index"]: link.get_attr("IFLA_IFNAME") for link in ns.get_links()}
+    for addr in ns.get_addr(family=2):
+        name = names.get(addr["index"], "")
+        if name and name != "lo":
+            out.append({"kind": "addr", "ifname": name, "address": addr.get_attr("IFA_ADDRESS"),
+                        "prefixlen": addr["prefixlen"]})
+    for r in ns.get_routes(family=2, table=254):
+        oif = names.get(r.get_attr("RTA_OIF"), "")
+        if oif and oif != "lo":
+            out.append({"kind": "route", "ifname": oif, "dst": r.get_attr("RTA_DST"), "dst_len": r["dst_len"],
+                        "gateway": r.get_attr("RTA_GATEWAY"), "scope": r["scope"],
+                        "proto": r["proto"]})
     return out
 
 
 def reapply(netns_path: str, snap: list[dict]) -> None:
     """Put a `snapshot`'s addresses, then its routes, back (what exists is kept)."""
-    from pyroute2 import NetNS
+    _in_netns(netns_path, lambda ns: _reapply(ns, snap))
+
+
+def _reapply(ns, snap: list[dict]) -> None:
     from pyroute2.netlink.exceptions import NetlinkError
-    with NetNS(netns_path) as ns:
-        idx = {link.get_attr("IFLA_IFNAME"): link["index"] for link in ns.get_links()}
-        for kind in ("addr", "route"):
-            for e in (x for x in snap if x["kind"] == kind and x["ifname"] in idx):
-                try:
-                    if kind == "addr":
-                        ns.addr("add", index=idx[e["ifname"]], address=e["address"], prefixlen=e["prefixlen"])
-                    elif e["proto"] != 2:   # RTPROT_KERNEL: the kernel adds the prefix route with the address
-                        kw = {"dst": f"{e['dst']}/{e['dst_len']}"} if e["dst"] else {"dst": "0.0.0.0/0"}
-                        ns.route("add", oif=idx[e["ifname"]], gateway=e["gateway"], scope=e["scope"], **kw)
-                except NetlinkError as err:
-                    if err.code != errno.EEXIST:
-                        raise
+    idx = {link.get_attr("IFLA_IFNAME"): link["index"] for link in ns.get_links()}
+    for kind in ("addr", "route"):
+        for e in (x for x in snap if x["kind"] == kind and x["ifname"] in idx):
+            try:
+                if kind == "addr":
+                    ns.addr("add", index=idx[e["ifname"]], address=e["address"], prefixlen=e["prefixlen"])
+                elif e["proto"] != 2:   # RTPROT_KERNEL: the kernel adds the prefix route with the address
+                    kw = {"dst": f"{e['dst']}/{e['dst_len']}"} if e["dst"] else {"dst": "0.0.0.0/0"}
+                    ns.route("add", oif=idx[e["ifname"]], gateway=e["gateway"], scope=e["scope"], **kw)
+            except NetlinkError as err:
+                if err.code != errno.EEXIST:
+                    raise
 
 
 def _is_netns(path: Path) -> bool:
@@ -285,7 +334,7 @@ def plumb(name: str, host_ip: str, sandbox_ip: str, prefixlen: int = 30, subnet:
     published ports and egress NAT. Idempotent for the same arguments:
     leftovers of an earlier attempt are removed first (a closed gate of
     `name` is kept: restore closes it before plumbing)."""
-    from pyroute2 import NetNS, netns as pnetns
+    from pyroute2 import netns as pnetns
 
     ns = netns_name(name)
     host_if = host_if_name(name)
@@ -311,7 +360,7 @@ def plumb(name: str, host_ip: str, sandbox_ip: str, prefixlen: int = 30, subnet:
             ipr.link("set", index=peer, net_ns_fd=ns)
             idx = ipr.link_lookup(ifname=host_if)[0]
             ipr.link("set", index=idx, state="up")   # no address yet: no route, no traffic
-        with NetNS(ns) as nsr:
+        def inside(nsr) -> None:
             lo = nsr.link_lookup(ifname="lo")[0]
             nsr.link("set", index=lo, state="up")
             p = nsr.link_lookup(ifname=host_if + "p")[0]
@@ -319,6 +368,8 @@ def plumb(name: str, host_ip: str, sandbox_ip: str, prefixlen: int = 30, subnet:
             nsr.addr("add", index=p, address=sandbox_ip, prefixlen=prefixlen)
             nsr.link("set", index=p, state="up")     # carrier on both ends; this end's qdisc now
             nsr.route("add", dst="0.0.0.0/0", gateway=host_ip)
+
+        _in_netns(str(NETNS_DIR / ns), inside)
         with _ipr() as ipr:
             _wait_operstate_up(ipr, idx, host_if)    # the host end's qdisc: when linkwatch ran
             ipr.addr("add", index=idx, address=host_ip, prefixlen=prefixlen)

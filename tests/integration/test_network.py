@@ -181,6 +181,36 @@ def test_plumbing_while_traffic_arrives_lets_the_first_connection_through(net, n
     assert netmod.sandbox_leftovers(sid) == []
 
 
+def test_namespace_reads_and_writes_never_fork(net, name, monkeypatch):
+    """thawd reads a container's namespace (snapshot, namespace_address) and puts it back
+    (reapply) from inside its gRPC server: pyroute2's NetNS forked a child for that, which
+    died of SIGSEGV in 13-17 % of the flood bench's PrepareRestore calls, and a cold start
+    after a failed restore then had no network. A thread setns(2)s into the namespace now."""
+    sid = f"{name}-f"
+    host_ip, sandbox_ip, plen = netmod.slot_addresses(NET_SUBNET, 6)
+    n = netmod.plumb(sid, host_ip, sandbox_ip, plen, subnet=NET_SUBNET)
+    try:
+        def no_fork():
+            raise AssertionError("forked")
+        monkeypatch.setattr(os, "fork", no_fork)
+        snap = netmod.snapshot(n.netns_path)
+        assert {(e["kind"], e.get("address")) for e in snap} >= {("addr", sandbox_ip)}
+        assert any(e["kind"] == "route" and e["gateway"] == host_ip for e in snap), snap
+        # runsc takes the address away at create; reapply puts address and default route back.
+        netmod._in_netns(n.netns_path, lambda ns: ns.addr("del", index=ns.link_lookup(ifname="eth0")[0],
+                                                           address=sandbox_ip, prefixlen=plen))
+        assert not [e for e in netmod.snapshot(n.netns_path) if e["kind"] == "addr"]
+        netmod.reapply(n.netns_path, snap)
+        assert sorted(map(str, netmod.snapshot(n.netns_path))) == sorted(map(str, snap))
+        # A namespace thaw did not plumb is read from inside: its first global address.
+        os.symlink(n.netns_path, net / "foreign-ns")
+        assert netmod.namespace_address(str(net / "foreign-ns")) == (sandbox_ip, None)
+        monkeypatch.undo()
+    finally:
+        netmod.unplumb(sid)
+    assert netmod.sandbox_leftovers(sid) == []
+
+
 def test_restores_under_flood_answer_within_200ms_of_the_gate_opening(net, name):
     """The bench's cycles, fewer of them, with mitigations on: the invariants, checked per cycle."""
     s = net_settings(net)
