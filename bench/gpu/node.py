@@ -350,6 +350,11 @@ class Node:
             # so that step 4 measures a restore pulled from the store, not a cold start
             # answered while the pull goes on (60 s is the key's maximum).
             "THAW_THAWD_PREPARE_TIMEOUT_S": "60",
+            # Step 4 measures pull-then-restore and its pull rate, and the broken-image
+            # step a pull that fails before runsc runs: both need the pull path, which is
+            # no longer the default (store.stream; a streamed GPU restore is issue 18's
+            # H200 measurement, not this script's).
+            "THAW_STORE_STREAM": "false",
             "THAW_THAWD_METRICS_ADDR": "",
             # runsc's own log of every call (info level; debug stays off), kept for the report.
             "THAW_RUNSC_FLAGS": f"--debug-log={RUNSC_LOGS}/%ID%.%COMMAND%.log",

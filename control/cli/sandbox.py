@@ -11,7 +11,6 @@ at once, with its exit status), 2 for a bad request.
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import time
 from dataclasses import dataclass
@@ -165,7 +164,7 @@ def checkpoint_cmd(obj: Context, sid: str, out: Path, leave_running: bool) -> No
 @click.command("restore")
 @click.argument("image", type=click.Path(path_type=Path), required=False)
 @click.option("--from-store", "key", help="Restore the image of workload KEY: from the node cache, else from "
-              "the store (streamed while it arrives with store.stream, else pulled first).")
+              "the store, streamed while it arrives (store.stream, on by default; else pulled first).")
 @click.option("--id", "sid", required=True, help="Id of the restored sandbox.")
 @click.option("--probe", "probes", multiple=True, help="Health probe (repeatable; default: the image's).")
 @click.option("--cold-fallback", is_flag=True,
@@ -215,9 +214,8 @@ def restore_from_store(obj: Context, sb, key: str, sid: str, probes: list | None
     t0 = time.monotonic()
     # The store as this command's tenant sees it (issue 13): its prefix, keys, manifest checks.
     cache, store, node = images.open_cache(s), _store(obj), node_tuple(s)
-    if s.store_stream and store.encrypted:   # thaw-gofer serves plaintext chunks: pull whole
-        s = dataclasses.replace(s, store_stream=False)
-    if s.store_stream:
+    why = streammod.why_not(s, store)   # store.stream on (the default): a miss streams, unless this says why not
+    if not why:
         src = streammod.open_image(cache, store, s, key, node)
     else:
         pulled = images.pull(cache, store, key, node, workers=s.store_workers)
@@ -235,6 +233,8 @@ def restore_from_store(obj: Context, sb, key: str, sid: str, probes: list | None
         else:
             out = {"mode": "restored", **sb.restore(src.path, sid, probes=probes, **kw).to_dict()}
         out["source"] = "stream" if streamed else ("cache" if src.hit else "pull")
+        if out["source"] == "pull" and s.store_stream:
+            out["pulled_whole"] = why
         out["ready_s"] = round(time.monotonic() - t0, 4)
         if streamed:
             # The sandbox answers; its image goes on arriving. Wait for the end of

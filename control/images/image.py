@@ -80,7 +80,7 @@ def remote_manifest(store: Store, key: str, node: CompatTuple, reasons: list[str
     """
     reasons = list(reasons or [])
     invalid: list[ManifestError] = []
-    _check_tenant(store, key)
+    check_tenant(store, key)
     exact = store.get_manifest(key, node.hash())
     if exact is not None:
         m = _checked(exact, store.manifest_name(key, node.hash()), key, store)
@@ -108,7 +108,7 @@ def remote_manifest(store: Store, key: str, node: CompatTuple, reasons: list[str
     raise NotFound("image", key, "not in this node's cache and not in the store")
 
 
-def _check_tenant(store: Store, key: str) -> None:
+def check_tenant(store: Store, key: str) -> None:
     tenant = getattr(store, "tenant", "")
     if tenant and not key.startswith(tenant + "."):
         raise UserError(f"key {key!r} is not tenant {tenant!r}'s: its keys start with {tenant + '.'!r}", field="key")
@@ -169,7 +169,7 @@ def pull(cache: Cache, store: Store | None, key: str, node: CompatTuple, *, work
     (`result.lease.release()`, or use it as a context manager) once runsc is done."""
     manifestmod.validate_key(key)
     if store is not None:
-        _check_tenant(store, key)
+        check_tenant(store, key)
     notes: list[str] = []
     with cache.key_lock(key):
         notes += [f"recovered: removed {p}" for p in cache.recover_locked(key)]
@@ -349,7 +349,7 @@ def _publish(store: Store, directory: Path, key: str, node: CompatTuple, *, chun
              on_total) -> tuple[Manifest, transfer.UploadStats, bool, Manifest]:
     """Chunk, upload and publish `directory`: (our manifest, upload stats,
     whether ours won, the manifest the store now holds)."""
-    _check_tenant(store, key)
+    check_tenant(store, key)
     files = chunk.image_files(directory)
     before = chunk.file_state(files)
     layout = chunk.chunk_image(directory, key, node, chunker, avg_chunk)

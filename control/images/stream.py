@@ -53,6 +53,7 @@ from control.errors import IntegrityError, PreconditionError, StoreError, ThawEr
 from control.files import Owner, write_bytes_atomic
 from control.images import chunk
 from control.images import image as images
+from control.images import manifest as manifestmod
 from control.images import transfer
 from control.images.cache import Cache, Lease
 from control.images.manifest import Manifest
@@ -189,14 +190,31 @@ class Stream:
                 "learned_ranges": self.learned_ranges}
 
 
+def why_not(settings: Settings, store: Store) -> str:
+    """Why a miss is pulled whole rather than streamed on this node for `store`'s
+    tenant; "" when it streams. Both doors (thawd's image source, `thaw restore
+    --from-store`) ask this and log the answer."""
+    if not settings.store_stream:
+        return "store.stream is off"
+    gofer = Path(settings.store_gofer)
+    if not gofer.is_file():
+        return f"thaw-gofer is not at {gofer} (store.gofer; `thaw provision` installs it)"
+    if store.encrypted:
+        return "the tenant encrypts its images, and thaw-gofer serves plaintext chunks only"
+    return ""
+
+
 def open_image(cache: Cache, store: Store, settings: Settings, key: str, node: CompatTuple, *,
                progress: transfer.Progress | None = None,
                lock_timeout_s: float | None = None) -> Lease | Stream:
     """A leased cache entry of `key` if this node holds one (a hit, as
     `image.pull`), else a Stream filling a new entry, ready for runsc to
     restore from. Raises what a pull raises (NotFound, TupleMismatch,
-    StoreError, ManifestError, CacheFull, Timeout for the key's lock) when
-    nothing could start; failures after that are the Stream's `error`."""
+    StoreError, ManifestError, CacheFull, UserError for another tenant's key,
+    Timeout for the key's lock) when nothing could start; failures after that
+    are the Stream's `error`."""
+    manifestmod.validate_key(key)
+    images.check_tenant(store, key)   # a hit too: another tenant's cached entry is not this one's
     gofer = Path(settings.store_gofer)
     if not gofer.is_file():
         raise PreconditionError(f"thaw-gofer not found at {gofer}: run `make build`, or set THAW_STORE_GOFER",

@@ -201,7 +201,7 @@ class Thawd:
         # (root, id) -> ctrinfo.Identity, established at create: a tag moved later
         # must not change which key a running container checkpoints under.
         self._identities: dict[tuple[str, str], ctrinfo.Identity] = {}
-        self._fetches: dict[str, Future] = {}                    # key -> background pull
+        self._fetches: dict[tuple[str, bool], Future] = {}     # (key, stream) -> background pull
         self._checkpointing: set[str] = set()
         # Restore decisions with no outcome yet: (root, id) -> (workload key,
         # gate closed for it or None). Each ends in exactly one outcome:
@@ -283,16 +283,19 @@ class Thawd:
         self._prepare_gpu_spec(rt, spec)
         return self.claim_image(rt, spec, wl.key, t0)
 
-    def claim_image(self, rt: RuntimeRef, spec: dict, key: str, t0: float | None = None) -> Decision:
+    def claim_image(self, rt: RuntimeRef, spec: dict, key: str, t0: float | None = None,
+                    stream: bool = True) -> Decision:
         """A leased local image of `key` for container `rt` (fetched if need be, one pull
-        per key), its gate closed; or cold with the reason."""
+        per key), its gate closed; or cold with the reason. stream=False: a miss is
+        pulled whole even with store.stream on (a pod's image: its sandbox and members
+        restore through pods.py, whose runsc calls take no stream)."""
         why = self.quarantine.reason(key)
         if why is not None:
             return Decision(False, f"quarantined: {why}", key)
         # The identity lookup comes out of the same budget (t0, taken before it):
         # the stand-in waits thawd.prepare_timeout_s + 1 s for the whole answer.
         deadline = (t0 if t0 is not None else time.monotonic()) + self.s.thawd_prepare_timeout_s
-        fut = self._fetch(key)
+        fut = self._fetch(key, stream)
         try:
             lease = fut.result(timeout=max(0.05, deadline - time.monotonic()))
         except TimeoutError:
@@ -322,7 +325,7 @@ class Thawd:
             # The entry is local now: this pull is a cache hit with its own lease. It
             # is bounded by the same deadline (it may wait for the key's lock behind
             # another pull); a lease that comes too late is released.
-            second = self._pool.submit(self.images.pull, key)
+            second = self._pool.submit(self._pull, key, stream)
             try:
                 lease = second.result(timeout=max(0.05, deadline - time.monotonic()))
             except TimeoutError:
@@ -396,21 +399,25 @@ class Thawd:
             helper.stage(self.s.runsc_path.parent / helper.BINARY_NAME, d)
         return d
 
-    def _fetch(self, key: str) -> Future:
+    def _pull(self, key: str, stream: bool):
+        return self.images.pull(key) if stream else self.images.pull(key, stream=False)
+
+    def _fetch(self, key: str, stream: bool = True) -> Future:
         """One pull per key however many ask; the pull goes on past a caller's deadline."""
+        k = (key, stream)
         with self._lock:
-            fut = self._fetches.get(key)
+            fut = self._fetches.get(k)
             new = fut is None or fut.done()
             if new:
-                fut = self._pool.submit(self.images.pull, key)
-                self._fetches[key] = fut
+                fut = self._pool.submit(self._pull, key, stream)
+                self._fetches[k] = fut
         if new:
             # Outside the lock: a future that is already done runs the
             # callback right here, and the callback takes the lock.
-            fut.add_done_callback(lambda f, k=key: self._fetch_done(k, f))
+            fut.add_done_callback(lambda f, k=k: self._fetch_done(k, f))
         return fut
 
-    def _fetch_done(self, key: str, fut: Future) -> None:
+    def _fetch_done(self, key: tuple, fut: Future) -> None:
         with self._lock:
             if self._fetches.get(key) is fut:
                 del self._fetches[key]
@@ -827,6 +834,6 @@ def _fetch_reason(e: ThawError) -> str:
         return "no-tenant-key"
     if type(e).__name__ == "TupleMismatch":
         return "tuple-mismatch"
-    if type(e).__name__ == "Timeout":   # another container's stream holds the key (image_source._stream)
+    if type(e).__name__ == "Timeout":   # another pull or stream holds the key's lock (image_source._stream)
         return "fetch-in-progress"
     return "fetch-failed"

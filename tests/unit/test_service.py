@@ -33,12 +33,14 @@ class FakeImages:
         self.tmp = tmp
         self.available: dict[str, object] = {}   # key -> True | exception
         self.pulls = 0
+        self.streams: list[bool] = []            # each pull's `stream` (False: whole, for a pod)
         self.gate = threading.Event()
         self.gate.set()
 
-    def pull(self, key: str) -> FakeLease:
+    def pull(self, key: str, stream: bool = True) -> FakeLease:
         self.gate.wait(10)
         self.pulls += 1
+        self.streams.append(stream)
         v = self.available.get(key)
         if v is None:
             raise NotFound("image", key)
@@ -107,6 +109,7 @@ def test_no_image_then_image(env):
     images.available[d.key] = True
     d2 = t.prepare_restore(rt)
     assert d2.restore and d2.image_path == str(tmp / d.key)
+    assert images.streams == [True, True]   # a lone container's miss may stream (store.stream)
     # The stand-in's deadline for Restore: runsc + health check (+ hooks), from thawd's settings.
     assert d2.restore_timeout_s == t.s.runsc_timeout_s + t.s.thawd_health_timeout_s + 5.0
 

@@ -1,0 +1,165 @@
+"""A stream filling the node cache (control/images/stream.py) through the real
+thaw-gofer binary (`thaw-gofer stream`), with no runsc: packs are served over
+HTTP from an in-memory store (ranged GETs of the presigned URLs the plan
+names), so the Python plan, the Go engine and the cache's install meet for
+real. What a sandbox reads through the gofer is tests/integration/test_stream.py's."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from control import config
+from control.errors import UserError
+from control.images import image as images
+from control.images import stream as streammod
+from control.images import transfer
+from control.images.cache import Cache
+from tests.conftest import BUILD
+from tests.unit.fakes import TUPLE, FakeStore, layout
+
+GOFER = BUILD / "thaw-gofer"
+
+
+class HttpStore(FakeStore):
+    """FakeStore whose packs are also served over HTTP on loopback, as presigned GETs."""
+
+    def __init__(self, url: str = "") -> None:
+        super().__init__()
+        self.url = url
+        self.orders: dict[str, bytes] = {}
+
+    @property
+    def encrypted(self) -> bool:
+        return self.tenant_key is not None
+
+    def presign_get(self, p: str) -> str:
+        return f"{self.url}/{self.pack_name(p)}"
+
+    def order_name(self, key: str, th: str) -> str:
+        return self.manifest_name(key, th).removesuffix(".json") + ".order"
+
+    def get_order(self, key: str, th: str) -> bytes | None:
+        return self.orders.get(self.order_name(key, th))
+
+    def put_order(self, key: str, th: str, body: bytes) -> None:
+        self.orders[self.order_name(key, th)] = body
+
+
+@pytest.fixture
+def store():
+    s = HttpStore()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            body = s.objects.get(self.path.lstrip("/"))
+            if body is None:
+                self.send_response(404)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            a, _, b = self.headers["Range"].removeprefix("bytes=").partition("-")
+            part = body[int(a):int(b) + 1]
+            self.send_response(206)
+            self.send_header("Content-Length", str(len(part)))
+            self.end_headers()
+            self.wfile.write(part)
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    s.url = f"http://127.0.0.1:{srv.server_port}"
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield s
+    srv.shutdown()
+    srv.server_close()
+
+
+@pytest.fixture
+def settings(tmp_path) -> config.Settings:
+    assert GOFER.is_file(), f"{GOFER} missing: run `make build`"
+    (tmp_path / "empty.toml").write_text("")
+    return config.load(environ={"THAW_NODE_STATE_DIR": str(tmp_path / "state"),
+                                "THAW_NODE_LOG_DIR": str(tmp_path / "log"), "THAW_STORE_GOFER": str(GOFER),
+                                "THAW_RUNSC_PATH": str(tmp_path / "no-runsc"), "THAW_STORE_RETRIES": "0",
+                                "THAW_STORE_TIMEOUT_S": "5"},
+                       config_file=tmp_path / "empty.toml")
+
+
+def image_files(seed: int, pages: int = 1 << 20) -> dict[str, bytes]:
+    """The files of a runsc image (what the sentry reads, and thaw.json, which it does not)."""
+    rnd = random_bytes(seed, pages)
+    return {"checkpoint.img": random_bytes(seed + 1, 70_000), "pages_meta.img": b"meta" * 600,
+            "pages.img": rnd[:pages // 2] + bytes(64 << 10) + rnd[pages // 2:], "thaw.json": b'{"fake": 1}'}
+
+
+def random_bytes(seed: int, n: int) -> bytes:
+    import random
+    return random.Random(seed).randbytes(n)
+
+
+def publish(store: HttpStore, tmp_path: Path, key: str, files: dict[str, bytes]):
+    """Upload the files' chunks (sealed when the store's tenant encrypts) and put the
+    manifest as `thaw push` would (sealed and tagged as the tenant's settings say)."""
+    d = tmp_path / f"src-{key}"
+    d.mkdir()
+    for n, data in files.items():
+        (d / n).write_bytes(data)
+    lay = layout(key, d, 16 << 10, TUPLE)
+    locs, _ = transfer.upload(lay, d, store, workers=4)
+    m = dataclasses.replace(lay, locations=locs, tenant=store.tenant, encryption=store.encryption)
+    assert store.put_manifest_if_absent(key, m.tuple_hash, images._published_body(store, m))
+    return m
+
+
+def stream(cache: Cache, store, s, key: str) -> streammod.Stream:
+    src = streammod.open_image(cache, store, s, key, TUPLE, lock_timeout_s=5)
+    assert isinstance(src, streammod.Stream), src
+    assert src.wait(60), "the stream did not end"
+    return src
+
+
+def test_stream_fills_the_cache_entry_as_a_pull_would(tmp_path, store, settings):
+    files = image_files(1)
+    view = store.for_tenant("user-root")
+    publish(view, tmp_path, "user-root.app", files)
+    cache = Cache(tmp_path / "cache", 1 << 30)
+    st = stream(cache, view, settings, "user-root.app")
+    assert st.error is None and st.entry_id, st.to_dict()
+    [e] = cache.entries("user-root.app")
+    assert e.state == "ready" and e.id == st.entry_id
+    for name, data in files.items():
+        assert (e.path / name).read_bytes() == data, name
+    st.release()
+    assert not st.path.exists(), "the stream's directory goes with its release"
+    # The next start is a hit: a lease, nothing streams.
+    hit = streammod.open_image(cache, view, settings, "user-root.app", TUPLE)
+    assert not isinstance(hit, streammod.Stream) and hit.hit
+    hit.release()
+
+
+def test_another_tenants_key_is_refused_even_when_cached(tmp_path, store, settings):
+    """open_image checks the key's tenant before the cache, as image.pull does: a
+    cached entry of tenant A is no hit for tenant B's view of the store."""
+    a = store.for_tenant("ctr-a")
+    publish(a, tmp_path, "ctr-a.app", image_files(2))
+    cache = Cache(tmp_path / "cache", 1 << 30)
+    stream(cache, a, settings, "ctr-a.app").release()
+    assert [e.state for e in cache.entries("ctr-a.app")] == ["ready"]
+    with pytest.raises(UserError, match="is not tenant 'ctr-b''s"):
+        streammod.open_image(cache, store.for_tenant("ctr-b"), settings, "ctr-a.app", TUPLE)
+
+
+def test_why_a_miss_is_pulled_whole(tmp_path, store, settings):
+    view = store.for_tenant("user-root")
+    assert streammod.why_not(settings, view) == ""
+    assert streammod.why_not(dataclasses.replace(settings, store_stream=False), view) == "store.stream is off"
+    missing = dataclasses.replace(settings, store_gofer=tmp_path / "no-gofer")
+    assert "thaw-gofer is not at" in streammod.why_not(missing, view)
+    assert config.load(environ={}, default_file=Path(os.devnull)).store_stream is True, "on by default"
