@@ -37,10 +37,26 @@ class ImageSource:
         if self.keys.manifest_key is None:
             log.warning("store.manifest_key_file is not set: manifests are neither signed nor checked, so anyone "
                         "who can write the bucket can publish an image this node restores (docs/security.md)")
+        self._recover()
         try:
             self.store.ensure_bucket()
         except StoreError as e:  # the store may come up later; pulls then report it per request
             log.warning("store not ready at start: %s", e)
+
+    def _recover(self) -> None:
+        """What a thawd killed mid-pull or mid-stream left (a partial entry, a stream's
+        directory of hard links) goes before this one serves, so neither the cache dir
+        nor its listing shows a half-made image, and a stream's hard links stop
+        holding the space of entries evicted since. Keys another process holds are
+        left to it; any later pull of a key recovers it too (image.pull, stream.open_image)."""
+        from control.images import stream as streammod
+        try:
+            removed = self.cache.recover() + streammod.remove_leftovers(self.cache)
+        except OSError as e:   # a start must not fail for a leftover it cannot remove
+            log.warning("cache: recovering leftovers at start: %s", e)
+            return
+        for p in removed:   # a warning: what a crash left is worth seeing (and thawd logs INFO only once serving)
+            log.warning("cache: recovered at start: removed %s", p)
 
     def pull(self, key: str, stream: bool = True) -> Lease:
         """A leased cache entry for `key` on this node; NotFound / TupleMismatch / StoreError otherwise.
