@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from control.lifecycle.sandbox import Sandboxes
 
 from control.cli.common import Context, handle_errors, json_option, needs_root
-from control.errors import ThawError, UserError
+from control.errors import NoSpace, ThawError, UserError
 from control.cli.progress import Progress
 
 
@@ -231,7 +231,11 @@ def restore_from_store(obj: Context, sb, key: str, sid: str, probes: list | None
             if start.restore is not None:
                 out.update(start.restore.to_dict())
         else:
-            out = {"mode": "restored", **sb.restore(src.path, sid, probes=probes, **kw).to_dict()}
+            try:
+                out = {"mode": "restored", **sb.restore(src.path, sid, probes=probes, **kw).to_dict()}
+            except ThawError as e:
+                # A stream that failed (a full cache: NoSpace, exit 4) is why runsc gave up.
+                raise (src.verdict() or e) if streamed else e
         out["source"] = "stream" if streamed else ("cache" if src.hit else "pull")
         if out["source"] == "pull" and s.store_stream:
             out["pulled_whole"] = why
@@ -246,11 +250,15 @@ def restore_from_store(obj: Context, sb, key: str, sid: str, probes: list | None
                     sb.wait_restored(sid, s.runsc_timeout_s)
                 except ThawError as e:
                     sb.delete(sid, force=True)
-                    raise ThawError(f"the restore of {key} as {sid} failed while its image streamed in "
-                                    f"({src.error or e}); the sandbox was removed") from None
+                    msg = (f"the restore of {key} as {sid} failed while its image streamed in "
+                           f"({src.error or e}); the sandbox was removed")
+                    if isinstance(src.error, NoSpace):   # exit 4, as a pull into a full cache
+                        raise NoSpace(msg, **src.error.fields) from None
+                    raise ThawError(msg) from None
     finally:
         src.release()
     return out
+
 
 
 @click.command("ps")

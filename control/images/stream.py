@@ -101,6 +101,10 @@ RANGE_BYTES = 8 << 20
 URGENT_WORKERS = 2
 URGENT_AHEAD_BYTES = 512 << 10
 
+# How long a failed restore waits to hear whether its stream failed (Stream.verdict):
+# the stream's end follows the gofer's failed reads within milliseconds.
+VERDICT_S = 2.0
+
 ORDER_SCHEMA = "thaw.order"
 ORDER_VERSION = 1
 MAX_ORDER_RANGES = 4096
@@ -145,6 +149,14 @@ class Stream:
     def wait(self, timeout: float | None = None) -> bool:
         """Until the stream ended (installed or failed); False on timeout."""
         return self._done.wait(timeout)
+
+    def verdict(self, wait_s: float = VERDICT_S) -> ThawError | None:
+        """Why the stream failed, waiting up to `wait_s` for a running one to end; None
+        if it did not. A restore that failed asks: when a stream fails, the gofer fails
+        the sentry's reads and runsc kills the sandbox, so the stream's error (NoSpace,
+        IntegrityError, StoreError) is the reason, and a healthy stream goes on."""
+        self._done.wait(wait_s)
+        return self.error
 
     def add_done_callback(self, fn: Callable[["Stream"], None]) -> None:
         with self._mu:
@@ -297,12 +309,22 @@ class _Job:
                         self.cache.install_locked(eid, partial, manifest)
                     except BaseException:
                         shutil.rmtree(partial, ignore_errors=True)
+                        # The stream directory's hard links would keep the partial's blocks:
+                        # on a full file system the cache's index could not even drop the
+                        # reservation. A doomed sandbox's gofer keeps the files it opened;
+                        # thaw.json stays for a cold start from the image's spec (warm_start).
+                        if self.stream is not None:
+                            for name in RUNSC_FILES:
+                                (self.stream.path / name).unlink(missing_ok=True)
                         raise
                 finally:
                     self.cache.unreserve(rid)
                 self.stream.entry_id = eid
                 lease = self.cache.lease(eid)
         except BaseException as e:  # noqa: BLE001 - handed to the caller, or kept on the Stream
+            # A full cache file system (a pwrite here, thaw-gofer's writes or fsync, the
+            # install) is NoSpace, as a pull reports it; the partial is gone already.
+            e = images.no_space(self.cache, manifest, e) or e
             if not self.ready.is_set():
                 if self.stream is not None:   # nobody will release it
                     shutil.rmtree(self.stream.path, ignore_errors=True)
@@ -311,7 +333,9 @@ class _Job:
                 self.ready.set()
                 return
             self.stream.error = e if isinstance(e, ThawError) else ThawError(f"{type(e).__name__}: {e}")
-            log.warning("stream %s failed: %s", self.key, self.stream.error)
+            # Said once, by whoever waits for it: thawd's image source logs it, the CLI
+            # raises it (one line, as for a pull).
+            log.info("stream %s failed: %s", self.key, self.stream.error)
         finally:
             if self.stream is not None:
                 self.stream._finish(lease)

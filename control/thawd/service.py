@@ -521,7 +521,16 @@ class Thawd:
             if not isinstance(e, ThawError):
                 log.exception("restore of %s failed unexpectedly", rt.container_id)
             reason = f"{type(e).__name__}: {getattr(e, 'message', e)}"
-            self.undo_restore(h, rt, key, reason)
+            counts = True
+            failed = lease.verdict() if streamed else None
+            if failed is not None:
+                # Its stream failed, so runsc killed the sandbox: that is the reason. It
+                # counts towards quarantine as a pull's failure would (claim_image): only
+                # when the store served bytes that are not the image's, never for a full
+                # cache file system (NoSpace) or a store that stalled.
+                reason = f"{type(failed).__name__}: the image's stream failed: {getattr(failed, 'message', failed)}"
+                counts = isinstance(failed, IntegrityError) and failed.where == "store"
+            self.undo_restore(h, rt, key, reason, quarantine=counts)
             return False, reason, time.monotonic() - t0
         if cancelled():
             self.undo_restore(h, rt, key, "the stand-in gave up before the restore finished")
@@ -623,10 +632,11 @@ class Thawd:
         self.report_outcome(rt, "RESTORE_FAILED", reason, key=key)
         return False, reason, time.monotonic() - t0
 
-    def undo_restore(self, h: Handle, rt: RuntimeRef, key: str, reason: str) -> None:
+    def undo_restore(self, h: Handle, rt: RuntimeRef, key: str, reason: str, quarantine: bool = True) -> None:
         """A restore that will not be used: kill and delete the sandbox (the stand-in
         creates it again, cold), put the namespace's addresses and routes back
-        (runsc removed them), open the gate, release the lease, count the failure."""
+        (runsc removed them), open the gate, release the lease, count the failure
+        (towards the key's quarantine too, unless `quarantine` is False)."""
         try:
             if h.runsc.exists(h.id):
                 h.runsc.delete(h.id, force=True)
@@ -641,9 +651,10 @@ class Thawd:
                 log.warning("network of %s not put back after its failed restore: %s", rt.container_id, e)
         if h.gate is not None:
             gatemod.open(h.gate, f"restore of {rt.container_id} failed; starting cold")
-        self.report_outcome(rt, "RESTORE_FAILED", reason, key=key)
+        self.report_outcome(rt, "RESTORE_FAILED", reason, key=key, quarantine=quarantine)
 
-    def report_outcome(self, rt: RuntimeRef, outcome: str, reason: str, key: str | None = None) -> None:
+    def report_outcome(self, rt: RuntimeRef, outcome: str, reason: str, key: str | None = None,
+                       quarantine: bool = True) -> None:
         if outcome not in ("RESTORE_FAILED", "COLD_STARTED"):
             raise UserError(f"outcome {outcome!r}: expected RESTORE_FAILED or COLD_STARTED", field="outcome")
         spec = None
@@ -665,7 +676,7 @@ class Thawd:
         if outcome == "RESTORE_FAILED":
             self.metrics.inc("thaw_fallbacks_total", reason=reason.split(":")[0])
             self._release(rt)
-            if key and self.quarantine.failed(key, reason):
+            if key and quarantine and self.quarantine.failed(key, reason):
                 self.metrics.inc("thaw_quarantined_total")
         else:
             self.metrics.inc("thaw_cold_starts_total")

@@ -163,3 +163,32 @@ def test_why_a_miss_is_pulled_whole(tmp_path, store, settings):
     missing = dataclasses.replace(settings, store_gofer=tmp_path / "no-gofer")
     assert "thaw-gofer is not at" in streammod.why_not(missing, view)
     assert config.load(environ={}, default_file=Path(os.devnull)).store_stream is True, "on by default"
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A 4 MiB tmpfs, named after the test; unmounted after."""
+    import subprocess
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "thaw-stream-fill", str(mnt)], check=True)
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_full_cache_ends_the_stream_in_no_space_and_no_entry(tmp_path, store, settings, small_fs):
+    """ENOSPC while thaw-gofer fills the partial (an 8 MiB image, a 4 MiB file
+    system): the Stream's error is NoSpace naming the cache, as a pull's (exit 4),
+    the partial is gone and the cache lists nothing."""
+    from control.errors import NoSpace
+    view = store.for_tenant("user-root")
+    publish(view, tmp_path, "user-root.big", image_files(3, pages=8 << 20))
+    cache = Cache(small_fs / "cache", 1 << 30)
+    st = stream(cache, view, settings, "user-root.big")
+    assert isinstance(st.error, NoSpace), st.error
+    assert str(cache.root) in str(st.error) and "user-root.big" in str(st.error)
+    st.release()
+    assert cache.entries() == [] and list((cache.root / "tmp").iterdir()) == []
+    streams = cache.root / streammod.STREAMS_DIR
+    assert not streams.exists() or list(streams.iterdir()) == []
+
