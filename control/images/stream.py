@@ -53,6 +53,7 @@ from control.errors import IntegrityError, PreconditionError, StoreError, ThawEr
 from control.files import Owner, write_bytes_atomic
 from control.images import chunk
 from control.images import image as images
+from control.images import keys as keysmod
 from control.images import manifest as manifestmod
 from control.images import transfer
 from control.images.cache import Cache, Lease
@@ -211,8 +212,6 @@ def why_not(settings: Settings, store: Store) -> str:
     gofer = Path(settings.store_gofer)
     if not gofer.is_file():
         return f"thaw-gofer is not at {gofer} (store.gofer; `thaw provision` installs it)"
-    if store.encrypted:
-        return "the tenant encrypts its images, and thaw-gofer serves plaintext chunks only"
     return ""
 
 
@@ -358,7 +357,8 @@ class _Job:
             sock = sockdir / "s.sock"
         self.stream = Stream(self.key, sdir, self.sidecars)
         try:
-            sources = self.cache.sources(m.unique_chunks())
+            # Local copies from this tenant's entries only, as a pull (issue 13).
+            sources = self.cache.sources(m.unique_chunks(), tenant=getattr(self.store, "tenant", ""))
             bad = self.cache.mark_corrupt
             others = tuple(f for f in m.files if f.name not in RUNSC_FILES)
             if others:   # thaw.json: the CLI reads it before runsc starts
@@ -519,8 +519,12 @@ def build_plan(m: Manifest, partial: Path, sdir: Path, store: Store, sources: tr
     chunks = []
     for h in remote:
         loc = m.locations[h]
+        # An encrypting tenant's chunk (issue 13) carries its own AES-256-GCM key, in
+        # hex, never the tenant's: thaw-gofer opens it before a byte is written or
+        # served (go/internal/fetch/crypt.go), as thaw-fetch does for a pull.
         chunks.append([h, lengths[h], obj(loc.pack), loc.offset, loc.stored, loc.codec,
-                       [[fi, off] for fi, off in places[h]], checks.get(h, "")])
+                       [[fi, off] for fi, off in places[h]], checks.get(h, "")]
+                      + ([store.chunk_key(h).hex()] if m.encryption else []))
     plan = {"version": PLAN_VERSION, "workers": workers, "urgent_workers": URGENT_WORKERS, "attempts": attempts,
             "timeout_s": timeout_s, "range_bytes": RANGE_BYTES, "urgent_ahead_bytes": URGENT_AHEAD_BYTES,
             "files": [{"path": str(partial / f.name), "size": f.size} for f in files],
@@ -555,6 +559,13 @@ def read_order(store: Store, m: Manifest) -> dict[str, list[list[int]]]:
         return {}
     if body is None:
         return {}
+    tenant_key = getattr(store, "tenant_key", None)
+    if tenant_key is not None:   # an encrypting tenant's order is sealed (keys.seal_order)
+        try:
+            body = keysmod.open_order(tenant_key, store.tenant, m.key, m.tuple_hash, body)
+        except ValueError as e:
+            log.warning("stream %s: ignoring the learned order: %s", m.key, e)
+            return {}
     try:
         doc = json.loads(body)
         if doc.get("schema") != ORDER_SCHEMA or doc.get("version") != ORDER_VERSION:
@@ -590,7 +601,11 @@ def record_order(store: Store, m: Manifest, faults: dict[str, list[list[int]]]) 
     doc = {"schema": ORDER_SCHEMA, "version": ORDER_VERSION, "key": m.key, "tuple_hash": m.tuple_hash,
            "files": merged, "updated": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     if added:
-        store.put_order(m.key, m.tuple_hash, json.dumps(doc, separators=(",", ":")).encode())
+        body = json.dumps(doc, separators=(",", ":")).encode()
+        tenant_key = getattr(store, "tenant_key", None)
+        if tenant_key is not None:   # what a workload touches first is the tenant's to know
+            body = keysmod.seal_order(tenant_key, store.tenant, m.key, m.tuple_hash, body)
+        store.put_order(m.key, m.tuple_hash, body)
     return {"added": added, "ranges": sum(len(v) for v in merged.values())}
 
 
