@@ -72,6 +72,7 @@ def main() -> int:
     ap.add_argument("--warmup-rounds", type=int, default=6, help="hash passes over the weights at start")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--base", type=Path, default=Path("/var/tmp/thaw-bench-pods"))
+    ap.add_argument("--keep", action="store_true", help="keep --base (thawd's, containerd's and runsc's logs)")
     a = ap.parse_args()
     shutil.rmtree(a.base, ignore_errors=True)
     s = CriStack(a.base, "bench-pods")
@@ -124,7 +125,8 @@ def main() -> int:
             counters=s.stats()["counters"])
     finally:
         s.stop()
-        shutil.rmtree(a.base, ignore_errors=True)
+        if not a.keep:
+            shutil.rmtree(a.base, ignore_errors=True)
     return emit(result, a.out)
 
 
