@@ -8,12 +8,14 @@ import statistics
 from pathlib import Path
 
 
-def spread(xs: list[float], digits: int = 3, runs: bool = False) -> dict:
-    """Median, min, max and n of `xs` (seconds), rounded; `runs`: every value too."""
-    out = {"median_s": round(statistics.median(xs), digits), "min_s": round(min(xs), digits),
-           "max_s": round(max(xs), digits), "n": len(xs)}
+def spread(xs: list[float], digits: int = 3, runs: bool = False, unit: str = "s") -> dict:
+    """Median, min, max and n of `xs` (in `unit`, which names the keys: median_s,
+    median_mb_s; "" for a plain ratio), rounded; `runs`: every value too."""
+    u = f"_{unit}" if unit else ""
+    out = {f"median{u}": round(statistics.median(xs), digits), f"min{u}": round(min(xs), digits),
+           f"max{u}": round(max(xs), digits), "n": len(xs)}
     if runs:
-        out["runs_s"] = [round(x, digits) for x in xs]
+        out[f"runs{u}"] = [round(x, digits) for x in xs]
     return out
 
 

@@ -57,7 +57,6 @@ import os
 import re
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tarfile
@@ -72,6 +71,8 @@ HERE = Path(__file__).resolve().parent
 for p in (str(REPO), str(HERE)):
     if p not in sys.path:
         sys.path.insert(0, p)
+
+from bench.report import spread  # noqa: E402
 
 # Paths `thaw provision` and containerd write on a node (control/node/provision.py,
 # control/config.py defaults, containerd's defaults); each becomes a bind mount of
@@ -1082,12 +1083,11 @@ def measure(o: Options, node, report: Report, results: dict) -> None:
     report.save()
 
 
-def spread(values: list) -> dict:
-    """A series' median, min, max and n, and its runs in the order they ran."""
+def series(values: list, unit: str = "s") -> dict:
+    """A series' median, min, max and n (bench/report.py spread), and its runs in the
+    order they ran; {"n": 0} while it has none."""
     v = [x for x in values if isinstance(x, (int, float)) and not isinstance(x, bool)]
-    if not v:
-        return {"n": 0, "runs": []}
-    return {"median": round(statistics.median(v), 3), "min": min(v), "max": max(v), "n": len(v), "runs": v}
+    return spread(v, runs=True, unit=unit) if v else {"n": 0}
 
 
 def headline(r: dict, asked: int = 1) -> dict:
@@ -1100,16 +1100,16 @@ def headline(r: dict, asked: int = 1) -> dict:
         "image_bytes", "fetched_bytes", "seconds", "image_mb_s", "fetched_mb_s", "of_disk_read_limit", "engine")}}
         for s in store]
     h: dict = {"repeat": {"asked": asked, "done": {"cold": len(cold), "store": len(store), "cache": len(cache)}},
-               "cold_start_to_first_answer_s": spread([c.get("first_answer_s") for c in cold]),
-               "cold_ctr_run_s": spread([c.get("ctr_run_s") for c in cold]),
-               "restore_from_store_to_first_answer_s": spread([s.get("first_answer_s") for s in store]),
-               "restore_from_store_ctr_run_s": spread([s.get("ctr_run_s") for s in store]),
-               "restore_from_cache_to_first_answer_s": spread([c.get("first_answer_s") for c in cache]),
-               "restore_from_cache_ctr_run_s": spread([c.get("ctr_run_s") for c in cache]),
+               "cold_start_to_first_answer_s": series([c.get("first_answer_s") for c in cold]),
+               "cold_ctr_run_s": series([c.get("ctr_run_s") for c in cold]),
+               "restore_from_store_to_first_answer_s": series([s.get("first_answer_s") for s in store]),
+               "restore_from_store_ctr_run_s": series([s.get("ctr_run_s") for s in store]),
+               "restore_from_cache_to_first_answer_s": series([c.get("first_answer_s") for c in cache]),
+               "restore_from_cache_ctr_run_s": series([c.get("ctr_run_s") for c in cache]),
                "broken_image_cold_start_s": broken.get("first_answer_s"),
                "checkpoint": ck.get("checkpoint"), "publish": ck.get("publish"),
-               "pull_image_mb_s": spread([p["image_mb_s"] for p in pulls]),
-               "pull_of_disk_read_limit": spread([p["of_disk_read_limit"] for p in pulls]),
+               "pull_image_mb_s": series([p["image_mb_s"] for p in pulls], "mb_s"),
+               "pull_of_disk_read_limit": series([p["of_disk_read_limit"] for p in pulls], ""),
                "pulls": pulls, "disk_read_limit": (store[0].get("disk") if store else None),
                "gpu_index": {"cold": [c.get("gpu_assigned", {}).get("index") for c in cold],
                              "store": [s.get("gpu_after") for s in store],
@@ -1118,11 +1118,11 @@ def headline(r: dict, asked: int = 1) -> dict:
                                          "cache": [(c.get("nvidia_smi") or {}).get("output") for c in cache]},
                "answers_identical": bool(store) and bool(cache) and
                all(bool(x.get("identical")) for x in store + cache)}
-    m_cold = h["cold_start_to_first_answer_s"].get("median")
-    for series in ("store", "cache"):
-        m = h[f"restore_from_{series}_to_first_answer_s"].get("median")
+    m_cold = h["cold_start_to_first_answer_s"].get("median_s")
+    for where in ("store", "cache"):
+        m = h[f"restore_from_{where}_to_first_answer_s"].get("median_s")
         if m_cold and m:
-            h[f"ctr_run_cold_vs_restored_from_{series}"] = round(m_cold / m, 2)
+            h[f"ctr_run_cold_vs_restored_from_{where}"] = round(m_cold / m, 2)
     return h
 
 

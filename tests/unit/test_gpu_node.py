@@ -117,7 +117,7 @@ def test_a_failed_start_keeps_every_start_measured_before_it(tmp_path):
         _measure(tmp_path, fake, o)
     saved = json.loads((o.out / "node.json").read_text())
     assert saved["headline"]["repeat"]["done"] == {"cold": 2, "store": 1, "cache": 1}
-    assert saved["headline"]["cold_start_to_first_answer_s"]["runs"] == [40.0, 40.0]
+    assert saved["headline"]["cold_start_to_first_answer_s"]["runs_s"] == [40.0, 40.0]
 
 
 def test_the_headline_has_medians_min_max_n_and_the_ratios_of_the_medians(tmp_path):
@@ -128,18 +128,20 @@ def test_the_headline_has_medians_min_max_n_and_the_ratios_of_the_medians(tmp_pa
     for key, series in (("cold_start_to_first_answer_s", "cold"), ("restore_from_store_to_first_answer_s", "store"),
                         ("restore_from_cache_to_first_answer_s", "cache")):
         runs = times[series]
-        assert h[key] == {"median": statistics.median(runs), "min": min(runs), "max": max(runs), "n": 3,
-                          "runs": runs}
+        assert h[key] == {"median_s": statistics.median(runs), "min_s": min(runs), "max_s": max(runs), "n": 3,
+                          "runs_s": runs}
     assert h["ctr_run_cold_vs_restored_from_store"] == round(40.1 / 16.3, 2)
     assert h["ctr_run_cold_vs_restored_from_cache"] == round(40.1 / 6.0, 2)
-    assert h["pull_image_mb_s"] == {"median": 902.0, "min": 901.0, "max": 903.0, "n": 3, "runs": [901.0, 902.0, 903.0]}
+    assert h["pull_image_mb_s"] == {"median_mb_s": 902.0, "min_mb_s": 901.0, "max_mb_s": 903.0, "n": 3,
+                                    "runs_mb_s": [901.0, 902.0, 903.0]}
+    assert h["pull_of_disk_read_limit"] == {"median": 0.9, "min": 0.9, "max": 0.9, "n": 3, "runs": [0.9, 0.9, 0.9]}
     assert h["gpu_index"] == {"cold": [0, 0, 0], "store": [1, 0, 1], "cache": [0, 1, 0]}
     assert h["answers_identical"] and h["publish"] == {"seconds": 1.0}
 
 
 def test_an_empty_series_has_no_median_and_no_ratio():
     h = node.headline({"cold": [{"first_answer_s": 39.0}], "store": [], "cache": []}, 3)
-    assert h["restore_from_store_to_first_answer_s"] == {"n": 0, "runs": []}
+    assert h["restore_from_store_to_first_answer_s"] == {"n": 0}
     assert "ctr_run_cold_vs_restored_from_store" not in h and not h["answers_identical"]
 
 
