@@ -124,6 +124,10 @@ class Standin:
         except OSError:
             argv0 = b""
         self.start = process_start(self.pid) if Path(argv0.decode(errors="replace")).name == STANDIN_BINARY else ""
+        if self.start:
+            # Alive and already the stand-in: every exit of `pid` heard from now on is its own
+            # (not the exec that made it one: exits.py).
+            self.since_ns = time.monotonic_ns()
         self.watchable = bool(self.start) or (not argv0 and self.exit_status(wait_s=0.5) is not None)
 
     def exit_status(self, wait_s: float = 1.0) -> int | None:
