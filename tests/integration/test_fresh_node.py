@@ -63,7 +63,11 @@ def test_fresh_node_provisions_and_restores(weed, name):
 
         first, second = steps["first start"], steps["second start"]
         assert second["boot"] == first["boot"], "the second start is restored: same boot id"
-        assert second["counter"] >= first["counter"]
+        # The restored loop goes on from the checkpoint's count, which may be below what the
+        # first container showed: thawd checkpoints once /tmp/ready exists, and the first
+        # read of /tmp/state can come later (it did under load: 2 after 3). A cold start has
+        # another boot id, so the boot is the proof; the count only has to have gone on.
+        assert second["counter"] >= 1
         decisions = steps["stand-in decisions"]["decisions"]
         assert [d["decision"] for d in decisions if d["id"] == "first"][0] == "cold"
         assert [d["decision"] for d in decisions if d["id"] == "second"][0] == "restore"
