@@ -32,6 +32,7 @@ import ipaddress
 import logging
 import os
 import sys
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -294,21 +295,33 @@ def plumb(name: str, host_ip: str, sandbox_ip: str, prefixlen: int = 30, subnet:
         if subnet:
             ensure_subnet_route(subnet)
         pnetns.create(ns)
+        # The node routes the sandbox address through the veth from the moment the
+        # host end has its address and is up, so that comes last, once both ends pass
+        # traffic: a veth end has a no-op qdisc, which drops what it is handed unseen,
+        # until the kernel's linkwatch has seen its carrier come on. A packet routed
+        # into that gap (a client already sending to the address) lost its ARP request
+        # or reply, and the neighbour entry stayed INCOMPLETE until the kernel asked
+        # again 1 s later (neigh retrans_time), with every packet for the sandbox, the
+        # health probe's SYN too, queued behind it: the containerd door's first probe
+        # waited ~0.6 s under the flood bench (docs/network.md, "The first probe after
+        # a restore").
         with _ipr() as ipr:
             ipr.link("add", ifname=host_if, kind="veth", peer={"ifname": host_if + "p"})
             peer = ipr.link_lookup(ifname=host_if + "p")[0]
             ipr.link("set", index=peer, net_ns_fd=ns)
             idx = ipr.link_lookup(ifname=host_if)[0]
-            ipr.addr("add", index=idx, address=host_ip, prefixlen=prefixlen)
-            ipr.link("set", index=idx, state="up")
+            ipr.link("set", index=idx, state="up")   # no address yet: no route, no traffic
         with NetNS(ns) as nsr:
             lo = nsr.link_lookup(ifname="lo")[0]
             nsr.link("set", index=lo, state="up")
             p = nsr.link_lookup(ifname=host_if + "p")[0]
             nsr.link("set", index=p, ifname=SANDBOX_IF)
             nsr.addr("add", index=p, address=sandbox_ip, prefixlen=prefixlen)
-            nsr.link("set", index=p, state="up")
+            nsr.link("set", index=p, state="up")     # carrier on both ends; this end's qdisc now
             nsr.route("add", dst="0.0.0.0/0", gateway=host_ip)
+        with _ipr() as ipr:
+            _wait_operstate_up(ipr, idx, host_if)    # the host end's qdisc: when linkwatch ran
+            ipr.addr("add", index=idx, address=host_ip, prefixlen=prefixlen)
         net = SandboxNet(name=name, netns=ns, host_if=host_if, host_ip=host_ip, sandbox_ip=sandbox_ip,
                          prefixlen=prefixlen, ports=tuple(ports), publish_address=publish_address)
         _nat(net, egress)
@@ -320,6 +333,24 @@ def plumb(name: str, host_ip: str, sandbox_ip: str, prefixlen: int = 30, subnet:
     log.info("plumbed %s: netns %s, %s(%s) <-> %s(%s)%s", name, ns, host_if, host_ip, SANDBOX_IF, sandbox_ip,
              "".join(f", {publish_address}:{p.node}->{p.sandbox}" for p in ports))
     return net
+
+
+OPERSTATE_WAIT_S = 1.0   # at most: past it the gap costs what it always did, one ARP retransmit
+
+
+def _wait_operstate_up(ipr, index: int, ifname: str) -> None:
+    """Until link `index` is operationally up: the kernel sets that in the same
+    linkwatch step (under RTNL) that gives the device its real qdisc, so from
+    then on what the node sends through it goes out."""
+    end = time.monotonic() + OPERSTATE_WAIT_S
+    while True:
+        links = ipr.get_links(index)
+        if links and links[0].get_attr("IFLA_OPERSTATE") == "UP":
+            return
+        if time.monotonic() > end:
+            log.warning("%s not operationally up after %.1f s; plumbing on", ifname, OPERSTATE_WAIT_S)
+            return
+        time.sleep(0.001)
 
 
 def _nat(net: SandboxNet, egress: bool) -> None:

@@ -178,7 +178,10 @@ boot=$(cat /proc/sys/kernel/random/uuid)
 dd if=/dev/urandom of=/tmp/weights bs=1048576 count=${WEIGHTS_MB:-4} 2>/dev/null
 r=0; while [ $r -lt ${WARMUP_ROUNDS:-1} ]; do sha256sum /tmp/weights > /tmp/digest; r=$((r+1)); done
 mkdir -p /www
-echo "$boot 0" > /www/index.html
+# The page is replaced by a rename, never rewritten in place: `>` truncates
+# before echo writes, and httpd serving the file in between sent an empty body
+# (seen under load in test_cri_restore). /tmp/state's readers retry a short read.
+echo "$boot 0" > /www/.index.html && mv /www/.index.html /www/index.html
 echo "$boot 0" > /tmp/state
 [ -n "$PORT" ] && httpd -p "$PORT" -h /www
 touch /tmp/ready
@@ -187,7 +190,7 @@ i=0
 while true; do
   i=$((i+1))
   echo "$boot $i" > /tmp/state
-  [ -n "$PORT" ] && echo "$boot $i" > /www/index.html
+  [ -n "$PORT" ] && echo "$boot $i" > /www/.index.html && mv /www/.index.html /www/index.html
   [ $((i % 10)) -eq 0 ] && echo "tick $boot $i"
   sleep 0.1
 done
@@ -223,7 +226,8 @@ class CriStack(Stack):
             header=("# The stand-in's keys, from the settings thawd runs with (control/dev/testbed.py).",)))
         self.cri = crimod.up(self.base / "cri", BUILD, cfg)
         files = ocibuild.busybox_files(BUILD / "busybox", {"/app/run.sh": ocibuild.File(POD_SCRIPT, 0o755),
-                                                           "/bin/httpd": ocibuild.File(link="busybox")})
+                                                           "/bin/httpd": ocibuild.File(link="busybox"),
+                                                           "/bin/mv": ocibuild.File(link="busybox")})
         for ref in (POD_IMAGE, POD_IMAGE_2):
             archive = self.base / f"pod-image-{ref.rsplit(':', 1)[1]}.tar"
             # Each its own content: thaw keys a container by its image's digest (issue 13),

@@ -4,11 +4,13 @@ control/dev/workloads/memory_server.py published to a real SeaweedFS through
 the CLI, and the CLI environment that restores it from there."""
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -43,15 +45,35 @@ def get(host: str, path: str, timeout: float = 2.0) -> dict:
         return json.loads(r.read())
 
 
-def first_answer(host: str, deadline_s: float) -> tuple[dict, float]:
-    """The first /ping answer and how long it took (50 ms connect timeouts, as stream-restore.md)."""
+class NoAnswer(OSError):
+    """first_answer gave up: what it saw, for the failure message."""
+
+
+def first_answer(host: str, deadline_s: float, restoring: subprocess.Popen | None = None) -> tuple[dict, float]:
+    """The first /ping answer and how long it took (50 ms connect timeouts, as stream-restore.md).
+    With `restoring` (the `thaw restore` that should make the answer), it stops as soon as
+    that command failed: nothing will answer then. NoAnswer says which errors came, how
+    often, first and last (seconds from the start): EHOSTUNREACH alone means nothing was
+    plumbed at the address (the subnet's unreachable route); timeouts, a closed gate."""
     t0 = time.monotonic()
+    seen: dict[str, list] = {}
     while True:
         try:
             return get(host, "/ping", 0.5), time.monotonic() - t0
-        except OSError:
-            if time.monotonic() - t0 > deadline_s:
-                raise
+        except OSError as e:
+            why = getattr(e, "reason", e)
+            key = f"HTTP {e.code}" if isinstance(e, urllib.error.HTTPError) else \
+                errno.errorcode.get(getattr(why, "errno", None) or 0) or \
+                (why if isinstance(why, str) else type(why).__name__)
+            t = round(time.monotonic() - t0, 2)
+            seen.setdefault(key, [0, t, t])[0] += 1
+            seen[key][2] = t
+            failed = restoring is not None and restoring.poll() not in (None, 0)
+            if failed or time.monotonic() - t0 > deadline_s:
+                raise NoAnswer(f"no answer from {host} in {t} s"
+                               + (f" (thaw restore exited {restoring.returncode})" if failed else "")
+                               + "; errors (count, first s, last s): "
+                               + ", ".join(f"{k} {v}" for k, v in seen.items())) from e
             time.sleep(0.02)
 
 

@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -140,6 +141,43 @@ def test_plumbing_publishes_gates_and_cleans_up_without_runsc(net, name):
     assert n.netns in removed
     assert netmod.sandbox_leftovers(sid) == []
     netmod.unplumb(sid)  # idempotent on nothing
+    assert netmod.sandbox_leftovers(sid) == []
+
+
+def test_plumbing_while_traffic_arrives_lets_the_first_connection_through(net, name):
+    """A client already sending to the address while it is plumbed (the containerd door: the
+    namespace is made before thawd closes the gate). With the host end up before its peer,
+    the first packet's ARP request went out of a veth without carrier and was lost; the
+    neighbour entry waited out the kernel's 1 s retransmit, the probe's SYN behind it
+    (docs/network.md, "The first probe after a restore")."""
+    sid = f"{name}-t"
+    host_ip, sandbox_ip, plen = netmod.slot_addresses(NET_SUBNET, 5)
+    stop = threading.Event()
+
+    def send() -> None:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
+            while not stop.is_set():
+                try:
+                    u.sendto(b"x" * 64, (sandbox_ip, 9))
+                except OSError:
+                    pass   # unreachable until the route exists
+                time.sleep(0.001)
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    try:
+        time.sleep(0.05)
+        netmod.plumb(sid, host_ip, sandbox_ip, plen, subnet=NET_SUBNET)
+        t0 = time.monotonic()
+        with socket.socket() as c:   # nothing listens: the namespace's own stack refuses at once
+            c.settimeout(3)
+            with pytest.raises(ConnectionRefusedError):
+                c.connect((sandbox_ip, 9999))
+        assert time.monotonic() - t0 < 0.5   # 1.00-1.03 s when the ARP request was lost
+    finally:
+        stop.set()
+        sender.join(2)
+        netmod.unplumb(sid)
     assert netmod.sandbox_leftovers(sid) == []
 
 

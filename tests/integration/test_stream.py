@@ -51,10 +51,10 @@ def test_streamed_restore_answers_from_the_checkpoints_memory_while_the_image_ar
     p = streamed.start(env, "restore", "--from-store", key, "--id", f"{name}-r", "--json")
     try:
         try:
-            answer, t_first = streamed.first_answer(host, 120)
-        except OSError as e:   # what `thaw restore` said is the reason: show it
+            answer, t_first = streamed.first_answer(host, 120, restoring=p)
+        except streamed.NoAnswer as e:   # what `thaw restore` said is the reason: show it
             p.kill()
-            raise AssertionError(f"no answer from {host} ({e}); thaw restore said: {p.communicate()[1][-3000:]}")
+            raise AssertionError(f"{e}; thaw restore said: {p.communicate()[1][-3000:]}") from None
         still_streaming = p.poll() is None   # the command returns only once the image is all in
         out, err = p.communicate(timeout=240)
     finally:

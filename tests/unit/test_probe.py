@@ -47,11 +47,12 @@ class Flaky:
     """Fails `n` times (each attempt costs `cost` seconds of fake time), then passes."""
 
     def __init__(self, clock, n, cost=0.0):
-        self.clock, self.n, self.cost, self.calls, self.timeouts = clock, n, cost, 0, []
+        self.clock, self.n, self.cost, self.calls, self.timeouts, self.starts = clock, n, cost, 0, [], []
 
     def attempt(self, target, timeout_s):
         self.calls += 1
         self.timeouts.append(round(timeout_s, 4))
+        self.starts.append(self.clock.t)
         self.clock.t += self.cost
         if self.calls <= self.n:
             raise h.ProbeFailed(f"not yet ({self.calls})")
@@ -83,8 +84,27 @@ def test_check_stops_at_the_deadline_and_skips_later_probes():
     assert later.calls == 0 and len(r.probes) == 1
     assert r.seconds <= 1.0 + 0.3 + 1e-9          # one attempt may straddle the deadline, no more
     assert all(t <= 0.5 for t in bad.timeouts)    # never longer than the attempt timeout
-    assert bad.timeouts[-1] < 0.5                 # ... nor than what is left of the deadline
+    # ... nor than what is left of the deadline
+    assert all(t <= 101.0 - s + 1e-9 for t, s in zip(bad.timeouts, bad.starts))
     assert "FAILED" in r.summary() and r.to_dict()["healthy"] is False
+
+
+def test_the_last_attempt_gets_its_whole_timeout():
+    """The backoff's last sleep is cut short so that the last attempt has its whole
+    attempt timeout: sleeping up to the deadline left it 1 ms, which timed out under
+    load and reported "timed out" where 16 attempts before had answered 404 (CI)."""
+    c = Clock()
+    p = Flaky(c, 10**6, cost=0.003)   # answers at once, never what the probe wants
+    r = h.check([p], h.Target(), h.Policy(timeout_s=3.0, attempt_timeout_s=0.5), clock=c.now, sleep=c.sleep)
+    assert not r.healthy and r.probes[0].attempts == p.calls > 10
+    assert set(p.timeouts) == {0.5}                          # every attempt had all of it
+    assert 100.0 + 3.0 - 0.5 - 0.25 <= p.starts[-1] <= 100.0 + 3.0 - 0.5   # the last as late as that allows
+    assert c.t <= 103.0 and all(s >= 0 for s in c.sleeps)
+    # A check shorter than two attempt timeouts still retries: its attempts get half of it.
+    c = Clock()
+    p = Flaky(c, 10**6, cost=0.003)
+    h.check([p], h.Target(), h.Policy(timeout_s=0.5, attempt_timeout_s=2.0), clock=c.now, sleep=c.sleep)
+    assert p.calls > 3 and p.timeouts[0] == 0.5 and min(p.timeouts) >= 0.25
 
 
 def test_no_probes_means_the_container_must_be_running():
