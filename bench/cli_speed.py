@@ -31,19 +31,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.report import emit, spread  # noqa: E402
 from control import config as configmod  # noqa: E402
-from control.lifecycle.sandbox import IMAGE_META, Sandboxes, runsc_id  # noqa: E402
+from control.lifecycle.sandbox import IMAGE_META, Sandboxes  # noqa: E402
 from runsc_hooks import network as netmod  # noqa: E402
 from runsc_hooks import spec as specmod  # noqa: E402
 from runsc_hooks.runsc import remove_root  # noqa: E402
 
 THAW = Path(sys.executable).parent / "thaw"
 SUBNET = "10.215.0.0/24"   # its own range: never collides with tests or a demo
-
-
-def _stats(xs: list[float]) -> dict:
-    return {"median_s": round(statistics.median(xs), 4), "min_s": round(min(xs), 4), "max_s": round(max(xs), 4),
-            "runs_s": [round(x, 4) for x in xs]}
 
 
 def _timed(argv: list[str], env: dict | None = None) -> float:
@@ -96,7 +92,7 @@ def main() -> int:
         for _ in range(a.runs):
             bare.append(_timed([sys.executable, "-c", "pass"], env))
             helps.append(_timed([str(THAW), "--help"], env))
-        result["help"] = {"thaw_help": _stats(helps), "python_pass": _stats(bare),
+        result["help"] = {"thaw_help": spread(helps, 4, runs=True), "python_pass": spread(bare, 4, runs=True),
                           "overhead_median_s": round(statistics.median(helps) - statistics.median(bare), 4)}
 
         # 2. restore: thaw vs runsc direct, same image, same bundle, same flags
@@ -129,7 +125,7 @@ def main() -> int:
                     if network:
                         netmod.unplumb(name)
             result[f"restore_{label}"] = {
-                "thaw_restore": _stats(thaw_s), "runsc_restore": _stats(runsc_s),
+                "thaw_restore": spread(thaw_s, 4, runs=True), "runsc_restore": spread(runsc_s, 4, runs=True),
                 "overhead_median_s": round(statistics.median(thaw_s) - statistics.median(runsc_s), 4)}
     finally:
         for rec in sb.list_records():
@@ -140,11 +136,7 @@ def main() -> int:
         remove_root(settings.runsc_root)  # runsc's null-netns bind mounts first
         shutil.rmtree(base, ignore_errors=True)
     result["load_average_at_end"] = os.getloadavg()
-    text = json.dumps(result, indent=2)
-    print(text)
-    if a.out:
-        a.out.write_text(text + "\n")
-    return 0
+    return emit(result, a.out)
 
 
 if __name__ == "__main__":

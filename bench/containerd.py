@@ -15,7 +15,6 @@ published after the first cold start.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import shutil
 import statistics
@@ -26,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.report import emit  # noqa: E402
 from control.dev.testbed import ANNOTATIONS, BUILD, IMAGE, Stack  # noqa: E402
 
 
@@ -97,11 +97,7 @@ def main() -> int:
     finally:
         s.stop()
         shutil.rmtree(a.base, ignore_errors=True)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if a.out:
-        a.out.write_text(text + "\n")
-    return 0
+    return emit(result, a.out)
 
 
 if __name__ == "__main__":

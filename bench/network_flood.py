@@ -46,7 +46,6 @@ import random
 import select
 import shutil
 import socket
-import statistics
 import sys
 import threading
 import time

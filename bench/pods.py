@@ -19,11 +19,9 @@ Cold and restored runs alternate.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
-import statistics
 import sys
 import time
 import urllib.request
@@ -31,6 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.report import emit, spread  # noqa: E402
 from control.dev.testbed import CriStack, pod_annotations  # noqa: E402
 
 WORKLOAD = "bench-pods"
@@ -65,10 +64,6 @@ def first_answer(s: CriStack, name: str, annotations: dict, containers: dict) ->
             "containers_started_s": round(t_started, 3), "first_answer_s": round(t_answer, 3)}
 
 
-def summary(xs: list[float]) -> dict:
-    return {"median_s": round(statistics.median(xs), 3), "min_s": round(min(xs), 3), "max_s": round(max(xs), 3)}
-
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=3)
@@ -77,6 +72,7 @@ def main() -> int:
     ap.add_argument("--warmup-rounds", type=int, default=6, help="hash passes over the weights at start")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--base", type=Path, default=Path("/var/tmp/thaw-bench-pods"))
+    ap.add_argument("--keep", action="store_true", help="keep --base (thawd's, containerd's and runsc's logs)")
     a = ap.parse_args()
     shutil.rmtree(a.base, ignore_errors=True)
     s = CriStack(a.base, "bench-pods")
@@ -118,23 +114,20 @@ def main() -> int:
             s.cri.remove_pod(w["pod"])
             warm.append({k: w[k] for k in ("runp_s", "containers_started_s", "first_answer_s")})
         decisions = [d for d in s.decisions() if d["cmd"] == "start"]
-        cm = summary([x["first_answer_s"] for x in cold])
-        wm = summary([x["first_answer_s"] for x in warm])
+        cm = spread([x["first_answer_s"] for x in cold])
+        wm = spread([x["first_answer_s"] for x in warm])
         result.update(
             cold_runs=cold, restored_runs=warm, cold_first_answer=cm, restored_first_answer=wm,
-            restored_runp=summary([x["runp_s"] for x in warm]), cold_runp=summary([x["runp_s"] for x in cold]),
+            restored_runp=spread([x["runp_s"] for x in warm]), cold_runp=spread([x["runp_s"] for x in cold]),
             speedup=round(cm["median_s"] / wm["median_s"], 2),
             standin_start_decisions={k: sum(1 for d in decisions if d["decision"] == k)
                                      for k in sorted({d["decision"] for d in decisions})},
             counters=s.stats()["counters"])
     finally:
         s.stop()
-        shutil.rmtree(a.base, ignore_errors=True)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if a.out:
-        a.out.write_text(text + "\n")
-    return 0
+        if not a.keep:
+            shutil.rmtree(a.base, ignore_errors=True)
+    return emit(result, a.out)
 
 
 if __name__ == "__main__":

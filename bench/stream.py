@@ -59,6 +59,9 @@ WORKLOAD = REPO / "control" / "dev" / "workloads" / "memory_server.py"
 PORT = 8080
 SUBNET = "10.214.48.0/20"
 VARIANTS = ("streamed", "pull", "warm")
+# The CLI's tenant (issue 13: control/lifecycle/tenant.py): `thaw push` and
+# `thaw restore --from-store` take only keys that start with it.
+TENANT = "user-root"
 
 
 def env_for(work: Path, sw: seaweed.Seaweed, endpoint: str, cache: Path, **extra) -> dict[str, str]:
@@ -102,14 +105,14 @@ def drop_caches() -> None:
 
 
 def publish(env: dict, key: str, mb: int, work: Path) -> dict:
-    sid = f"{key}-src"
+    sid = f"{key.removeprefix(TENANT + '.')}-src"
     r = thaw(env, "run", "--id", sid, "--json", "--bind", str(WORKLOAD.parent), "--bind", str(REPO / ".venv"),
              "--bind", sys.base_prefix, "--probe", f"http:{PORT}/ping", "--",
              str(REPO / ".venv" / "bin" / "python"), str(WORKLOAD), str(PORT), str(mb))
     host = json.loads(r.stdout)["address"]
     t0 = time.monotonic()
     answer, _ = first_answer(host, t0, 600)
-    image = work / f"{key}-image"
+    image = work / f"{sid}-image"
     thaw(env, "checkpoint", sid, "--out", str(image))
     size = sum(p.stat().st_size for p in image.iterdir())
     thaw(env, "push", str(image), "--key", key, "--no-cache", "--allow-node-local", "--json")  # one machine: its paths
@@ -184,7 +187,7 @@ def main() -> None:
         sw.credentials.write_aws_file(a.work / "aws-credentials")
         direct = env_for(a.work, sw, sw.endpoint, a.work / "cache-publish")
         for mb in sizes:
-            key = f"stream-{mb}"
+            key = f"{TENANT}.stream-{mb}"
             t0 = time.monotonic()
             result["images"][key] = src = publish(direct, key, mb, a.work)
             src["publish_s"] = round(time.monotonic() - t0, 1)
@@ -202,7 +205,7 @@ def main() -> None:
                             shutil.rmtree(cache, ignore_errors=True)
                         env = env_for(a.work, sw, proxy.endpoint, cache,
                                       THAW_STORE_STREAM=1 if variant == "streamed" else 0)
-                        row = one_run(variant, env, key, f"{key}-{variant}-{rep}", src, check_sum=rep == 0)
+                        row = one_run(variant, env, key, f"stream-{mb}-{variant}-{rep}", src, check_sum=rep == 0)
                         row.update(size_mib=mb, rate_bps=rate, rep=rep)
                         rows.append(row)
                         result["runs"].append(row)

@@ -29,9 +29,19 @@ Steps, each recorded in <out>/node.json as soon as it is done:
  4. restore from the store: a second container on G1 (GPU 1 when there are
     two, else GPU 0): thawd pulls, the stand-in restores; same answer,
     nvidia-smi in the sandbox shows G1; the disk's O_DIRECT read rate;
- 5. restore from the warm cache on G0; then a broken image (a chunk flipped in
-    its pack in the store, the local entry evicted): the next start is cold
-    and the image quarantined (thawd.quarantine_after = 1 here).
+ 5. restore from the warm cache on G0;
+ 6. rounds 2..N (--repeat N, default 3 on a GPU, 1 on CPU): a cold start of a
+    twin workload (same image, command, GPU and annotations; another workload
+    name, so a key with no image, and a readiness probe on a port nothing
+    listens on, so thawd probes it as it probed the first but never
+    checkpoints it), `thaw evict`, a restore from the store, one from the warm
+    cache; the store's restores alternate G1/G0 and the cache's G0/G1;
+ 7. once, at the end: a broken image (a chunk flipped in its pack in the
+    store, the local entry evicted): the next start is cold and the image
+    quarantined (thawd.quarantine_after = 1 here).
+The headline holds each series' runs, median, min, max and n, and the
+cold/restored ratios of the medians; it is saved with every step, so a run cut
+short (--budget-s, a machine taken back) still says what it measured.
 
 --mode cpu runs every step through the same code with a fake GPU, skipping
 by design only what needs a GPU (the `skipped` list of node.json says what
@@ -54,12 +64,15 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 for p in (str(REPO), str(HERE)):
     if p not in sys.path:
         sys.path.insert(0, p)
+
+from bench.report import spread  # noqa: E402
 
 # Paths `thaw provision` and containerd write on a node (control/node/provision.py,
 # control/config.py defaults, containerd's defaults); each becomes a bind mount of
@@ -78,6 +91,18 @@ IMAGE = "thaw.dev/bench/gpu-server:1"
 BUCKET = "thaw-gpu-node"
 PORT = 8000                                      # twin: bench/gpu/server.py --port, channels.SERVER_PORT
 WORKLOAD = "gpu-server"
+# The cold repeats' readiness probe: a port nothing in the sandbox listens on. thawd
+# probes it (runsc exec python3 in the sandbox, every <= 0.25 s: runsc_hooks/probe.py
+# BACKOFF_MAX_S) exactly as it probed the first cold start's port 8000 while the model
+# loaded, and it never passes, so thawd never checkpoints a repeat; once the container
+# is gone the probe stops ("the workload is gone") and thawd logs "never ready".
+NEVER_READY_PORT = PORT + 1
+# Seconds a step needs before it may start (Options.need), (GPU, CPU). The H200 run of
+# 2026-11-30 (llama-3b, bench/results/gpu-node-2026-11-30.log) took cold 40 s, restore
+# from the store 24 s (dd included), from the cache 8 s, the broken image 45 s;
+# these leave room for a slower run.
+STEP_S = {"weights": (60, 60), "cold": (120, 30), "checkpoint": (60, 60), "store": (120, 30),
+          "cache": (90, 30), "broken": (150, 40)}
 FAKE_KIND = "thaw.dev/fake-gpu"                  # the CPU rehearsal's CDI kind
 FAKE_GPUS = 2
 FAKE_DIR = "/thaw-fake-gpu"                      # where a fake GPU's files appear in the sandbox
@@ -156,7 +181,9 @@ class Options:
     cold_timeout_s: float = 300.0
     restore_timeout_s: float = 300.0
     publish_timeout_s: float = 600.0
+    repeat: int = 1               # rounds of cold / store / cache starts (the first round's cold is checkpointed)
     keep: bool = False
+    clock: Callable[[], float] = time.monotonic
     started: float = field(default_factory=time.monotonic)
 
     @property
@@ -164,7 +191,11 @@ class Options:
         return self.mode == "gpu"
 
     def time_left(self) -> float:
-        return self.budget_s - (time.monotonic() - self.started)
+        return self.budget_s - (self.clock() - self.started)
+
+    def step_s(self, *steps: str) -> float:
+        """What `steps` need together (STEP_S)."""
+        return float(sum(STEP_S[s][0 if self.gpu else 1] for s in steps))
 
     def need(self, what: str, seconds: float) -> None:
         if self.time_left() < seconds:
@@ -181,6 +212,11 @@ class Gpu:
 
 
 # -- the private mount namespace ------------------------------------------------------
+
+def name_of(base: str, k: int) -> str:
+    """Round k's container id: the first round's keep their names (c1-cold, ...)."""
+    return base if k == 1 else f"{base}-r{k}"
+
 
 def bind_source(work: Path, path: str) -> Path:
     return work / "node" / path.strip("/").replace("/", "-")
@@ -258,6 +294,7 @@ class Node:
         self.gpus: list[Gpu] = []
         self.containers: list[str] = []
         self.netns_names: set[str] = set()
+        self.disk: dict | None = None     # the cache disk's O_DIRECT read rate, measured once a run
         self.site = os.environ.get("THAW_NODE_SITE", "")   # carried wheels (node.sh), "" on CI
 
     # -- environments --
@@ -350,6 +387,11 @@ class Node:
             # so that step 4 measures a restore pulled from the store, not a cold start
             # answered while the pull goes on (60 s is the key's maximum).
             "THAW_THAWD_PREPARE_TIMEOUT_S": "60",
+            # Step 4 measures pull-then-restore and its pull rate, and the broken-image
+            # step a pull that fails before runsc runs: both need the pull path, which is
+            # no longer the default (store.stream; a streamed GPU restore is issue 18's
+            # H200 measurement, not this script's).
+            "THAW_STORE_STREAM": "false",
             "THAW_THAWD_METRICS_ADDR": "",
             # runsc's own log of every call (info level; debug stays off), kept for the report.
             "THAW_RUNSC_FLAGS": f"--debug-log={RUNSC_LOGS}/%ID%.%COMMAND%.log",
@@ -471,7 +513,7 @@ class Node:
                 "annotations": self.annotations}
 
     def make_weights(self) -> None:
-        self.o.need("weights", 60)
+        self.o.need("weights", self.o.step_s("weights"))
         fmt, dev = ("safetensors", "cuda") if self.o.gpu else ("fake", "cpu")
         env = self.node_env()
         p = sh(self.o.python, HERE / "weights.py", "--model", self.o.model, "--out", self.model_dir,
@@ -524,8 +566,9 @@ class Node:
             ns.link("set", index=ns.link_lookup(ifname="lo")[0], state="up")
         return f"/var/run/netns/{name}"
 
-    def start(self, cid: str, g: Gpu, timeout_s: float) -> dict:
-        """`ctr run` of the workload on GPU `g`, timed to the server's first answer."""
+    def start(self, cid: str, g: Gpu, timeout_s: float, annotations: dict | None = None) -> dict:
+        """`ctr run` of the workload on GPU `g`, timed to the server's first answer
+        (`annotations`: thaw's, default the workload's own)."""
         self.share.mkdir(parents=True, exist_ok=True)
         self.channel.reset()
         since = self.events_size()
@@ -536,7 +579,7 @@ class Node:
         # gVisor's shim gives a lone container its stdio only as the root of its
         # own pod (control/dev/containerd.py PrivateContainerd.run says why).
         for k, v in {"io.kubernetes.cri.container-type": "sandbox", "io.kubernetes.cri.sandbox-id": cid,
-                     **self.annotations}.items():
+                     **(annotations or self.annotations)}.items():
             argv += ["--annotation", f"{k}={v}"]
         self.containers.append(cid)
         t0 = time.monotonic()
@@ -618,10 +661,10 @@ class Node:
     def stats(self) -> dict:
         return self.thaw("stats", timeout=60)
 
-    # -- steps 2-5 --
+    # -- steps 2-7 --
 
     def cold_start(self) -> dict:
-        self.o.need("cold start", 120 if self.o.gpu else 30)
+        self.o.need("cold start", self.o.step_s("cold"))
         g = self.gpus[0]
         rec = self.start("c1-cold", g, self.o.cold_timeout_s)
         rec["decisions"] = self.decisions("c1-cold")
@@ -646,8 +689,8 @@ class Node:
                      and rec["decisions"][0]["reason"] == "no-image", rec["decisions"])
         return rec
 
-    def checkpoint_and_publish(self, cold: dict) -> str:
-        self.o.need("checkpoint and publish", 60)
+    def checkpoint_and_publish(self, cold: dict) -> dict:
+        self.o.need("checkpoint and publish", self.o.step_s("checkpoint"))
         t0 = time.monotonic()
         entry = None
         while time.monotonic() - t0 < self.o.publish_timeout_s:
@@ -689,9 +732,64 @@ class Node:
         self.remove("c1-cold")
         ev = self.thaw("evict", key, timeout=60)
         left = [e for e in self.stats()["entries"] if e["key"] == key]
-        self.r.step("evict", key=key, result=ev, entries_left=left)
+        self.r.step("evict", round=1, key=key, result=ev, entries_left=left)
         self.r.check("evict: `thaw evict` removed the node's cache entry", ev.get("evicted") is True and not left, ev)
-        return key
+        return rec
+
+    def cold_again(self, first: dict, k: int) -> dict:
+        """Round k's cold start: a twin of the first cold container that thawd cannot
+        restore and will not checkpoint. Same image, command, mounts, GPU and
+        annotations but two: the workload name (another key, which has no image:
+        thawd decides cold, "no-image", after the same cache and store lookups as
+        for the first) and the readiness probe (NEVER_READY_PORT: thawd probes the
+        sandbox during the load as it did the first's, and never checkpoints it;
+        a checkpoint and publish would cost ~160 s of GPU time per repeat and
+        compete with the next measurement)."""
+        self.o.need(f"cold start #{k}", self.o.step_s("cold"))
+        g, cid, workload = self.gpus[0], name_of("c1-cold", k), f"{WORKLOAD}-cold{k}"
+        annotations = {**self.annotations, "thaw.dev/workload": workload,
+                       "thaw.dev/ready": f"gpu:{NEVER_READY_PORT}/gpu"}
+        marks = len(self.thawd_log())
+        rec = self.start(cid, g, self.o.cold_timeout_s, annotations)
+        rec.update(round=k, workload=workload, annotations=annotations, decisions=self.decisions(cid))
+        rec["answers_equal_first_cold"] = rec["answer"]["tokens"] == first["answer"]["tokens"] and \
+            rec["answer"]["digest"] == first["answer"]["digest"]
+        rec["nvidia_smi"] = self.nvidia_smi(cid)
+        self.remove(cid)
+        # Wait until thawd's probing of it has ended, so that it costs the next start nothing.
+        end = time.monotonic() + (60 if self.o.gpu else 20)
+        while not (ended := self.log_match(rf"auto-checkpoint of {re.escape(cid)} (skipped|failed|published)(.*)",
+                                           marks)) and time.monotonic() < end:
+            time.sleep(0.2)
+        rec["auto_checkpoint"] = ended[0].group(0)[:500] if ended else None
+        rec["images_of_workload"] = [e["key"] for e in self.stats()["entries"] if f".{workload}." in e["key"]]
+        label = f"cold#{k}"
+        self.r.step("cold", **rec)
+        self.r.check(f"{label}: a twin workload (another name, same command) starts cold (no image)",
+                     [d["decision"] for d in rec["decisions"]] == ["cold", "started-cold"]
+                     and rec["decisions"][0]["reason"] == "no-image", rec["decisions"])
+        self.r.check(f"{label}: thawd probed it, found it never ready and made no image of it",
+                     bool(ended) and "never ready" in ended[0].group(0) and not rec["images_of_workload"],
+                     {"auto_checkpoint": rec["auto_checkpoint"], "images": rec["images_of_workload"]})
+        self.check_gpu(label, rec["nvidia_smi"], g)
+        return rec
+
+    def evict(self, key: str, k: int) -> dict:
+        """`thaw evict KEY` before round k's restore from the store; the last restored
+        container's lease may outlive its `ctr` delete briefly, so evict is retried."""
+        t0 = time.monotonic()
+        attempts = 0
+        while True:
+            attempts += 1
+            ev = self.thaw("evict", key, timeout=60)
+            if ev.get("evicted") is True or time.monotonic() - t0 > 30:
+                break
+            time.sleep(0.5)
+        left = [e for e in self.stats()["entries"] if e["key"] == key]
+        rec = self.r.step("evict", round=k, key=key, result=ev, attempts=attempts, entries_left=left)
+        self.r.check(f"evict#{k}: `thaw evict` removed the node's cache entry", ev.get("evicted") is True and not left,
+                     {"result": ev, "attempts": attempts})
+        return rec
 
     def bundle_spec(self, cid: str) -> dict:
         p = Path(f"/run/containerd/io.containerd.runtime.v2.task/{NAMESPACE}/{cid}/config.json")
@@ -725,11 +823,15 @@ class Node:
         self.check_gpu(name, rec["nvidia_smi"], g)
         return rec
 
-    def restore_from_store(self, cold: dict) -> dict:
-        self.o.need("restore from the store", 120 if self.o.gpu else 30)
-        g = self.gpus[1 % len(self.gpus)]
+    def restore_from_store(self, cold: dict, k: int = 1) -> dict:
+        """Round k's restore from the store (the entry evicted before): on G1 in odd
+        rounds, G0 in even ones (one GPU: always it)."""
+        self.o.need(f"restore from the store #{k}", self.o.step_s("store"))
+        g = self.gpus[k % len(self.gpus)]
+        cid = name_of("c2-store", k)
         marks = len(self.thawd_log())
-        rec = self.restored("store", "c2-store", g, cold)
+        rec = self.restored(f"store#{k}", cid, g, cold)
+        rec["round"] = k
         pull = self.log_match(r"pull (\S+): fetched (\d+) bytes \((\d+) raw, (\d+) chunks\) from the store, "
                               r"(\d+) bytes from local chunks, (\d+) zero; image (\d+) bytes in ([\d.]+)s "
                               r"\(fill ([\d.]+)s, (\S+), (\d+) bytes O_DIRECT\)", marks)
@@ -742,13 +844,15 @@ class Node:
                            "engine": m.group(10), "direct_bytes": int(m.group(11)),
                            "image_mb_s": round(int(m.group(7)) / secs / 1e6, 1) if secs else None,
                            "fetched_mb_s": round(int(m.group(2)) / secs / 1e6, 1) if secs else None}
-        rec["disk"] = self.disk_read_limit()
+        if self.disk is None:    # once a run: the cache's disk does not change between rounds
+            self.disk = {**self.disk_read_limit(), "round": k}
+        rec["disk"] = self.disk
         if pull and rec["disk"].get("mb_s"):
             rec["pull"]["of_disk_read_limit"] = round(rec["pull"]["image_mb_s"] / rec["disk"]["mb_s"], 3)
         self.r.step("restore_from_store", **rec)
-        self.r.check("store: thawd pulled the image from the store for this start", bool(pull) and
+        self.r.check(f"store#{k}: thawd pulled the image from the store for this start", bool(pull) and
                      int(pull[0].group(2)) > 0, rec.get("pull"))
-        self.remove("c2-store")
+        self.remove(cid)
         return rec
 
     def disk_read_limit(self) -> dict:
@@ -766,19 +870,24 @@ class Node:
         return {"file": f.name, "bytes": n, "seconds": s, "mb_s": round(n / s / 1e6, 1) if s else None,
                 "how": "dd bs=16M iflag=direct"}
 
-    def restore_from_cache(self, cold: dict) -> dict:
-        self.o.need("restore from the warm cache", 90 if self.o.gpu else 30)
+    def restore_from_cache(self, cold: dict, k: int = 1) -> dict:
+        """Round k's restore from the warm cache (the entry round k's store restore
+        pulled): on the GPU the store's restore did not use."""
+        self.o.need(f"restore from the warm cache #{k}", self.o.step_s("cache"))
+        g = self.gpus[(k - 1) % len(self.gpus)]
+        cid = name_of("c3-cache", k)
         before = self.stats()["counters"]
-        rec = self.restored("cache", "c3-cache", self.gpus[0], cold)
+        rec = self.restored(f"cache#{k}", cid, g, cold)
+        rec["round"] = k
         after = self.stats()["counters"]
         rec["cache_hits"] = after.get("thaw_cache_hits_total", 0) - before.get("thaw_cache_hits_total", 0)
         self.r.step("restore_from_cache", **rec)
-        self.r.check("cache: the image came from the node's cache", rec["cache_hits"] == 1, rec["cache_hits"])
-        self.remove("c3-cache")
+        self.r.check(f"cache#{k}: the image came from the node's cache", rec["cache_hits"] == 1, rec["cache_hits"])
+        self.remove(cid)
         return rec
 
     def broken_image(self, key: str, cold: dict) -> dict:
-        self.o.need("broken image", 150 if self.o.gpu else 40)
+        self.o.need("broken image", self.o.step_s("broken"))
         from control import config as configmod
         from control.images import image as images
         from control.images.keys import Keyring
@@ -912,23 +1021,19 @@ SKIPPED_ON_CPU = (
 def run(o: Options) -> dict:
     report = Report(o.out, {"benchmark": "gpu-node", "mode": o.mode, "date": time.strftime("%Y-%m-%d", time.gmtime()),
                             "model": o.model, "options": {k: str(v) for k, v in o.__dict__.items()
-                                                          if k != "started"}})
+                                                          if k not in ("started", "clock")}})
     if not o.gpu:
         for what, why in SKIPPED_ON_CPU:
             report.skip(what, why)
     node = Node(o, report)
-    results: dict = {}
+    results: dict = {"cold": [], "store": [], "cache": []}
     try:
         node.preflight()
         node.up()
         from runsc_hooks.runsc import GlobalOptions, Runsc
         report.data["runsc"] = Runsc(o.bin / "runsc", GlobalOptions(root=Path("/run/thaw/runsc"))).version()
         node.make_weights()
-        results["cold"] = cold = node.cold_start()
-        key = node.checkpoint_and_publish(cold)
-        results["store"] = node.restore_from_store(cold)
-        results["cache"] = node.restore_from_cache(cold)
-        results["broken"] = node.broken_image(key, cold)
+        measure(o, node, report, results)
     except OutOfTime as e:
         report.error(f"out of time: {e}")
     except KeyboardInterrupt:
@@ -942,31 +1047,87 @@ def run(o: Options) -> dict:
             report.error(f"teardown: {type(e).__name__}: {e}")
         if not o.keep:
             shutil.rmtree(o.work, ignore_errors=True)
-    report.data["headline"] = headline(results)
+    report.data["headline"] = headline(results, o.repeat)
     report.data["ok"] = not report.data["errors"] and all(c["ok"] for c in report.data["checks"]) and \
-        all(k in results for k in ("cold", "store", "cache", "broken"))
+        all(len(results[k]) == o.repeat for k in ("cold", "store", "cache")) and "broken" in results
     report.save()
     return report.data
 
 
-def headline(r: dict) -> dict:
-    """What the issue asks for per step, in one place; ratios from this run only."""
-    cold, store, cache, broken = (r.get(k) or {} for k in ("cold", "store", "cache", "broken"))
-    h: dict = {"cold_start_to_first_answer_s": cold.get("first_answer_s"),
-               "cold_ctr_run_s": cold.get("ctr_run_s"),
-               "restore_from_store_to_first_answer_s": store.get("first_answer_s"),
-               "restore_from_cache_to_first_answer_s": cache.get("first_answer_s"),
+def measure(o: Options, node, report: Report, results: dict) -> None:
+    """Round 1: the cold start thawd checkpoints and publishes, a restore from the
+    store, one from the warm cache. Rounds 2..o.repeat: a cold start (Node.cold_again),
+    `thaw evict`, a restore from the store, one from the cache. Then the broken image,
+    once. A round starts only while the budget leaves room for it and the broken image;
+    one that does not fit ends the repeats (an error in the report, with the rounds done
+    counted in the headline), and the broken image still runs. `results` and the headline
+    grow with every start, so whatever ends the run keeps what was measured."""
+    def keep(series: str, rec: dict) -> None:
+        results[series].append(rec)
+        report.data["headline"] = headline(results, o.repeat)
+        report.save()
+
+    first = node.cold_start()
+    keep("cold", first)
+    results["checkpoint"] = ck = node.checkpoint_and_publish(first)
+    keep("store", node.restore_from_store(first, 1))
+    keep("cache", node.restore_from_cache(first, 1))
+    for k in range(2, o.repeat + 1):
+        try:
+            o.need(f"round {k} of {o.repeat} (and then the broken image)",
+                   o.step_s("cold", "store", "cache", "broken"))
+        except OutOfTime as e:
+            report.error(f"out of time: {e}; {k - 1} of {o.repeat} rounds done, the broken image goes on")
+            break
+        keep("cold", node.cold_again(first, k))
+        node.evict(ck["key"], k)
+        keep("store", node.restore_from_store(first, k))
+        keep("cache", node.restore_from_cache(first, k))
+    results["broken"] = node.broken_image(ck["key"], first)
+    report.data["headline"] = headline(results, o.repeat)
+    report.save()
+
+
+def series(values: list, unit: str = "s") -> dict:
+    """A series' median, min, max and n (bench/report.py spread), and its runs in the
+    order they ran; {"n": 0} while it has none."""
+    v = [x for x in values if isinstance(x, (int, float)) and not isinstance(x, bool)]
+    return spread(v, runs=True, unit=unit) if v else {"n": 0}
+
+
+def headline(r: dict, asked: int = 1) -> dict:
+    """What the issue asks for, in one place: per series (cold, restore from the store,
+    from the cache) the runs, median, min, max and n; the cold/restored ratios of the
+    medians; the pulls against the disk's read rate; ratios from this run only."""
+    cold, store, cache = (r.get(k) or [] for k in ("cold", "store", "cache"))
+    ck, broken = r.get("checkpoint") or {}, r.get("broken") or {}
+    pulls = [{"round": s.get("round"), "gpu": s.get("gpu_after"), **{k: (s.get("pull") or {}).get(k) for k in (
+        "image_bytes", "fetched_bytes", "seconds", "image_mb_s", "fetched_mb_s", "of_disk_read_limit", "engine")}}
+        for s in store]
+    h: dict = {"repeat": {"asked": asked, "done": {"cold": len(cold), "store": len(store), "cache": len(cache)}},
+               "cold_start_to_first_answer_s": series([c.get("first_answer_s") for c in cold]),
+               "cold_ctr_run_s": series([c.get("ctr_run_s") for c in cold]),
+               "restore_from_store_to_first_answer_s": series([s.get("first_answer_s") for s in store]),
+               "restore_from_store_ctr_run_s": series([s.get("ctr_run_s") for s in store]),
+               "restore_from_cache_to_first_answer_s": series([c.get("first_answer_s") for c in cache]),
+               "restore_from_cache_ctr_run_s": series([c.get("ctr_run_s") for c in cache]),
                "broken_image_cold_start_s": broken.get("first_answer_s"),
-               "pull": store.get("pull"), "disk_read_limit": store.get("disk"),
-               "gpu_index": {"cold": cold.get("gpu_assigned", {}).get("index"),
-                             "store": store.get("gpu_after"), "cache": cache.get("gpu_after")},
-               "nvidia_smi_in_sandbox": {k: v.get("nvidia_smi", {}).get("output") for k, v in
-                                         (("store", store), ("cache", cache)) if v},
-               "answers_identical": bool(store.get("identical")) and bool(cache.get("identical"))}
-    if cold.get("first_answer_s") and cache.get("first_answer_s"):
-        h["ctr_run_cold_vs_restored_from_cache"] = round(cold["first_answer_s"] / cache["first_answer_s"], 2)
-    if cold.get("first_answer_s") and store.get("first_answer_s"):
-        h["ctr_run_cold_vs_restored_from_store"] = round(cold["first_answer_s"] / store["first_answer_s"], 2)
+               "checkpoint": ck.get("checkpoint"), "publish": ck.get("publish"),
+               "pull_image_mb_s": series([p["image_mb_s"] for p in pulls], "mb_s"),
+               "pull_of_disk_read_limit": series([p["of_disk_read_limit"] for p in pulls], ""),
+               "pulls": pulls, "disk_read_limit": (store[0].get("disk") if store else None),
+               "gpu_index": {"cold": [c.get("gpu_assigned", {}).get("index") for c in cold],
+                             "store": [s.get("gpu_after") for s in store],
+                             "cache": [c.get("gpu_after") for c in cache]},
+               "nvidia_smi_in_sandbox": {"store": [(s.get("nvidia_smi") or {}).get("output") for s in store],
+                                         "cache": [(c.get("nvidia_smi") or {}).get("output") for c in cache]},
+               "answers_identical": bool(store) and bool(cache) and
+               all(bool(x.get("identical")) for x in store + cache)}
+    m_cold = h["cold_start_to_first_answer_s"].get("median_s")
+    for where in ("store", "cache"):
+        m = h[f"restore_from_{where}_to_first_answer_s"].get("median_s")
+        if m_cold and m:
+            h[f"ctr_run_cold_vs_restored_from_{where}"] = round(m_cold / m, 2)
     return h
 
 
@@ -980,11 +1141,17 @@ def parse_args(argv: list[str] | None = None) -> Options:
     ap.add_argument("--weed", type=Path, help="SeaweedFS `weed` (default BIN/weed, else the wheel's)")
     ap.add_argument("--python", default=sys.executable, help="the model server's interpreter")
     ap.add_argument("--budget-s", type=float, default=1500.0, help="start no new step after this")
+    ap.add_argument("--repeat", type=int, default=None,
+                    help="rounds of cold / store / cache starts; the headline's medians are over these "
+                         "(default 3 on a GPU, 1 on CPU)")
     ap.add_argument("--keep", action="store_true", help="keep --work")
     a = ap.parse_args(argv)
+    repeat = a.repeat if a.repeat is not None else (3 if a.mode == "gpu" else 1)
+    if repeat < 1:
+        ap.error(f"--repeat {repeat}: at least 1")
     return Options(mode=a.mode, bin=a.bin.resolve(), work=a.work.resolve(), out=a.out.resolve(),
                    model=a.model or ("llama-3b" if a.mode == "gpu" else "tiny"), weed=a.weed, python=a.python,
-                   budget_s=a.budget_s, keep=a.keep,
+                   budget_s=a.budget_s, keep=a.keep, repeat=repeat,
                    publish_timeout_s=600.0 if a.mode == "gpu" else 120.0)
 
 

@@ -7,7 +7,8 @@
 #     call 1, carry [".carry-node/a"]:  bash bench/gpu/node.sh   -> exit 3: part b still missing
 #     call 2, carry [".carry-node/b"]:  bash bench/gpu/node.sh   -> starts the run (detached), waits
 #     call 3.. (no carry):              bash bench/gpu/node.sh   -> waits, collects
-#   Extra arguments go to node.py at the start of the run (e.g. --model llama-3b).
+#   Extra arguments go to node.py at the start of the run (e.g. --model llama-3b,
+#   --repeat 5: rounds of cold / store / cache starts, default 3 on a GPU).
 #   THAW_NODE_AGAIN=1 forgets a finished run and starts another one.
 #
 #   CPU rehearsal (CI: tests/integration/test_gpu_node_rehearsal.py), in the foreground

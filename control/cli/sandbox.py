@@ -11,7 +11,6 @@ at once, with its exit status), 2 for a bad request.
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import time
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ if TYPE_CHECKING:
     from control.lifecycle.sandbox import Sandboxes
 
 from control.cli.common import Context, handle_errors, json_option, needs_root
-from control.errors import ThawError, UserError
+from control.errors import NoSpace, ThawError, UserError
 from control.cli.progress import Progress
 
 
@@ -165,7 +164,7 @@ def checkpoint_cmd(obj: Context, sid: str, out: Path, leave_running: bool) -> No
 @click.command("restore")
 @click.argument("image", type=click.Path(path_type=Path), required=False)
 @click.option("--from-store", "key", help="Restore the image of workload KEY: from the node cache, else from "
-              "the store (streamed while it arrives with store.stream, else pulled first).")
+              "the store, streamed while it arrives (store.stream, on by default; else pulled first).")
 @click.option("--id", "sid", required=True, help="Id of the restored sandbox.")
 @click.option("--probe", "probes", multiple=True, help="Health probe (repeatable; default: the image's).")
 @click.option("--cold-fallback", is_flag=True,
@@ -215,9 +214,8 @@ def restore_from_store(obj: Context, sb, key: str, sid: str, probes: list | None
     t0 = time.monotonic()
     # The store as this command's tenant sees it (issue 13): its prefix, keys, manifest checks.
     cache, store, node = images.open_cache(s), _store(obj), node_tuple(s)
-    if s.store_stream and store.encrypted:   # thaw-gofer serves plaintext chunks: pull whole
-        s = dataclasses.replace(s, store_stream=False)
-    if s.store_stream:
+    why = streammod.why_not(s, store)   # store.stream on (the default): a miss streams, unless this says why not
+    if not why:
         src = streammod.open_image(cache, store, s, key, node)
     else:
         pulled = images.pull(cache, store, key, node, workers=s.store_workers)
@@ -233,8 +231,14 @@ def restore_from_store(obj: Context, sb, key: str, sid: str, probes: list | None
             if start.restore is not None:
                 out.update(start.restore.to_dict())
         else:
-            out = {"mode": "restored", **sb.restore(src.path, sid, probes=probes, **kw).to_dict()}
+            try:
+                out = {"mode": "restored", **sb.restore(src.path, sid, probes=probes, **kw).to_dict()}
+            except ThawError as e:
+                # A stream that failed (a full cache: NoSpace, exit 4) is why runsc gave up.
+                raise (src.verdict() or e) if streamed else e
         out["source"] = "stream" if streamed else ("cache" if src.hit else "pull")
+        if out["source"] == "pull" and s.store_stream:
+            out["pulled_whole"] = why
         out["ready_s"] = round(time.monotonic() - t0, 4)
         if streamed:
             # The sandbox answers; its image goes on arriving. Wait for the end of
@@ -246,11 +250,15 @@ def restore_from_store(obj: Context, sb, key: str, sid: str, probes: list | None
                     sb.wait_restored(sid, s.runsc_timeout_s)
                 except ThawError as e:
                     sb.delete(sid, force=True)
-                    raise ThawError(f"the restore of {key} as {sid} failed while its image streamed in "
-                                    f"({src.error or e}); the sandbox was removed") from None
+                    msg = (f"the restore of {key} as {sid} failed while its image streamed in "
+                           f"({src.error or e}); the sandbox was removed")
+                    if isinstance(src.error, NoSpace):   # exit 4, as a pull into a full cache
+                        raise NoSpace(msg, **src.error.fields) from None
+                    raise ThawError(msg) from None
     finally:
         src.release()
     return out
+
 
 
 @click.command("ps")

@@ -481,11 +481,10 @@ class Cache:
         names |= {p.name.split("@", 1)[0] for p in (self.root / "tmp").glob(f"*@*{_PARTIAL}")}
         return sorted(names)
 
-    def gc(self, budget: int | None = None, on_busy: Callable[[str], None] | None = None) -> dict:
-        """Recover every key whose lock is free, evict corrupt and over-budget
-        entries (never leased ones), empty the trash. A report."""
+    def recover(self, on_busy: Callable[[str], None] | None = None) -> list[str]:
+        """recover_locked for every key whose lock is free now (a busy key is being
+        pulled, streamed or checkpointed: its owner recovers it). What was removed."""
         removed: list[str] = []
-        evicted: list[str] = []
         for key in self.keys():
             try:
                 with self.key_lock(key, timeout_s=0):
@@ -493,6 +492,13 @@ class Cache:
             except Timeout:
                 if on_busy:
                     on_busy(key)
+        return removed
+
+    def gc(self, budget: int | None = None, on_busy: Callable[[str], None] | None = None) -> dict:
+        """Recover every key whose lock is free, evict corrupt and over-budget
+        entries (never leased ones), empty the trash. A report."""
+        removed = self.recover(on_busy)
+        evicted: list[str] = []
         with self._tx() as db:
             self._reap_tx(db)
         for e in self.entries():

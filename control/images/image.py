@@ -80,7 +80,7 @@ def remote_manifest(store: Store, key: str, node: CompatTuple, reasons: list[str
     """
     reasons = list(reasons or [])
     invalid: list[ManifestError] = []
-    _check_tenant(store, key)
+    check_tenant(store, key)
     exact = store.get_manifest(key, node.hash())
     if exact is not None:
         m = _checked(exact, store.manifest_name(key, node.hash()), key, store)
@@ -108,7 +108,7 @@ def remote_manifest(store: Store, key: str, node: CompatTuple, reasons: list[str
     raise NotFound("image", key, "not in this node's cache and not in the store")
 
 
-def _check_tenant(store: Store, key: str) -> None:
+def check_tenant(store: Store, key: str) -> None:
     tenant = getattr(store, "tenant", "")
     if tenant and not key.startswith(tenant + "."):
         raise UserError(f"key {key!r} is not tenant {tenant!r}'s: its keys start with {tenant + '.'!r}", field="key")
@@ -169,7 +169,7 @@ def pull(cache: Cache, store: Store | None, key: str, node: CompatTuple, *, work
     (`result.lease.release()`, or use it as a context manager) once runsc is done."""
     manifestmod.validate_key(key)
     if store is not None:
-        _check_tenant(store, key)
+        check_tenant(store, key)
     notes: list[str] = []
     with cache.key_lock(key):
         notes += [f"recovered: removed {p}" for p in cache.recover_locked(key)]
@@ -213,19 +213,29 @@ def _fill_and_install(cache: Cache, store: Store | None, m: Manifest, sources: t
             cache.install_locked(entry_id, partial, m)
         except BaseException as e:
             shutil.rmtree(partial, ignore_errors=True)
-            if _no_space(e):  # either engine: one clear error, and no half entry (removed above)
-                raise NoSpace(f"no space left in the cache file system {cache.root} for image {m.key!r} "
-                              f"({m.size} bytes); free space or lower cache.budget_bytes", path=str(cache.root),
-                              key=m.key, need=m.size) from None
+            full = no_space(cache, m, e)
+            if full is not None:  # either engine: one clear error, and no half entry (removed above)
+                raise full from None
             raise
     finally:
         cache.unreserve(rid)
     return entry_id, stats
 
 
+def no_space(cache: Cache, m: Manifest | None, e: BaseException) -> NoSpace | None:
+    """What a fill of the cache that failed with `e` says when `e` is a full file
+    system (ENOSPC, EDQUOT): NoSpace naming the cache and the image (exit 4), as
+    a pull and a stream (control/images/stream.py) both report it; else None."""
+    if not _no_space(e):
+        return None
+    what = f" for image {m.key!r} ({m.size} bytes)" if m is not None else ""
+    return NoSpace(f"no space left in the cache file system {cache.root}{what}; free space or lower "
+                   "cache.budget_bytes", path=str(cache.root), key=m.key if m else "", need=m.size if m else 0)
+
+
 def _no_space(e: BaseException) -> bool:
     """ENOSPC/EDQUOT from the in-process engine (an OSError, maybe wrapped by a
-    worker) or from thaw-fetch (its write error's text)."""
+    worker) or from thaw-fetch or thaw-gofer (their write error's text)."""
     import errno
     for x in (e, e.__cause__, e.__context__):
         if isinstance(x, OSError) and x.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -349,7 +359,7 @@ def _publish(store: Store, directory: Path, key: str, node: CompatTuple, *, chun
              on_total) -> tuple[Manifest, transfer.UploadStats, bool, Manifest]:
     """Chunk, upload and publish `directory`: (our manifest, upload stats,
     whether ours won, the manifest the store now holds)."""
-    _check_tenant(store, key)
+    check_tenant(store, key)
     files = chunk.image_files(directory)
     before = chunk.file_state(files)
     layout = chunk.chunk_image(directory, key, node, chunker, avg_chunk)

@@ -16,6 +16,7 @@ key:
     chunk nonce    HMAC(chunk key, "thaw/chunk-nonce/v1\\0" || sha256(codec || 0 || payload))[:12]
     pointer name   HMAC(K, "thaw/chunk-name/v1\\0" || sha256(raw chunk))   hex: chunks/<name>
     manifest key   HMAC(K, "thaw/manifest-key/v1\\0")                       AES-256-GCM, random nonce
+    order key      HMAC(K, "thaw/order-key/v1\\0")                          AES-256-GCM, random nonce
 
 Convergent within a tenant: one tenant's equal chunks encrypt to equal bytes
 under equal pointer names, so dedup works there exactly as in plaintext
@@ -33,8 +34,9 @@ Manifest key: `store.manifest_key_file`, shared by every node of a cluster.
 Manifests carry tag = HMAC(M, "thaw/manifest-tag/v1\\0" || canonical JSON of
 everything else) (control/images/manifest.py sign/verify).
 
-Twins: go/cmd/thaw-fetch/crypt.go opens chunks with the per-chunk keys the
-plan carries (SEALED_OVERHEAD, NONCE_BYTES, the associated data).
+Twins: go/cmd/thaw-fetch/crypt.go (a pull) and go/internal/fetch/crypt.go
+(thaw-gofer's stream) open chunks with the per-chunk keys the plan carries
+(SEALED_OVERHEAD, NONCE_BYTES, the associated data).
 """
 from __future__ import annotations
 
@@ -53,17 +55,19 @@ from control.config import Settings
 from control.errors import ConfigError, KeyMissing, PreconditionError
 
 KEY_BYTES = 32
-NONCE_BYTES = 12          # twin: go/cmd/thaw-fetch/crypt.go nonceBytes
+NONCE_BYTES = 12          # twins: go/cmd/thaw-fetch/crypt.go nonceBytes, go/internal/fetch/crypt.go NonceBytes
 TAG_BYTES = 16
 SEALED_OVERHEAD = NONCE_BYTES + TAG_BYTES   # twin: go/cmd/thaw-fetch/crypt.go sealedOverhead
 # The name of the encryption in a manifest ("encryption" field). Twin: go/cmd/thaw-fetch/crypt.go.
 ENCRYPTION = "aes-256-gcm-convergent-v1"
 SEALED_MANIFEST_MAGIC = b"thaw-sealed-manifest-v1\n"
+SEALED_ORDER_MAGIC = b"thaw-sealed-order-v1\n"
 
 _CHUNK_KEY = b"thaw/chunk-key/v1\0"
 _CHUNK_NONCE = b"thaw/chunk-nonce/v1\0"
 _CHUNK_NAME = b"thaw/chunk-name/v1\0"
 _MANIFEST_KEY = b"thaw/manifest-key/v1\0"
+_ORDER_KEY = b"thaw/order-key/v1\0"
 MANIFEST_TAG_LABEL = b"thaw/manifest-tag/v1\0"
 
 
@@ -158,6 +162,29 @@ def open_manifest(tenant_key: bytes, tenant: str, key: str, tuple_hash: str, bod
     except (InvalidTag, ValueError):
         raise ValueError("it does not open with this tenant's key for this key and tuple "
                          "(altered, moved, or sealed by another tenant)") from None
+
+
+# -- learned orders (issue 18) -----------------------------------------------------------
+
+def seal_order(tenant_key: bytes, tenant: str, key: str, tuple_hash: str, body: bytes) -> bytes:
+    """A streamed restore's learned order as stored for an encrypted tenant (the
+    ranges of memory its workload faulted on first: they say what it touches),
+    bound to where it is stored, as a manifest (control/images/stream.py)."""
+    ok = _hmac(tenant_key, _ORDER_KEY)
+    nonce = secrets.token_bytes(NONCE_BYTES)
+    return SEALED_ORDER_MAGIC + nonce + AESGCM(ok).encrypt(nonce, body, _manifest_aad(tenant, key, tuple_hash))
+
+
+def open_order(tenant_key: bytes, tenant: str, key: str, tuple_hash: str, body: bytes) -> bytes:
+    """The JSON of a sealed order; ValueError when it is not one or does not open here."""
+    if not body.startswith(SEALED_ORDER_MAGIC):
+        raise ValueError("it is not sealed, but this tenant's images are (store.encrypt)")
+    rest = body[len(SEALED_ORDER_MAGIC):]
+    ok = _hmac(tenant_key, _ORDER_KEY)
+    try:
+        return AESGCM(ok).decrypt(rest[:NONCE_BYTES], rest[NONCE_BYTES:], _manifest_aad(tenant, key, tuple_hash))
+    except (InvalidTag, ValueError):
+        raise ValueError("it does not open with this tenant's key for this key and tuple") from None
 
 
 # -- the keyring --------------------------------------------------------------------------

@@ -53,6 +53,8 @@ from control.errors import IntegrityError, PreconditionError, StoreError, ThawEr
 from control.files import Owner, write_bytes_atomic
 from control.images import chunk
 from control.images import image as images
+from control.images import keys as keysmod
+from control.images import manifest as manifestmod
 from control.images import transfer
 from control.images.cache import Cache, Lease
 from control.images.manifest import Manifest
@@ -100,6 +102,10 @@ RANGE_BYTES = 8 << 20
 URGENT_WORKERS = 2
 URGENT_AHEAD_BYTES = 512 << 10
 
+# How long a failed restore waits to hear whether its stream failed (Stream.verdict):
+# the stream's end follows the gofer's failed reads within milliseconds.
+VERDICT_S = 2.0
+
 ORDER_SCHEMA = "thaw.order"
 ORDER_VERSION = 1
 MAX_ORDER_RANGES = 4096
@@ -145,6 +151,14 @@ class Stream:
         """Until the stream ended (installed or failed); False on timeout."""
         return self._done.wait(timeout)
 
+    def verdict(self, wait_s: float = VERDICT_S) -> ThawError | None:
+        """Why the stream failed, waiting up to `wait_s` for a running one to end; None
+        if it did not. A restore that failed asks: when a stream fails, the gofer fails
+        the sentry's reads and runsc kills the sandbox, so the stream's error (NoSpace,
+        IntegrityError, StoreError) is the reason, and a healthy stream goes on."""
+        self._done.wait(wait_s)
+        return self.error
+
     def add_done_callback(self, fn: Callable[["Stream"], None]) -> None:
         with self._mu:
             if not self._done.is_set():
@@ -189,14 +203,29 @@ class Stream:
                 "learned_ranges": self.learned_ranges}
 
 
+def why_not(settings: Settings, store: Store) -> str:
+    """Why a miss is pulled whole rather than streamed on this node for `store`'s
+    tenant; "" when it streams. Both doors (thawd's image source, `thaw restore
+    --from-store`) ask this and log the answer."""
+    if not settings.store_stream:
+        return "store.stream is off"
+    gofer = Path(settings.store_gofer)
+    if not gofer.is_file():
+        return f"thaw-gofer is not at {gofer} (store.gofer; `thaw provision` installs it)"
+    return ""
+
+
 def open_image(cache: Cache, store: Store, settings: Settings, key: str, node: CompatTuple, *,
                progress: transfer.Progress | None = None,
                lock_timeout_s: float | None = None) -> Lease | Stream:
     """A leased cache entry of `key` if this node holds one (a hit, as
     `image.pull`), else a Stream filling a new entry, ready for runsc to
     restore from. Raises what a pull raises (NotFound, TupleMismatch,
-    StoreError, ManifestError, CacheFull, Timeout for the key's lock) when
-    nothing could start; failures after that are the Stream's `error`."""
+    StoreError, ManifestError, CacheFull, UserError for another tenant's key,
+    Timeout for the key's lock) when nothing could start; failures after that
+    are the Stream's `error`."""
+    manifestmod.validate_key(key)
+    images.check_tenant(store, key)   # a hit too: another tenant's cached entry is not this one's
     gofer = Path(settings.store_gofer)
     if not gofer.is_file():
         raise PreconditionError(f"thaw-gofer not found at {gofer}: run `make build`, or set THAW_STORE_GOFER",
@@ -279,12 +308,22 @@ class _Job:
                         self.cache.install_locked(eid, partial, manifest)
                     except BaseException:
                         shutil.rmtree(partial, ignore_errors=True)
+                        # The stream directory's hard links would keep the partial's blocks:
+                        # on a full file system the cache's index could not even drop the
+                        # reservation. A doomed sandbox's gofer keeps the files it opened;
+                        # thaw.json stays for a cold start from the image's spec (warm_start).
+                        if self.stream is not None:
+                            for name in RUNSC_FILES:
+                                (self.stream.path / name).unlink(missing_ok=True)
                         raise
                 finally:
                     self.cache.unreserve(rid)
                 self.stream.entry_id = eid
                 lease = self.cache.lease(eid)
         except BaseException as e:  # noqa: BLE001 - handed to the caller, or kept on the Stream
+            # A full cache file system (a pwrite here, thaw-gofer's writes or fsync, the
+            # install) is NoSpace, as a pull reports it; the partial is gone already.
+            e = images.no_space(self.cache, manifest, e) or e
             if not self.ready.is_set():
                 if self.stream is not None:   # nobody will release it
                     shutil.rmtree(self.stream.path, ignore_errors=True)
@@ -293,7 +332,9 @@ class _Job:
                 self.ready.set()
                 return
             self.stream.error = e if isinstance(e, ThawError) else ThawError(f"{type(e).__name__}: {e}")
-            log.warning("stream %s failed: %s", self.key, self.stream.error)
+            # Said once, by whoever waits for it: thawd's image source logs it, the CLI
+            # raises it (one line, as for a pull).
+            log.info("stream %s failed: %s", self.key, self.stream.error)
         finally:
             if self.stream is not None:
                 self.stream._finish(lease)
@@ -316,7 +357,8 @@ class _Job:
             sock = sockdir / "s.sock"
         self.stream = Stream(self.key, sdir, self.sidecars)
         try:
-            sources = self.cache.sources(m.unique_chunks())
+            # Local copies from this tenant's entries only, as a pull (issue 13).
+            sources = self.cache.sources(m.unique_chunks(), tenant=getattr(self.store, "tenant", ""))
             bad = self.cache.mark_corrupt
             others = tuple(f for f in m.files if f.name not in RUNSC_FILES)
             if others:   # thaw.json: the CLI reads it before runsc starts
@@ -477,8 +519,12 @@ def build_plan(m: Manifest, partial: Path, sdir: Path, store: Store, sources: tr
     chunks = []
     for h in remote:
         loc = m.locations[h]
+        # An encrypting tenant's chunk (issue 13) carries its own AES-256-GCM key, in
+        # hex, never the tenant's: thaw-gofer opens it before a byte is written or
+        # served (go/internal/fetch/crypt.go), as thaw-fetch does for a pull.
         chunks.append([h, lengths[h], obj(loc.pack), loc.offset, loc.stored, loc.codec,
-                       [[fi, off] for fi, off in places[h]], checks.get(h, "")])
+                       [[fi, off] for fi, off in places[h]], checks.get(h, "")]
+                      + ([store.chunk_key(h).hex()] if m.encryption else []))
     plan = {"version": PLAN_VERSION, "workers": workers, "urgent_workers": URGENT_WORKERS, "attempts": attempts,
             "timeout_s": timeout_s, "range_bytes": RANGE_BYTES, "urgent_ahead_bytes": URGENT_AHEAD_BYTES,
             "files": [{"path": str(partial / f.name), "size": f.size} for f in files],
@@ -513,6 +559,13 @@ def read_order(store: Store, m: Manifest) -> dict[str, list[list[int]]]:
         return {}
     if body is None:
         return {}
+    tenant_key = getattr(store, "tenant_key", None)
+    if tenant_key is not None:   # an encrypting tenant's order is sealed (keys.seal_order)
+        try:
+            body = keysmod.open_order(tenant_key, store.tenant, m.key, m.tuple_hash, body)
+        except ValueError as e:
+            log.warning("stream %s: ignoring the learned order: %s", m.key, e)
+            return {}
     try:
         doc = json.loads(body)
         if doc.get("schema") != ORDER_SCHEMA or doc.get("version") != ORDER_VERSION:
@@ -548,7 +601,11 @@ def record_order(store: Store, m: Manifest, faults: dict[str, list[list[int]]]) 
     doc = {"schema": ORDER_SCHEMA, "version": ORDER_VERSION, "key": m.key, "tuple_hash": m.tuple_hash,
            "files": merged, "updated": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     if added:
-        store.put_order(m.key, m.tuple_hash, json.dumps(doc, separators=(",", ":")).encode())
+        body = json.dumps(doc, separators=(",", ":")).encode()
+        tenant_key = getattr(store, "tenant_key", None)
+        if tenant_key is not None:   # what a workload touches first is the tenant's to know
+            body = keysmod.seal_order(tenant_key, store.tenant, m.key, m.tuple_hash, body)
+        store.put_order(m.key, m.tuple_hash, body)
     return {"added": added, "ranges": sum(len(v) for v in merged.values())}
 
 

@@ -560,7 +560,9 @@ class Sandboxes:
             reason = f"{type(e).__name__}: {e.message}"
             log.warning("restore of %s as %s failed, starting cold: %s", image, sid, reason)
             try:
-                meta = read_image(Path(image))
+                # A cold start needs the spec, not the memory (a failed stream's image
+                # directory keeps thaw.json only: control/images/stream.py).
+                meta = read_image(Path(image), memory=False)
             except ImageError:
                 raise e from None  # no spec to start from either
         saved = meta.get("net") or {}
@@ -752,8 +754,9 @@ class Sandboxes:
         self._record_path(rec.id).unlink(missing_ok=True)
 
 
-def read_image(image: Path) -> dict:
-    """Validate a checkpoint image directory; return its thaw.json."""
+def read_image(image: Path, memory: bool = True) -> dict:
+    """Validate a checkpoint image directory; return its thaw.json. memory=False:
+    thaw.json only, not the files it lists (what a cold start from its spec needs)."""
     if not image.is_dir():
         raise ImageError(str(image), "no such directory")
     try:
@@ -773,6 +776,8 @@ def read_image(image: Path) -> dict:
     for name, size in files.items():
         if name not in IMAGE_FILES:
             raise ImageError(str(image), f"{IMAGE_META} lists unexpected file {name!r}")
+        if not memory:
+            continue
         p = image / name
         if not p.is_file():
             raise ImageError(str(image), f"{name} is missing")

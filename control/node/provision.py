@@ -52,6 +52,7 @@ BINARIES = (
     ("thaw-cuda-checkpoint", False),
     ("thaw-chunk", True),          # thawd chunks every image it publishes (pack.chunker)
     ("thaw-fetch", True),          # and fetches every image it pulls (store.fetcher)
+    ("thaw-gofer", True),          # and streams every image it does not hold (store.gofer, store.stream)
     ("thaw-ctrinfo", True),        # and asks containerd whose a container is (containerd.info, issue 13)
     ("thaw-monitor", False),       # `thaw run/restore` sandboxes' log and exit status (control/lifecycle/logs.py)
 )

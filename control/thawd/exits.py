@@ -75,7 +75,7 @@ class ExitWatch:
         return sock
 
     def _read(self, ready: threading.Event) -> None:
-        from pyroute2.netlink.connector.cn_proc import PROC_EVENT_EXIT
+        from pyroute2.netlink.connector.cn_proc import PROC_EVENT_EXEC, PROC_EVENT_EXIT
         try:
             self._sock = self._open()
         except Exception as e:  # noqa: BLE001 - any failure means: no exit statuses, markers only
@@ -100,9 +100,16 @@ class ExitWatch:
                 continue
             with self._cond:
                 for m in msgs:
-                    if m.get("what") != PROC_EVENT_EXIT:
+                    what, pid = m.get("what"), m.get("process_pid")
+                    if what == PROC_EVENT_EXEC:
+                        # A thread other than the leader exec'd (a Go program's syscall.Exec
+                        # runs on any thread; thaw-runsc execs the stand-in): de_thread ended
+                        # the old leader, whose exit may carry the process's pid, and the
+                        # process lives on under it. That exit is not the process's.
+                        self._exits.pop(pid, None)
                         continue
-                    pid = m.get("process_pid")
+                    if what != PROC_EVENT_EXIT:
+                        continue
                     if pid != m.get("process_tgid"):
                         continue   # a thread, not the process (its leader's event carries the group's status)
                     self._exits[pid] = (m.get("exit_code"), m.get("timestamp_ns"))

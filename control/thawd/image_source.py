@@ -11,7 +11,6 @@ the workload key (issue 13).
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -20,7 +19,7 @@ from control.images import image as images
 from control.images.cache import Lease
 from control.node.compat import CompatTuple, node_tuple
 from control.config import Settings
-from control.errors import NotFound, StoreError, Timeout, TupleMismatch
+from control.errors import NotFound, StoreError, TupleMismatch
 from control.images.keys import Keyring
 from control.images.store import Store
 from control.lifecycle.tenant import store_tenant
@@ -38,24 +37,39 @@ class ImageSource:
         if self.keys.manifest_key is None:
             log.warning("store.manifest_key_file is not set: manifests are neither signed nor checked, so anyone "
                         "who can write the bucket can publish an image this node restores (docs/security.md)")
-        self._lock = threading.Lock()
-        self._streams: dict = {}   # key -> the Stream filling its entry (store.stream)
+        self._recover()
         try:
             self.store.ensure_bucket()
         except StoreError as e:  # the store may come up later; pulls then report it per request
             log.warning("store not ready at start: %s", e)
 
-    def pull(self, key: str) -> Lease:
+    def _recover(self) -> None:
+        """What a thawd killed mid-pull or mid-stream left (a partial entry, a stream's
+        directory of hard links) goes before this one serves, so neither the cache dir
+        nor its listing shows a half-made image, and a stream's hard links stop
+        holding the space of entries evicted since. Keys another process holds are
+        left to it; any later pull of a key recovers it too (image.pull, stream.open_image)."""
+        from control.images import stream as streammod
+        try:
+            removed = self.cache.recover() + streammod.remove_leftovers(self.cache)
+        except OSError as e:   # a start must not fail for a leftover it cannot remove
+            log.warning("cache: recovering leftovers at start: %s", e)
+            return
+        for p in removed:   # a warning: what a crash left is worth seeing (and thawd logs INFO only once serving)
+            log.warning("cache: recovered at start: removed %s", p)
+
+    def pull(self, key: str, stream: bool = True) -> Lease:
         """A leased cache entry for `key` on this node; NotFound / TupleMismatch / StoreError otherwise.
-        With store.stream, a miss gives a Stream instead: restorable at once, filling the
-        entry as it goes (control/images/stream.py)."""
+        With store.stream (the default), a miss gives a Stream instead: restorable at once,
+        filling the entry as it goes (control/images/stream.py). stream=False: the whole
+        image first, always (a pod's: see Thawd.claim_image)."""
+        from control.images import stream as streammod
         store = self._store(key)
-        if self.s.store_stream:
-            if not store.encrypted:
-                return self._stream(key, store)
-            # thaw-gofer serves plaintext chunks only: an encrypting tenant's image
-            # is pulled (and decrypted) whole before it restores.
-            log.info("pull %s: the tenant encrypts; pulled whole, not streamed", key)
+        why = streammod.why_not(self.s, store) if stream else "a pod's image is restored from a whole image"
+        if not why:
+            return self._stream(key, store)
+        if self.s.store_stream:   # on, but not for this image: say why (docs/store.md "Streaming restore")
+            (log.warning if "thaw-gofer" in why else log.info)("pull %s: pulled whole, not streamed: %s", key, why)
         t0 = time.monotonic()
         r = images.pull(self.cache, store, key, self.node, workers=self.s.store_workers)
         r.lease.hit = r.hit  # thawd counts hits and misses
@@ -71,24 +85,17 @@ class ImageSource:
 
     def _stream(self, key: str, store: Store):
         from control.images import stream as streammod
-        with self._lock:
-            active = self._streams.get(key)
-        if active is not None and not active.done:
-            # Its stream holds the key's lock until the entry is in: a second
-            # container of the key starts cold rather than wait for it.
-            raise Timeout(f"waiting for the image of {key!r}, which streams in for another container,", 0)
+        # A stream holds the key's lock until its entry is in. A second container of
+        # the key meanwhile waits for that lock within thawd.prepare_timeout_s and then
+        # restores from the cache (one download for both, as with a pull); a longer
+        # stream leaves it cold (fetch-in-progress), as a pull that long would.
         src = streammod.open_image(self.cache, store, self.s, key, self.node,
                                    lock_timeout_s=self.s.thawd_prepare_timeout_s)
         if isinstance(src, streammod.Stream):
-            with self._lock:
-                self._streams[key] = src
             src.add_done_callback(lambda st: self._stream_done(key, st))
         return src
 
     def _stream_done(self, key: str, st) -> None:
-        with self._lock:
-            if self._streams.get(key) is st:
-                del self._streams[key]
         if st.error is None:
             log.info("stream %s: in the cache as %s (%.2fs; %s)", key, st.entry_id, st.seconds, st.stats)
         else:

@@ -201,7 +201,9 @@ class Pods:
             # the lookup key covers the declared names: a table that disagrees is damaged
             p.reason = "no-image: the recorded container set does not match the declared names"
             return Decision(False, p.reason, p.lookup)
-        d = self.t.claim_image(rt, spec, table["key"])
+        # Whole, never streamed (store.stream): a pod's runsc calls (restore_sandbox and
+        # its members' restores) take no stream; not wired, not measured (docs/store.md).
+        d = self.t.claim_image(rt, spec, table["key"], stream=False)
         if not d.restore:
             p.reason = d.reason
             return d

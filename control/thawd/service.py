@@ -124,6 +124,10 @@ class Standin:
         except OSError:
             argv0 = b""
         self.start = process_start(self.pid) if Path(argv0.decode(errors="replace")).name == STANDIN_BINARY else ""
+        if self.start:
+            # Alive and already the stand-in: every exit of `pid` heard from now on is its own
+            # (not the exec that made it one: exits.py).
+            self.since_ns = time.monotonic_ns()
         self.watchable = bool(self.start) or (not argv0 and self.exit_status(wait_s=0.5) is not None)
 
     def exit_status(self, wait_s: float = 1.0) -> int | None:
@@ -201,7 +205,7 @@ class Thawd:
         # (root, id) -> ctrinfo.Identity, established at create: a tag moved later
         # must not change which key a running container checkpoints under.
         self._identities: dict[tuple[str, str], ctrinfo.Identity] = {}
-        self._fetches: dict[str, Future] = {}                    # key -> background pull
+        self._fetches: dict[tuple[str, bool], Future] = {}     # (key, stream) -> background pull
         self._checkpointing: set[str] = set()
         # Restore decisions with no outcome yet: (root, id) -> (workload key,
         # gate closed for it or None). Each ends in exactly one outcome:
@@ -283,16 +287,19 @@ class Thawd:
         self._prepare_gpu_spec(rt, spec)
         return self.claim_image(rt, spec, wl.key, t0)
 
-    def claim_image(self, rt: RuntimeRef, spec: dict, key: str, t0: float | None = None) -> Decision:
+    def claim_image(self, rt: RuntimeRef, spec: dict, key: str, t0: float | None = None,
+                    stream: bool = True) -> Decision:
         """A leased local image of `key` for container `rt` (fetched if need be, one pull
-        per key), its gate closed; or cold with the reason."""
+        per key), its gate closed; or cold with the reason. stream=False: a miss is
+        pulled whole even with store.stream on (a pod's image: its sandbox and members
+        restore through pods.py, whose runsc calls take no stream)."""
         why = self.quarantine.reason(key)
         if why is not None:
             return Decision(False, f"quarantined: {why}", key)
         # The identity lookup comes out of the same budget (t0, taken before it):
         # the stand-in waits thawd.prepare_timeout_s + 1 s for the whole answer.
         deadline = (t0 if t0 is not None else time.monotonic()) + self.s.thawd_prepare_timeout_s
-        fut = self._fetch(key)
+        fut = self._fetch(key, stream)
         try:
             lease = fut.result(timeout=max(0.05, deadline - time.monotonic()))
         except TimeoutError:
@@ -322,7 +329,7 @@ class Thawd:
             # The entry is local now: this pull is a cache hit with its own lease. It
             # is bounded by the same deadline (it may wait for the key's lock behind
             # another pull); a lease that comes too late is released.
-            second = self._pool.submit(self.images.pull, key)
+            second = self._pool.submit(self._pull, key, stream)
             try:
                 lease = second.result(timeout=max(0.05, deadline - time.monotonic()))
             except TimeoutError:
@@ -396,21 +403,25 @@ class Thawd:
             helper.stage(self.s.runsc_path.parent / helper.BINARY_NAME, d)
         return d
 
-    def _fetch(self, key: str) -> Future:
+    def _pull(self, key: str, stream: bool):
+        return self.images.pull(key) if stream else self.images.pull(key, stream=False)
+
+    def _fetch(self, key: str, stream: bool = True) -> Future:
         """One pull per key however many ask; the pull goes on past a caller's deadline."""
+        k = (key, stream)
         with self._lock:
-            fut = self._fetches.get(key)
+            fut = self._fetches.get(k)
             new = fut is None or fut.done()
             if new:
-                fut = self._pool.submit(self.images.pull, key)
-                self._fetches[key] = fut
+                fut = self._pool.submit(self._pull, key, stream)
+                self._fetches[k] = fut
         if new:
             # Outside the lock: a future that is already done runs the
             # callback right here, and the callback takes the lock.
-            fut.add_done_callback(lambda f, k=key: self._fetch_done(k, f))
+            fut.add_done_callback(lambda f, k=k: self._fetch_done(k, f))
         return fut
 
-    def _fetch_done(self, key: str, fut: Future) -> None:
+    def _fetch_done(self, key: tuple, fut: Future) -> None:
         with self._lock:
             if self._fetches.get(key) is fut:
                 del self._fetches[key]
@@ -514,7 +525,16 @@ class Thawd:
             if not isinstance(e, ThawError):
                 log.exception("restore of %s failed unexpectedly", rt.container_id)
             reason = f"{type(e).__name__}: {getattr(e, 'message', e)}"
-            self.undo_restore(h, rt, key, reason)
+            counts = True
+            failed = lease.verdict() if streamed else None
+            if failed is not None:
+                # Its stream failed, so runsc killed the sandbox: that is the reason. It
+                # counts towards quarantine as a pull's failure would (claim_image): only
+                # when the store served bytes that are not the image's, never for a full
+                # cache file system (NoSpace) or a store that stalled.
+                reason = f"{type(failed).__name__}: the image's stream failed: {getattr(failed, 'message', failed)}"
+                counts = isinstance(failed, IntegrityError) and failed.where == "store"
+            self.undo_restore(h, rt, key, reason, quarantine=counts)
             return False, reason, time.monotonic() - t0
         if cancelled():
             self.undo_restore(h, rt, key, "the stand-in gave up before the restore finished")
@@ -616,10 +636,11 @@ class Thawd:
         self.report_outcome(rt, "RESTORE_FAILED", reason, key=key)
         return False, reason, time.monotonic() - t0
 
-    def undo_restore(self, h: Handle, rt: RuntimeRef, key: str, reason: str) -> None:
+    def undo_restore(self, h: Handle, rt: RuntimeRef, key: str, reason: str, quarantine: bool = True) -> None:
         """A restore that will not be used: kill and delete the sandbox (the stand-in
         creates it again, cold), put the namespace's addresses and routes back
-        (runsc removed them), open the gate, release the lease, count the failure."""
+        (runsc removed them), open the gate, release the lease, count the failure
+        (towards the key's quarantine too, unless `quarantine` is False)."""
         try:
             if h.runsc.exists(h.id):
                 h.runsc.delete(h.id, force=True)
@@ -634,9 +655,10 @@ class Thawd:
                 log.warning("network of %s not put back after its failed restore: %s", rt.container_id, e)
         if h.gate is not None:
             gatemod.open(h.gate, f"restore of {rt.container_id} failed; starting cold")
-        self.report_outcome(rt, "RESTORE_FAILED", reason, key=key)
+        self.report_outcome(rt, "RESTORE_FAILED", reason, key=key, quarantine=quarantine)
 
-    def report_outcome(self, rt: RuntimeRef, outcome: str, reason: str, key: str | None = None) -> None:
+    def report_outcome(self, rt: RuntimeRef, outcome: str, reason: str, key: str | None = None,
+                       quarantine: bool = True) -> None:
         if outcome not in ("RESTORE_FAILED", "COLD_STARTED"):
             raise UserError(f"outcome {outcome!r}: expected RESTORE_FAILED or COLD_STARTED", field="outcome")
         spec = None
@@ -658,7 +680,7 @@ class Thawd:
         if outcome == "RESTORE_FAILED":
             self.metrics.inc("thaw_fallbacks_total", reason=reason.split(":")[0])
             self._release(rt)
-            if key and self.quarantine.failed(key, reason):
+            if key and quarantine and self.quarantine.failed(key, reason):
                 self.metrics.inc("thaw_quarantined_total")
         else:
             self.metrics.inc("thaw_cold_starts_total")
@@ -827,6 +849,6 @@ def _fetch_reason(e: ThawError) -> str:
         return "no-tenant-key"
     if type(e).__name__ == "TupleMismatch":
         return "tuple-mismatch"
-    if type(e).__name__ == "Timeout":   # another container's stream holds the key (image_source._stream)
+    if type(e).__name__ == "Timeout":   # another pull or stream holds the key's lock (image_source._stream)
         return "fetch-in-progress"
     return "fetch-failed"

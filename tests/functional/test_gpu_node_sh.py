@@ -2,7 +2,9 @@
 the same command in consecutive device calls unpacks the part a call carries
 (exit 3 until both are there), starts the run detached, waits at most
 THAW_NODE_WAIT_S (exit 4 while it runs on), and hands back node.json each
-time; a finished run is collected, not started again."""
+time; a finished run is collected, not started again. node.py's arguments
+(--repeat) reach the driver, and each call hands back the rounds done so far
+(node.py saves its headline with every start)."""
 from __future__ import annotations
 
 import json
@@ -18,15 +20,17 @@ REPO = Path(__file__).resolve().parents[2]
 DRIVER = """import argparse, json, os, sys, time
 ap = argparse.ArgumentParser()
 ap.add_argument("--out"); ap.add_argument("--mode"); ap.add_argument("--bin"); ap.add_argument("--work")
-ap.add_argument("--model", default="")
+ap.add_argument("--model", default=""); ap.add_argument("--repeat", type=int, default=1)
 a = ap.parse_args()
 os.makedirs(a.out, exist_ok=True)
 with open(os.environ["FAKE_COUNT"], "a") as f:
     f.write("run\\n")
-json.dump({"ok": None, "model": a.model, "bin_has_tool": os.path.isfile(os.path.join(a.bin, "tool-b"))},
-          open(os.path.join(a.out, "node.json"), "w"))
+def done(n):
+    return {"repeat": {"asked": a.repeat, "done": {"cold": n, "store": n, "cache": n}}}
+json.dump({"ok": None, "model": a.model, "bin_has_tool": os.path.isfile(os.path.join(a.bin, "tool-b")),
+           "headline": done(1)}, open(os.path.join(a.out, "node.json"), "w"))
 time.sleep(float(os.environ.get("FAKE_SLEEP", "0")))
-json.dump({"ok": True, "model": a.model}, open(os.path.join(a.out, "node.json"), "w"))
+json.dump({"ok": True, "model": a.model, "headline": done(a.repeat)}, open(os.path.join(a.out, "node.json"), "w"))
 print("driver done", flush=True)
 sys.exit(int(os.environ.get("FAKE_RC", "0")))
 """
@@ -73,11 +77,14 @@ def test_parts_then_a_detached_run_then_collection(tmp_path):
     (tmp_path / "parts" / "a").rename(tmp_path / "held-a")
     (tmp_path / "held-b").rename(b)                   # call 2 carries part b only
     env2 = {**env, "FAKE_SLEEP": "3", "THAW_NODE_WAIT_S": "1"}
-    rc, out, doc = _call(env2, "--model", "tiny")
+    rc, out, doc = _call(env2, "--model", "tiny", "--repeat", "3")
     assert rc == 4 and "still running" in out, out
-    assert doc == {"ok": None, "model": "tiny", "bin_has_tool": True}, "the partial result comes back"
+    round1 = {"repeat": {"asked": 3, "done": {"cold": 1, "store": 1, "cache": 1}}}
+    assert doc == {"ok": None, "model": "tiny", "bin_has_tool": True, "headline": round1}, \
+        "the partial result comes back, with the rounds done so far"
     rc, out, doc = _call({**env2, "THAW_NODE_WAIT_S": "30"})     # call 3 waits for the end
-    assert rc == 0 and "run finished, exit 0" in out and doc == {"ok": True, "model": "tiny"}, out
+    every = {"repeat": {"asked": 3, "done": {"cold": 3, "store": 3, "cache": 3}}}
+    assert rc == 0 and "run finished, exit 0" in out and doc == {"ok": True, "model": "tiny", "headline": every}, out
     assert "driver done" in (tmp_path / "out" / "node.log").read_text()
     rc, out, doc = _call(env2)                        # a finished run is collected, not run again
     assert rc == 0 and (tmp_path / "count").read_text() == "run\n"

@@ -29,7 +29,7 @@ def _kill_leftovers(work: Path) -> None:
 def test_fresh_node_provisions_and_restores(weed, name):
     require(shutil.which("unshare") is not None, "unshare (util-linux)")
     for b in ("containerd", "ctr", "containerd-shim-runsc-v1", "runsc", "thaw-runsc", "thaw-runsc-hooks",
-              "thaw-chunk", "thaw-fetch", "thaw-ctrinfo", "busybox"):
+              "thaw-chunk", "thaw-fetch", "thaw-gofer", "thaw-ctrinfo", "busybox"):
         require((BUILD / b).is_file(), f"{b} built in {BUILD} (make setup)")
     work = Path(f"/tmp/thaw-it/{name}")
     _kill_leftovers(work)
@@ -49,20 +49,25 @@ def test_fresh_node_provisions_and_restores(weed, name):
         prov = steps["provision"]["actions"]
         assert prov["install runsc"] == "create" and prov["install thaw-runsc"] == "create"
         assert prov["install thaw-chunk"] == "create" and prov["install thaw-fetch"] == "create"
-        assert prov["install thaw-ctrinfo"] == "create"
+        assert prov["install thaw-ctrinfo"] == "create" and prov["install thaw-gofer"] == "create"
         assert prov["thawd unit"] == "create"
         assert steps["provision again"]["rc"] == 0 and steps["provision again"]["changed"] == []
         assert steps["unit"]["exists"] and steps["unit"]["enabled"]
         cfg = steps["unit"]["config"]
         assert 'path = "/opt/thaw/bin/runsc"' in cfg and 'chunker = "/opt/thaw/bin/thaw-chunk"' in cfg
         assert 'fetcher = "/opt/thaw/bin/thaw-fetch"' in cfg and 'info = "/opt/thaw/bin/thaw-ctrinfo"' in cfg
+        assert 'gofer = "/opt/thaw/bin/thaw-gofer"' in cfg   # store.stream is on by default: a miss streams
         assert weed.endpoint in cfg
         assert 'socket = "/run/thaw/fresh-node/thawd.sock"' in cfg and "fresh-node-standin.log" in cfg
         assert steps["containerd"]["handler"]
 
         first, second = steps["first start"], steps["second start"]
         assert second["boot"] == first["boot"], "the second start is restored: same boot id"
-        assert second["counter"] >= first["counter"]
+        # The restored loop goes on from the checkpoint's count, which may be below what the
+        # first container showed: thawd checkpoints once /tmp/ready exists, and the first
+        # read of /tmp/state can come later (it did under load: 2 after 3). A cold start has
+        # another boot id, so the boot is the proof; the count only has to have gone on.
+        assert second["counter"] >= 1
         decisions = steps["stand-in decisions"]["decisions"]
         assert [d["decision"] for d in decisions if d["id"] == "first"][0] == "cold"
         assert [d["decision"] for d in decisions if d["id"] == "second"][0] == "restore"

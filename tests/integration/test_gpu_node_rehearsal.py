@@ -4,19 +4,24 @@ through the real stack: `thaw provision` into the node's real paths (bind
 mounts in a private mount namespace), SeaweedFS, thawd, containerd with
 gVisor's shim and thaw's stand-in, runsc; `ctr run --device` with a CDI spec;
 the automatic checkpoint and publish, `thaw evict`, a pull from the store, a
-restore onto the other (fake) GPU, a warm-cache restore, and a chunk altered
-in the store that ends in a cold start and a quarantined image."""
+restore onto the other (fake) GPU, a warm-cache restore, each repeated
+(--repeat 3: two more cold starts of a twin workload thawd neither restores
+nor checkpoints, evictions, restores alternating between the fake GPUs) with
+the headline's medians over the rounds, and a chunk altered in the store that
+ends in a cold start and a quarantined image."""
 from __future__ import annotations
 
 import json
 import os
 import signal
+import statistics
 import subprocess
 import tarfile
 from pathlib import Path
 
 from tests.conftest import BUILD, REPO, require
 
+REPEAT = 3
 NODE_PATHS = ("/opt/thaw", "/etc/thaw", "/etc/containerd", "/etc/cdi", "/var/lib/thaw", "/var/log/thaw",
               "/var/lib/containerd", "/run/containerd", "/run/thaw")   # twin: bench/gpu/node.py
 
@@ -41,53 +46,84 @@ def test_gpu_node_script_rehearsed_on_cpu(name, tmp_path):
     existed = {p: os.path.exists(p) for p in NODE_PATHS}
     try:
         p = subprocess.run(["bash", "bench/gpu/node.sh", "--cpu", "--work", str(work), "--out", str(out),
-                            "--budget-s", "240"], cwd=REPO, capture_output=True, text=True, timeout=420)
+                            "--budget-s", "240", "--repeat", str(REPEAT)], cwd=REPO, capture_output=True,
+                           text=True, timeout=280)
         assert (out / "node.json").is_file(), p.stdout[-3000:] + p.stderr[-3000:]
         r = json.loads((out / "node.json").read_text())
         failed = [c for c in r["checks"] if not c["ok"]]
         assert p.returncode == 0 and r["ok"], (r["errors"], failed, p.stdout[-3000:])
     finally:
         _kill_leftovers(work)
-    steps = {s["step"]: s for s in r["steps"]}
-    assert list(steps) == ["stack", "weights", "cold", "checkpoint", "evict", "restore_from_store",
-                           "restore_from_cache", "broken_image"]
-    assert r["mode"] == "cpu" and len(r["checks"]) >= 12
+    names = [s["step"] for s in r["steps"]]
+    rounds = ["cold", "evict", "restore_from_store", "restore_from_cache"]
+    assert names == ["stack", "weights", "cold", "checkpoint", "evict", "restore_from_store", "restore_from_cache",
+                     *rounds * (REPEAT - 1), "broken_image"], names
+    steps = {n: [s for s in r["steps"] if s["step"] == n] for n in names}
+    assert r["mode"] == "cpu" and len(r["checks"]) >= 12 * REPEAT
     # The GPU's own steps are skipped by design, and say so.
     assert {s["what"] for s in r["skipped"]} >= {"nvproxy and the CUDA checkpoint helper",
                                                  "the transformers model on the GPU"}
 
-    stack = steps["stack"]
+    stack = steps["stack"][0]
     assert stack["provision_steps"]["install thaw-runsc"] == "created"
     assert stack["provision_steps"]["cdi spec"] == "skipped"          # a CPU node
     assert "quarantine_after = 1" in stack["config"] and "prepare_timeout_s = 60" in stack["config"]
     assert 'binary_name = "/opt/thaw/bin/thaw-runsc"' in stack["runsc_toml"]
 
-    cold, store, cache, broken = (steps[k] for k in ("cold", "restore_from_store", "restore_from_cache",
-                                                     "broken_image"))
+    colds, stores, caches = steps["cold"], steps["restore_from_store"], steps["restore_from_cache"]
+    assert len(colds) == len(stores) == len(caches) == REPEAT
+    cold, store, cache, broken = colds[0], stores[0], caches[0], steps["broken_image"][0]
     assert cold["gpu_assigned"]["index"] == 0 and cold["server_gpu"]["gpu"] == "fake"
-    ck = steps["checkpoint"]
+    ck = steps["checkpoint"][0]
     # The tenant is the containerd namespace thawd found through thaw-ctrinfo (issue 13).
     assert ck["key"].startswith("ctr-thaw-gpu-node.gpu-server.") and ck["checkpoint"]["image_bytes"] > 0
     assert ck["publish"]["uploaded_bytes"] > 0 and ck["publish"]["seconds"] > 0
     assert ck["nvidia_smi"]["uuids"] == ["GPU-fake-0000"]
-    assert steps["evict"]["result"]["evicted"] is True
+    assert all(e["result"]["evicted"] is True for e in steps["evict"]) and len(steps["evict"]) == REPEAT
 
-    # Pulled from the store, restored onto the other GPU, the same process answering the same.
-    assert store["decisions"][0]["decision"] == "restore" and store["same_process"] and store["identical"]
-    assert store["pull"]["fetched_bytes"] > 0 and store["pull"]["image_mb_s"] > 0
-    assert store["disk"]["mb_s"] > 0 and store["pull"]["of_disk_read_limit"] > 0
-    assert (store["gpu_before"], store["gpu_after"]) == (0, 1)
-    assert store["nvidia_smi"]["uuids"] == ["GPU-fake-0001"] and store["nvidia_smi"]["host_indexes"] == [1]
-    assert cache["cache_hits"] == 1 and cache["identical"] and cache["gpu_after"] == 0
+    # The repeats' cold starts: a twin workload, cold for want of an image, probed by thawd
+    # but never checkpointed; a new process each time, answering as the first did.
+    for k, c in enumerate(colds[1:], start=2):
+        assert c["container"] == f"c1-cold-r{k}" and c["workload"] == f"gpu-server-cold{k}"
+        assert [d["decision"] for d in c["decisions"]] == ["cold", "started-cold"], c["decisions"]
+        assert c["decisions"][0]["reason"] == "no-image" and "never ready" in c["auto_checkpoint"]
+        assert c["images_of_workload"] == [] and c["answers_equal_first_cold"]
+        assert len({x["boot"] for x in colds[:k]}) == k and c["nvidia_smi"]["uuids"] == ["GPU-fake-0000"]
+
+    # Pulled from the store, restored onto the other GPU, the same process answering the same;
+    # every round pulls again (evicted before) and alternates the GPUs.
+    for k, (st, ca) in enumerate(zip(stores, caches), start=1):
+        assert st["round"] == ca["round"] == k
+        assert st["decisions"][0]["decision"] == "restore" and st["same_process"] and st["identical"]
+        assert st["pull"]["fetched_bytes"] > 0 and st["pull"]["image_mb_s"] > 0
+        assert st["pull"]["of_disk_read_limit"] > 0 and st["disk"] == store["disk"]
+        assert (st["gpu_before"], st["gpu_after"]) == (0, k % 2)
+        assert st["nvidia_smi"]["uuids"] == [f"GPU-fake-000{k % 2}"] and st["nvidia_smi"]["host_indexes"] == [k % 2]
+        assert ca["cache_hits"] == 1 and ca["identical"] and ca["gpu_after"] == (k - 1) % 2
+    assert store["disk"]["mb_s"] > 0 and store["disk"]["round"] == 1     # dd once a run
 
     # The altered chunk: refused at the pull, cold start, quarantined.
     assert broken["decisions"][0]["decision"] == "cold" and "altered" in broken["decisions"][0]["reason"]
     assert broken["boot"] != cold["boot"] and "fetch-failed" in broken["quarantine"]
     assert "tenants/ctr-thaw-gpu-node/packs/" in broken["altered"]["object"]   # the tenant's own pack
 
+    # The headline: every series' runs in order, their median, min, max and n, the ratios of the medians.
     h = r["headline"]
-    assert h["gpu_index"] == {"cold": 0, "store": 1, "cache": 0} and h["answers_identical"]
-    assert h["ctr_run_cold_vs_restored_from_cache"] > 0 and h["cold_start_to_first_answer_s"] > 0
+    assert h["repeat"] == {"asked": REPEAT, "done": {"cold": REPEAT, "store": REPEAT, "cache": REPEAT}}
+    for key, series in (("cold_start_to_first_answer_s", colds), ("restore_from_store_to_first_answer_s", stores),
+                        ("restore_from_cache_to_first_answer_s", caches)):
+        runs = [x["first_answer_s"] for x in series]
+        assert h[key] == {"runs_s": runs, "n": REPEAT, "median_s": round(statistics.median(runs), 3),
+                          "min_s": min(runs), "max_s": max(runs)}, (key, h[key])
+    for series in ("store", "cache"):
+        assert h[f"ctr_run_cold_vs_restored_from_{series}"] == round(
+            h["cold_start_to_first_answer_s"]["median_s"] / h[f"restore_from_{series}_to_first_answer_s"]["median_s"],
+            2)
+    assert h["pull_image_mb_s"]["runs_mb_s"] == [s["pull"]["image_mb_s"] for s in stores]
+    assert h["pull_of_disk_read_limit"]["n"] == REPEAT and h["disk_read_limit"]["mb_s"] > 0
+    assert h["gpu_index"] == {"cold": [0] * REPEAT, "store": [k % 2 for k in range(1, REPEAT + 1)],
+                              "cache": [(k - 1) % 2 for k in range(1, REPEAT + 1)]}
+    assert h["answers_identical"] and h["checkpoint"]["image_bytes"] > 0 and h["publish"]["uploaded_bytes"] > 0
     with tarfile.open(out / "node-logs.tar.xz") as tar:
         names = tar.getnames()
     assert "logs/thawd.log" in names and "var-log-thaw/standin.log" in names and "server.log" in names

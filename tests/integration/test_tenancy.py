@@ -203,13 +203,20 @@ def test_encrypted_store_holds_no_plaintext_and_still_restores(name, runsc_bin, 
         hits = subprocess.run(["grep", "-rlaF", marker, str(base / "weed")], capture_output=True, text=True)
         assert hits.stdout == "", hits.stdout
 
-        # Restored from the encrypted store through thaw-fetch, into the same tenant.
+        # Restored from the encrypted store, into the same tenant: streamed (store.stream,
+        # the default), each chunk opened with its key by thaw-gofer while runsc restores.
         assert s.thaw("evict", key).returncode == 0
         s.ctrd.run(IMAGE, "restored", ANNOTATIONS)
         assert s.state("restored")[0] == owner_boot
         # The file ends with the marker: the restored memory holds it in plaintext again.
         assert s.ctrd.exec("restored", "tail", "-c", str(len(marker)), "/tmp/secret").stdout == marker
         assert s.metrics().get("thaw_cache_misses_total", 0) >= 1
+        end = time.monotonic() + 60
+        while s.metrics().get('thaw_streams_total{result="installed"}') != 1 and time.monotonic() < end:
+            time.sleep(0.5)
+        m = s.metrics()
+        assert m.get('thaw_streams_total{result="installed"}') == 1, m
+        assert 'thaw_streams_total{result="failed"}' not in m, m
         s.ctrd.remove("restored")
 
         # A tenant without a key neither restores nor publishes.

@@ -26,6 +26,7 @@ def test_configmap_points_thaw_at_the_installed_binaries():
     assert Path(cfg["runsc"]["path"]) == bindir / "runsc"
     assert Path(cfg["pack"]["chunker"]) == bindir / "thaw-chunk"
     assert Path(cfg["store"]["fetcher"]) == bindir / "thaw-fetch"
+    assert Path(cfg["store"]["gofer"]) == bindir / "thaw-gofer"
     assert Path(cfg["containerd"]["info"]) == bindir / "thaw-ctrinfo"
 
 

@@ -48,3 +48,26 @@ def test_exit_statuses_of_processes_thawd_does_not_own():
 def test_unavailable_answers_none():
     w = ExitWatch()        # never started: as where the connector is refused (a pod without hostPID)
     assert not w.available and w.status(os.getpid(), 0, wait_s=0) is None
+
+
+def test_an_exec_from_another_thread_is_not_an_exit():
+    """thaw-runsc (Go) execs the stand-in from whichever thread runs it: the
+    kernel ends the old leader (de_thread) and may report an exit under the
+    process's pid while the process lives on. The exec event after it clears it."""
+    import sys
+    w = _watch()
+    try:
+        since = time.monotonic_ns()
+        code = ("import os, threading\n"
+                "t = threading.Thread(target=lambda: os.execv('/bin/sh', ['sh', '-c', 'sleep 0.6; exit 7']))\n"
+                "t.start(); t.join()\n")
+        p = subprocess.Popen([sys.executable, "-c", code])
+        try:
+            time.sleep(0.3)       # exec'd by now; sh sleeps
+            assert p.poll() is None
+            assert w.status(p.pid, since, wait_s=0.1) is None
+        finally:
+            p.wait()
+        assert p.returncode == 7 and w.status(p.pid, since) == 7 << 8
+    finally:
+        w.close()

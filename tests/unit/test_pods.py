@@ -134,8 +134,10 @@ def test_next_pod_restores_with_the_image_of_its_container_set(env):
     key = t.pods.tables.get(lookup(sandbox(), ["app", "sidecar"]))["key"]
     images.available[key] = True
     box = rt_of(tmp, "s2", sandbox(uid="uid-2"))
+    images.streams.clear()
     d = t.prepare_restore(box)
     assert d.restore and d.key == key and d.image_path == str(tmp / key)
+    assert images.streams == [False], "a pod's image is pulled whole, never streamed"
     for name in ("app", "sidecar"):
         m = member(name)
         m["annotations"]["io.kubernetes.cri.sandbox-id"] = "s2"

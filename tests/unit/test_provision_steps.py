@@ -23,7 +23,7 @@ def _settings(tmp_path: Path, **env: str) -> config.Settings:
 
 
 def _source(tmp_path: Path, names=("runsc", "containerd-shim-runsc-v1", "thaw-cuda-checkpoint", "thaw-chunk",
-                                   "thaw-fetch", "thaw-ctrinfo")) -> Path:
+                                   "thaw-fetch", "thaw-gofer", "thaw-ctrinfo")) -> Path:
     src = tmp_path / "build"
     src.mkdir()
     for n in names:

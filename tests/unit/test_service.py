@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from control import config
-from control.errors import (IdentityError, IntegrityError, KeyMissing, ManifestRefused, NotFound, StoreError,
+from control.errors import (IdentityError, IntegrityError, KeyMissing, ManifestRefused, NoSpace, NotFound, StoreError,
                             ThawError, TupleMismatch, UserError)
 from control.thawd.ctrinfo import Identity
 from control.thawd.service import ORIG_CONFIG, RuntimeRef, Thawd
@@ -33,12 +33,14 @@ class FakeImages:
         self.tmp = tmp
         self.available: dict[str, object] = {}   # key -> True | exception
         self.pulls = 0
+        self.streams: list[bool] = []            # each pull's `stream` (False: whole, for a pod)
         self.gate = threading.Event()
         self.gate.set()
 
-    def pull(self, key: str) -> FakeLease:
+    def pull(self, key: str, stream: bool = True) -> FakeLease:
         self.gate.wait(10)
         self.pulls += 1
+        self.streams.append(stream)
         v = self.available.get(key)
         if v is None:
             raise NotFound("image", key)
@@ -107,6 +109,7 @@ def test_no_image_then_image(env):
     images.available[d.key] = True
     d2 = t.prepare_restore(rt)
     assert d2.restore and d2.image_path == str(tmp / d.key)
+    assert images.streams == [True, True]   # a lone container's miss may stream (store.stream)
     # The stand-in's deadline for Restore: runsc + health check (+ hooks), from thawd's settings.
     assert d2.restore_timeout_s == t.s.runsc_timeout_s + t.s.thawd_health_timeout_s + 5.0
 
@@ -551,5 +554,53 @@ def test_a_restore_not_tried_opens_its_gate(tmp_path, monkeypatch):
         (rt.bundle / "config.json").write_text("{")
         ok, reason, _ = t.restore(rt)
         assert not ok and reason.startswith("SpecError") and opened == ["web-a"]
+    finally:
+        t.close()
+
+
+class FakeStream(FakeLease):
+    """A streamed image (control/images/stream.Stream's surface thawd uses) whose stream failed with `error`."""
+    stream = True
+
+    def __init__(self, path: Path, error) -> None:
+        super().__init__(path, hit=False)
+        self.error = error
+
+    def env(self) -> dict:
+        return {}
+
+    def verdict(self, wait_s: float = 0) -> object:
+        return self.error
+
+    def add_done_callback(self, fn) -> None:
+        fn(self)
+
+
+@pytest.mark.parametrize("error, quarantined", [
+    (NoSpace("no space left in the cache file system /c for image 'k' (9 bytes)", path="/c"), False),
+    (IntegrityError("store", "ab" * 32, "bytes at packs/p1 offset 7 hash to cd..."), True)])
+def test_a_streamed_restore_that_failed_with_its_stream_says_why(tmp_path, monkeypatch, error, quarantined):
+    """runsc kills a sandbox whose stream failed (its reads fail): the outcome names
+    the stream's error, and only bytes the store got wrong count towards quarantine,
+    as for a pull (a full cache file system is the node's fault, not the image's)."""
+    from control.errors import RunscError
+    from control.thawd import service as svc
+    (tmp_path / "empty.toml").write_text("")
+    s = config.load(environ={"THAW_NODE_STATE_DIR": str(tmp_path / "state"), "THAW_THAWD_QUARANTINE_AFTER": "2",
+                             "THAW_RUNSC_PATH": str(tmp_path / "bin" / "runsc")}, config_file=tmp_path / "empty.toml")
+
+    def restore(self, h, image, probes, *, opts, **kw):
+        raise RunscError(["runsc", "restore"], 128, "Killing the sandbox after MemoryFile page loading failed")
+    monkeypatch.setattr(svc.Engine, "restore", restore)
+    images = FakeImages(tmp_path)
+    images.pull = lambda key, stream=True: FakeStream(tmp_path / key, error)
+    t = Thawd(s, images, identify=FakeIdentities())
+    try:
+        rt = bundle(tmp_path, "c1", OPT_IN)
+        for _ in range(2):
+            assert t.prepare_restore(rt).restore
+            ok, reason, _ = t.restore(rt)
+            assert not ok and reason.startswith(f"{type(error).__name__}: the image's stream failed: "), reason
+        assert (t.prepare_restore(rt).key in t.quarantined()) is quarantined
     finally:
         t.close()

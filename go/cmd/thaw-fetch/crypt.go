@@ -11,7 +11,8 @@ import (
 // associated data. The plan carries each chunk's own key (derived in Python
 // from the tenant's key: control/images/keys.py chunk_key), never the
 // tenant's; thaw-fetch neither logs nor prints it.
-// Twins: control/images/keys.py NONCE_BYTES, SEALED_OVERHEAD, seal_chunk.
+// Twins: control/images/keys.py NONCE_BYTES, SEALED_OVERHEAD, seal_chunk;
+// go/internal/fetch/crypt.go (thaw-gofer's stream).
 const (
 	nonceBytes     = 12
 	sealedOverhead = nonceBytes + 16

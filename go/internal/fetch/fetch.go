@@ -43,8 +43,9 @@ type Chunk struct {
 	Check    [32]byte // BLAKE3-256 of the raw bytes (schema-2 manifests; passed on, not checked)
 	HasCheck bool
 	Raw      int    // decoded length
-	Stored   int    // stored (encoded) length
+	Stored   int    // stored (encoded, and sealed when Key is set) length
 	Codec    string // CodecNone or CodecZlib
+	Key      []byte // AES-256-GCM key of a sealed chunk (crypt.go); nil: stored in the clear
 }
 
 // ParseHex reads a 64-digit lowercase hex digest.
@@ -189,31 +190,46 @@ func (g *Getter) getOnce(ctx context.Context, url string, start int64, body []by
 	return nil, false
 }
 
-// Verifier decodes and checks chunks; one per goroutine (it reuses its inflater and buffer).
+// Verifier opens, decodes and checks chunks; one per goroutine (it reuses
+// its inflater and buffers).
 type Verifier struct {
 	r       io.ReadCloser
 	src     bytes.Reader
 	scratch []byte
+	opened  []byte // where sealed chunks are decrypted to
 }
 
 // Open returns the raw bytes of chunk c given its stored bytes, checked
-// against the manifest; a decoded chunk lives in the Verifier's buffer until
-// the next call. The error names the chunk and says where it came from.
+// against the manifest: a sealed chunk's AES-GCM tag first (the tenant's
+// chunk key), then its codec, then its SHA-256 name. A decoded or decrypted
+// chunk lives in the Verifier's buffers until the next call. The error names
+// the chunk and says where it came from.
 func (v *Verifier) Open(c *Chunk, stored []byte, object string, offset int64) ([]byte, error) {
 	data := stored
+	if c.Key != nil {
+		if cap(v.opened) < len(stored) {
+			v.opened = make([]byte, len(stored))
+		}
+		var err error
+		if data, err = openSealed(c.Key, c.Sum, c.Codec, stored, v.opened[:0]); err != nil {
+			return nil, &Error{Kind: "integrity", Chunk: hex.EncodeToString(c.Sum[:]), Object: object, Offset: offset,
+				Detail: fmt.Sprintf("bytes at %s offset %d do not open (%v): the stored chunk was altered or damaged",
+					object, offset, err)}
+		}
+	}
 	if c.Codec == CodecZlib {
 		if cap(v.scratch) < c.Raw {
 			v.scratch = make([]byte, c.Raw)
 		}
 		var err error
-		if data, err = v.inflate(stored, v.scratch[:c.Raw]); err != nil {
+		if data, err = v.inflate(data, v.scratch[:c.Raw]); err != nil {
 			return nil, &Error{Kind: "integrity", Chunk: hex.EncodeToString(c.Sum[:]), Object: object, Offset: offset,
 				Detail: fmt.Sprintf("bytes at %s offset %d do not decode (%v): the stored chunk was altered or damaged",
 					object, offset, err)}
 		}
-	} else if len(stored) != c.Raw {
+	} else if len(data) != c.Raw {
 		return nil, &Error{Kind: "integrity", Chunk: hex.EncodeToString(c.Sum[:]), Object: object, Offset: offset,
-			Detail: fmt.Sprintf("%d stored bytes for a %d-byte uncompressed chunk", len(stored), c.Raw)}
+			Detail: fmt.Sprintf("%d stored bytes for a %d-byte uncompressed chunk", len(data), c.Raw)}
 	}
 	// The SHA-256 name, the one the node trusts later (its chunk index, local
 	// copies, `thaw verify`); the manifest's BLAKE3 column is not checked:

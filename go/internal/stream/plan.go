@@ -1,6 +1,7 @@
 package stream
 
 import (
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -23,7 +24,7 @@ const PlanVersion = 1
 //	 "range_bytes":8388608, "urgent_ahead_bytes":524288,
 //	 "files":[{"path":"/abs/partial/checkpoint.img","size":N}, ...],
 //	 "objects":[{"url":"https://...presigned...","name":"packs/<h>"}, ...],
-//	 "chunks":[[HASH, RAW, OBJECT, OFFSET, STORED, CODEC, [[FILE, OFF], ...], CHECK], ...],   in fetch order
+//	 "chunks":[[HASH, RAW, OBJECT, OFFSET, STORED, CODEC, [[FILE, OFF], ...], CHECK, KEY?], ...],   in fetch order
 //	 "ready":[[FILE, OFF, LEN], ...],   verified on disk already (all-zero chunks, local copies)
 //	 "listen":"/abs/stream.sock", "complete":"/abs/complete"}
 type Plan struct {
@@ -69,12 +70,25 @@ type Chunk struct {
 }
 
 // UnmarshalJSON reads [HASH, RAW, OBJECT, OFFSET, STORED, CODEC, [[FILE, OFF], ...], CHECK]
-// (CHECK: BLAKE3-256 hex, or "" to check SHA-256): positional, so a plan of
-// a 17 GB image (~70 000 chunks) stays a few MB.
+// (CHECK: BLAKE3-256 hex, or "" to check SHA-256), and KEY after CHECK for a
+// chunk sealed with its tenant's key (issue 13: the chunk's own AES-256-GCM
+// key in hex, go/internal/fetch/crypt.go; never put in a message):
+// positional, so a plan of a 17 GB image (~70 000 chunks) stays a few MB.
 func (c *Chunk) UnmarshalJSON(b []byte) error {
 	var raw []json.RawMessage
-	if err := json.Unmarshal(b, &raw); err != nil || len(raw) != 8 {
-		return fmt.Errorf("a chunk is [hash, raw, object, offset, stored, codec, places, check]")
+	if err := json.Unmarshal(b, &raw); err != nil || (len(raw) != 8 && len(raw) != 9) {
+		return fmt.Errorf("a chunk is [hash, raw, object, offset, stored, codec, places, check] or [..., check, key]")
+	}
+	if len(raw) == 9 {
+		var key string
+		if err := json.Unmarshal(raw[8], &key); err != nil || len(key) != 2*fetch.KeyBytes {
+			return fmt.Errorf("a chunk key must be %d hex digits", 2*fetch.KeyBytes)
+		}
+		c.Key = make([]byte, fetch.KeyBytes)
+		if _, err := hex.Decode(c.Key, []byte(key)); err != nil {
+			return fmt.Errorf("a chunk key must be %d hex digits", 2*fetch.KeyBytes)
+		}
+		raw = raw[:8]
 	}
 	var h, check string
 	var pl [][2]int64
@@ -137,7 +151,14 @@ func (p *Plan) Check() error {
 		if c.Codec != fetch.CodecNone && c.Codec != fetch.CodecZlib {
 			return fmt.Errorf("chunk %d: unknown codec %q", i, c.Codec)
 		}
-		if c.Codec == fetch.CodecNone && c.Stored != c.Raw {
+		overhead := 0
+		if c.Key != nil {
+			overhead = fetch.SealedOverhead
+			if c.Stored <= overhead {
+				return fmt.Errorf("chunk %d: a sealed chunk of %d bytes", i, c.Stored)
+			}
+		}
+		if c.Codec == fetch.CodecNone && c.Stored != c.Raw+overhead {
 			return fmt.Errorf("chunk %d: an uncompressed chunk stores %d bytes for %d", i, c.Stored, c.Raw)
 		}
 		if len(c.Places) == 0 {

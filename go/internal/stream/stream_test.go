@@ -10,6 +10,8 @@ import (
 	"bytes"
 	"compress/zlib"
 	"context"
+	"crypto/aes"
+	"crypto/cipher"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -401,6 +403,111 @@ func TestReadyRangesNeedNoFetch(t *testing.T) {
 	}
 	if n := len(st.requested()); n != 0 {
 		t.Fatalf("%d GETs for a plan with nothing to fetch", n)
+	}
+}
+
+// seal rewrites im's pack with every chunk sealed as an encrypting tenant
+// stores it (issue 13: nonce || AES-256-GCM(payload) || tag, the chunk's
+// SHA-256 and codec as associated data; control/images/keys.py seal_chunk),
+// each under a key of its own; the plan carries the keys.
+func (im *image) seal(t *testing.T, seed uint64) {
+	var pack []byte
+	for i := range im.chunks {
+		c := &im.chunks[i]
+		payload := im.pack[c.Offset : c.Offset+int64(c.Stored)]
+		c.Key = randBytes(seed+uint64(i), fetch.KeyBytes)
+		block, err := aes.NewCipher(c.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gcm, _ := cipher.NewGCM(block)
+		nonce := randBytes(seed^0xfeed+uint64(i), fetch.NonceBytes)
+		aad := append(append([]byte(nil), c.Sum[:]...), c.Codec...)
+		sealed := append(nonce, gcm.Seal(nil, nonce, payload, aad)...)
+		c.Offset, c.Stored = int64(len(pack)), len(sealed)
+		pack = append(pack, sealed...)
+	}
+	im.pack, im.packs = pack, [][]byte{pack}
+}
+
+// An encrypting tenant's image streams as a plaintext one does: each chunk's
+// tag is checked and the chunk decrypted (then inflated, then checked against
+// its SHA-256 name) before a byte of it is written or served.
+func TestStreamOpensSealedChunks(t *testing.T) {
+	im := newImage(t, 64<<10, randBytes(21, 700<<10+3), bytes.Repeat([]byte("sealed "), 40000))
+	im.seal(t, 100)
+	st := newStore(t, im.pack)
+	st.rate = 4 << 20 // slow enough for a read to wait
+	p := im.plan(st.srv.URL)
+	r := startStream(t, p)
+	g := newTestGofer(t, p, im, 5)
+	last := im.chunks[len(im.chunks)-1]
+	got, err := g.readFault(last.Places[0].File, last.Places[0].Off, int64(last.Raw))
+	if err != nil || !bytes.Equal(got, im.files[last.Places[0].File][last.Places[0].Off:]) {
+		t.Fatalf("a faulted read of a sealed chunk: %v", err)
+	}
+	if err := r.wait(t); err != nil {
+		t.Fatal(err)
+	}
+	for f, want := range im.files {
+		if got, _ := os.ReadFile(im.path(f)); !bytes.Equal(got, want) {
+			t.Fatalf("file %d differs", f)
+		}
+	}
+}
+
+// A sealed chunk whose tag does not verify (altered in the store, or sealed
+// under another tenant's key) ends the stream with an integrity error naming
+// it; nothing of it is served.
+func TestStreamRefusesASealedChunkThatDoesNotOpen(t *testing.T) {
+	for _, how := range []string{"altered", "other key"} {
+		t.Run(how, func(t *testing.T) {
+			im := newImage(t, 64<<10, randBytes(22, 1<<20))
+			im.seal(t, 200)
+			victim := &im.chunks[4]
+			if how == "altered" {
+				im.pack[victim.Offset+int64(victim.Stored)/2] ^= 1
+			} else {
+				victim.Key = randBytes(999, fetch.KeyBytes)
+			}
+			st := newStore(t, im.pack)
+			err := startStream(t, im.plan(st.srv.URL)).wait(t)
+			var fe *fetch.Error
+			if !errors.As(err, &fe) || fe.Kind != "integrity" || fe.Chunk != hex.EncodeToString(victim.Sum[:]) ||
+				!strings.Contains(fe.Detail, "do not open") {
+				t.Fatalf("want an integrity error for chunk %x, got %v", victim.Sum, err)
+			}
+			if strings.Contains(err.Error(), hex.EncodeToString(victim.Key)) {
+				t.Fatal("the chunk key is in the error")
+			}
+		})
+	}
+}
+
+// A plan's chunk key is 64 hex digits, and a sealed chunk stores its
+// payload plus the nonce and tag.
+func TestPlanChecksSealedChunks(t *testing.T) {
+	var c Chunk
+	h := strings.Repeat("ab", 32)
+	if err := json.Unmarshal([]byte(`["`+h+`", 10, 0, 0, 38, "none", [[0, 0]], "", "`+h+`"]`), &c); err != nil ||
+		len(c.Key) != fetch.KeyBytes {
+		t.Fatalf("a sealed chunk: %v", err)
+	}
+	if err := json.Unmarshal([]byte(`["`+h+`", 10, 0, 0, 38, "none", [[0, 0]], "", "abc"]`), &c); err == nil ||
+		strings.Contains(err.Error(), "abc") {
+		t.Fatalf("a short key: %v", err)
+	}
+	im := newImage(t, 64<<10, randBytes(23, 128<<10))
+	im.seal(t, 300)
+	p := im.plan("http://127.0.0.1:1")
+	if err := p.Check(); err != nil {
+		t.Fatal(err)
+	}
+	p.Chunks[0].Stored = p.Chunks[0].Raw // a sealed uncompressed chunk without its overhead
+	if p.Chunks[0].Codec == fetch.CodecNone {
+		if err := p.Check(); err == nil {
+			t.Fatal("a sealed chunk without room for its nonce and tag passed the check")
+		}
 	}
 }
 

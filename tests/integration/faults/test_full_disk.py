@@ -4,10 +4,14 @@
   stack frame from runsc), exit 4, no partial image, the workload still runs
   and a checkpoint elsewhere works;
 - `thaw pull` into a cache on it, with the in-process engine and with
-  thaw-fetch: one line, exit 4, no half cache entry.
+  thaw-fetch: one line, exit 4, no half cache entry;
+- `thaw restore --from-store` streaming into a cache on it (store.stream, the
+  default): thaw-gofer's writes fail mid-stream; one line, exit 4 (NoSpace,
+  as a pull), no sandbox left, no half cache entry.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import time
@@ -86,3 +90,22 @@ def test_pull_into_a_full_cache(settings, checkpoints, scratch, small_fs, engine
     partial = [q for q in (cache / "entries").iterdir()] + [q for q in (cache / "tmp").iterdir()]
     assert partial == [], partial
     write_results(f"pull-enospc-{engine}", {"exit": p.returncode, "line": line, "cache_entries_after": 0})
+
+
+def test_streamed_restore_into_a_full_cache(base: Path, name: str, settings, scratch, small_fs: Path):
+    from tests.integration import streamed
+    key = f"user-root.{name}"   # the CLI's tenant (issue 13)
+    streamed.publish(streamed.env_for(base, settings), key, f"{name}-src", 64, scratch)   # a ~70 MB image
+    cache = small_fs / "cache"
+    env = streamed.env_for(base, dataclasses.replace(settings, cache_dir=cache))   # store.stream: the default
+    p = streamed.run(env, "restore", "--from-store", key, "--id", f"{name}-r")
+    line = _one_line(p)
+    assert p.returncode == 4, p.stderr
+    assert "no space left" in line and str(cache) in line, line
+    ls = streamed.run(env, "ls", "--local", "--json")
+    assert ls.returncode == 0 and json.loads(ls.stdout)["local"] == [], "no half cache entry"
+    assert streamed.cache_state(cache, key) == {"ready": [], "partials": [], "streams": []}
+    assert list((cache / "entries").iterdir()) == [] and list((cache / "tmp").iterdir()) == []
+    ps = streamed.run(env, "ps", "--json")
+    assert f"{name}-r" not in [r["id"] for r in json.loads(ps.stdout)], ps.stdout
+    write_results("stream-enospc", {"exit": p.returncode, "line": line, "cache_entries_after": 0})

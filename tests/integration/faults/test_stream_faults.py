@@ -184,3 +184,109 @@ def test_killed_mid_stream_leaves_no_entry_and_a_retry_restores(base, name, sett
     state = streamed.cache_state(b.cache_dir, f"user-root.{name}")
     assert len(state["ready"]) == 1 and state["partials"] == [] and state["streams"] == [], state
     assert streamed.run(env, "delete", f"{name}-r", "--force").returncode == 0
+
+
+def task_status(s, cid: str) -> str:
+    """containerd's view of a container's task: RUNNING, STOPPED, ... or absent."""
+    for line in s.ctrd.ctr("task", "ls", check=False).stdout.splitlines()[1:]:
+        f = line.split()
+        if f and f[0] == cid:
+            return f[-1]
+    return "absent"
+
+
+def test_thawd_killed_mid_stream_ends_cold_or_stopped_and_leaves_no_entry(name, runsc_bin):
+    """thawd under containerd streams a miss (store.stream, the store throttled by
+    thaw-s3proxy so the image is still arriving) and is SIGKILLed while the
+    restored container's sentry reads through thaw-gofer. Its stream dies with it
+    (PDEATHSIG), the gofer fails the sandbox's waiting reads, runsc kills the
+    sandbox: the container stops (or, killed before its Restore answered, the
+    stand-in starts it cold), never runs on restored with memory that did not all
+    arrive. No entry is installed; thawd restarted recovers the dead stream's
+    partial and directory (the cache dir and its listing show nothing half-made),
+    serves, and the next start streams again and restores the seed's memory."""
+    from pathlib import Path
+
+    from control.dev.testbed import ANNOTATIONS, IMAGE, Stack
+    from control.errors import ThawError
+    for b in ("thaw-runsc", "busybox", "thaw-gofer", "thaw-s3proxy"):
+        require((BUILD / b).is_file(), f"build/{b} (make setup)")
+    base = Path(f"/tmp/thaw-it/{name}")
+    subprocess.run(["rm", "-rf", str(base)])
+    # 64 MiB of weights: an image the throttle below stretches to ~12 s.
+    env = {"WEIGHTS_MB": "64"}
+    s = Stack(base, name, extra_env={"THAW_STORE_STREAM": "1", "THAW_STORE_GOFER": str(BUILD / "thaw-gofer"),
+                                     "THAW_STORE_STREAM_DEADLINE_S": "30"})
+    proxy = None
+    try:
+        s.start()
+        s.ctrd.run(IMAGE, "seed", ANNOTATIONS, env=env)
+        seed_boot, _ = s.state("seed")
+        digest = s.ctrd.exec("seed", "cat", "/tmp/digest").stdout.split()[0]
+        entry = s.wait_published()
+        key = entry["key"]
+        s.ctrd.remove("seed")
+        assert s.thaw("evict", key).returncode == 0
+        proxy = S3Proxy(BUILD / "thaw-s3proxy", s.weed.endpoint, base / "s3proxy.log").start()
+        s.stop_thawd()
+        s.extra_env["THAW_STORE_ENDPOINT"] = proxy.endpoint
+        s.start_thawd()
+        throttle = proxy.add(kind="throttle", rate_bps=max(1 << 20, entry["bytes"] // 12))
+
+        s.ctrd.run(IMAGE, "victim", ANNOTATIONS, env=env)
+        streamed.wait_for(lambda: " open pages.img" in streamed.gofer_logs(base), 60,
+                          "the gofer opened pages.img", step=0.01)
+        assert streamed.cache_state(base / "cache", key)["ready"] == [], "the stream ended before the kill"
+        dead = s.thawd.pid
+        s.thawd.send_signal(signal.SIGKILL)   # mid-stream: the restored sandbox is reading through the gofer
+        s.thawd.wait(10)
+        s.thawd_log.close()
+        s.thawd = s.thawd_log = None
+
+        streamed.wait_for(lambda: streamed.no_thaw_gofer_streams(base / "cache"), 10,
+                          "the stream died with thawd (PDEATHSIG)")
+
+        def settled():
+            st = task_status(s, "victim")
+            if st == "RUNNING":   # only a cold start may run on
+                p = s.ctrd.exec("victim", "cat", "/tmp/state", check=False)
+                boot = p.stdout.split()[0] if p.returncode == 0 and p.stdout.split() else ""
+                return "cold" if boot and boot != seed_boot else ""
+            return st.lower() if st in ("STOPPED", "absent") else ""
+        outcome = streamed.wait_for(settled, 60, "the half-loaded container to stop (or to run cold)", step=0.2)
+        assert outcome in ("stopped", "absent", "cold"), outcome
+        assert streamed.cache_state(base / "cache", key)["ready"] == [], "an entry from a stream that never ended"
+        s.ctrd.remove("victim")
+
+        proxy.remove(throttle)
+        (base / "thawd" / "thawd.sock").unlink(missing_ok=True)   # the dead thawd's: start_thawd waits for a new one
+        s.start_thawd()   # recovers what the dead thawd's stream left: no partial, no stream directory
+
+        def serving():
+            try:
+                return s.stats()
+            except ThawError:
+                return None
+        stats = streamed.wait_for(serving, 60, "the restarted thawd serving")
+        assert streamed.cache_state(base / "cache", key) == {"ready": [], "partials": [], "streams": []}
+        assert [e for e in stats["entries"] if e["key"] == key] == []
+        log = (base / "thawd.log").read_text()
+        assert f".{dead}-" in log and "recovered" in log, log[-3000:]
+
+        # thawd serves, and the next start streams the image again, whole and right.
+        s.ctrd.run(IMAGE, "again", ANNOTATIONS, env=env)
+        boot, _ = s.state("again")
+        assert boot == seed_boot, "the next start must restore the seed's memory"
+        assert [x["decision"] for x in s.decisions() if x["id"] == "again"] == ["restore", "restored"]
+        streamed.wait_for(lambda: s.stats()["counters"].get('thaw_streams_total{result="installed"}') == 1,
+                          120, "the new stream installing its entry", step=0.5)
+        # Every page of the weights, read from the restored sandbox's memory.
+        assert s.ctrd.exec("again", "sha256sum", "/tmp/weights").stdout.split()[0] == digest
+        state = streamed.cache_state(base / "cache", key)
+        assert len(state["ready"]) == 1 and state["partials"] == [], state
+        s.ctrd.remove("again")
+    finally:
+        if proxy is not None:
+            proxy.stop()
+        s.stop()
+        subprocess.run(["rm", "-rf", str(base)])
