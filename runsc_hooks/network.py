@@ -216,6 +216,31 @@ def _in_netns(netns_path: str, fn):
     return box.get("value")
 
 
+def _create_netns(ns: str) -> None:
+    """pyroute2's `netns.create` on a thread instead of a forked child (see
+    `_in_netns`): the thread unshares a new network namespace and pyroute2 binds
+    it, by the thread's id, to /var/run/netns/<ns>; it outlives the thread."""
+    from pyroute2 import netns as pnetns
+    box: dict = {}
+
+    def work() -> None:
+        try:
+            import ctypes
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.unshare(_CLONE_NEWNET) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"unshare(CLONE_NEWNET) for {ns}: {os.strerror(err)}")
+            pnetns.attach(ns, threading.get_native_id())
+        except BaseException as e:  # noqa: BLE001 - raised again in the caller's thread
+            box["error"] = e
+
+    t = threading.Thread(target=work, name="thaw-netns", daemon=True)
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]
+
+
 def namespace_address(netns_path: str | None) -> tuple[str | None, str | None]:
     """(sandbox address the node reaches, gate name) of a container whose network
     namespace is `netns_path` (its OCI spec's), for probes and the gate of the
@@ -334,8 +359,6 @@ def plumb(name: str, host_ip: str, sandbox_ip: str, prefixlen: int = 30, subnet:
     published ports and egress NAT. Idempotent for the same arguments:
     leftovers of an earlier attempt are removed first (a closed gate of
     `name` is kept: restore closes it before plumbing)."""
-    from pyroute2 import netns as pnetns
-
     ns = netns_name(name)
     host_if = host_if_name(name)
     _check_ip(publish_address, "network.publish_address")
@@ -343,7 +366,7 @@ def plumb(name: str, host_ip: str, sandbox_ip: str, prefixlen: int = 30, subnet:
     try:
         if subnet:
             ensure_subnet_route(subnet)
-        pnetns.create(ns)
+        _create_netns(ns)
         # The node routes the sandbox address through the veth from the moment the
         # host end has its address and is up, so that comes last, once both ends pass
         # traffic: a veth end has a no-op qdisc, which drops what it is handed unseen,

@@ -185,14 +185,16 @@ def test_namespace_reads_and_writes_never_fork(net, name, monkeypatch):
     """thawd reads a container's namespace (snapshot, namespace_address) and puts it back
     (reapply) from inside its gRPC server: pyroute2's NetNS forked a child for that, which
     died of SIGSEGV in 13-17 % of the flood bench's PrepareRestore calls, and a cold start
-    after a failed restore then had no network. A thread setns(2)s into the namespace now."""
+    after a failed restore then had no network. Threads unshare(2)/setns(2) instead, in
+    plumb too (a streamed `thaw restore` plumbs while its stream's threads run)."""
     sid = f"{name}-f"
     host_ip, sandbox_ip, plen = netmod.slot_addresses(NET_SUBNET, 6)
-    n = netmod.plumb(sid, host_ip, sandbox_ip, plen, subnet=NET_SUBNET)
+
+    def no_fork():
+        raise AssertionError("forked")
+    monkeypatch.setattr(os, "fork", no_fork)
     try:
-        def no_fork():
-            raise AssertionError("forked")
-        monkeypatch.setattr(os, "fork", no_fork)
+        n = netmod.plumb(sid, host_ip, sandbox_ip, plen, subnet=NET_SUBNET)   # the CLI's, in its threads too
         snap = netmod.snapshot(n.netns_path)
         assert {(e["kind"], e.get("address")) for e in snap} >= {("addr", sandbox_ip)}
         assert any(e["kind"] == "route" and e["gateway"] == host_ip for e in snap), snap
