@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,6 +74,13 @@ class Handle:
     address: str | None = None       # the sandbox address the node reaches; None: probes run inside it
     gate: str | None = None          # the name its ingress gate is kept under; None: no gate
     mark: int | None = None          # SO_MARK of probes (they pass a closed gate)
+    # Whether the workload's own monitor saw it exit (None: no monitor). It is
+    # the authority: runsc's view lags it. A sandbox whose init exited answers
+    # `runsc state` "running" until its process is reaped, since runsc asks the
+    # sandbox first and, when the sandbox no longer answers, falls back to
+    # kill(pid, 0), which a zombie or a sandbox still tearing down passes
+    # (runsc/container/container.go CheckStopped, sandbox.go IsRunning).
+    exited: Callable[[], bool] | None = None
 
     def spec(self) -> dict:
         return specmod.Bundle(self.bundle).load()
@@ -120,6 +128,7 @@ class Engine:
 
     def target(self, h: Handle) -> probemod.Target:
         r = h.runsc
+        exited = h.exited or (lambda: False)
 
         def run_exec(argv: list[str], timeout_s: float) -> tuple[int, str]:
             try:
@@ -131,8 +140,8 @@ class Engine:
                 return -1, str(e)
 
         return probemod.Target(address=h.address, mark=h.mark, exec=run_exec,
-                               running=lambda: status(r, h.id) == "running",
-                               gone=lambda: status(r, h.id) in ("stopped", "absent"))
+                               running=lambda: not exited() and status(r, h.id) == "running",
+                               gone=lambda: exited() or status(r, h.id) in ("stopped", "absent"))
 
     def policy(self, timeout_s: float | None = None) -> probemod.Policy:
         return probemod.Policy(self.s.thawd_health_timeout_s if timeout_s is None else timeout_s,

@@ -326,8 +326,10 @@ class Sandboxes:
     def handle(self, rec: Record, r: Runsc | None = None) -> Handle:
         """The engine's view of sandbox `rec`: exact runsc id, bundle, address, gate."""
         r = r or self.runsc("sandbox" if rec.net else "none", rec.nvproxy)
+        logs = logsmod.SandboxLogs.of(self.settings, rec.id)
         return Handle(runsc_id(rec.id), r, Path(rec.bundle), address=(rec.net or {}).get("sandbox_ip"),
-                      gate=rec.id if rec.net else None, mark=self.settings.network_probe_mark)
+                      gate=rec.id if rec.net else None, mark=self.settings.network_probe_mark,
+                      exited=lambda: logs.exit() is not None)
 
     def _logged(self, r: Runsc, sid: str) -> Runsc:
         """`r` with runsc's own errors in the sandbox's runsc.log (--log, JSON): for
@@ -635,7 +637,7 @@ class Sandboxes:
             c = live.pop(runsc_id(rec.id), None)
             state = rec.state.value
             ex = logsmod.SandboxLogs.of(self.settings, rec.id).exit()
-            if rec.state is State.RUNNING and (c is None or c.status == "stopped"):
+            if rec.state is State.RUNNING and (c is None or c.status == "stopped" or ex is not None):
                 state = State.STOPPED.value
             stopped = state == State.STOPPED.value
             rows.append({"id": rec.id, "state": state, "runsc_status": c.status if c else "absent",
@@ -665,8 +667,11 @@ class Sandboxes:
         return files, lambda: logsmod.monitor_alive(rec.monitor if rec else None)
 
     def gone(self, sid: str) -> bool:
-        """runsc says the workload has exited (or its container is gone)."""
+        """The workload has exited: its monitor saw it (runsc's own view lags that,
+        see Handle.exited), or runsc says so, or its container is gone."""
         rec = self._require(sid)
+        if self.exit_of(sid) is not None:
+            return True
         return _status(self.runsc("sandbox" if rec.net else "none"), runsc_id(sid)) in ("stopped", "absent")
 
     def exit_of(self, sid: str) -> logsmod.Exit | None:
