@@ -282,6 +282,9 @@ def sandbox_host_memory(pid: int) -> dict:
     on it or its descendants."""
     out: dict = {"memfd_bytes": 0, "processes": 0, "rss_kb": 0, "rss_anon_kb": 0, "rss_shmem_kb": 0}
     todo, seen = [pid], set()
+    # Each memory file counted once: the sentry and every stub hold fds of the
+    # same memfd (the 2026-11-30 H200 run summed them, 7-22 times too much).
+    memfds: dict[tuple[int, int], int] = {}
     while todo:
         p = todo.pop()
         if p in seen or p <= 0:
@@ -300,13 +303,16 @@ def sandbox_host_memory(pid: int) -> dict:
             for fd in os.listdir(f"/proc/{p}/fd"):
                 try:
                     if os.readlink(f"/proc/{p}/fd/{fd}").startswith("/memfd:runsc-memory"):
-                        out["memfd_bytes"] += os.stat(f"/proc/{p}/fd/{fd}").st_blocks * 512
+                        st = os.stat(f"/proc/{p}/fd/{fd}")
+                        memfds[(st.st_dev, st.st_ino)] = st.st_blocks * 512
                 except OSError:
                     pass
             for task in os.listdir(f"/proc/{p}/task"):
                 todo.extend(int(c) for c in Path(f"/proc/{p}/task/{task}/children").read_text().split())
         except OSError:
             pass
+    out["memfd_bytes"] = sum(memfds.values())
+    out["memfds"] = len(memfds)
     return out
 
 

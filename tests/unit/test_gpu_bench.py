@@ -377,6 +377,19 @@ def test_sandbox_host_memory_finds_the_memory_file():
     assert m["memfd_bytes"] >= 2 << 20 and m["processes"] >= 1 and m["rss_kb"] > 0
 
 
+def test_sandbox_host_memory_counts_a_memory_file_once_however_many_fds_hold_it():
+    import os
+    fd = os.memfd_create("runsc-memory")
+    dups = [os.dup(fd) for _ in range(5)]
+    try:
+        os.write(fd, b"x" * (2 << 20))
+        m = models.sandbox_host_memory(os.getpid())
+    finally:
+        for f in (fd, *dups):
+            os.close(f)
+    assert m["memfds"] == 1 and 2 << 20 <= m["memfd_bytes"] < 4 << 20
+
+
 def test_levers_compare_each_variant_with_its_own_target():
     r = result_with({
         "thaw": {"restore_s": 2.0, "identical": True, "cuda_restore": [{"processes": 1, "seconds": 1.1}]},
