@@ -36,7 +36,13 @@ Steps, each recorded in <out>/node.json as soon as it is done:
     listens on, so thawd probes it as it probed the first but never
     checkpoints it), `thaw evict`, a restore from the store, one from the warm
     cache; the store's restores alternate G1/G0 and the cache's G0/G1;
- 7. once, at the end: a broken image (a chunk flipped in its pack in the
+ 7. streamed restores (issue 18; --stream N, default 3 on a GPU, 1 on CPU):
+    thawd restarted with store.stream on, then per round `thaw evict` and a
+    start on G1/G0 that thawd restores while the image still arrives from
+    the store (thaw-gofer as runsc's checkpoint-gofer); same answer, the
+    image complete in the cache once the stream ends; thawd restarted with
+    store.stream off again (the broken image needs the pull path);
+ 8. once, at the end: a broken image (a chunk flipped in its pack in the
     store, the local entry evicted): the next start is cold and the image
     quarantined (thawd.quarantine_after = 1 here).
 The headline holds each series' runs, median, min, max and n, and the
@@ -102,7 +108,7 @@ NEVER_READY_PORT = PORT + 1
 # from the store 24 s (dd included), from the cache 8 s, the broken image 45 s;
 # these leave room for a slower run.
 STEP_S = {"weights": (60, 60), "cold": (120, 30), "checkpoint": (60, 60), "store": (120, 30),
-          "cache": (90, 30), "broken": (150, 40)}
+          "cache": (90, 30), "broken": (150, 40), "stream": (90, 40), "thawd": (60, 30)}
 FAKE_KIND = "thaw.dev/fake-gpu"                  # the CPU rehearsal's CDI kind
 FAKE_GPUS = 2
 FAKE_DIR = "/thaw-fake-gpu"                      # where a fake GPU's files appear in the sandbox
@@ -182,6 +188,7 @@ class Options:
     restore_timeout_s: float = 300.0
     publish_timeout_s: float = 600.0
     repeat: int = 1               # rounds of cold / store / cache starts (the first round's cold is checkpointed)
+    stream: int = 0               # streamed restores (issue 18), after the rounds
     keep: bool = False
     clock: Callable[[], float] = time.monotonic
     started: float = field(default_factory=time.monotonic)
@@ -389,8 +396,8 @@ class Node:
             "THAW_THAWD_PREPARE_TIMEOUT_S": "60",
             # Step 4 measures pull-then-restore and its pull rate, and the broken-image
             # step a pull that fails before runsc runs: both need the pull path, which is
-            # no longer the default (store.stream; a streamed GPU restore is issue 18's
-            # H200 measurement, not this script's).
+            # no longer the default (store.stream). The streamed rounds (issue 18) run
+            # thawd with THAW_STORE_STREAM=true in its environment (Node.restart_thawd).
             "THAW_STORE_STREAM": "false",
             "THAW_THAWD_METRICS_ADDR": "",
             # runsc's own log of every call (info level; debug stays off), kept for the report.
@@ -410,8 +417,7 @@ class Node:
         cdi_step = next((s for s in prov.get("steps", []) if s["step"] == "cdi spec"), {})
 
         t2 = time.monotonic()
-        thawd = self.spawn("thawd", self.thaw_argv("serve"), self.thaw_env())
-        self._wait(lambda: Path(THAWD_SOCKET).exists(), 60, "thawd's socket", thawd, "thawd")
+        self.start_thawd()
         containerd = self.spawn("containerd", [self.o.bin / "containerd", "--config", "/etc/containerd/config.toml"],
                                 self.node_env())
         self._wait(lambda: self.ctr("version", check=False).returncode == 0, 60, "containerd", containerd,
@@ -430,6 +436,33 @@ class Node:
                     config=Path(CONFIG).read_text(), runsc_toml=Path(RUNSC_TOML).read_text(),
                     gpus=[g.__dict__ for g in self.gpus], image=image,
                     cgroup_mounted_by_run=self.iso.cgroup_mounted)
+
+    def start_thawd(self, stream: bool = False) -> None:
+        """`thaw serve`, with store.stream as asked (the environment outranks the
+        config file provision wrote; the stand-in does not read the key)."""
+        Path(THAWD_SOCKET).unlink(missing_ok=True)   # a stopped thawd's: wait for the new one's
+        env = self.thaw_env({"THAW_STORE_STREAM": "true" if stream else "false"})
+        thawd = self.spawn("thawd", self.thaw_argv("serve"), env)
+        self._wait(lambda: Path(THAWD_SOCKET).exists(), 60, "thawd's socket", thawd, "thawd")
+
+    def stop_thawd(self) -> None:
+        p = self.procs.get("thawd")
+        if p is not None and p.poll() is None:
+            os.killpg(p.pid, signal.SIGTERM)
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(10)
+
+    def restart_thawd(self, stream: bool) -> dict:
+        """thawd again, with store.stream `stream`: issue 18's streamed restores run
+        between the rounds (pulls) and the broken image (a pull that fails)."""
+        self.o.need(f"thawd restart (store.stream={stream})", self.o.step_s("thawd"))
+        t0 = time.monotonic()
+        self.stop_thawd()
+        self.start_thawd(stream)
+        return self.r.step("thawd_restart", stream=stream, seconds=round(time.monotonic() - t0, 2))
 
     def _wait(self, ok, timeout_s: float, what: str, proc: subprocess.Popen, log: str) -> None:
         end = time.monotonic() + timeout_s
@@ -774,7 +807,7 @@ class Node:
         self.check_gpu(label, rec["nvidia_smi"], g)
         return rec
 
-    def evict(self, key: str, k: int) -> dict:
+    def evict(self, key: str, k: int | str) -> dict:
         """`thaw evict KEY` before round k's restore from the store; the last restored
         container's lease may outlive its `ctr` delete briefly, so evict is retried."""
         t0 = time.monotonic()
@@ -883,6 +916,45 @@ class Node:
         rec["cache_hits"] = after.get("thaw_cache_hits_total", 0) - before.get("thaw_cache_hits_total", 0)
         self.r.step("restore_from_cache", **rec)
         self.r.check(f"cache#{k}: the image came from the node's cache", rec["cache_hits"] == 1, rec["cache_hits"])
+        self.remove(cid)
+        return rec
+
+    def restore_streamed(self, cold: dict, key: str, k: int = 1) -> dict:
+        """Round k's streamed restore (issue 18): the entry evicted before, thawd
+        with store.stream on; on G1 in odd rounds, G0 in even ones. Timed like a
+        restore from the store (`ctr run` to the first answer); then, since the
+        image is still arriving when the server answers, until thawd logs the
+        stream done and the cache holds the whole image."""
+        self.o.need(f"streamed restore #{k}", self.o.step_s("stream"))
+        g = self.gpus[k % len(self.gpus)]
+        cid = name_of("c5-stream", k)
+        marks = len(self.thawd_log())
+        rec = self.restored(f"stream#{k}", cid, g, cold)
+        rec["round"] = k
+        done_re = rf"stream {re.escape(key)}: in the cache as (\S+) \(([\d.]+)s; (.*)\)$"
+        fail_re = rf"stream {re.escape(key)} failed after ([\d.]+)s: (.*)"
+        end = time.monotonic() + (120 if self.o.gpu else 60)
+        done = failed = None
+        while time.monotonic() < end:
+            done, failed = self.log_match(done_re, marks), self.log_match(fail_re, marks)
+            if done or failed:
+                break
+            time.sleep(0.2)
+        rec["streamed"] = bool(done)
+        if done:
+            rec["stream"] = {"entry": done[0].group(1), "seconds": float(done[0].group(2)),
+                             "stats": done[0].group(3)}
+        if failed:
+            rec["stream_error"] = failed[0].group(2)
+        whole = self.log_match(rf"pull {re.escape(key)}: (pulled whole, not streamed: .*|fetched \d+ bytes)", marks)
+        rec["pulled_whole"] = [m.group(1) for m in whole]
+        entries = [e for e in self.stats()["entries"] if e["key"] == key]
+        rec["cache_entries"] = entries
+        self.r.step("restore_streamed", **rec)
+        self.r.check(f"stream#{k}: thawd streamed the image (no pull first), and the stream ended with the "
+                     "image whole in the node's cache", bool(done) and not whole and len(entries) == 1,
+                     {"stream": rec.get("stream"), "error": rec.get("stream_error"), "pulled": rec["pulled_whole"],
+                      "entries": len(entries)})
         self.remove(cid)
         return rec
 
@@ -1026,7 +1098,7 @@ def run(o: Options) -> dict:
         for what, why in SKIPPED_ON_CPU:
             report.skip(what, why)
     node = Node(o, report)
-    results: dict = {"cold": [], "store": [], "cache": []}
+    results: dict = {"cold": [], "store": [], "cache": [], "stream": []}
     try:
         node.preflight()
         node.up()
@@ -1049,7 +1121,8 @@ def run(o: Options) -> dict:
             shutil.rmtree(o.work, ignore_errors=True)
     report.data["headline"] = headline(results, o.repeat)
     report.data["ok"] = not report.data["errors"] and all(c["ok"] for c in report.data["checks"]) and \
-        all(len(results[k]) == o.repeat for k in ("cold", "store", "cache")) and "broken" in results
+        all(len(results[k]) == o.repeat for k in ("cold", "store", "cache")) and "broken" in results and \
+        len(results["stream"]) == o.stream
     report.save()
     return report.data
 
@@ -1083,9 +1156,31 @@ def measure(o: Options, node, report: Report, results: dict) -> None:
         node.evict(ck["key"], k)
         keep("store", node.restore_from_store(first, k))
         keep("cache", node.restore_from_cache(first, k))
+    if o.stream:
+        stream_rounds(o, node, report, results, ck["key"], first, keep)
     results["broken"] = node.broken_image(ck["key"], first)
     report.data["headline"] = headline(results, o.repeat)
     report.save()
+
+
+def stream_rounds(o: Options, node, report: Report, results: dict, key: str, first: dict, keep) -> None:
+    """Issue 18 on the node: thawd with store.stream on, then per round `thaw evict`
+    and a streamed restore, set against the rounds' pull-then-restore starts of the
+    same run; thawd back to store.stream off for the broken image. A round that does
+    not fit the budget (with the broken image after it) ends them."""
+    node.restart_thawd(stream=True)
+    try:
+        for k in range(1, o.stream + 1):
+            try:
+                o.need(f"streamed restore {k} of {o.stream} (and then the broken image)",
+                       o.step_s("stream", "thawd", "broken"))
+            except OutOfTime as e:
+                report.error(f"out of time: {e}; {k - 1} of {o.stream} streamed restores done")
+                break
+            node.evict(key, f"stream{k}")
+            keep("stream", node.restore_streamed(first, key, k))
+    finally:
+        node.restart_thawd(stream=False)
 
 
 def series(values: list, unit: str = "s") -> dict:
@@ -1099,7 +1194,7 @@ def headline(r: dict, asked: int = 1) -> dict:
     """What the issue asks for, in one place: per series (cold, restore from the store,
     from the cache) the runs, median, min, max and n; the cold/restored ratios of the
     medians; the pulls against the disk's read rate; ratios from this run only."""
-    cold, store, cache = (r.get(k) or [] for k in ("cold", "store", "cache"))
+    cold, store, cache, stream = (r.get(k) or [] for k in ("cold", "store", "cache", "stream"))
     ck, broken = r.get("checkpoint") or {}, r.get("broken") or {}
     pulls = [{"round": s.get("round"), "gpu": s.get("gpu_after"), **{k: (s.get("pull") or {}).get(k) for k in (
         "image_bytes", "fetched_bytes", "seconds", "image_mb_s", "fetched_mb_s", "of_disk_read_limit", "engine")}}
@@ -1123,6 +1218,16 @@ def headline(r: dict, asked: int = 1) -> dict:
                                          "cache": [(c.get("nvidia_smi") or {}).get("output") for c in cache]},
                "answers_identical": bool(store) and bool(cache) and
                all(bool(x.get("identical")) for x in store + cache)}
+    if stream:
+        h["restore_streamed_to_first_answer_s"] = series([s.get("first_answer_s") for s in stream])
+        h["restore_streamed_ctr_run_s"] = series([s.get("ctr_run_s") for s in stream])
+        h["stream_to_whole_in_cache_s"] = series([(s.get("stream") or {}).get("seconds") for s in stream])
+        h["gpu_index"]["stream"] = [s.get("gpu_after") for s in stream]
+        h["answers_identical"] = h["answers_identical"] and all(bool(x.get("identical")) for x in stream)
+        m_st = h["restore_streamed_to_first_answer_s"].get("median_s")
+        m_pull = h["restore_from_store_to_first_answer_s"].get("median_s")
+        if m_st and m_pull:   # issue 18's target: <= 0.6
+            h["streamed_vs_pull_then_restore"] = round(m_st / m_pull, 3)
     m_cold = h["cold_start_to_first_answer_s"].get("median_s")
     for where in ("store", "cache"):
         m = h[f"restore_from_{where}_to_first_answer_s"].get("median_s")
@@ -1144,14 +1249,19 @@ def parse_args(argv: list[str] | None = None) -> Options:
     ap.add_argument("--repeat", type=int, default=None,
                     help="rounds of cold / store / cache starts; the headline's medians are over these "
                          "(default 3 on a GPU, 1 on CPU)")
+    ap.add_argument("--stream", type=int, default=None,
+                    help="streamed restores after the rounds (issue 18; default 3 on a GPU, 1 on CPU; 0: none)")
     ap.add_argument("--keep", action="store_true", help="keep --work")
     a = ap.parse_args(argv)
     repeat = a.repeat if a.repeat is not None else (3 if a.mode == "gpu" else 1)
     if repeat < 1:
         ap.error(f"--repeat {repeat}: at least 1")
+    stream = a.stream if a.stream is not None else (3 if a.mode == "gpu" else 1)
+    if stream < 0:
+        ap.error(f"--stream {stream}: 0 or more")
     return Options(mode=a.mode, bin=a.bin.resolve(), work=a.work.resolve(), out=a.out.resolve(),
                    model=a.model or ("llama-3b" if a.mode == "gpu" else "tiny"), weed=a.weed, python=a.python,
-                   budget_s=a.budget_s, keep=a.keep, repeat=repeat,
+                   budget_s=a.budget_s, keep=a.keep, repeat=repeat, stream=stream,
                    publish_timeout_s=600.0 if a.mode == "gpu" else 120.0)
 
 

@@ -7,8 +7,10 @@ the automatic checkpoint and publish, `thaw evict`, a pull from the store, a
 restore onto the other (fake) GPU, a warm-cache restore, each repeated
 (--repeat 3: two more cold starts of a twin workload thawd neither restores
 nor checkpoints, evictions, restores alternating between the fake GPUs) with
-the headline's medians over the rounds, and a chunk altered in the store that
-ends in a cold start and a quarantined image."""
+the headline's medians over the rounds, a streamed restore (issue 18: thawd
+restarted with store.stream on, the image restored while it arrives, whole in
+the cache afterwards), and a chunk altered in the store that ends in a cold
+start and a quarantined image."""
 from __future__ import annotations
 
 import json
@@ -22,6 +24,7 @@ from pathlib import Path
 from tests.conftest import BUILD, REPO, require
 
 REPEAT = 3
+STREAM = 2
 NODE_PATHS = ("/opt/thaw", "/etc/thaw", "/etc/containerd", "/etc/cdi", "/var/lib/thaw", "/var/log/thaw",
               "/var/lib/containerd", "/run/containerd", "/run/thaw")   # twin: bench/gpu/node.py
 
@@ -39,15 +42,15 @@ def _kill_leftovers(work: Path) -> None:
 def test_gpu_node_script_rehearsed_on_cpu(name, tmp_path):
     require(os.geteuid() == 0, "root")
     for b in ("containerd", "ctr", "containerd-shim-runsc-v1", "runsc", "thaw-runsc", "thaw-runsc-hooks",
-              "thaw-chunk", "thaw-fetch"):
+              "thaw-chunk", "thaw-fetch", "thaw-gofer"):
         require((BUILD / b).is_file(), f"{b} built in {BUILD} (make setup)")
     work, out = Path(f"/tmp/thaw-it/{name}"), tmp_path / "out"
     _kill_leftovers(work)
     existed = {p: os.path.exists(p) for p in NODE_PATHS}
     try:
         p = subprocess.run(["bash", "bench/gpu/node.sh", "--cpu", "--work", str(work), "--out", str(out),
-                            "--budget-s", "240", "--repeat", str(REPEAT)], cwd=REPO, capture_output=True,
-                           text=True, timeout=280)
+                            "--budget-s", "300", "--repeat", str(REPEAT), "--stream", str(STREAM)], cwd=REPO, capture_output=True,
+                           text=True, timeout=340)
         assert (out / "node.json").is_file(), p.stdout[-3000:] + p.stderr[-3000:]
         r = json.loads((out / "node.json").read_text())
         failed = [c for c in r["checks"] if not c["ok"]]
@@ -57,7 +60,8 @@ def test_gpu_node_script_rehearsed_on_cpu(name, tmp_path):
     names = [s["step"] for s in r["steps"]]
     rounds = ["cold", "evict", "restore_from_store", "restore_from_cache"]
     assert names == ["stack", "weights", "cold", "checkpoint", "evict", "restore_from_store", "restore_from_cache",
-                     *rounds * (REPEAT - 1), "broken_image"], names
+                     *rounds * (REPEAT - 1), "thawd_restart", *["evict", "restore_streamed"] * STREAM,
+                     "thawd_restart", "broken_image"], names
     steps = {n: [s for s in r["steps"] if s["step"] == n] for n in names}
     assert r["mode"] == "cpu" and len(r["checks"]) >= 12 * REPEAT
     # The GPU's own steps are skipped by design, and say so.
@@ -79,7 +83,7 @@ def test_gpu_node_script_rehearsed_on_cpu(name, tmp_path):
     assert ck["key"].startswith("ctr-thaw-gpu-node.gpu-server.") and ck["checkpoint"]["image_bytes"] > 0
     assert ck["publish"]["uploaded_bytes"] > 0 and ck["publish"]["seconds"] > 0
     assert ck["nvidia_smi"]["uuids"] == ["GPU-fake-0000"]
-    assert all(e["result"]["evicted"] is True for e in steps["evict"]) and len(steps["evict"]) == REPEAT
+    assert all(e["result"]["evicted"] is True for e in steps["evict"]) and len(steps["evict"]) == REPEAT + STREAM
 
     # The repeats' cold starts: a twin workload, cold for want of an image, probed by thawd
     # but never checkpointed; a new process each time, answering as the first did.
@@ -102,6 +106,19 @@ def test_gpu_node_script_rehearsed_on_cpu(name, tmp_path):
         assert ca["cache_hits"] == 1 and ca["identical"] and ca["gpu_after"] == (k - 1) % 2
     assert store["disk"]["mb_s"] > 0 and store["disk"]["round"] == 1     # dd once a run
 
+    # Streamed (issue 18): thawd restarted with store.stream on, no pull first, the same
+    # process answering the same on the other GPU, the image whole in the cache once the
+    # stream ended; thawd back to pulls for the broken image.
+    restarts = steps["thawd_restart"]
+    assert [x["stream"] for x in restarts] == [True, False]
+    streamed = steps["restore_streamed"]
+    assert len(streamed) == STREAM
+    for k, st in enumerate(streamed, start=1):
+        assert st["round"] == k and st["streamed"] and st["pulled_whole"] == [], st
+        assert st["decisions"][0]["decision"] == "restore" and st["same_process"] and st["identical"]
+        assert st["stream"]["seconds"] > 0 and len(st["cache_entries"]) == 1
+        assert st["gpu_after"] == k % 2 and st["nvidia_smi"]["uuids"] == [f"GPU-fake-000{k % 2}"]
+
     # The altered chunk: refused at the pull, cold start, quarantined.
     assert broken["decisions"][0]["decision"] == "cold" and "altered" in broken["decisions"][0]["reason"]
     assert broken["boot"] != cold["boot"] and "fetch-failed" in broken["quarantine"]
@@ -121,8 +138,14 @@ def test_gpu_node_script_rehearsed_on_cpu(name, tmp_path):
             2)
     assert h["pull_image_mb_s"]["runs_mb_s"] == [s["pull"]["image_mb_s"] for s in stores]
     assert h["pull_of_disk_read_limit"]["n"] == REPEAT and h["disk_read_limit"]["mb_s"] > 0
-    assert h["gpu_index"] == {"cold": [0] * REPEAT, "store": [k % 2 for k in range(1, REPEAT + 1)],
-                              "cache": [(k - 1) % 2 for k in range(1, REPEAT + 1)]}
+    assert {k: v for k, v in h["gpu_index"].items() if k != "stream"} == {
+        "cold": [0] * REPEAT, "store": [k % 2 for k in range(1, REPEAT + 1)],
+        "cache": [(k - 1) % 2 for k in range(1, REPEAT + 1)]}
+    runs = [x["first_answer_s"] for x in streamed]
+    assert h["restore_streamed_to_first_answer_s"]["runs_s"] == runs
+    assert h["streamed_vs_pull_then_restore"] == round(
+        h["restore_streamed_to_first_answer_s"]["median_s"] / h["restore_from_store_to_first_answer_s"]["median_s"], 3)
+    assert h["stream_to_whole_in_cache_s"]["n"] == STREAM and h["gpu_index"]["stream"] == [1, 0]
     assert h["answers_identical"] and h["checkpoint"]["image_bytes"] > 0 and h["publish"]["uploaded_bytes"] > 0
     with tarfile.open(out / "node-logs.tar.xz") as tar:
         names = tar.getnames()

@@ -139,6 +139,19 @@ def test_the_headline_has_medians_min_max_n_and_the_ratios_of_the_medians(tmp_pa
     assert h["answers_identical"] and h["publish"] == {"seconds": 1.0}
 
 
+def test_streamed_restores_are_set_against_the_pulls_of_the_same_run():
+    store = [{"first_answer_s": t, "identical": True, "gpu_after": 1} for t in (12.8, 12.4, 13.6)]
+    stream = [{"first_answer_s": t, "identical": True, "gpu_after": g, "stream": {"seconds": 7.0 + g}}
+              for t, g in ((5.1, 1), (4.9, 0), (6.0, 1))]
+    h = node.headline({"cold": [{"first_answer_s": 27.0}], "store": store, "cache": store, "stream": stream}, 3)
+    assert h["restore_streamed_to_first_answer_s"]["median_s"] == 5.1
+    assert h["streamed_vs_pull_then_restore"] == round(5.1 / 12.8, 3)
+    assert h["stream_to_whole_in_cache_s"]["runs_s"] == [8.0, 7.0, 8.0] and h["gpu_index"]["stream"] == [1, 0, 1]
+    stream[1]["identical"] = False
+    assert not node.headline({"store": store, "cache": store, "stream": stream}, 3)["answers_identical"]
+    assert "streamed_vs_pull_then_restore" not in node.headline({"store": store, "cache": store}, 3)
+
+
 def test_an_empty_series_has_no_median_and_no_ratio():
     h = node.headline({"cold": [{"first_answer_s": 39.0}], "store": [], "cache": []}, 3)
     assert h["restore_from_store_to_first_answer_s"] == {"n": 0}
@@ -148,6 +161,8 @@ def test_an_empty_series_has_no_median_and_no_ratio():
 def test_repeat_defaults_to_three_on_a_gpu_and_one_on_cpu(tmp_path, capsys):
     base = ["--bin", str(tmp_path), "--work", str(tmp_path / "w"), "--out", str(tmp_path / "o")]
     assert node.parse_args(["--mode", "gpu", *base]).repeat == 3
+    assert node.parse_args(["--mode", "gpu", *base]).stream == 3
+    assert node.parse_args(["--mode", "cpu", *base]).stream == 1
     assert node.parse_args(["--mode", "cpu", *base]).repeat == 1
     assert node.parse_args(["--mode", "cpu", "--repeat", "2", *base]).repeat == 2
     with pytest.raises(SystemExit):
