@@ -53,8 +53,19 @@ class FileChannel:
         self.spool = spool
 
     def reset(self) -> None:
-        shutil.rmtree(self.spool, ignore_errors=True)
-        self.spool.mkdir(parents=True)
+        """Empty the spool, keeping the directory itself: a restored sandbox's
+        gofer finds its dentries by walking names again and shares inodes by
+        (device, inode number) (gVisor pkg/sentry/fsimpl/gofer restoreFile), so a
+        directory deleted and made again under it changes inode number under a
+        checkpointed image. Suspected, not proven, in the one restored server of
+        the 2026-11-30 H200 node run whose listdir of the spool failed with
+        EBADF (docs/gpu.md "GPU node")."""
+        self.spool.mkdir(parents=True, exist_ok=True)
+        for p in self.spool.iterdir():
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
 
     def request(self, op: str, timeout_s: float, abort: Abort = None, **args) -> dict:
         rid = uuid.uuid4().hex[:12]
