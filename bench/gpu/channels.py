@@ -59,7 +59,7 @@ class FileChannel:
         directory deleted and made again under it changes inode number under a
         checkpointed image. Suspected, not proven, in the one restored server of
         the 2026-11-30 H200 node run whose listdir of the spool failed with
-        EBADF (docs/gpu.md "GPU node")."""
+        EBADF (docs/gvisor-notes.md, last section)."""
         self.spool.mkdir(parents=True, exist_ok=True)
         for p in self.spool.iterdir():
             if p.is_dir() and not p.is_symlink():
