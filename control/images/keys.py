@@ -34,8 +34,8 @@ Manifest key: `store.manifest_key_file`, shared by every node of a cluster.
 Manifests carry tag = HMAC(M, "thaw/manifest-tag/v1\\0" || canonical JSON of
 everything else) (control/images/manifest.py sign/verify).
 
-Twins: go/cmd/thaw-fetch/crypt.go (a pull) and go/internal/fetch/crypt.go
-(thaw-gofer's stream) open chunks with the per-chunk keys the plan carries
+Twin: go/internal/fetch/crypt.go OpenSealed (thaw-fetch's pull and
+thaw-gofer's stream both call it) opens chunks with the per-chunk keys the plan carries
 (SEALED_OVERHEAD, NONCE_BYTES, the associated data).
 """
 from __future__ import annotations
@@ -55,10 +55,11 @@ from control.config import Settings
 from control.errors import ConfigError, KeyMissing, PreconditionError
 
 KEY_BYTES = 32
-NONCE_BYTES = 12          # twins: go/cmd/thaw-fetch/crypt.go nonceBytes, go/internal/fetch/crypt.go NonceBytes
+NONCE_BYTES = 12          # twin: go/internal/fetch/crypt.go NonceBytes
 TAG_BYTES = 16
-SEALED_OVERHEAD = NONCE_BYTES + TAG_BYTES   # twin: go/cmd/thaw-fetch/crypt.go sealedOverhead
-# The name of the encryption in a manifest ("encryption" field). Twin: go/cmd/thaw-fetch/crypt.go.
+SEALED_OVERHEAD = NONCE_BYTES + TAG_BYTES   # twin: go/internal/fetch/crypt.go SealedOverhead
+# The name of the encryption in a manifest ("encryption" field); no Go twin: Go reads no
+# manifest, the plan gives each sealed chunk its own key.
 ENCRYPTION = "aes-256-gcm-convergent-v1"
 SEALED_MANIFEST_MAGIC = b"thaw-sealed-manifest-v1\n"
 SEALED_ORDER_MAGIC = b"thaw-sealed-order-v1\n"

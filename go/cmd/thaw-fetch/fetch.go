@@ -21,6 +21,8 @@ import (
 	"unsafe"
 
 	"github.com/klauspost/compress/zlib" // inflates ~1.25x faster than compress/zlib here (docs/store.md)
+
+	"thaw.dev/thaw/go/internal/fetch"
 )
 
 // align is O_DIRECT's offset, length and address alignment; the page size
@@ -216,7 +218,7 @@ func (j *job) one(ctx context.Context, r *rng, buf, scratch, opened []byte, inf 
 				at = int(c.places[0].off % align)
 			}
 			var err error
-			if data, err = openChunk(c.key, c.sum, c.codec, data, opened[at:at]); err != nil {
+			if data, err = fetch.OpenSealed(c.key, c.sum, c.codec, data, opened[at:at]); err != nil {
 				return &fetchError{Kind: "integrity", Chunk: hex.EncodeToString(c.sum[:]), Object: obj,
 					Offset: r.start + int64(c.pos), Detail: fmt.Sprintf("bytes at %s offset %d do not open (%v): "+
 						"the stored chunk was altered or damaged", obj, r.start+int64(c.pos), err)}

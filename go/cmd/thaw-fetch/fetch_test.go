@@ -28,6 +28,8 @@ import (
 	"time"
 
 	"github.com/zeebo/blake3"
+
+	"thaw.dev/thaw/go/internal/fetch"
 )
 
 type testPack struct {
@@ -499,7 +501,7 @@ func seal(t *testing.T, key []byte, sum [32]byte, codec string, payload []byte) 
 		t.Fatal(err)
 	}
 	gcm, _ := cipher.NewGCM(block)
-	nonce := randBytes(uint64(len(payload)), nonceBytes)
+	nonce := randBytes(uint64(len(payload)), fetch.NonceBytes)
 	return gcm.Seal(append([]byte{}, nonce...), nonce, payload, append(append([]byte{}, sum[:]...), codec...))
 }
 
@@ -531,11 +533,11 @@ func TestOpenChunkReadsPythonsSealedFormat(t *testing.T) {
 		"5b8a9ce0391f6647213adbb6c3478cd1c0eb3a31a53de290b983584bf3d9e76f4cf7aeb6627213f247a36c148f2f8362b50dd61a" +
 		"21c141dbd7b831c206965f5e289596e80b7b97039db08e0d6812")
 	raw := bytes.Repeat([]byte("thaw sealed chunk twin vector\n"), 3)
-	got, err := openChunk(key, sha256.Sum256(raw), codecNone, sealed, nil)
+	got, err := fetch.OpenSealed(key, sha256.Sum256(raw), codecNone, sealed, nil)
 	if err != nil || !bytes.Equal(got, raw) {
 		t.Fatalf("open: %v %q", err, got)
 	}
-	if _, err := openChunk(key, sha256.Sum256(raw), codecZlib, sealed, nil); err == nil {
+	if _, err := fetch.OpenSealed(key, sha256.Sum256(raw), codecZlib, sealed, nil); err == nil {
 		t.Fatal("another codec in the associated data must not open")
 	}
 }
@@ -555,7 +557,7 @@ func TestSealedChunksFillAndRefuseTampering(t *testing.T) {
 		srv, _ := server(t, pk.body, nil)
 		p := &plan{Version: PlanVersion, Workers: 2, Retry: noRetry, TimeoutS: 5, DirectIO: direct, Files: fs,
 			Objects: []object{{URL: srv.URL + "/pack", Name: "packs/x"}},
-			Ranges: []rng{{obj: 0, start: 0, length: len(pk.body), chunks: []chunk{ca, cz}}}}
+			Ranges:  []rng{{obj: 0, start: 0, length: len(pk.body), chunks: []chunk{ca, cz}}}}
 		if _, err := run(t, p); err != nil {
 			t.Fatalf("direct=%v: %v", direct, err)
 		}
@@ -571,14 +573,14 @@ func TestSealedChunksFillAndRefuseTampering(t *testing.T) {
 		fs := files(t, int64(len(a)))
 		ca := pk.addSealed(t, a, false, key, place{0, 0})
 		if tamper == "byte" {
-			pk.body[nonceBytes+10] ^= 1
+			pk.body[fetch.NonceBytes+10] ^= 1
 		} else {
 			ca.key = randBytes(8, 32)
 		}
 		srv, _ := server(t, pk.body, nil)
 		p := &plan{Version: PlanVersion, Workers: 1, Retry: noRetry, TimeoutS: 5, Files: fs,
 			Objects: []object{{URL: srv.URL + "/pack", Name: "packs/x"}},
-			Ranges: []rng{{obj: 0, start: 0, length: len(pk.body), chunks: []chunk{ca}}}}
+			Ranges:  []rng{{obj: 0, start: 0, length: len(pk.body), chunks: []chunk{ca}}}}
 		_, err := run(t, p)
 		var fe *fetchError
 		if !errors.As(err, &fe) || fe.Kind != "integrity" || !strings.Contains(fe.Detail, "do not open") ||

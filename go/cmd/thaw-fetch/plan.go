@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+
+	"thaw.dev/thaw/go/internal/fetch"
 )
 
 // PlanVersion is the plan format this binary executes.
@@ -164,7 +166,7 @@ func (p *plan) check(sizes []int64) error {
 			}
 			overhead := 0
 			if c.key != nil {
-				overhead = sealedOverhead
+				overhead = fetch.SealedOverhead
 				if c.stored <= overhead {
 					return fmt.Errorf("range %d: a sealed chunk of %d bytes", i, c.stored)
 				}

@@ -11,18 +11,17 @@ import (
 // as associated data. A plan carries each chunk's own key (derived in Python
 // from the tenant's key: control/images/keys.py chunk_key), never the
 // tenant's; neither thaw-gofer nor thaw-fetch logs or prints it.
-// Twins: control/images/keys.py NONCE_BYTES, SEALED_OVERHEAD, seal_chunk;
-// go/cmd/thaw-fetch/crypt.go (the same code in package main, until
-// thaw-fetch moves onto this package).
+// Twins: control/images/keys.py NONCE_BYTES, SEALED_OVERHEAD, seal_chunk.
+// thaw-fetch (a pull) and thaw-gofer (a stream) both open chunks here.
 const (
 	NonceBytes     = 12
 	SealedOverhead = NonceBytes + 16
 	KeyBytes       = 32
 )
 
-// openSealed authenticates and decrypts a sealed chunk into dst (which must
+// OpenSealed authenticates and decrypts a sealed chunk into dst (which must
 // not overlap sealed) and returns the payload.
-func openSealed(key []byte, sum [32]byte, codec string, sealed, dst []byte) ([]byte, error) {
+func OpenSealed(key []byte, sum [32]byte, codec string, sealed, dst []byte) ([]byte, error) {
 	if len(sealed) < SealedOverhead {
 		return nil, fmt.Errorf("%d bytes is shorter than a sealed chunk", len(sealed))
 	}

@@ -211,7 +211,7 @@ func (v *Verifier) Open(c *Chunk, stored []byte, object string, offset int64) ([
 			v.opened = make([]byte, len(stored))
 		}
 		var err error
-		if data, err = openSealed(c.Key, c.Sum, c.Codec, stored, v.opened[:0]); err != nil {
+		if data, err = OpenSealed(c.Key, c.Sum, c.Codec, stored, v.opened[:0]); err != nil {
 			return nil, &Error{Kind: "integrity", Chunk: hex.EncodeToString(c.Sum[:]), Object: object, Offset: offset,
 				Detail: fmt.Sprintf("bytes at %s offset %d do not open (%v): the stored chunk was altered or damaged",
 					object, offset, err)}
