@@ -179,36 +179,19 @@ def _ipr():
 _CLONE_NEWNET = 0x40000000   # <sched.h>
 
 
-def _in_netns(netns_path: str, fn):
-    """fn(ipr) with an IPRoute inside the network namespace at `netns_path`, run on
-    a thread of its own that setns(2) moves there (it moves only the calling
-    thread, and the thread ends with the call). pyroute2's NetNS forks a child to
-    open each socket instead; in thawd's multi-threaded gRPC server that child
-    died of SIGSEGV in 13-17 % of the flood bench's PrepareRestore calls ("network
-    of on0004 not recorded: child process is dead, status: -11"), and a cold start
-    after a failed restore then had no network (docs/network.md)."""
+def _on_thread(work):
+    """work() on a thread of its own, its result or exception handed back to the
+    caller: setns(2) and unshare(2) move only the calling thread, and that thread
+    ends with the call, so no namespace change leaks into the caller's threads."""
     box: dict = {}
 
-    def work() -> None:
+    def run() -> None:
         try:
-            fd = os.open(netns_path, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                if hasattr(os, "setns"):   # Python >= 3.12
-                    os.setns(fd, _CLONE_NEWNET)
-                else:
-                    import ctypes
-                    libc = ctypes.CDLL(None, use_errno=True)
-                    if libc.setns(fd, _CLONE_NEWNET) != 0:
-                        err = ctypes.get_errno()
-                        raise OSError(err, f"setns {netns_path}: {os.strerror(err)}")
-            finally:
-                os.close(fd)
-            with _ipr() as ipr:
-                box["value"] = fn(ipr)
+            box["value"] = work()
         except BaseException as e:  # noqa: BLE001 - raised again in the caller's thread
             box["error"] = e
 
-    t = threading.Thread(target=work, name="thaw-netns", daemon=True)
+    t = threading.Thread(target=run, name="thaw-netns", daemon=True)
     t.start()
     t.join()
     if "error" in box:
@@ -216,29 +199,46 @@ def _in_netns(netns_path: str, fn):
     return box.get("value")
 
 
+def _in_netns(netns_path: str, fn):
+    """fn(ipr) with an IPRoute inside the network namespace at `netns_path`, run on
+    a thread of its own that setns(2) moves there (`_on_thread`). pyroute2's NetNS
+    forks a child to open each socket instead; in thawd's multi-threaded gRPC
+    server that child died of SIGSEGV in 13-17 % of the flood bench's
+    PrepareRestore calls ("network of on0004 not recorded: child process is dead,
+    status: -11"), and a cold start after a failed restore then had no network
+    (docs/network.md)."""
+    def work():
+        fd = os.open(netns_path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            if hasattr(os, "setns"):   # Python >= 3.12
+                os.setns(fd, _CLONE_NEWNET)
+            else:
+                import ctypes
+                libc = ctypes.CDLL(None, use_errno=True)
+                if libc.setns(fd, _CLONE_NEWNET) != 0:
+                    err = ctypes.get_errno()
+                    raise OSError(err, f"setns {netns_path}: {os.strerror(err)}")
+        finally:
+            os.close(fd)
+        with _ipr() as ipr:
+            return fn(ipr)
+    return _on_thread(work)
+
+
 def _create_netns(ns: str) -> None:
     """pyroute2's `netns.create` on a thread instead of a forked child (see
     `_in_netns`): the thread unshares a new network namespace and pyroute2 binds
     it, by the thread's id, to /var/run/netns/<ns>; it outlives the thread."""
     from pyroute2 import netns as pnetns
-    box: dict = {}
 
     def work() -> None:
-        try:
-            import ctypes
-            libc = ctypes.CDLL(None, use_errno=True)
-            if libc.unshare(_CLONE_NEWNET) != 0:
-                err = ctypes.get_errno()
-                raise OSError(err, f"unshare(CLONE_NEWNET) for {ns}: {os.strerror(err)}")
-            pnetns.attach(ns, threading.get_native_id())
-        except BaseException as e:  # noqa: BLE001 - raised again in the caller's thread
-            box["error"] = e
-
-    t = threading.Thread(target=work, name="thaw-netns", daemon=True)
-    t.start()
-    t.join()
-    if "error" in box:
-        raise box["error"]
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.unshare(_CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"unshare(CLONE_NEWNET) for {ns}: {os.strerror(err)}")
+        pnetns.attach(ns, threading.get_native_id())
+    _on_thread(work)
 
 
 def namespace_address(netns_path: str | None) -> tuple[str | None, str | None]:
