@@ -445,8 +445,9 @@ class Node:
         thawd = self.spawn("thawd", self.thaw_argv("serve"), env)
         self._wait(lambda: Path(THAWD_SOCKET).exists(), 60, "thawd's socket", thawd, "thawd")
 
-    def stop_thawd(self) -> None:
-        p = self.procs.get("thawd")
+    def stop(self, name: str) -> None:
+        """SIGTERM to a daemon this run spawned (its process group), SIGKILL after 30 s."""
+        p = self.procs.get(name)
         if p is not None and p.poll() is None:
             os.killpg(p.pid, signal.SIGTERM)
             try:
@@ -460,7 +461,7 @@ class Node:
         between the rounds (pulls) and the broken image (a pull that fails)."""
         self.o.need(f"thawd restart (store.stream={stream})", self.o.step_s("thawd"))
         t0 = time.monotonic()
-        self.stop_thawd()
+        self.stop("thawd")
         self.start_thawd(stream)
         return self.r.step("thawd_restart", stream=stream, seconds=round(time.monotonic() - t0, 2))
 
@@ -1017,14 +1018,7 @@ class Node:
             for cid in ls.stdout.split():
                 sh(self.o.bin / "runsc", f"--root={root}", "delete", "--force", cid, check=False)
         for name in ("containerd", "thawd"):
-            p = self.procs.get(name)
-            if p is not None and p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-                try:
-                    p.wait(30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    p.wait(10)
+            self.stop(name)
         self.kill_shims()
         for name in list(self.netns_names):
             try:
