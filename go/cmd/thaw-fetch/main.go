@@ -36,9 +36,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"sync"
 	"syscall"
-	"time"
+
+	"thaw.dev/thaw/go/internal/progress"
 )
 
 func main() {
@@ -63,57 +63,15 @@ func main() {
 	}
 	defer job.close()
 
-	out := &lineWriter{w: bufio.NewWriter(os.Stdout)}
+	out := progress.NewLines(os.Stdout)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	stop := make(chan struct{})
-	var ticker sync.WaitGroup
-	ticker.Add(1)
-	go func() { // progress, at most every 100 ms
-		defer ticker.Done()
-		t := time.NewTicker(100 * time.Millisecond)
-		defer t.Stop()
-		last := int64(-1)
-		for {
-			select {
-			case <-stop:
-				return
-			case <-t.C:
-				if d := job.written.Load(); d != last {
-					last = d
-					out.emit(map[string]any{"done": d})
-				}
-			}
-		}
-	}()
+	stop := out.Ticker(progress.Every, job.written.Load)
 	ferr := job.run(ctx)
-	close(stop)
-	ticker.Wait()
-	out.emit(map[string]any{"done": job.written.Load()})
+	stop()
 	if ferr != nil {
-		out.emit(map[string]any{"error": ferr})
-		out.flush()
+		out.Emit(map[string]any{"error": ferr})
 		os.Exit(1)
 	}
-	out.emit(map[string]any{"stats": job.stats()})
-	out.flush()
-}
-
-type lineWriter struct {
-	mu sync.Mutex
-	w  *bufio.Writer
-}
-
-func (l *lineWriter) emit(v any) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	b, _ := json.Marshal(v)
-	l.w.Write(append(b, '\n'))
-	l.w.Flush()
-}
-
-func (l *lineWriter) flush() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.w.Flush()
+	out.Emit(map[string]any{"stats": job.stats()})
 }

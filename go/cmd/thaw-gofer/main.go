@@ -29,15 +29,14 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
-	"time"
 
 	"gvisor.dev/gvisor/pkg/sentry/state/stateipc"
 	"gvisor.dev/gvisor/pkg/unet"
 	"gvisor.dev/gvisor/pkg/urpc"
 
 	"thaw.dev/thaw/go/internal/fetch"
+	"thaw.dev/thaw/go/internal/progress"
 	"thaw.dev/thaw/go/internal/stream"
 )
 
@@ -143,7 +142,7 @@ func streamMain() int {
 		return 2
 	}
 	defer e.Close()
-	out := &lineWriter{w: bufio.NewWriter(os.Stdout)}
+	out := progress.NewLines(os.Stdout)
 	e.Logf = func(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) }
 	l, err := e.Listen()
 	if err != nil {
@@ -151,52 +150,18 @@ func streamMain() int {
 		return 2
 	}
 	defer l.Close()
-	out.emit(map[string]any{"listening": p.Listen})
-	stop := make(chan struct{})
-	var ticker sync.WaitGroup
-	ticker.Add(1)
-	go func() { // progress, at most every 100 ms
-		defer ticker.Done()
-		t := time.NewTicker(100 * time.Millisecond)
-		defer t.Stop()
-		last := int64(-1)
-		for {
-			select {
-			case <-stop:
-				return
-			case <-t.C:
-				if d := e.Written(); d != last {
-					last = d
-					out.emit(map[string]any{"done": d})
-				}
-			}
-		}
-	}()
+	out.Emit(map[string]any{"listening": p.Listen})
+	stop := out.Ticker(progress.Every, e.Written)
 	err = e.Run(context.Background(), l)
-	close(stop)
-	ticker.Wait()
-	out.emit(map[string]any{"done": e.Written()})
+	stop()
 	if err != nil {
 		var fe *fetch.Error
 		if !errors.As(err, &fe) {
 			fe = &fetch.Error{Kind: "io", Detail: err.Error()}
 		}
-		out.emit(map[string]any{"error": fe, "stats": e.Stats(), "faults": e.Faults()})
+		out.Emit(map[string]any{"error": fe, "stats": e.Stats(), "faults": e.Faults()})
 		return 1
 	}
-	out.emit(map[string]any{"stats": e.Stats(), "faults": e.Faults()})
+	out.Emit(map[string]any{"stats": e.Stats(), "faults": e.Faults()})
 	return 0
-}
-
-type lineWriter struct {
-	mu sync.Mutex
-	w  *bufio.Writer
-}
-
-func (l *lineWriter) emit(v any) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	b, _ := json.Marshal(v)
-	l.w.Write(append(b, '\n'))
-	l.w.Flush()
 }
