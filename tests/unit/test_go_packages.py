@@ -21,7 +21,7 @@ def test_go_unit_tests_pass():
     ran = {line.split()[1] for line in r.stdout.splitlines() if line.startswith("ok ")}
     # The packages whose tests guard the product: a rename that drops one from ./... fails here.
     for pkg in ("cmd/thaw-fetch", "cmd/thaw-ctrinfo", "cmd/thaw-s3proxy", "internal/ociimage", "internal/standin",
-                "internal/runscargv", "internal/stream"):
+                "internal/runscargv", "internal/stream", "internal/progress"):
         assert f"thaw.dev/thaw/go/{pkg}" in ran, (pkg, r.stdout[-2000:])
 
 
