@@ -51,6 +51,10 @@ RUNSC_LOG = "runsc.log"
 MONITOR_LOG = "monitor.log"
 MIN_MAX_BYTES = 64 << 10        # twin: go/cmd/thaw-monitor/log.go minMaxBytes
 STOP_TIMEOUT_S = 10.0           # how long delete waits for the monitor to drain and exit
+# How long a reader that saw the container stopped waits for its monitor to write
+# the exit status: runsc reports a container stopped a few ms before `runsc wait`
+# (the monitor's child) returns and the monitor writes exit.json.
+EXIT_SETTLE_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -200,6 +204,18 @@ class Monitor:
 
     def to_dict(self) -> dict:
         return self.owner.to_dict()
+
+
+def settled_exit(logs: SandboxLogs, monitor: dict | None, timeout_s: float = EXIT_SETTLE_S) -> Exit | None:
+    """The exit status of a container runsc already says is stopped: at once when
+    its monitor wrote it, else after waiting (at most `timeout_s`) while the monitor
+    still runs and is about to; None when no monitor saw the exit."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        ex = logs.exit()
+        if ex is not None or time.monotonic() >= deadline or not monitor_alive(monitor):
+            return ex if ex is not None else logs.exit()   # the monitor may have just written it
+        time.sleep(0.02)
 
 
 def monitor_alive(owner: dict | None) -> bool:

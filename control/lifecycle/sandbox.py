@@ -636,9 +636,12 @@ class Sandboxes:
         for rec in self.list_records():
             c = live.pop(runsc_id(rec.id), None)
             state = rec.state.value
-            ex = logsmod.SandboxLogs.of(self.settings, rec.id).exit()
+            logs = logsmod.SandboxLogs.of(self.settings, rec.id)
+            ex = logs.exit()
             if rec.state is State.RUNNING and (c is None or c.status == "stopped" or ex is not None):
                 state = State.STOPPED.value
+                if ex is None:   # runsc saw the exit first; the monitor writes it in a moment
+                    ex = logsmod.settled_exit(logs, rec.monitor)
             stopped = state == State.STOPPED.value
             rows.append({"id": rec.id, "state": state, "runsc_status": c.status if c else "absent",
                          "pid": c.pid if c else 0, "address": (rec.net or {}).get("sandbox_ip"),
@@ -670,13 +673,15 @@ class Sandboxes:
         """The workload has exited: its monitor saw it (runsc's own view lags that,
         see Handle.exited), or runsc says so, or its container is gone."""
         rec = self._require(sid)
-        if self.exit_of(sid) is not None:
+        if logsmod.SandboxLogs.of(self.settings, sid).exit() is not None:
             return True
         return _status(self.runsc("sandbox" if rec.net else "none"), runsc_id(sid)) in ("stopped", "absent")
 
     def exit_of(self, sid: str) -> logsmod.Exit | None:
-        """The workload's exit status, once its monitor saw it exit."""
-        return logsmod.SandboxLogs.of(self.settings, sid).exit()
+        """The workload's exit status, once its monitor saw it exit (for a workload
+        runsc already calls gone, the monitor is given a moment to write it)."""
+        rec = self.get(sid)
+        return logsmod.settled_exit(logsmod.SandboxLogs.of(self.settings, sid), rec.monitor if rec else None)
 
     def recover(self, orphans: bool = False, prefix: str = "") -> list[dict]:
         """Remove what crashed thaw processes left behind (after kill -9, a node crash):

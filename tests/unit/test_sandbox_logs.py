@@ -46,6 +46,31 @@ def test_exit_file_variants(tmp_path):
     assert f.exit().status is None and "not valid JSON" in f.exit().error
 
 
+def test_an_exit_runsc_saw_first_waits_for_the_monitor_that_writes_it(tmp_path):
+    """runsc says stopped a few ms before the monitor writes exit.json (CI of stop 22:
+    `thaw ps` said "no monitor saw it" for a workload whose monitor did)."""
+    from control.files import Owner, process_start
+    f = files(tmp_path)
+    mon = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        owner = Owner(mon.pid, process_start(mon.pid)).to_dict()
+        threading.Timer(0.3, lambda: f.exit_file.write_text(
+            json.dumps({"exit_status": 7, "finished_at": 1.0, "error": ""}))).start()
+        t0 = time.monotonic()
+        assert logs.settled_exit(f, owner, timeout_s=5).status == 7
+        assert 0.25 < time.monotonic() - t0 < 3
+        f.exit_file.unlink()
+        t0 = time.monotonic()
+        assert logs.settled_exit(f, owner, timeout_s=0.2) is None      # bounded
+        assert time.monotonic() - t0 < 1
+    finally:
+        mon.kill()
+        mon.wait()
+    t0 = time.monotonic()
+    assert logs.settled_exit(f, owner, timeout_s=5) is None and time.monotonic() - t0 < 1   # monitor gone
+    assert logs.settled_exit(f, None, timeout_s=5) is None and time.monotonic() - t0 < 1
+
+
 def test_follow_goes_across_a_rotation_and_ends_with_the_monitor(tmp_path):
     f = files(tmp_path)
     f.log.write_bytes(b"a\n")
