@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import time
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from pathlib import Path
 from control import config as configmod
 from control.node import containerd_config
 from control.config import Settings
+from control.dev.process import stop_group
 from control.errors import PreconditionError, ThawError, Timeout
 from runsc_hooks.runsc import remove_root
 
@@ -173,12 +173,7 @@ class PrivateContainerd:
                     self.remove(line, ns=ns)
                 for line in self.ctr("containers", "ls", "-q", check=False, ns=ns).stdout.split():
                     self.ctr("containers", "delete", line, check=False, ns=ns)
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
+            stop_group(self.proc, 15)
             self.proc = None
             self.log.close()
         # Shims run in their own sessions; kill any left for this instance.

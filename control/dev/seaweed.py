@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from control.dev.process import stop_group
 from control.errors import PreconditionError, Timeout
 
 log = logging.getLogger(__name__)
@@ -171,15 +172,7 @@ class Seaweed:
             self.proc = None
             self._close_log()
             return
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            self.proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(5)
+        stop_group(self.proc, grace_s)
         self.proc = None
         self._close_log()
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import signal
 import subprocess
 import sys
 import time
@@ -36,6 +35,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from control.dev import ocibuild  # noqa: E402
+from control.dev.process import stop_group  # noqa: E402
 from control.dev.testbed import ANNOTATIONS, COUNTER, IMAGE  # noqa: E402
 
 BUILD = REPO / "build"
@@ -231,12 +231,7 @@ class Node:
             self.ctr("containers", "delete", cid, check=False)
         for p in reversed(self.procs):
             if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-                try:
-                    p.wait(20)
-                except subprocess.TimeoutExpired:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    p.wait(10)
+                stop_group(p, 20, kill_wait_s=10)
         sh("pkill", "-9", "-f", f"containerd-shim-runsc-v1.*{SOCKET}", check=False)
 
 
