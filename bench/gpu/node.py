@@ -79,6 +79,7 @@ for p in (str(REPO), str(HERE)):
         sys.path.insert(0, p)
 
 from bench.report import spread  # noqa: E402
+from control.dev.process import stop_group  # noqa: E402
 
 # Paths `thaw provision` and containerd write on a node (control/node/provision.py,
 # control/config.py defaults, containerd's defaults); each becomes a bind mount of
@@ -449,12 +450,7 @@ class Node:
         """SIGTERM to a daemon this run spawned (its process group), SIGKILL after 30 s."""
         p = self.procs.get(name)
         if p is not None and p.poll() is None:
-            os.killpg(p.pid, signal.SIGTERM)
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait(10)
+            stop_group(p, 30, kill_wait_s=10)
 
     def restart_thawd(self, stream: bool) -> dict:
         """thawd again, with store.stream `stream`: issue 18's streamed restores run
@@ -857,15 +853,22 @@ class Node:
         self.check_gpu(name, rec["nvidia_smi"], g)
         return rec
 
-    def restore_from_store(self, cold: dict, k: int = 1) -> dict:
-        """Round k's restore from the store (the entry evicted before): on G1 in odd
-        rounds, G0 in even ones (one GPU: always it)."""
-        self.o.need(f"restore from the store #{k}", self.o.step_s("store"))
+    def restore_round(self, what: str, step: str, label: str, prefix: str, cold: dict,
+                      k: int) -> tuple[dict, int]:
+        """Round k's restore of an evicted image on G1 in odd rounds, G0 in even ones
+        (one GPU: always it), once the budget allows `step`; with the length thawd's
+        log had before it, where the lines about this start begin."""
+        self.o.need(f"{what} #{k}", self.o.step_s(step))
         g = self.gpus[k % len(self.gpus)]
-        cid = name_of("c2-store", k)
         marks = len(self.thawd_log())
-        rec = self.restored(f"store#{k}", cid, g, cold)
+        rec = self.restored(f"{label}#{k}", name_of(prefix, k), g, cold)
         rec["round"] = k
+        return rec, marks
+
+    def restore_from_store(self, cold: dict, k: int = 1) -> dict:
+        """Round k's restore from the store (the entry evicted before)."""
+        rec, marks = self.restore_round("restore from the store", "store", "store", "c2-store", cold, k)
+        cid = rec["container"]
         pull = self.log_match(r"pull (\S+): fetched (\d+) bytes \((\d+) raw, (\d+) chunks\) from the store, "
                               r"(\d+) bytes from local chunks, (\d+) zero; image (\d+) bytes in ([\d.]+)s "
                               r"\(fill ([\d.]+)s, (\S+), (\d+) bytes O_DIRECT\)", marks)
@@ -922,16 +925,12 @@ class Node:
 
     def restore_streamed(self, cold: dict, key: str, k: int = 1) -> dict:
         """Round k's streamed restore (issue 18): the entry evicted before, thawd
-        with store.stream on; on G1 in odd rounds, G0 in even ones. Timed like a
+        with store.stream on. Timed like a
         restore from the store (`ctr run` to the first answer); then, since the
         image is still arriving when the server answers, until thawd logs the
         stream done and the cache holds the whole image."""
-        self.o.need(f"streamed restore #{k}", self.o.step_s("stream"))
-        g = self.gpus[k % len(self.gpus)]
-        cid = name_of("c5-stream", k)
-        marks = len(self.thawd_log())
-        rec = self.restored(f"stream#{k}", cid, g, cold)
-        rec["round"] = k
+        rec, marks = self.restore_round("streamed restore", "stream", "stream", "c5-stream", cold, k)
+        cid = rec["container"]
         done_re = rf"stream {re.escape(key)}: in the cache as (\S+) \(([\d.]+)s; (.*)\)$"
         fail_re = rf"stream {re.escape(key)} failed after ([\d.]+)s: (.*)"
         end = time.monotonic() + (120 if self.o.gpu else 60)
