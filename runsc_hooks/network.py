@@ -199,6 +199,20 @@ def _on_thread(work):
     return box.get("value")
 
 
+def _ns_call(name: str, *args: int, what: str) -> None:
+    """setns(2) or unshare(2) for the calling thread: os.setns / os.unshare where
+    Python has them (3.12), else libc's, with errno in the OSError."""
+    call = getattr(os, name, None)
+    if call is not None:
+        call(*args)
+        return
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    if getattr(libc, name)(*args) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
 def _in_netns(netns_path: str, fn):
     """fn(ipr) with an IPRoute inside the network namespace at `netns_path`, run on
     a thread of its own that setns(2) moves there (`_on_thread`). pyroute2's NetNS
@@ -210,14 +224,7 @@ def _in_netns(netns_path: str, fn):
     def work():
         fd = os.open(netns_path, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            if hasattr(os, "setns"):   # Python >= 3.12
-                os.setns(fd, _CLONE_NEWNET)
-            else:
-                import ctypes
-                libc = ctypes.CDLL(None, use_errno=True)
-                if libc.setns(fd, _CLONE_NEWNET) != 0:
-                    err = ctypes.get_errno()
-                    raise OSError(err, f"setns {netns_path}: {os.strerror(err)}")
+            _ns_call("setns", fd, _CLONE_NEWNET, what=f"setns {netns_path}")
         finally:
             os.close(fd)
         with _ipr() as ipr:
@@ -232,11 +239,7 @@ def _create_netns(ns: str) -> None:
     from pyroute2 import netns as pnetns
 
     def work() -> None:
-        import ctypes
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.unshare(_CLONE_NEWNET) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"unshare(CLONE_NEWNET) for {ns}: {os.strerror(err)}")
+        _ns_call("unshare", _CLONE_NEWNET, what=f"unshare(CLONE_NEWNET) for {ns}")
         pnetns.attach(ns, threading.get_native_id())
     _on_thread(work)
 
