@@ -230,6 +230,12 @@ def restore_from_store(obj: Context, sb, key: str, sid: str, probes: list | None
             out = start.to_dict()
             if start.restore is not None:
                 out.update(start.restore.to_dict())
+            failed = src.verdict() if streamed and out.get("mode") != "restored" else None
+            if failed is not None:
+                # Its stream failed, so runsc gave up on the restore: that is why it
+                # started cold, as thawd says for a container (service.restore).
+                out["fallback_reason"] = (f"{type(failed).__name__}: the image's stream failed: "
+                                          f"{getattr(failed, 'message', failed)}")
         else:
             try:
                 out = {"mode": "restored", **sb.restore(src.path, sid, probes=probes, **kw).to_dict()}

@@ -93,6 +93,8 @@ def test_store_stall_before_the_answer_ends_in_a_cold_start(base, name, settings
     r = json.loads(out)
     assert r["mode"] == "cold" and r["fallback_reason"], r
     assert r["stream"]["error"], r["stream"]
+    # The reason named is the stream's (why runsc gave up), not runsc's own exit.
+    assert "the image's stream failed" in r["fallback_reason"], r["fallback_reason"]
     answer, _ = streamed.first_answer(published["host"], 120)
     assert answer["boot"] != published["boot"]        # a fresh start, not the checkpoint
     assert answer["digest"] == published["digest"]    # (same seed: the cold start rebuilt the same bytes)
@@ -152,6 +154,7 @@ def test_altered_chunk_never_reaches_the_sandbox(base, name, settings, published
     if rc == 0:   # failed before the server answered: started cold
         r = json.loads(out)
         assert r["mode"] == "cold", r
+        assert "IntegrityError: the image's stream failed" in r["fallback_reason"], r["fallback_reason"]
         assert streamed.first_answer(published["host"], 120)[0]["boot"] != published["boot"]
         assert target.hash in (r["stream"]["error"] or ""), r["stream"]
         assert streamed.run(env, "delete", f"{name}-r", "--force").returncode == 0
