@@ -423,9 +423,9 @@ KEYS: tuple[Key, ...] = (
         "runsc's checkpoint-gofer sidecar: reads wait for verified bytes, faulted ranges are fetched first), "
         "instead of pulling it whole first; the cache fills as it streams, under the same lock and lease as "
         "a pull. On: first answer from an empty cache 0.26x the pull's at 200 MB/s, 0.60x at 1 GB/s (1 GB "
-        "CPU image, bench/stream.py); an encrypting tenant's chunks are opened by the stream. Pulled whole, "
-        "logged, without thaw-gofer at store.gofer and for a pod's image; false: always (docs/store.md "
-        "\"Streaming restore\")."),
+        "CPU image, bench/stream.py); an encrypting tenant's chunks are opened by the stream, and a "
+        "Kubernetes pod's image streams as a lone container's. Pulled whole, logged, without thaw-gofer at "
+        "store.gofer; false: always (docs/store.md \"Streaming restore\")."),
     Key("store.gofer", PATH, BUILD_DIR / "thaw-gofer",
         "The thaw-gofer binary (go/cmd/thaw-gofer): the stream and runsc's checkpoint-gofer sidecar of a "
         "streamed restore. `thaw provision` writes /opt/thaw/bin/thaw-gofer.", installed="thaw-gofer"),
@@ -486,8 +486,9 @@ KEYS: tuple[Key, ...] = (
     Key("thawd.pod_assembly_timeout_s", SECONDS, 120.0,
         "How long a restoring Kubernetes pod may take from its sandbox's restore to its last container's: "
         "runsc restores the sandbox only then, and the kubelet creates the containers one after the other "
-        "(pulling images in between). Past it thawd removes the sandbox and the kubelet re-creates the pod, "
-        "cold.", range=(1, _DAY)),
+        "(pulling images in between); it includes the last one's `runsc restore`, which loads the kernel "
+        "from the image (through the stream's reads when it streams: keep it above store.stream_deadline_s). "
+        "Past it thawd removes the sandbox and the kubelet re-creates the pod, cold.", range=(1, _DAY)),
     Key("thawd.quarantine_after", INT, 3,
         "Consecutive failed restores after which an image is quarantined (cold starts only).", range=(1, 1000)),
     Key("thawd.auto_checkpoint", BOOL, True,

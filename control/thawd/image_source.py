@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import AbstractContextManager
-from pathlib import Path
 
 from control.images import image as images
 from control.images.cache import Lease
@@ -58,14 +57,14 @@ class ImageSource:
         for p in removed:   # a warning: what a crash left is worth seeing (and thawd logs INFO only once serving)
             log.warning("cache: recovered at start: removed %s", p)
 
-    def pull(self, key: str, stream: bool = True) -> Lease:
+    def pull(self, key: str) -> Lease:
         """A leased cache entry for `key` on this node; NotFound / TupleMismatch / StoreError otherwise.
         With store.stream (the default), a miss gives a Stream instead: restorable at once,
-        filling the entry as it goes (control/images/stream.py). stream=False: the whole
-        image first, always (a pod's: see Thawd.claim_image)."""
+        filling the entry as it goes (control/images/stream.py), for a lone container and a
+        pod alike (Thawd.restore_options)."""
         from control.images import stream as streammod
         store = self._store(key)
-        why = streammod.why_not(self.s, store) if stream else "a pod's image is restored from a whole image"
+        why = streammod.why_not(self.s, store)
         if not why:
             return self._stream(key, store)
         if self.s.store_stream:   # on, but not for this image: say why (docs/store.md "Streaming restore")

@@ -6,10 +6,12 @@ The kubelet drives a pod through CRI in a fixed order: the pause container
 (create, start: RunPodSandbox), then each app container in the pod spec's
 order (create, start). runsc restores a multi-container sandbox in that same
 shape (runsc/boot/restore.go restorer): `runsc restore` of the root container
-reads the image and registers the root, `runsc restore` of each subcontainer
-registers it by its `io.kubernetes.cri.container-name`, and the restore itself
-runs when the last container the image holds has registered; waits on the
-containers block until then. So:
+opens the image (through thaw-gofer when it streams: store.stream), reads the
+state file's header, starts loading the memory file in the background and
+registers the root; `runsc restore` of each subcontainer reads no image and
+registers it by its `io.kubernetes.cri.container-name`; the restore itself (the
+kernel, from the rest of the state file) runs when the last container the image
+holds has registered; waits on the containers block until then. So:
 
 - The decision is made at the pause container's create: thawd knows the
   pod's lookup key (control/lifecycle/pod.py) and, from the last pod of that
@@ -55,7 +57,6 @@ from control.files import write_json_atomic
 from control.lifecycle import pod as podmod
 from control.lifecycle.engine import Engine, uses_gpu
 from runsc_hooks import spec as specmod
-from runsc_hooks.runsc import RestoreOptions
 
 if TYPE_CHECKING:
     from control.thawd.service import Decision, RuntimeRef, Thawd
@@ -201,9 +202,9 @@ class Pods:
             # the lookup key covers the declared names: a table that disagrees is damaged
             p.reason = "no-image: the recorded container set does not match the declared names"
             return Decision(False, p.reason, p.lookup)
-        # Whole, never streamed (store.stream): a pod's runsc calls (restore_sandbox and
-        # its members' restores) take no stream; not wired, not measured (docs/store.md).
-        d = self.t.claim_image(rt, spec, table["key"], stream=False)
+        # A miss streams (store.stream) as a lone container's does: only the root's
+        # `runsc restore` reads the image (restore_sandbox); the members' restores do not.
+        d = self.t.claim_image(rt, spec, table["key"])
         if not d.restore:
             p.reason = d.reason
             return d
@@ -215,25 +216,25 @@ class Pods:
         sid = rt.container_id if podmod.role(spec) == podmod.SANDBOX else podmod.sandbox_id(spec)
         return self._get(rt.runsc_root, sid)
 
-    def restore_sandbox(self, rt: "RuntimeRef", image: Path,
+    def restore_sandbox(self, rt: "RuntimeRef", lease,
                         cancelled=lambda: False) -> tuple[bool, str, float]:
         """start of the pause container: `runsc restore` of the root registers it and
-        reads the image; the restore runs when the last app container registers.
-        `cancelled()`: the stand-in gave up (Thawd.restore); its start falls back to
-        a cold one, so the pod is cold from here."""
+        opens the image (`lease`'s; a streamed one through thaw-gofer, which this call
+        starts: Thawd.restore_options); the restore runs when the last app container
+        registers. `cancelled()`: the stand-in gave up (Thawd.restore); its start falls
+        back to a cold one, so the pod is cold from here."""
         t0 = time.monotonic()
         p = self._get(rt.runsc_root, rt.container_id)
         if p is None or p.state != RESTORING:
             return False, "thawd holds no restoring pod for this sandbox (thawd restarted?)", 0.0
         h = self.t.handle_of(rt, specmod.Bundle(rt.bundle).load())
         try:
-            Engine(self.s).restore(h, image, [], opts=RestoreOptions(
-                image_path=image, detach=True, background=self.s.restore_background),
-                health_check=False, post_restore_hooks=False)
+            Engine(self.s).restore(h, Path(lease.path), [], opts=self.t.restore_options(lease),
+                                   health_check=False, post_restore_hooks=False)
         except ThawError as e:
-            reason = f"{type(e).__name__}: {e.message}"
+            reason, counts = self.t.restore_failure(lease, f"{type(e).__name__}: {e.message}")
             p.state, p.reason = COLD, f"restore of the sandbox failed: {reason}"
-            self.t.undo_restore(h, rt, p.key, reason)
+            self.t.undo_restore(h, rt, p.key, reason, quarantine=counts)
             return False, reason, time.monotonic() - t0
         if cancelled():
             p.state, p.reason = COLD, "the stand-in gave up before the sandbox's restore finished"
@@ -248,10 +249,19 @@ class Pods:
         return True, "sandbox registered; restored with its last container", time.monotonic() - t0
 
     def _assembly_deadline(self, p: Pod, timeout: float) -> None:
+        """The timer runs from the root's registration to the last container's: the kubelet
+        creating the containers and, for a streamed image, the last one's `runsc restore`
+        loading the kernel through thaw-gofer (its reads are bounded by store.stream_deadline_s
+        each: docs/store.md "Pods"). A stream that failed meanwhile is the reason."""
         if p.state == RESTORING:
             missing = sorted(n for n in p.table if not (n in p.members and p.members[n].started))
-            self.fail(p, f"assembly-timeout: {', '.join(missing)} not restored within {timeout:.0f}s "
-                         "(thawd.pod_assembly_timeout_s)")
+            why = (f"assembly-timeout: {', '.join(missing)} not restored within {timeout:.0f}s "
+                   "(thawd.pod_assembly_timeout_s)")
+            lease = self.t.lease_of(p.sandbox)
+            if lease is not None and getattr(lease, "stream", False) and lease.verdict(0) is not None:
+                self._restore_failed(p, why)   # the stream's error replaces it
+            else:
+                self.fail(p, why)
 
     # -- app containers -----------------------------------------------------------
 
@@ -342,16 +352,14 @@ class Pods:
             r = engine.check(h, [p.declared[n].health])
             results.append(f"{n}: {r.summary()}")
             if not r.healthy:
-                reason = f"UnhealthyRestore: container {n}: {r.summary()}"
-                self.fail(p, reason, count=True)
+                reason = self._restore_failed(p, f"UnhealthyRestore: container {n}: {r.summary()}")
                 return False, reason, time.monotonic() - t0
         first = next(iter(p.members.values()))
         try:  # the workload profile's hooks (thaw.dev/profile) run against the pod's first container
             hooks = engine.hooks(self.t.handle_of(first.rt, specmod.Bundle(first.rt.bundle).load()),
                                  specmod.Bundle(first.rt.bundle).load(), "post_restore")
         except ThawError as e:
-            reason = f"UnhealthyRestore: post-restore hook failed: {e.message}"
-            self.fail(p, reason, count=True)
+            reason = self._restore_failed(p, f"UnhealthyRestore: post-restore hook failed: {e.message}")
             return False, reason, time.monotonic() - t0
         if hooks:
             results.append(f"post-restore hooks: {len(hooks)}")
@@ -364,7 +372,21 @@ class Pods:
         self.t.metrics.inc("thaw_restores_total")
         self.t.metrics.observe("thaw_health_seconds", secs)
         self.t.quarantine.succeeded(p.key)
+        lease = self.t.lease_of(p.sandbox)
+        if lease is not None:
+            self.t.count_stream(lease)
         return True, "; ".join(results), secs
+
+    def _restore_failed(self, p: Pod, reason: str) -> str:
+        """The pod's restore failed (its last container's `runsc restore`, or a probe or
+        hook after it): fail the pod, counted towards the key's quarantine; when its image's
+        stream failed, the gofer failed the sentry's reads and runsc killed the sandbox, so
+        the stream's error is the reason, counted as for a lone container
+        (Thawd.restore_failure). The reason given."""
+        lease = self.t.lease_of(p.sandbox)
+        reason, counts = self.t.restore_failure(lease, reason) if lease is not None else (reason, True)
+        self.fail(p, reason, count=counts)
+        return reason
 
     # -- outcomes the stand-in reports ----------------------------------------------
 
@@ -400,7 +422,7 @@ class Pods:
             return
         p = self._get(rt.runsc_root, podmod.sandbox_id(spec))
         if p is not None and p.state == RESTORING:
-            self.fail(p, f"runsc restore of container {podmod.container_name(spec)!r}: {reason}", count=True)
+            self._restore_failed(p, f"runsc restore of container {podmod.container_name(spec)!r}: {reason}")
 
     def standin_died(self, p: Pod, reason: str) -> None:
         """A stand-in of this pod's restore died after thawd's answer, before it

@@ -205,7 +205,7 @@ class Thawd:
         # (root, id) -> ctrinfo.Identity, established at create: a tag moved later
         # must not change which key a running container checkpoints under.
         self._identities: dict[tuple[str, str], ctrinfo.Identity] = {}
-        self._fetches: dict[tuple[str, bool], Future] = {}     # (key, stream) -> background pull
+        self._fetches: dict[str, Future] = {}                  # key -> background pull
         self._checkpointing: set[str] = set()
         # Restore decisions with no outcome yet: (root, id) -> (workload key,
         # gate closed for it or None). Each ends in exactly one outcome:
@@ -287,19 +287,17 @@ class Thawd:
         self._prepare_gpu_spec(rt, spec)
         return self.claim_image(rt, spec, wl.key, t0)
 
-    def claim_image(self, rt: RuntimeRef, spec: dict, key: str, t0: float | None = None,
-                    stream: bool = True) -> Decision:
+    def claim_image(self, rt: RuntimeRef, spec: dict, key: str, t0: float | None = None) -> Decision:
         """A leased local image of `key` for container `rt` (fetched if need be, one pull
-        per key), its gate closed; or cold with the reason. stream=False: a miss is
-        pulled whole even with store.stream on (a pod's image: its sandbox and members
-        restore through pods.py, whose runsc calls take no stream)."""
+        per key; with store.stream a miss is a Stream: restore_options), its gate closed;
+        or cold with the reason. A lone container's and a pod's sandbox's alike."""
         why = self.quarantine.reason(key)
         if why is not None:
             return Decision(False, f"quarantined: {why}", key)
         # The identity lookup comes out of the same budget (t0, taken before it):
         # the stand-in waits thawd.prepare_timeout_s + 1 s for the whole answer.
         deadline = (t0 if t0 is not None else time.monotonic()) + self.s.thawd_prepare_timeout_s
-        fut = self._fetch(key, stream)
+        fut = self._fetch(key)
         try:
             lease = fut.result(timeout=max(0.05, deadline - time.monotonic()))
         except TimeoutError:
@@ -329,7 +327,7 @@ class Thawd:
             # The entry is local now: this pull is a cache hit with its own lease. It
             # is bounded by the same deadline (it may wait for the key's lock behind
             # another pull); a lease that comes too late is released.
-            second = self._pool.submit(self._pull, key, stream)
+            second = self._pool.submit(self.images.pull, key)
             try:
                 lease = second.result(timeout=max(0.05, deadline - time.monotonic()))
             except TimeoutError:
@@ -403,25 +401,21 @@ class Thawd:
             helper.stage(self.s.runsc_path.parent / helper.BINARY_NAME, d)
         return d
 
-    def _pull(self, key: str, stream: bool):
-        return self.images.pull(key) if stream else self.images.pull(key, stream=False)
-
-    def _fetch(self, key: str, stream: bool = True) -> Future:
+    def _fetch(self, key: str) -> Future:
         """One pull per key however many ask; the pull goes on past a caller's deadline."""
-        k = (key, stream)
         with self._lock:
-            fut = self._fetches.get(k)
+            fut = self._fetches.get(key)
             new = fut is None or fut.done()
             if new:
-                fut = self._pool.submit(self._pull, key, stream)
-                self._fetches[k] = fut
+                fut = self._pool.submit(self.images.pull, key)
+                self._fetches[key] = fut
         if new:
             # Outside the lock: a future that is already done runs the
             # callback right here, and the callback takes the lock.
-            fut.add_done_callback(lambda f, k=k: self._fetch_done(k, f))
+            fut.add_done_callback(lambda f, k=key: self._fetch_done(k, f))
         return fut
 
-    def _fetch_done(self, key: tuple, fut: Future) -> None:
+    def _fetch_done(self, key: str, fut: Future) -> None:
         with self._lock:
             if self._fetches.get(key) is fut:
                 del self._fetches[key]
@@ -499,7 +493,7 @@ class Thawd:
             return self._restore_not_tried(rt, key, gate, unreadable, t0)
         if role == podmod.SANDBOX:
             p = self.pods.pod_of(rt, spec)
-            ok, detail, secs = self.pods.restore_sandbox(rt, Path(lease.path), cancelled)
+            ok, detail, secs = self.pods.restore_sandbox(rt, lease, cancelled)
             if ok:
                 self._watch_pod_standin(rt, standin, p)
             return ok, detail, secs
@@ -512,43 +506,59 @@ class Thawd:
         key = wl.key if wl else key
         h = Handle(rt.container_id, rt.runsc(self.s.runsc_path, self.s.runsc_timeout_s), rt.bundle)
         image = Path(lease.path)
-        # A streamed image (store.stream): runsc takes thaw-gofer as its checkpoint-gofer
-        # for this call, and restores in the background (the image is still arriving).
-        streamed = getattr(lease, "stream", False)
         try:
             h = self._handle(rt, spec)
-            done = Engine(self.s).restore(h, image, [wl.health] if wl else [], opts=RestoreOptions(
-                image_path=image, detach=True, background=self.s.restore_background or streamed,
-                env=tuple(lease.env().items()) if streamed else ()),
-                health_check=self.s.thawd_health_check)
+            done = Engine(self.s).restore(h, image, [wl.health] if wl else [], opts=self.restore_options(lease),
+                                          health_check=self.s.thawd_health_check)
         except Exception as e:  # noqa: BLE001 - every decision ends in one recorded outcome
             if not isinstance(e, ThawError):
                 log.exception("restore of %s failed unexpectedly", rt.container_id)
-            reason = f"{type(e).__name__}: {getattr(e, 'message', e)}"
-            counts = True
-            failed = lease.verdict() if streamed else None
-            if failed is not None:
-                # Its stream failed, so runsc killed the sandbox: that is the reason. It
-                # counts towards quarantine as a pull's failure would (claim_image): only
-                # when the store served bytes that are not the image's, never for a full
-                # cache file system (NoSpace) or a store that stalled.
-                reason = f"{type(failed).__name__}: the image's stream failed: {getattr(failed, 'message', failed)}"
-                counts = isinstance(failed, IntegrityError) and failed.where == "store"
+            reason, counts = self.restore_failure(lease, f"{type(e).__name__}: {getattr(e, 'message', e)}")
             self.undo_restore(h, rt, key, reason, quarantine=counts)
             return False, reason, time.monotonic() - t0
         if cancelled():
             self.undo_restore(h, rt, key, "the stand-in gave up before the restore finished")
             return False, "cancelled", time.monotonic() - t0
         secs = time.monotonic() - t0
-        if streamed:
-            lease.add_done_callback(lambda st: self.metrics.inc(
-                "thaw_streams_total", result="installed" if st.error is None else "failed"))
+        self.count_stream(lease)
         if standin is None:
             self._restored(rt, key, done, secs)
         else:
             threading.Thread(target=self._confirm, args=(rt, h, key, standin, done, secs), daemon=True,
                              name=f"confirm-{rt.container_id}"[:15]).start()
         return True, done.health.summary() if done.health else "", secs
+
+    def restore_options(self, lease) -> RestoreOptions:
+        """`runsc restore`'s options for a leased image. A streamed one (store.stream, a
+        Stream): runsc takes thaw-gofer as its checkpoint-gofer for this call (the sidecar
+        directory in its environment) and restores in the background (the image is still
+        arriving). A pod's sandbox takes the same (Pods.restore_sandbox): at the pin only
+        the root's `runsc restore` reads the image (docs/store.md "Pods")."""
+        streamed = getattr(lease, "stream", False)
+        return RestoreOptions(image_path=Path(lease.path), detach=True,
+                              background=self.s.restore_background or streamed,
+                              env=tuple(lease.env().items()) if streamed else ())
+
+    @staticmethod
+    def restore_failure(lease, reason: str) -> tuple[str, bool]:
+        """Why a restore from `lease` failed, and whether that counts towards the key's
+        quarantine. When its stream failed, the gofer failed the sentry's reads and runsc
+        killed the sandbox: the stream's error is the reason, and it counts as a pull's
+        failure would (claim_image): only when the store served bytes that are not the
+        image's, never for a full cache file system (NoSpace) or a store that stalled.
+        Otherwise `reason`, counted."""
+        failed = lease.verdict() if getattr(lease, "stream", False) else None
+        if failed is None:
+            return reason, True
+        return (f"{type(failed).__name__}: the image's stream failed: {getattr(failed, 'message', failed)}",
+                isinstance(failed, IntegrityError) and failed.where == "store")
+
+    def count_stream(self, lease) -> None:
+        """thaw_streams_total{result}: how the stream of a restore that succeeded ended
+        (installed in the cache, or failed while the sandbox loaded its pages)."""
+        if getattr(lease, "stream", False):
+            lease.add_done_callback(lambda st: self.metrics.inc(
+                "thaw_streams_total", result="installed" if st.error is None else "failed"))
 
     def _restored(self, rt: RuntimeRef, key: str, done, secs: float) -> None:
         with self._lock:   # kept: no cold start will need the namespace's configuration back

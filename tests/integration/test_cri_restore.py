@@ -4,12 +4,13 @@ handler, thawd and SeaweedFS (control/dev/testbed.py CriStack), driven by
 crictl in the kubelet's order: RunPodSandbox, then CreateContainer and
 StartContainer per container. The pod is an app and a sidecar, each with a
 boot id and a counter in memory (testbed POD_SCRIPT). Nothing is faked.
+store.stream is on, thaw-gofer at build/thaw-gofer: a pod whose image is not in
+the node cache streams it (issue 18); the other tests restore from the cache.
 
 One stack serves the module (its start is most of the cost); every test uses
 its own workload name, so their images and pod records do not meet."""
 from __future__ import annotations
 
-import json
 import subprocess
 import time
 import urllib.request
@@ -21,16 +22,18 @@ from control.dev.cri import CrictlError
 from control.dev.testbed import POD_CONTAINERS, POD_IMAGE, POD_IMAGE_2, CriStack, pod_annotations
 
 from tests.conftest import BUILD, require
+from tests.integration import streamed
 
 BASE = Path("/tmp/thaw-it/t-cri-restore")
 
 
 @pytest.fixture(scope="module")
 def cs(runsc_bin):
-    for b in ("crictl", "containerd", "thaw-runsc", "thaw-runsc-hooks", "busybox", "cni-bin/ptp"):
+    for b in ("crictl", "containerd", "thaw-runsc", "thaw-runsc-hooks", "busybox", "cni-bin/ptp", "thaw-gofer"):
         require((BUILD / b).is_file(), f"{b} built at {BUILD / b}")
     subprocess.run(["rm", "-rf", str(BASE)])
-    s = CriStack(BASE, "t-cri-restore")
+    s = CriStack(BASE, "t-cri-restore", extra_env={"THAW_STORE_STREAM": "1",
+                                                   "THAW_STORE_GOFER": str(BUILD / "thaw-gofer")})
     try:
         yield s.start()
     finally:
@@ -127,6 +130,76 @@ def test_pod_restores_both_containers_and_the_cri_view_stays_true(cs):
     assert cs.cri.crictl("pods", "-q", "--name", f"{w}-b").stdout.strip() == ""
     entry = next(e for e in cs.stats()["entries"] if e["key"].startswith(f"k8s-default.{w}."))
     assert entry["leases"] == 0, "removing the pod released its image"
+
+
+def gofer_log(cs: CriStack, key: str) -> str:
+    """What the thaw-gofer of `key`'s stream logged (streamed.gofer_logs, for one key)."""
+    return "".join(p.read_text() for p in sorted((cs.base / "log" / "streams").glob(f"{key}@*.gofer.log")))
+
+
+def test_a_pod_whose_image_is_not_on_the_node_streams_it_while_it_restores(cs):
+    """store.stream for a pod (issue 18): the image is in the store only, which thawd
+    reads through thaw-s3proxy throttled to ~6 s for the image. The pause container's
+    `runsc restore` starts thaw-gofer as runsc's checkpoint-gofer and the sentry opens
+    the image through it, but the restore itself runs when the last app container
+    registers (runsc/boot/restore.go): until then the sentry holds the image open (the
+    gofer's "done" comes after). Both containers come back with their memory while the
+    image still arrives, and the stream installs the node's cache entry as a pull would."""
+    from tests.integration.faults.s3proxy import S3Proxy
+    require((BUILD / "thaw-s3proxy").is_file(), "build/thaw-s3proxy (make setup)")
+    w = "pods-stream"
+    saved = seed(cs, w)
+    entry = cs.wait_key(f"k8s-default.{w}.")
+    key = entry["key"]
+    assert cs.thaw("evict", key).returncode == 0
+    assert streamed.cache_state(cs.base / "cache", key) == {"ready": [], "partials": [], "streams": []}
+    proxy = S3Proxy(BUILD / "thaw-s3proxy", cs.weed.endpoint, cs.base / f"{w}-s3proxy.log").start()
+    try:
+        cs.stop_thawd()
+        cs.extra_env["THAW_STORE_ENDPOINT"] = proxy.endpoint
+        cs.start_thawd()
+        proxy.add(kind="throttle", rate_bps=max(1 << 20, entry["bytes"] // 6))
+        name = f"{w}-b"
+        cfg = cs.cri.pod_config(name, pod_annotations(w), uid=f"{w}-b-uid")
+        pod = cs.cri.runp(cfg, "runsc-thaw")
+        assert decisions(cs, pod)[pod] == [("create", "restore"), ("start", "restored")], reason(cs, pod)
+        log = gofer_log(cs, key)
+        assert [line.split(" open ")[1].split()[0] for line in log.splitlines() if " open " in line] == [
+            "checkpoint.img", "pages_meta.img", "pages.img"], log
+        assert " done: " not in log, log
+        ids = {}
+        for cname, env in POD_CONTAINERS.items():
+            ids[cname] = cs.cri.create(pod, cs.cri.container_config(f"{name}-0", cname, POD_IMAGE, env=env), cfg)
+            cs.cri.start(ids[cname])
+        for n, cid in ids.items():
+            assert cs.state(cid)[0] == saved[n][0], f"{n} must come back with its own saved memory"
+        assert decisions(cs, *ids.values()) == {i: [("create", "restore"), ("start", "restored")]
+                                                for i in ids.values()}
+        thawd_log = (cs.base / "thawd.log").read_text()
+        assert f"pull {key}: pulled whole" not in thawd_log, thawd_log[-3000:]
+        streamed.wait_for(lambda: cs.stats()["counters"].get('thaw_streams_total{result="installed"}') == 1,
+                          120, f"the stream installing its entry (thawd log: {thawd_log[-3000:]})", step=0.5)
+        c = cs.stats()["counters"]
+        assert c.get("thaw_restores_total") == 1 and c.get("thaw_cache_misses_total") == 1, c
+        assert 'thaw_streams_total{result="failed"}' not in c, c
+        # The sentry read the whole image through thaw-gofer, some reads waited for bytes
+        # still in flight, and it let go of the image once loaded.
+        streamed.wait_for(lambda: " done: " in gofer_log(cs, key), 60, "the sentry closing the image")
+        log = gofer_log(cs, key)
+        assert " 0 failed" in log and " 0 waited " not in log, log
+        state = streamed.cache_state(cs.base / "cache", key)
+        assert len(state["ready"]) == 1 and state["partials"] == [] and len(state["streams"]) == 1, state
+        [ready] = [e for e in cs.stats()["entries"] if e["key"] == key and e["state"] == "ready"]
+        assert ready["leases"] == 1, ready   # the running pod's
+        cs.cri.remove_pod(pod)
+        assert next(e for e in cs.stats()["entries"] if e["key"] == key)["leases"] == 0, "removing the pod released it"
+        state = streamed.cache_state(cs.base / "cache", key)
+        assert len(state["ready"]) == 1 and state["streams"] == [], state
+    finally:
+        cs.stop_thawd()     # back to the store itself for the module's other tests
+        cs.extra_env.pop("THAW_STORE_ENDPOINT", None)
+        cs.start_thawd()
+        proxy.stop()
 
 
 def test_single_container_pod_is_the_same_path(cs):

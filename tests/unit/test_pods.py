@@ -12,15 +12,16 @@ from control import config
 from control.lifecycle import pod as podmod
 from control.thawd.service import RuntimeRef, Thawd
 from runsc_hooks import spec as specmod
-from control.errors import IdentityError
+from control.errors import IdentityError, IntegrityError, NoSpace
 from control.thawd.ctrinfo import Identity
 from tests.unit.test_pod import POD_ANN, TENANT, digest, identity, lookup, member, sandbox
-from tests.unit.test_service import FakeImages
+from tests.unit.test_service import FakeImages, FakeStream
 
 FAKE_RUNSC = """#!/bin/sh
-echo "$@" >> "$(dirname "$0")/argv.log"
+echo "$@${GVISOR_SIDECAR_BINARIES_DIR:+ sidecars=$GVISOR_SIDECAR_BINARIES_DIR}" >> "$(dirname "$0")/argv.log"
 case " $* " in
   *" state "*) echo '{"id": "x", "status": "running", "pid": 1, "bundle": "/b"}' ;;
+  *" restore "*) [ -e "$(dirname "$0")/fail-restore" ] && exit 1 ;;
 esac
 exit 0
 """
@@ -134,15 +135,91 @@ def test_next_pod_restores_with_the_image_of_its_container_set(env):
     key = t.pods.tables.get(lookup(sandbox(), ["app", "sidecar"]))["key"]
     images.available[key] = True
     box = rt_of(tmp, "s2", sandbox(uid="uid-2"))
-    images.streams.clear()
     d = t.prepare_restore(box)
     assert d.restore and d.key == key and d.image_path == str(tmp / key)
-    assert images.streams == [False], "a pod's image is pulled whole, never streamed"
     for name in ("app", "sidecar"):
         m = member(name)
         m["annotations"]["io.kubernetes.cri.sandbox-id"] = "s2"
         dm = t.prepare_restore(rt_of(tmp, f"s2-{name}", m))
         assert dm.restore and dm.key == key and dm.image_path == str(tmp / key), dm
+
+
+class PodStream(FakeStream):
+    """A Stream as thawd sees it (test_service.FakeStream): the sidecar directory runsc
+    takes thaw-gofer from, and how the stream ended (error None: installed)."""
+
+    def env(self) -> dict:
+        return {"GVISOR_SIDECAR_BINARIES_DIR": str(self.path.parent / "sidecars")}
+
+
+def streamed_pod(env, error=None):
+    """A cold pod, then a second sandbox of it whose image misses the cache and streams:
+    (thawd, tmp, key, the sandbox, its members)."""
+    t, images, tmp, _ = env
+    cold_pod(t, tmp)
+    key = t.pods.tables.get(lookup(sandbox(), ["app", "sidecar"]))["key"]
+    images.pull = lambda k: PodStream(tmp / k, error)
+    box = rt_of(tmp, "s2", sandbox(uid="uid-2"))
+    d = t.prepare_restore(box)
+    assert d.restore and d.image_path == str(tmp / key), d
+    members = {}
+    for name in ("app", "sidecar"):
+        m = member(name)
+        m["annotations"]["io.kubernetes.cri.sandbox-id"] = "s2"
+        members[name] = rt_of(tmp, f"s2-{name}", m)
+    return t, tmp, key, box, members
+
+
+def test_a_pod_whose_image_streams_restores_through_thaw_gofer(env):
+    """store.stream for a pod (issue 18): the sandbox's `runsc restore`, the only one
+    that reads the image, gets thaw-gofer's sidecar directory and --background, as a
+    lone container's; the members' restores are the stand-in's. The stream is counted
+    once the pod is restored."""
+    t, tmp, key, box, members = streamed_pod(env)
+    assert t.metrics.counters().get("thaw_cache_misses_total") == 1
+    ok, detail, _ = t.restore(box)
+    assert ok, detail
+    [line] = [x for x in (tmp / "bin" / "argv.log").read_text().splitlines() if " restore " in f" {x} "]
+    assert line.endswith(f"--image-path={tmp / key} --detach --background s2 sidecars={tmp / 'sidecars'}"), line
+    for name, rt in members.items():
+        assert t.prepare_restore(rt).restore
+        assert 'thaw_streams_total{result="installed"}' not in t.metrics.counters()
+        ok, detail, _ = t.restore(rt, subcontainer_restored=True)
+        assert ok, detail
+    c = t.metrics.counters()
+    assert c.get('thaw_streams_total{result="installed"}') == 1 and c.get("thaw_restores_total") == 1, c
+
+
+@pytest.mark.parametrize("where", ["sandbox", "last-container", "assembly-timeout"])
+@pytest.mark.parametrize("error, counted", [
+    (NoSpace("no space left in the cache file system /c for image 'k' (9 bytes)", path="/c"), False),
+    (IntegrityError("store", "ab" * 32, "bytes at packs/p1 offset 7 hash to cd..."), True)])
+def test_a_pod_whose_stream_failed_says_why(env, where, error, counted):
+    """The stream failed, so the gofer failed the sentry's reads and runsc failed the
+    restore: the sandbox's (thawd's `runsc restore`: the pod starts cold) or the last
+    container's (the stand-in's: the pod is removed); or the pod's assembly timed out
+    after it failed. The reason is the stream's, and it counts towards quarantine only
+    when the store served wrong bytes, as for a lone container."""
+    t, tmp, key, box, members = streamed_pod(env, error)
+    t.quarantine.after = 1
+    if where == "sandbox":
+        (tmp / "bin" / "fail-restore").touch()
+        ok, reason, _ = t.restore(box)
+        assert not ok and t.pods._get("/run/test-root", "s2").state == "cold"
+    else:
+        assert t.restore(box)[0]
+        for rt in members.values():
+            assert t.prepare_restore(rt).restore
+        p = t.pods._get("/run/test-root", "s2")
+        if where == "assembly-timeout":
+            t.pods._assembly_deadline(p, 120)   # what the timer calls once thawd.pod_assembly_timeout_s passed
+        else:
+            t.report_outcome(members["sidecar"], "RESTORE_FAILED", "runsc restore: exit status 128")
+        assert p.state == "failed" and "delete --force s2" in (tmp / "bin" / "argv.log").read_text()
+        reason = p.reason
+    assert reason.startswith(f"{type(error).__name__}: the image's stream failed: "), reason
+    assert (key in t.quarantined()) is counted
+    assert t.lease_of(box) is None   # released with the sandbox
 
 
 def test_a_container_that_differs_fails_the_pod_and_its_next_sandbox_starts_cold(env):

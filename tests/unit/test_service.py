@@ -33,14 +33,12 @@ class FakeImages:
         self.tmp = tmp
         self.available: dict[str, object] = {}   # key -> True | exception
         self.pulls = 0
-        self.streams: list[bool] = []            # each pull's `stream` (False: whole, for a pod)
         self.gate = threading.Event()
         self.gate.set()
 
-    def pull(self, key: str, stream: bool = True) -> FakeLease:
+    def pull(self, key: str) -> FakeLease:
         self.gate.wait(10)
         self.pulls += 1
-        self.streams.append(stream)
         v = self.available.get(key)
         if v is None:
             raise NotFound("image", key)
@@ -109,7 +107,6 @@ def test_no_image_then_image(env):
     images.available[d.key] = True
     d2 = t.prepare_restore(rt)
     assert d2.restore and d2.image_path == str(tmp / d.key)
-    assert images.streams == [True, True]   # a lone container's miss may stream (store.stream)
     # The stand-in's deadline for Restore: runsc + health check (+ hooks), from thawd's settings.
     assert d2.restore_timeout_s == t.s.runsc_timeout_s + t.s.thawd_health_timeout_s + 5.0
 
@@ -593,7 +590,7 @@ def test_a_streamed_restore_that_failed_with_its_stream_says_why(tmp_path, monke
         raise RunscError(["runsc", "restore"], 128, "Killing the sandbox after MemoryFile page loading failed")
     monkeypatch.setattr(svc.Engine, "restore", restore)
     images = FakeImages(tmp_path)
-    images.pull = lambda key, stream=True: FakeStream(tmp_path / key, error)
+    images.pull = lambda key: FakeStream(tmp_path / key, error)
     t = Thawd(s, images, identify=FakeIdentities())
     try:
         rt = bundle(tmp_path, "c1", OPT_IN)
