@@ -434,6 +434,7 @@ class Node:
                                                                if c.get("status") == "warn"],
                     compatibility_tuple=prov.get("compatibility_tuple"),
                     cdi_spec={k: cdi_step.get(k) for k in ("action", "target", "detail")},
+                    host_thp=host_thp(),
                     config=Path(CONFIG).read_text(), runsc_toml=Path(RUNSC_TOML).read_text(),
                     gpus=[g.__dict__ for g in self.gpus], image=image,
                     cgroup_mounted_by_run=self.iso.cgroup_mounted)
@@ -714,6 +715,10 @@ class Node:
             self.r.check("cold: the container's config.json has the fake GPU's CDI mount",
                          any(m.endswith(f"-> {FAKE_DIR}") and m.startswith(str(self.work / "fake-gpu" / "0"))
                              for m in rec["spec"]["mounts"]), rec["spec"]["mounts"])
+        if self.o.gpu:   # provision's node.huge_pages (auto: GPU nodes), as runsc's boot saw it
+            line = huge_pages_line("c1-cold")
+            self.r.check("cold: runsc backs the sandbox's memory with huge pages (provision set the host's THP)",
+                         line.startswith("Enabling application huge pages"), line)
         self.r.check("cold: the first start of the workload is cold (no image yet)",
                      [d["decision"] for d in rec["decisions"]] == ["cold", "started-cold"]
                      and rec["decisions"][0]["reason"] == "no-image", rec["decisions"])
@@ -1065,6 +1070,25 @@ class Node:
                         tar.addfile(ti, io.BytesIO(data))
         except OSError as e:
             self.r.data.setdefault("teardown_problems", []).append(f"logs: {e}")
+
+
+def host_thp() -> dict[str, str]:
+    """The host's shmem THP settings (what `thaw provision` set: node.huge_pages)."""
+    from control.node.provision import THP_DIR, thp_selected
+    try:
+        return {n: thp_selected((THP_DIR / n).read_text()) for n in ("shmem_enabled", "defrag")}
+    except OSError as e:
+        return {"error": str(e)}
+
+
+def huge_pages_line(container: str) -> str:
+    """runsc's boot log line on huge pages for `container` (runsc/boot/loader.go createMemoryFile)."""
+    f = Path(RUNSC_LOGS) / f"{container}.boot.log"
+    try:
+        m = re.search(r"(?:En|Dis)abling application huge pages[^\n]*", f.read_text(errors="replace"))
+    except OSError as e:
+        return f"{f}: {e}"
+    return m.group(0) if m else f"{f} says nothing about application huge pages"
 
 
 # -- the run -------------------------------------------------------------------------

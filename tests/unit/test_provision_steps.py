@@ -271,3 +271,65 @@ def test_layout_requires_absolute_paths(tmp_path):
     assert lay.host(Path("/etc/x")) == tmp_path / "etc/x"
     with pytest.raises(ThawError, match="absolute"):
         lay.host(Path("etc/x"))
+
+
+def _thp(root: Path, shmem: str = "always within_size advise [never] deny force",
+         defrag: str = "always defer defer+madvise [madvise] never") -> Path:
+    """A stand-in for /sys/kernel/mm/transparent_hugepage with the H200 VM's values."""
+    d = root / "sys/kernel/mm/transparent_hugepage"
+    d.mkdir(parents=True)
+    (d / "shmem_enabled").write_text(shmem + "\n")
+    (d / "defrag").write_text(defrag + "\n")
+    return d
+
+
+def test_gpu_node_gets_host_huge_pages_now_and_at_boot(tmp_path, tree):
+    root, opts = tree
+    d = _thp(root)
+    s = _settings(tmp_path)
+    first = _run(s, opts, gpu=True)
+    plan = next(p for p in first.plans if p.step == "host huge pages")
+    assert (plan.action, plan.detail) == ("update", "shmem_enabled never -> advise, defrag madvise -> defer")
+    assert plan.result == "updated"
+    assert (d / "shmem_enabled").read_text() == "advise" and (d / "defrag").read_text() == "defer"
+    boot = (root / "etc/tmpfiles.d/thaw-huge-pages.conf").read_text()
+    assert "w /sys/kernel/mm/transparent_hugepage/shmem_enabled - - - - advise\n" in boot
+    assert "w /sys/kernel/mm/transparent_hugepage/defrag - - - - defer\n" in boot
+    second = _run(s, opts, gpu=True)
+    assert not second.changes, [p for p in second.changes]
+
+
+def test_huge_pages_keep_a_defrag_runsc_accepts(tmp_path, tree):
+    root, opts = tree
+    d = _thp(root, defrag="always defer defer+madvise madvise [never]")
+    plan = next(p for p in _run(_settings(tmp_path), opts, gpu=True).plans if p.step == "host huge pages")
+    assert plan.detail == "shmem_enabled never -> advise"    # defrag never: runsc takes it as it is
+    assert (d / "defrag").read_text().startswith("always defer")
+    assert "defrag - - - - never" in (root / "etc/tmpfiles.d/thaw-huge-pages.conf").read_text()
+
+
+@pytest.mark.parametrize("env, gpu", [({}, False), ({"THAW_NODE_HUGE_PAGES": "no"}, True)])
+def test_huge_pages_are_left_alone_on_cpu_nodes_and_when_off(tmp_path, tree, env, gpu):
+    root, opts = tree
+    d = _thp(root)
+    before = (d / "shmem_enabled").read_text()
+    plans = {p.step: p for p in _run(_settings(tmp_path, **env), opts, gpu=gpu).plans}
+    assert plans["host huge pages"].action == "skip" and not plans["host huge pages"].warning
+    assert (d / "shmem_enabled").read_text() == before
+    assert not (root / "etc/tmpfiles.d/thaw-huge-pages.conf").exists()
+
+
+def test_huge_pages_on_any_node_when_asked_and_a_missing_sysfs_is_said(tmp_path, tree):
+    root, opts = tree
+    plans = {p.step: p for p in _run(_settings(tmp_path, THAW_NODE_HUGE_PAGES="yes"), opts).plans}
+    p = plans["host huge pages"]
+    assert p.action == "skip" and p.warning and "cannot read the host's THP settings" in p.detail
+    _thp(root)
+    plans = {p.step: p for p in _run(_settings(tmp_path, THAW_NODE_HUGE_PAGES="yes"), opts).plans}
+    assert plans["host huge pages"].result == "updated"
+
+
+def test_thp_selected_reads_the_bracketed_word():
+    assert prov.thp_selected("always defer defer+madvise [madvise] never\n") == "madvise"
+    assert prov.thp_selected("advise\n") == "advise"
+    assert prov.thp_selected("") == ""
