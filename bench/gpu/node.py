@@ -10,11 +10,12 @@ bench/gpu/node.sh runs it (on the GPU machine from .carry-node/, on CI from
 build/); bench/gpu/README.md "GPU node" says how and what comes back.
 
 The node's paths are the real ones `thaw provision` writes (/opt/thaw,
-/etc/thaw, /etc/containerd, /etc/cdi, /var/lib/thaw, /var/log/thaw,
-/var/lib/containerd, /run/containerd, /run/thaw), each a bind mount of a
-directory under --work inside a private mount namespace of this process and
-its children: nothing of the machine's own is changed (a mount point that did
-not exist is created empty and removed again).
+/etc/thaw, /etc/containerd, /etc/cdi, /etc/tmpfiles.d, /var/lib/thaw,
+/var/log/thaw, /var/lib/containerd, /run/containerd, /run/thaw), each a bind
+mount of a directory under --work inside a private mount namespace of this
+process and its children (a mount point that did not exist is created empty
+and removed again): nothing of the machine's own is changed but, on a GPU
+machine, the host's THP settings, which provision sets (node.huge_pages).
 
 Steps, each recorded in <out>/node.json as soon as it is done:
  1. stack: SeaweedFS, `thaw provision --from BIN --no-systemd` (its CDI spec
@@ -84,8 +85,8 @@ from control.dev.process import stop_group  # noqa: E402
 # Paths `thaw provision` and containerd write on a node (control/node/provision.py,
 # control/config.py defaults, containerd's defaults); each becomes a bind mount of
 # <work>/node/<name> inside this process's mount namespace.
-NODE_PATHS = ("/opt/thaw", "/etc/thaw", "/etc/containerd", "/etc/cdi", "/var/lib/thaw", "/var/log/thaw",
-              "/var/lib/containerd", "/run/containerd", "/run/thaw")
+NODE_PATHS = ("/opt/thaw", "/etc/thaw", "/etc/containerd", "/etc/cdi", "/etc/tmpfiles.d", "/var/lib/thaw",
+              "/var/log/thaw", "/var/lib/containerd", "/run/containerd", "/run/thaw")
 SOCKET = "/run/containerd/containerd.sock"      # containerd's default grpc address
 NAMESPACE = "thaw-gpu-node"
 SHIM = "/opt/thaw/bin/containerd-shim-runsc-v1"  # the drop-in's runtime_path (provision)

@@ -25,8 +25,8 @@ from tests.conftest import BUILD, REPO, require
 
 REPEAT = 3
 STREAM = 2
-NODE_PATHS = ("/opt/thaw", "/etc/thaw", "/etc/containerd", "/etc/cdi", "/var/lib/thaw", "/var/log/thaw",
-              "/var/lib/containerd", "/run/containerd", "/run/thaw")   # twin: bench/gpu/node.py
+NODE_PATHS = ("/opt/thaw", "/etc/thaw", "/etc/containerd", "/etc/cdi", "/etc/tmpfiles.d", "/var/lib/thaw",
+              "/var/log/thaw", "/var/lib/containerd", "/run/containerd", "/run/thaw")   # twin: bench/gpu/node.py
 
 
 def _kill_leftovers(work: Path) -> None:

@@ -86,3 +86,23 @@ def test_every_opted_in_example_declares_a_real_readiness_probe():
             assert workload.ANNOTATION_READY in ann, f"{path.name}: opts in without {workload.ANNOTATION_READY}"
             p = probe.parse(ann[workload.ANNOTATION_READY])
             assert not isinstance(p, probe.DelayProbe), f"{path.name}: a delay is not a readiness probe"
+
+
+def test_provision_init_container_mounts_every_host_path_provision_writes(tmp_path):
+    """What provision writes on a GPU node lands on the host, not in the init container's
+    own filesystem: each file's directory (or one above it) is a hostPath mount, and /sys
+    (the THP settings) is the host's in a privileged container."""
+    import yaml
+    ds = yaml.safe_load((REPO / "deploy/kubernetes/40-daemonset.yaml").read_text())
+    pod = ds["spec"]["template"]["spec"]
+    init = next(c for c in pod["initContainers"] if c["name"] == "provision")
+    assert init["securityContext"]["privileged"] is True
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    host = [Path(m["mountPath"]) for m in init["volumeMounts"] if "hostPath" in volumes[m["name"]]]
+    settings = config.load(environ={}, default_file=tmp_path / "absent")
+    opts = provision.Options(source_dir=tmp_path, root=Path("/"), systemd=False)
+    targets = [Path(s.dest) if hasattr(s, "dest") else None for s in provision.steps(settings, opts, gpu=True)]
+    written = [t for t in targets if t is not None]
+    assert provision.THP_TMPFILES in written
+    for t in written:
+        assert any(t == h or h in t.parents for h in host), f"{t} is not under a hostPath mount of the init container"
