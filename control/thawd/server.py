@@ -85,7 +85,13 @@ class ThawdServicer(pbg.ThawdServicer):
 
     @_rpc
     def PrepareRestore(self, request, context):
-        d = self.t.prepare_restore(_rt(request.runtime))
+        rt = _rt(request.runtime)
+        d = self.t.prepare_restore(rt)
+        if d.restore and not context.is_active():
+            # The stand-in died (or gave up) while thawd decided: the RPC is cancelled
+            # and the answer goes nowhere. Its container's delete may already have been
+            # and gone, so nothing else would ever end this decision.
+            self.t.abandon(rt, "the stand-in was gone before thawd's answer reached it")
         return pb.PrepareRestoreResponse(
             decision=pb.PrepareRestoreResponse.RESTORE if d.restore else pb.PrepareRestoreResponse.COLD,
             reason=d.reason, workload_key=d.key, restore_timeout_ms=int(d.restore_timeout_s * 1000),

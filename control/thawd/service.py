@@ -761,9 +761,18 @@ class Thawd:
 
     # -- delete / explicit -------------------------------------------------------
 
-    def release(self, container_id: str, runsc_root: str) -> bool:
+    def release(self, container_id: str, runsc_root: str,
+                why: str = "released before any restore (create or start did not finish)") -> bool:
         self.pods.forget(runsc_root, container_id)
-        return self._release_key((runsc_root, container_id))
+        return self._release_key((runsc_root, container_id), why)
+
+    def abandon(self, rt: RuntimeRef, why: str) -> bool:
+        """The stand-in that asked for `rt`'s decision is gone before the answer reached it
+        (SIGKILLed, or past its deadline): nobody will restore the container or report an
+        outcome, and containerd's delete may have come while thawd still decided, before
+        the decision existed to release (issue 14: every decision ends in one outcome).
+        Released now, as a delete would: ABANDONED."""
+        return self.release(rt.container_id, str(rt.runsc_root), why)
 
     def _release(self, rt: RuntimeRef) -> bool:
         return self._release_key((str(rt.runsc_root), rt.container_id))
@@ -771,8 +780,9 @@ class Thawd:
     def release_ref(self, rt: RuntimeRef) -> bool:
         return self._release(rt)
 
-    def _release_key(self, k: tuple[str, str]) -> bool:
-        self._settle(k, "released before any restore (create or start did not finish)")
+    def _release_key(self, k: tuple[str, str],
+                     why: str = "released before any restore (create or start did not finish)") -> bool:
+        self._settle(k, why)
         with self._lock:
             self._identities.pop(k, None)
             lease = self._leases.pop(k, None)

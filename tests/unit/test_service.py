@@ -447,6 +447,36 @@ def test_every_restore_decision_ends_in_exactly_one_outcome(env, caplog):
     assert any(r.getMessage().startswith("outcome c1 ") and "ABANDONED" in r.getMessage() for r in caplog.records)
 
 
+def test_a_decision_whose_standin_is_gone_before_the_answer_is_abandoned(env):
+    """issue 14: the stand-in SIGKILLed while thawd decides (PrepareRestore's RPC
+    cancelled), and containerd's delete come and gone before the decision existed:
+    nothing else would end it, so the servicer abandons it (test_standin_kills
+    found one such decision without an outcome, 2026-12-01)."""
+    from control.thawd.rpc import thawd_pb2 as pb
+    from control.thawd.server import ThawdServicer
+    t, images, tmp = env
+    rt = bundle(tmp, "c1", OPT_IN)
+    images.available[t.prepare_restore(rt).key] = True
+
+    class Context:
+        def __init__(self, active: bool) -> None:
+            self.active = active
+
+        def is_active(self) -> bool:
+            return self.active
+
+    req = pb.PrepareRestoreRequest(runtime=pb.Runtime(container_id="c1", bundle=str(rt.bundle),
+                                                              runsc_root=str(rt.runsc_root)))
+    servicer = ThawdServicer(t, "tuple")
+    abandoned = lambda: t.metrics.counters().get("thaw_restores_abandoned_total", 0)  # noqa: E731
+    assert servicer.PrepareRestore(req, Context(True)).image_path and abandoned() == 0
+    t.release("c1", str(rt.runsc_root))
+    assert abandoned() == 1
+    servicer.PrepareRestore(req, Context(False))
+    assert abandoned() == 2 and t.lease_of(rt) is None          # ended and its lease released
+    assert not t.release("c1", str(rt.runsc_root)) and abandoned() == 2   # the late delete finds nothing
+
+
 def test_a_standin_commits_by_its_marker_and_its_exit(tmp_path):
     """thawd keeps a restore once its stand-in exited with the marker saying "restored";
     a stand-in that died first, marker still "restore", gets it removed (issue 14)."""
