@@ -60,6 +60,35 @@ install() { # install OUTPUT PACKAGE@VERSION [extra go install args]
   built=$(ls -t "$gobin" | head -1)
   mv -f "$gobin/$built" "$out/$name"
 }
+# Two upstream binaries are built from a patched copy of a module: `go build
+# -overlay` refuses files in the module cache, so each builds in a throwaway
+# module under the build directory that requires gVisor at the pin (so it
+# resolves gVisor's own dependency graph) and replaces one module with a copy
+# taken from the module cache, one file changed.
+gvisor_gomod=$(go mod download -json "gvisor.dev/gvisor@$gvisor_version" | sed -n 's/.*"GoMod": "\(.*\)",*/\1/p')
+gvisor_go=$(awk '$1 == "go" {print $2; exit}' "$gvisor_gomod")
+copy_module() { # copy_module MODULE@VERSION DEST: a writable copy of the module from the module cache
+  local dir
+  dir=$(go mod download -json "$1" | sed -n 's/.*"Dir": "\(.*\)",*/\1/p')
+  mkdir -p "$(dirname "$2")" && cp -r "$dir" "$2" && chmod -R u+w "$2"
+}
+build_patched() { # build_patched OUTPUT PACKAGE REPLACED-MODULE WORKDIR [go build args]: WORKDIR/copy is the patched copy
+  local name=$1 pkg=$2 replaced=$3 work=$4; shift 4
+  mkdir -p "$work/mod"
+  cat > "$work/mod/go.mod" <<MOD
+module thaw.dev/patchedbuild
+
+go $gvisor_go
+
+require gvisor.dev/gvisor $gvisor_version
+
+replace $replaced => ../copy
+MOD
+  printf 'package patchedbuild\n\nimport _ "%s"\n' "$pkg" > "$work/mod/tools.go"
+  (cd "$work/mod" && go mod tidy >/dev/null 2>&1 && go build -trimpath "$@" -o "$out/$name" "$pkg")
+  rm -rf "$work"
+}
+
 # runsc carries one patch: its background page loader restores with
 # RESTORE_READERS parallel reads of the pages file instead of 128 (the reader
 # only; checkpoints still write with 128). With 128 the readers' first-touch
@@ -67,62 +96,33 @@ install() { # install OUTPUT PACKAGE@VERSION [extra go install args]
 # workload's own faults wait behind them: upstream gVisor PR #14568 (open;
 # it settles on 12 readers with 4 MiB reads). Measured side by side with 8:
 # H200 GPU restores 6-8 % faster with host huge pages, ~8B 7.0 -> 4.6 s
-# without (docs/gpu.md); a 2 GiB CPU image's first answer 0.75x hot, 0.56x
+# without (docs/gpu.md); a 2 GiB CPU image restored with --background, first answer 0.75x hot, 0.56x
 # cold on the 2-core VM (bench/loader_readers.py, bench/results/
 # loader-readers-2026-12-01-product.json). Same version label: images restore across
 # patched and unpatched builds alike (the format is untouched).
 RESTORE_READERS=8
-runsc_mod="$out/.runsc-build"
-rm -rf "$runsc_mod" && mkdir -p "$runsc_mod/mod"
-gvisor_dir=$(go mod download -json "gvisor.dev/gvisor@$gvisor_version" | sed -n 's/.*"Dir": "\(.*\)",*/\1/p')
-cp -r "$gvisor_dir" "$runsc_mod/gvisor" && chmod -R u+w "$runsc_mod/gvisor"
-pagesfile="$runsc_mod/gvisor/pkg/sentry/state/stateio/pagesfile.go"
+runsc_work="$out/.runsc-build"
+rm -rf "$runsc_work"
+copy_module "gvisor.dev/gvisor@$gvisor_version" "$runsc_work/copy"
+pagesfile="$runsc_work/copy/pkg/sentry/state/stateio/pagesfile.go"
 reader_default='return NewPagesFileFDReader(fd, pagesFileFDDefaultMaxIOBytes, pagesFileFDDefaultMaxParallel)'
 grep -qF "$reader_default" "$pagesfile" || { echo "build: $pagesfile changed upstream; re-check the loader patch" >&2; exit 1; }
 sed -i "s/$reader_default/return NewPagesFileFDReader(fd, pagesFileFDDefaultMaxIOBytes, $RESTORE_READERS) \/\/ thaw: ci\/build-go.sh RESTORE_READERS/" "$pagesfile"
 grep -qF "pagesFileFDDefaultMaxIOBytes, $RESTORE_READERS)" "$pagesfile" || { echo "build: the loader patch did not apply" >&2; exit 1; }
-cat > "$runsc_mod/mod/go.mod" <<MOD
-module thaw.dev/runscbuild
-
-go $(awk '$1 == "go" {print $2; exit}' "$runsc_mod/gvisor/go.mod")
-
-require gvisor.dev/gvisor $gvisor_version
-
-replace gvisor.dev/gvisor => ../gvisor
-MOD
-printf 'package runscbuild\n\nimport _ "gvisor.dev/gvisor/runsc"\n' > "$runsc_mod/mod/tools.go"
 echo "build: runsc <- gvisor.dev/gvisor/runsc@$gvisor_version (background page loader: $RESTORE_READERS readers)"
-(cd "$runsc_mod/mod" && go mod tidy >/dev/null 2>&1 && \
-  go build -trimpath -ldflags "-s -w -X gvisor.dev/gvisor/runsc/version.version=$label" -o "$out/runsc" gvisor.dev/gvisor/runsc)
-rm -rf "$runsc_mod"
+build_patched runsc gvisor.dev/gvisor/runsc gvisor.dev/gvisor "$runsc_work" \
+  -ldflags "-s -w -X gvisor.dev/gvisor/runsc/version.version=$label"
 # The shim is built with thaw's oom_linux.go in place of containerd's (see
-# go/overlay/containerd-sys/oom_linux.go for why). `go build -overlay` refuses
-# files in the module cache, so the build uses a throwaway module under the
-# build directory: it requires gVisor at the pin (so it resolves gVisor's own
-# dependency graph) and replaces the containerd version gVisor needs with a
-# copy of it taken from the module cache, with that one file swapped.
-shim_mod="$out/.shim-build"
-rm -rf "$shim_mod" && mkdir -p "$shim_mod/mod"
-gvisor_gomod=$(go mod download -json "gvisor.dev/gvisor@$gvisor_version" | sed -n 's/.*"GoMod": "\(.*\)",*/\1/p')
+# go/overlay/containerd-sys/oom_linux.go for why), in the containerd version
+# gVisor needs.
+shim_work="$out/.shim-build"
+rm -rf "$shim_work"
 shim_containerd=$(awk '$1 == "github.com/containerd/containerd/v2" {print $2; exit}' "$gvisor_gomod")
-containerd_dir=$(go mod download -json "github.com/containerd/containerd/v2@$shim_containerd" | sed -n 's/.*"Dir": "\(.*\)",*/\1/p')
-cp -r "$containerd_dir" "$shim_mod/containerd" && chmod -R u+w "$shim_mod/containerd"
-cp "$here/go/overlay/containerd-sys/oom_linux.go" "$shim_mod/containerd/pkg/sys/oom_linux.go"
-go_version=$(awk '$1 == "go" {print $2; exit}' "$gvisor_gomod")
-cat > "$shim_mod/mod/go.mod" <<MOD
-module thaw.dev/shimbuild
-
-go $go_version
-
-require gvisor.dev/gvisor $gvisor_version
-
-replace github.com/containerd/containerd/v2 => ../containerd
-MOD
-printf 'package shimbuild\n\nimport _ "gvisor.dev/gvisor/shim"\n' > "$shim_mod/mod/tools.go"
+copy_module "github.com/containerd/containerd/v2@$shim_containerd" "$shim_work/copy"
+cp "$here/go/overlay/containerd-sys/oom_linux.go" "$shim_work/copy/pkg/sys/oom_linux.go"
 echo "build: containerd-shim-runsc-v1 <- gvisor.dev/gvisor/shim@$gvisor_version (containerd $shim_containerd, thaw oom_linux.go)"
-(cd "$shim_mod/mod" && go mod tidy >/dev/null 2>&1 && \
-  go build -trimpath -ldflags "-s -w" -o "$out/containerd-shim-runsc-v1" gvisor.dev/gvisor/shim)
-rm -rf "$shim_mod"
+build_patched containerd-shim-runsc-v1 gvisor.dev/gvisor/shim github.com/containerd/containerd/v2 "$shim_work" \
+  -ldflags "-s -w"
 install containerd "github.com/containerd/containerd/v2/cmd/containerd@$containerd_version" \
   -tags "no_btrfs no_devmapper no_zfs" -ldflags "-s -w"
 install ctr "github.com/containerd/containerd/v2/cmd/ctr@$containerd_version" -ldflags "-s -w"
