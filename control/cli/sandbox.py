@@ -234,8 +234,7 @@ def restore_from_store(obj: Context, sb, key: str, sid: str, probes: list | None
             if failed is not None:
                 # Its stream failed, so runsc gave up on the restore: that is why it
                 # started cold, as thawd says for a container (service.restore).
-                out["fallback_reason"] = (f"{type(failed).__name__}: the image's stream failed: "
-                                          f"{getattr(failed, 'message', failed)}")
+                out["fallback_reason"] = streammod.failure_reason(failed)
         else:
             try:
                 out = {"mode": "restored", **sb.restore(src.path, sid, probes=probes, **kw).to_dict()}

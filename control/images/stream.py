@@ -111,6 +111,12 @@ ORDER_VERSION = 1
 MAX_ORDER_RANGES = 4096
 
 
+def failure_reason(err: ThawError) -> str:
+    """The reason a restore gives when its stream failed (the gofer failed the sentry's
+    reads, so runsc gave up): thawd's for a container or pod, the CLI's for a cold fallback."""
+    return f"{type(err).__name__}: the image's stream failed: {getattr(err, 'message', err)}"
+
+
 class Stream:
     """An image streaming into the node cache while a sandbox restores from it.
 

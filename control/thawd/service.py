@@ -550,8 +550,8 @@ class Thawd:
         failed = lease.verdict() if getattr(lease, "stream", False) else None
         if failed is None:
             return reason, True
-        return (f"{type(failed).__name__}: the image's stream failed: {getattr(failed, 'message', failed)}",
-                isinstance(failed, IntegrityError) and failed.where == "store")
+        from control.images.stream import failure_reason
+        return failure_reason(failed), isinstance(failed, IntegrityError) and failed.where == "store"
 
     def count_stream(self, lease) -> None:
         """thaw_streams_total{result}: how the stream of a restore that succeeded ended
