@@ -9,7 +9,8 @@ One image: control/dev/workloads/memory_server.py holding MB MiB of seeded
 random bytes, run with `thaw run`, checkpointed with `thaw checkpoint`. Then
 `reps` rounds, each restoring the same image once with build/runsc and once
 with --alt (order alternating between rounds), each through `thaw restore
-IMAGE` with checkpoint.restore_background on (thaw's default), in two page
+IMAGE` with checkpoint.restore_background on (`runsc restore --background`, the
+server runs while pages load; thaw's default is off), in two page
 cache states: "hot" (the image's files read just before) and "cold" (page
 cache dropped). Per restore: the command's time to the first /ping answer, and
 to the answer of /sum (every byte read back from the restored memory and
@@ -25,19 +26,19 @@ import json
 import os
 import platform
 import shutil
-import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 from datetime import date
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-THAW = REPO / ".venv" / "bin" / "thaw"
+sys.path.insert(0, str(REPO / "bench"))
+
+from report import spread  # noqa: E402
+from stream import PORT, THAW, WORKLOAD, drop_caches, first_answer, get, thaw  # noqa: E402
+
 BUILD = REPO / "build"
-WORKLOAD = REPO / "control" / "dev" / "workloads" / "memory_server.py"
-PORT = 8080
 SUBNET = "10.214.64.0/20"
 
 
@@ -50,33 +51,8 @@ def env_for(work: Path, runsc: Path) -> dict[str, str]:
     return env
 
 
-def thaw(env: dict, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    r = subprocess.run([str(THAW), *args], env=env, capture_output=True, text=True, timeout=timeout,
-                       stdin=subprocess.DEVNULL)
-    if r.returncode != 0:
-        raise RuntimeError(f"thaw {' '.join(args)} failed ({r.returncode}): {r.stderr[-3000:]}")
-    return r
-
-
-def get(host: str, path: str, timeout: float) -> dict:
-    with urllib.request.urlopen(f"http://{host}:{PORT}{path}", timeout=timeout) as r:
-        return json.loads(r.read())
-
-
-def first_answer(host: str, t0: float, deadline_s: float) -> float:
-    while True:
-        try:
-            get(host, "/ping", 0.05)
-            return time.monotonic() - t0
-        except OSError:
-            if time.monotonic() - t0 > deadline_s:
-                raise
-            time.sleep(0.01)
-
-
 def page_cache(image: Path, state: str) -> None:
-    os.sync()
-    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    drop_caches()
     if state == "hot":
         for p in image.iterdir():
             with open(p, "rb") as f:
@@ -90,7 +66,7 @@ def one(env: dict, image: Path, sid: str, src: dict, state: str, label: str) -> 
     p = subprocess.Popen([str(THAW), "restore", str(image), "--id", sid, "--json"], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
     try:
-        t_first = first_answer(src["host"], t0, 300)
+        _, t_first = first_answer(src["host"], t0, 300)
         answer = get(src["host"], "/sum", 600)
         t_sum = time.monotonic() - t0
         out, err = p.communicate(timeout=600)
@@ -116,10 +92,6 @@ def clean(work: Path) -> None:
         if where.startswith(str(work) + "/"):
             subprocess.run(["umount", where], check=False)
     shutil.rmtree(work, ignore_errors=True)
-
-
-def stats(xs: list[float]) -> dict:
-    return {"median_s": round(statistics.median(xs), 4), "min_s": min(xs), "max_s": max(xs), "n": len(xs)}
 
 
 def main() -> None:
@@ -161,7 +133,8 @@ def main() -> None:
     summary = {}
     for state in ("hot", "cold"):
         for metric in ("first_answer_s", "all_memory_s"):
-            per = {lab: stats([r[metric] for r in rows if r["runsc"] == lab and r["cache"] == state]) for lab in runscs}
+            per = {lab: spread([r[metric] for r in rows if r["runsc"] == lab and r["cache"] == state], 4)
+                   for lab in runscs}
             alt = a.alt.name
             summary[f"{state}.{metric}"] = {**per, f"{alt}_over_thaw": round(per[alt]["median_s"] / per["thaw"]["median_s"], 3)}
     out = {"benchmark": "loader-readers", "date": date.today().isoformat(), "mb": a.mb, "reps": a.reps,

@@ -43,7 +43,6 @@ import argparse
 import contextlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -58,6 +57,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from control.lifecycle import profiles  # noqa: E402
+from control.node.provision import THP_DEFRAG, THP_DIR, THP_SHMEM, thp_read  # noqa: E402
 from nvproxy import cdi, gpu, helper  # noqa: E402
 from runsc_hooks import spec as specmod  # noqa: E402
 from runsc_hooks.runsc import (CheckpointOptions, CreateOptions, GlobalOptions,  # noqa: E402
@@ -68,7 +68,7 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 import smoke  # noqa: E402  (bench/gpu/smoke.py)
 from channels import SERVER_PORT, ChannelTimeout, FileChannel, HttpChannel  # noqa: E402,F401
-from runsc_logs import cuda_toggles, go_duration, read_logs, timelines  # noqa: E402,F401
+from runsc_logs import cuda_toggles, go_duration, huge_pages_line, read_logs, timelines  # noqa: E402,F401
 
 # Restore targets (seconds to the first correct answer, warm page cache) from
 # issue 17: `target_s` for a workload left as it is (transparent; issue 6 had
@@ -158,8 +158,7 @@ DEFAULT_VARIANTS = ("thaw", "thaw-cold-cache", "no-background", "no-release", "b
 # The H200 VM has never/madvise: the driver sets these for the variant's
 # restore and puts the old values back after it. runsc reads them when the
 # restored sandbox boots; the image's chunks keep their own huge flag.
-THP_DIR = Path("/sys/kernel/mm/transparent_hugepage")
-THP_FOR_HUGE_PAGES = {"shmem_enabled": "advise", "defrag": "defer"}
+THP_FOR_HUGE_PAGES = {"shmem_enabled": THP_SHMEM, "defrag": THP_DEFRAG}   # what `thaw provision` sets
 
 
 def split_variant(name: str) -> tuple[str, str | None]:
@@ -253,25 +252,9 @@ def gpu_memory_used() -> str:
         return "?"
 
 
-def thp_read(root: Path) -> dict[str, str]:
-    """The selected value of each THP_FOR_HUGE_PAGES setting ("[never]" in "always advise [never]")."""
-    out = {}
-    for name in THP_FOR_HUGE_PAGES:
-        text = (root / name).read_text().strip()
-        m = re.search(r"\[([^\]]+)\]", text)
-        out[name] = m[1] if m else text
-    return out
-
-
 def thp_write(root: Path, values: dict[str, str]) -> None:
     for name, value in values.items():
         (root / name).write_text(value + "\n")
-
-
-def huge_pages_line(log_text: str) -> str | None:
-    """runsc's boot log says whether the memory file uses huge pages (runsc/boot/loader.go createMemoryFile)."""
-    m = re.findall(r"(?:Enabling|Disabling) application huge pages[^\n]*", log_text)
-    return m[-1].strip() if m else None
 
 
 def sandbox_host_memory(pid: int) -> dict:

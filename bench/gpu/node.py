@@ -717,7 +717,7 @@ class Node:
                          any(m.endswith(f"-> {FAKE_DIR}") and m.startswith(str(self.work / "fake-gpu" / "0"))
                              for m in rec["spec"]["mounts"]), rec["spec"]["mounts"])
         if self.o.gpu:   # provision's node.huge_pages (auto: GPU nodes), as runsc's boot saw it
-            line = huge_pages_line("c1-cold")
+            line = boot_huge_pages("c1-cold")
             self.r.check("cold: runsc backs the sandbox's memory with huge pages (provision set the host's THP)",
                          line.startswith("Enabling application huge pages"), line)
         self.r.check("cold: the first start of the workload is cold (no image yet)",
@@ -1075,21 +1075,22 @@ class Node:
 
 def host_thp() -> dict[str, str]:
     """The host's shmem THP settings (what `thaw provision` set: node.huge_pages)."""
-    from control.node.provision import THP_DIR, thp_selected
+    from control.node.provision import THP_DIR, thp_read
     try:
-        return {n: thp_selected((THP_DIR / n).read_text()) for n in ("shmem_enabled", "defrag")}
+        return thp_read(THP_DIR)
     except OSError as e:
         return {"error": str(e)}
 
 
-def huge_pages_line(container: str) -> str:
-    """runsc's boot log line on huge pages for `container` (runsc/boot/loader.go createMemoryFile)."""
+def boot_huge_pages(container: str) -> str:
+    """runsc's boot log line on huge pages for `container`."""
+    from runsc_logs import huge_pages_line
     f = Path(RUNSC_LOGS) / f"{container}.boot.log"
     try:
-        m = re.search(r"(?:En|Dis)abling application huge pages[^\n]*", f.read_text(errors="replace"))
+        line = huge_pages_line(f.read_text(errors="replace"))
     except OSError as e:
         return f"{f}: {e}"
-    return m.group(0) if m else f"{f} says nothing about application huge pages"
+    return line or f"{f} says nothing about application huge pages"
 
 
 # -- the run -------------------------------------------------------------------------

@@ -56,5 +56,11 @@ def timelines(log_text: str, name: str = "Restore") -> list[list[dict]]:
     return out
 
 
+def huge_pages_line(log_text: str) -> str | None:
+    """runsc's boot log says whether the memory file uses huge pages (runsc/boot/loader.go createMemoryFile)."""
+    m = re.findall(r"(?:Enabling|Disabling) application huge pages[^\n]*", log_text)
+    return m[-1].strip() if m else None
+
+
 def read_logs(logdir: Path, cid: str) -> str:
     return "\n".join(p.read_text(errors="replace") for p in sorted(logdir.glob(f"{cid}.*")) if p.is_file())

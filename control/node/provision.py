@@ -50,6 +50,7 @@ THP_SHMEM = "advise"
 THP_DEFRAG_OK = ("always", "defer", "never")
 THP_DEFRAG = "defer"          # wakes kcompactd instead of compacting in the fault
 THP_TMPFILES = Path("/etc/tmpfiles.d/thaw-huge-pages.conf")   # systemd-tmpfiles writes sysfs at boot
+THP_NAMES = ("shmem_enabled", "defrag")
 
 # What provision installs into <node.install_dir>/bin: (file name, required).
 # The stand-in is optional until it is built (go/cmd/thaw-runsc): without it
@@ -359,6 +360,12 @@ def thp_selected(text: str) -> str:
     return chosen[0] if chosen else (words[0] if len(words) == 1 else "")
 
 
+def thp_read(d: Path) -> dict[str, str]:
+    """The selected value of each of the host's THP settings in `d` (THP_DIR, or its
+    place in a tree); OSError when they cannot be read."""
+    return {n: thp_selected((d / n).read_text()) for n in THP_NAMES}
+
+
 def thp_wanted(layout: Layout) -> dict[str, str]:
     """The values provision sets: shmem_enabled advise; the host's defrag where runsc
     accepts it, else defer."""
@@ -387,7 +394,7 @@ class HostHugePages(Step):
     def plan(self, earlier: list[Plan]) -> Plan:
         t = str(self.dir)
         try:
-            have = {n: thp_selected((self.dir / n).read_text()) for n in self.values}
+            have = thp_read(self.dir)
         except OSError as e:
             return Plan(self.name, t, SKIP, f"cannot read the host's THP settings ({e}): runsc backs "
                         "sandboxes' memory with 4 KiB pages (slower GPU restores, docs/gpu.md)", warning=True)
