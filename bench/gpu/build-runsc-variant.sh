@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # Build an experimental runsc: the pinned gVisor with the background page
 # loader's parallelism (pkg/sentry/state/stateio/pagesfile.go
-# pagesFileFDDefaultMaxParallel, 128 at the pin) set to READERS, stamped with
-# the same version label as build/runsc so that it restores the same images.
-# For the GPU loader-contention experiment (docs/gpu.md, "Where the restore
-# time goes"); not used by thaw itself.
-#   bash bench/gpu/build-runsc-variant.sh 8      -> build/runsc-readers8
+# pagesFileFDDefaultMaxParallel, 128 at the pin) set to READERS and, when
+# given, its read size (pagesFileFDDefaultMaxIOBytes, 256 KiB at the pin) to
+# READ_KIB, stamped with the same version label as build/runsc so that it
+# restores the same images. For the loader experiments (docs/gpu.md, "Where the
+# restore time goes", "Restore speed levers"); thaw's own runsc carries the
+# setting these measured best (ci/build-go.sh RESTORE_READERS).
+#   bash bench/gpu/build-runsc-variant.sh 128        -> build/runsc-readers128 (the stock loader)
+#   bash bench/gpu/build-runsc-variant.sh 12 4096    -> build/runsc-readers12x4096k (upstream PR #14568's)
 set -euo pipefail
-readers=${1:?usage: build-runsc-variant.sh READERS}
+readers=${1:?usage: build-runsc-variant.sh READERS [READ_KIB]}
+read_kib=${2:-}
+name="runsc-readers$readers${read_kib:+x${read_kib}k}"
 here=$(cd "$(dirname "$0")/../.." && pwd)
 out="$here/build"
 cd "$here/go"
@@ -20,6 +25,10 @@ cp -r "$src" "$mod/gvisor" && chmod -R u+w "$mod/gvisor"
 f="$mod/gvisor/pkg/sentry/state/stateio/pagesfile.go"
 grep -q 'pagesFileFDDefaultMaxParallel = 128' "$f" || { echo "pagesfile.go changed upstream: $f" >&2; exit 1; }
 sed -i "s/pagesFileFDDefaultMaxParallel = 128/pagesFileFDDefaultMaxParallel = $readers/" "$f"
+if [[ -n "$read_kib" ]]; then
+  grep -q 'pagesFileFDDefaultMaxIOBytes  = 256 << 10' "$f" || { echo "pagesfile.go changed upstream: $f" >&2; exit 1; }
+  sed -i "s/pagesFileFDDefaultMaxIOBytes  = 256 << 10/pagesFileFDDefaultMaxIOBytes  = $read_kib << 10/" "$f"
+fi
 go_version=$(awk '$1 == "go" {print $2; exit}' "$mod/gvisor/go.mod")
 mkdir -p "$mod/m"
 cat > "$mod/m/go.mod" <<MOD
@@ -35,5 +44,5 @@ printf 'package runscvariant\n\nimport _ "gvisor.dev/gvisor/runsc"\n' > "$mod/m/
 cd "$mod/m"
 go mod tidy >/dev/null 2>&1
 CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X gvisor.dev/gvisor/runsc/version.version=$label" \
-  -o "$out/runsc-readers$readers" gvisor.dev/gvisor/runsc
-echo "built $out/runsc-readers$readers ($("$out/runsc-readers$readers" --version | head -1), $readers background readers)"
+  -o "$out/$name" gvisor.dev/gvisor/runsc
+echo "built $out/$name ($("$out/$name" --version | head -1), $readers background readers of ${read_kib:-256} KiB)"

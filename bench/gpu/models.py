@@ -144,6 +144,9 @@ VARIANTS: dict[str, Variant] = {
     "parked-staged": Variant("offload-staged", True, False, "parked, image of cooperative-staged", park=True,
                              target="cooperative"),
     "thaw-thp": Variant("release", True, False, "thaw with host shmem huge pages (runsc --app-huge-pages)", thp=True),
+    "no-background-thp": Variant("release", False, False, "thaw-thp without --background: runsc restore loads "
+                                 "every page before the workload runs (checkpoint.restore_background = false)",
+                                 thp=True),
     "cooperative-thp": Variant("offload", True, False, "cooperative with host shmem huge pages", thp=True,
                                target="cooperative"),
     "parked-cooperative-thp": Variant("offload", True, False, "parked-cooperative with host shmem huge pages",

@@ -11,11 +11,13 @@
 #   parked-cooperative    both
 #   *-thp                 host shmem huge pages (advise/defer) for the cold start and that restore
 #   *-staged              weights in pageable host memory, copied back through a small pinned ring
-#   thaw@readers8         runsc with 8 background page readers (bench/gpu/build-runsc-variant.sh)
+#   thaw@readers128       the stock loader's 128 background page readers (thaw's runsc has 8:
+#                         bench/gpu/build-runsc-variant.sh 128; any VARIANT@NAME restores with
+#                         .carry/runsc-NAME.xz, left out when that was not carried)
 #   cooperative-reload    weights dropped at checkpoint, read back from the model files
-# (cooperative-alloc and cooperative@readers8 exist too: THAW_SPEED_VARIANTS adds them.)
+# (cooperative-alloc and no-background-thp exist too: THAW_SPEED_VARIANTS adds them.)
 # Needs .carry/ from `make carry` after `bash bench/gpu/build-runsc-variant.sh 8`
-# (.carry/runsc.xz, .carry/runsc-readers8.xz, .carry/thaw-cuda-checkpoint).
+# (.carry/runsc.xz, .carry/runsc-NAME.xz of each variant build, .carry/thaw-cuda-checkpoint).
 # Writes $OUT/speed.json (models.py's result, rewritten as it goes), $OUT/speed.log,
 # $OUT/env.txt and $OUT/runsc-logs.tar.xz. Extra arguments go to models.py.
 # THAW_SPEED_MODELS / THAW_SPEED_VARIANTS / THAW_SPEED_8B_VARIANTS / THAW_SPEED_BUDGET_S override.
@@ -24,6 +26,7 @@ cd "$(dirname "$0")/../.."
 t_start=$(date +%s)
 out=${OUT:-/tmp/out}
 mkdir -p /tmp/thaw-bin "$out"
+rm -f /tmp/thaw-bin/runsc-*       # only this run's carried builds name variants
 unxz_to() { python3 -c 'import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2],"wb"))' "$1" "$2" && chmod 755 "$2"; }
 unxz_to .carry/runsc.xz /tmp/thaw-bin/runsc || exit 1
 alts=()
@@ -55,16 +58,16 @@ cat "$out/env.txt"
 
 models=${THAW_SPEED_MODELS:-gpt2-large,llama-3b,llama-8b}
 # In priority order: the budget ends the list, not the images (all made first, from one process).
-variants=${THAW_SPEED_VARIANTS:-thaw,cooperative,parked,parked-cooperative,cooperative-thp,parked-cooperative-thp,cooperative-staged,parked-staged,thaw@readers8,thaw-thp,cooperative-reload}
+variants=${THAW_SPEED_VARIANTS:-thaw,cooperative,parked,parked-cooperative,cooperative-thp,parked-cooperative-thp,cooperative-staged,parked-staged,thaw@readers128,thaw-thp,cooperative-reload}
 # 8B: its weights, cold start and 17 GB images cost minutes: two images (disk: 16 GB of weights
 # and 2 x 17 GB of images of the 64 GiB), no THP (its cold start and checkpoints would run under
 # it too, and pageable GPU->host copies may slow down under huge pages: gVisor #12804), so its
 # thaw is also a reference taken without THP anywhere.
-v8=${THAW_SPEED_8B_VARIANTS:-thaw,cooperative,parked-cooperative,parked,thaw@readers8}
-if [[ ! -f /tmp/thaw-bin/runsc-readers8 ]]; then       # not carried: leave its variants out
-  variants=$(tr ',' '\n' <<<"$variants" | grep -v '@readers8' | paste -sd,)
-  v8=$(tr ',' '\n' <<<"$v8" | grep -v '@readers8' | paste -sd,)
-fi
+v8=${THAW_SPEED_8B_VARIANTS:-thaw,cooperative,parked-cooperative,parked,thaw@readers128}
+# A VARIANT@NAME restores with /tmp/thaw-bin/runsc-NAME: leave it out when that build was not carried.
+carried() { local v; for v in $(tr ',' ' ' <<<"$1"); do
+  [[ "$v" != *@* || -f "/tmp/thaw-bin/runsc-${v#*@}" ]] && echo "$v"; done | paste -sd,; }
+variants=$(carried "$variants"); v8=$(carried "$v8")
 # Start no new step after this: the device kills the command at 600 s; the tail below takes ~15 s.
 budget=$(( ${THAW_SPEED_BUDGET_S:-540} - ($(date +%s) - t_start) - 25 ))
 work=${THAW_BENCH_WORK:-/var/tmp/thaw-bench}

@@ -305,7 +305,11 @@ def test_every_lever_variant_restores_an_image_the_chain_makes():
     assert v["thaw-thp"].thp and v["cooperative-thp"].thp and not v["thaw"].thp
     assert v["parked-cooperative-thp"].park and v["parked-cooperative-thp"].thp
     assert v["parked-staged"].park and v["parked-staged"].image == "offload-staged"
-    assert all(x.background and not x.drop_cache for n, x in v.items() if n not in models.DEFAULT_VARIANTS)
+    # The levers restore with --background, as thaw does; no-background-thp is the setting off, under THP.
+    nb = v["no-background-thp"]
+    assert (nb.image, nb.background, nb.thp, nb.drop_cache) == ("release", False, True, False)
+    assert all(x.background and not x.drop_cache for n, x in v.items()
+               if n not in models.DEFAULT_VARIANTS and n != "no-background-thp")
     modes = {k: dict(models.IMAGES[k].pre).get("offload-weights", {}).get("mode") for k in models.IMAGES}
     assert modes == {"norelease": None, "release": None, "offload": "register", "offload-staged": "staged",
                      "offload-alloc": "alloc", "drop": "drop"}
