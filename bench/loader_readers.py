@@ -3,15 +3,16 @@ build with fewer readers, side by side in one run (issue 17's loader lever,
 docs/gpu.md "Measured (H200, 2026-12-01)"; upstream gVisor PR #14568).
 
     flock /tmp/thaw-heavy.lock .venv/bin/python bench/loader_readers.py \\
-        --alt build/runsc-readers8 [--mb 2048] [--reps 5] [--out bench/results/loader-readers-DATE.json]
+        --alt build/runsc-readers8 [--no-background] [--mb 2048] [--reps 5] [--out bench/results/loader-readers-DATE.json]
 
 One image: control/dev/workloads/memory_server.py holding MB MiB of seeded
 random bytes, run with `thaw run`, checkpointed with `thaw checkpoint`. Then
 `reps` rounds, each restoring the same image once with build/runsc and once
 with --alt (order alternating between rounds), each through `thaw restore
 IMAGE` with checkpoint.restore_background on (`runsc restore --background`, the
-server runs while pages load; thaw's default is off), in two page
-cache states: "hot" (the image's files read just before) and "cold" (page
+server runs while pages load; thaw's default since 2026-12-01), and with
+--no-background a third time with build/runsc and that setting off (every page
+loaded before the server runs), in two page cache states: "hot" (the image's files read just before) and "cold" (page
 cache dropped). Per restore: the command's time to the first /ping answer, and
 to the answer of /sum (every byte read back from the restored memory and
 hashed: the whole memory file loaded). Every answer's boot id and the digest
@@ -42,12 +43,13 @@ BUILD = REPO / "build"
 SUBNET = "10.214.64.0/20"
 
 
-def env_for(work: Path, runsc: Path) -> dict[str, str]:
+def env_for(work: Path, runsc: Path, background: bool = True) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("THAW_", "AWS_"))}
     env.update({"THAW_CONFIG": "/dev/null", "THAW_NODE_STATE_DIR": str(work / "state"),
                 "THAW_NODE_LOG_DIR": str(work / "log"), "THAW_RUNSC_ROOT": str(work / "runsc-root"),
                 "THAW_RUNSC_PATH": str(runsc), "THAW_NETWORK_SUBNET": SUBNET,
-                "THAW_CACHE_DIR": str(work / "cache"), "THAW_CHECKPOINT_RESTORE_BACKGROUND": "1"})
+                "THAW_CACHE_DIR": str(work / "cache"),
+                "THAW_CHECKPOINT_RESTORE_BACKGROUND": "1" if background else "0"})
     return env
 
 
@@ -97,6 +99,8 @@ def clean(work: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--alt", type=Path, required=True, help="the other runsc (bench/gpu/build-runsc-variant.sh)")
+    ap.add_argument("--no-background", action="store_true",
+                    help="a third arm: thaw's runsc with checkpoint.restore_background off")
     ap.add_argument("--mb", type=int, default=2048, help="MiB of server memory")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--work", type=Path, default=Path("/var/tmp/thaw-bench/loader"))
@@ -105,6 +109,9 @@ def main() -> None:
     clean(a.work)
     a.work.mkdir(parents=True)
     runscs = {"thaw": BUILD / "runsc", a.alt.name: a.alt.resolve()}
+    arms = {label: (path, True) for label, path in runscs.items()}   # label -> (runsc, --background)
+    if a.no_background:
+        arms["thaw-no-background"] = (runscs["thaw"], False)
     env = env_for(a.work, runscs["thaw"])
     sid = "loader-src"
     r = thaw(env, "run", "--id", sid, "--json", "--bind", str(WORKLOAD.parent), "--bind", str(REPO / ".venv"),
@@ -120,9 +127,9 @@ def main() -> None:
     try:
         for k in range(a.reps):
             for state in ("hot", "cold"):
-                order = list(runscs) if k % 2 == 0 else list(reversed(runscs))
+                order = list(arms) if k % 2 == 0 else list(reversed(arms))
                 for label in order:
-                    row = one(env_for(a.work, runscs[label]), image, f"loader-{k}", src, state, label)
+                    row = one(env_for(a.work, *arms[label]), image, f"loader-{k}", src, state, label)
                     row["round"] = k
                     rows.append(row)
                     print(json.dumps(row), flush=True)
@@ -134,11 +141,12 @@ def main() -> None:
     for state in ("hot", "cold"):
         for metric in ("first_answer_s", "all_memory_s"):
             per = {lab: spread([r[metric] for r in rows if r["runsc"] == lab and r["cache"] == state], 4)
-                   for lab in runscs}
-            alt = a.alt.name
-            summary[f"{state}.{metric}"] = {**per, f"{alt}_over_thaw": round(per[alt]["median_s"] / per["thaw"]["median_s"], 3)}
+                   for lab in arms}
+            summary[f"{state}.{metric}"] = {**per, **{f"{lab}_over_thaw": round(per[lab]["median_s"] / per["thaw"]["median_s"], 3)
+                                                      for lab in arms if lab != "thaw"}}
     out = {"benchmark": "loader-readers", "date": date.today().isoformat(), "mb": a.mb, "reps": a.reps,
            "image_bytes": image_bytes, "runsc": {k: str(v) for k, v in runscs.items()},
+           "arms": {k: {"runsc": str(p), "background": bg} for k, (p, bg) in arms.items()},
            "machine": {"host": platform.node(), "cpus": os.cpu_count(), "kernel": platform.release(),
                        "loadavg_end": os.getloadavg()},
            "summary": summary, "rows": rows}

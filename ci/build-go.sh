@@ -13,7 +13,7 @@ out=${THAW_BUILD_DIR:-"$here/build"}
 mkdir -p "$out"
 
 pins=$(cd "$here/go" && go list -m -f '{{.Path}}@{{.Version}}' gvisor.dev/gvisor github.com/containerd/containerd/v2 sigs.k8s.io/cri-tools github.com/containernetworking/plugins)
-inputs=$( (cd "$here" && echo "$pins" && cat ci/build-go.sh go/overlay/*/*.go; go version) | sha256sum | cut -c1-16)
+inputs=$( (cd "$here" && echo "$pins" && cat ci/build-go.sh ci/patch-runsc-loader.py go/overlay/*/*.go; go version) | sha256sum | cut -c1-16)
 
 build_own() {
   # thaw's own Go commands, static (CGO_ENABLED=0) so they travel to any node.
@@ -89,27 +89,21 @@ MOD
   rm -rf "$work"
 }
 
-# runsc carries one patch: its background page loader restores with
-# RESTORE_READERS parallel reads of the pages file instead of 128 (the reader
-# only; checkpoints still write with 128). With 128 the readers' first-touch
-# copies contend on one shmem inode's lock (shmem_add_to_page_cache) and the
-# workload's own faults wait behind them: upstream gVisor PR #14568 (open;
-# it settles on 12 readers with 4 MiB reads). Measured side by side with 8:
-# H200 GPU restores 6-8 % faster with host huge pages, ~8B 7.0 -> 4.6 s
-# without (docs/gpu.md); a 2 GiB CPU image restored with --background, first answer 0.75x hot, 0.56x
-# cold on the 2-core VM (bench/loader_readers.py, bench/results/
-# loader-readers-2026-12-01-product.json). Same version label: images restore across
-# patched and unpatched builds alike (the format is untouched).
-RESTORE_READERS=8
+# runsc carries one patch: its background page loader restores with fewer,
+# and on huge pages larger, reads than the pin's 128 of 256 KiB (upstream gVisor
+# PR #14568; ci/patch-runsc-loader.py says what and why, docs/gvisor-notes.md
+# "The pin" what was measured). The reader only: checkpoints still write with
+# the pin's. Same version label: images restore across patched and unpatched
+# builds alike (the format is untouched).
+RESTORE_HUGE_READERS=12     # memory file on huge pages (GPU nodes: node.huge_pages)
+RESTORE_HUGE_READ_KIB=4096
+RESTORE_SMALL_READERS=8     # small pages, reads of the pin's 256 KiB
 runsc_work="$out/.runsc-build"
 rm -rf "$runsc_work"
 copy_module "gvisor.dev/gvisor@$gvisor_version" "$runsc_work/copy"
-pagesfile="$runsc_work/copy/pkg/sentry/state/stateio/pagesfile.go"
-reader_default='return NewPagesFileFDReader(fd, pagesFileFDDefaultMaxIOBytes, pagesFileFDDefaultMaxParallel)'
-grep -qF "$reader_default" "$pagesfile" || { echo "build: $pagesfile changed upstream; re-check the loader patch" >&2; exit 1; }
-sed -i "s/$reader_default/return NewPagesFileFDReader(fd, pagesFileFDDefaultMaxIOBytes, $RESTORE_READERS) \/\/ thaw: ci\/build-go.sh RESTORE_READERS/" "$pagesfile"
-grep -qF "pagesFileFDDefaultMaxIOBytes, $RESTORE_READERS)" "$pagesfile" || { echo "build: the loader patch did not apply" >&2; exit 1; }
-echo "build: runsc <- gvisor.dev/gvisor/runsc@$gvisor_version (background page loader: $RESTORE_READERS readers)"
+echo "build: runsc <- gvisor.dev/gvisor/runsc@$gvisor_version, patched:"
+python3 "$here/ci/patch-runsc-loader.py" "$runsc_work/copy" "$RESTORE_HUGE_READERS" "$RESTORE_HUGE_READ_KIB" \
+  "$RESTORE_SMALL_READERS" || exit 1
 build_patched runsc gvisor.dev/gvisor/runsc gvisor.dev/gvisor "$runsc_work" \
   -ldflags "-s -w -X gvisor.dev/gvisor/runsc/version.version=$label"
 # The shim is built with thaw's oom_linux.go in place of containerd's (see
