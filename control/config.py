@@ -522,8 +522,12 @@ KEYS: tuple[Key, ...] = (
         "The stand-in's decision log: one JSON line per create/start/delete decision.", standin=True),
     # [checkpoint]
     Key("checkpoint.compression", one_of("none", "flate-best-speed"), "none", "runsc checkpoint --compression."),
-    Key("checkpoint.restore_background", BOOL, False,
-        "runsc restore --background (the app runs while pages still load).", field="restore_background"),
+    # On by default since 2026-12-01: an ~8B GPU restore answered in 6.2 s without it and
+    # 3.6 s with it (bench/results/gpu-speed-2026-12-01-loader.json, docs/gpu.md); a save
+    # waits for the loading to end (pgalloc MemoryFile.SaveTo -> AwaitLoadAll).
+    Key("checkpoint.restore_background", BOOL, True,
+        "runsc restore --background: the workload runs while its memory still loads (off: every page is "
+        "loaded before it runs).", field="restore_background"),
 )
 
 _BY_NAME: dict[str, Key] = {k.name: k for k in KEYS}

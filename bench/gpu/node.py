@@ -851,6 +851,9 @@ class Node:
         rec["nvidia_smi"] = self.nvidia_smi(cid)
         rec["gpu_before"], rec["gpu_after"] = cold["gpu_assigned"]["index"], g.index
         rec["speedup_vs_cold"] = round(cold["first_answer_s"] / rec["first_answer_s"], 2)
+        rec["restore_args"] = restore_args(cid)
+        self.r.check(f"{name}: runsc restored it with --background (checkpoint.restore_background, the default)",
+                     "--background" in rec["restore_args"], rec["restore_args"])
         self.r.check(f"{name}: the stand-in restored it (thawd's Restore passed the health probe)",
                      [d["decision"] for d in rec["decisions"]] == ["restore", "restored"], rec["decisions"])
         self.r.check(f"{name}: the same process answers, identically to the cold container",
@@ -1080,6 +1083,16 @@ def host_thp() -> dict[str, str]:
         return thp_read(THP_DIR)
     except OSError as e:
         return {"error": str(e)}
+
+
+def restore_args(container: str) -> str:
+    """The argv runsc logged for `container`'s restore (runsc/cli/cli.go logs "Args: ...")."""
+    f = Path(RUNSC_LOGS) / f"{container}.restore.log"
+    try:
+        m = re.search(r"Args: (\[.*\])", f.read_text(errors="replace"))
+    except OSError as e:
+        return f"{f}: {e}"
+    return m.group(1) if m else f"{f} has no Args line"
 
 
 def boot_huge_pages(container: str) -> str:
