@@ -149,6 +149,8 @@ VARIANTS: dict[str, Variant] = {
                                  thp=True),
     "cooperative-thp": Variant("offload", True, False, "cooperative with host shmem huge pages", thp=True,
                                target="cooperative"),
+    "cooperative-staged-thp": Variant("offload-staged", True, False, "cooperative-staged with host shmem huge pages",
+                                      thp=True, target="cooperative"),
     "parked-cooperative-thp": Variant("offload", True, False, "parked-cooperative with host shmem huge pages",
                                       park=True, thp=True, target="cooperative"),
 }

@@ -16,7 +16,7 @@
 #                         .carry/runsc-NAME.xz, left out when that was not carried)
 #   cooperative-reload    weights dropped at checkpoint, read back from the model files
 # (cooperative-alloc and no-background-thp exist too: THAW_SPEED_VARIANTS adds them.)
-# Needs .carry/ from `make carry` after `bash bench/gpu/build-runsc-variant.sh 8`
+# Needs .carry/ from `make carry` (after `bash bench/gpu/build-runsc-variant.sh ...` for @ variants)
 # (.carry/runsc.xz, .carry/runsc-NAME.xz of each variant build, .carry/thaw-cuda-checkpoint).
 # Writes $OUT/speed.json (models.py's result, rewritten as it goes), $OUT/speed.log,
 # $OUT/env.txt and $OUT/runsc-logs.tar.xz. Extra arguments go to models.py.
