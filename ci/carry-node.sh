@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Stages what bench/gpu/node.sh needs on the GPU machine into .carry-node/a and
-# .carry-node/b (git-ignored), split as bench/gpu/node-parts.txt says, and prints
-# every size: one device call carries at most 64 MiB, the tree included, and the
-# binaries and wheels together do not fit in one (bench/gpu/README.md "GPU node").
+# Stages what bench/gpu/node.sh needs on the GPU machine into .carry-node/a,
+# .carry-node/b, ... (git-ignored; one directory per part bench/gpu/node-parts.txt
+# names), split as that list says, and prints every size: one device call carries
+# at most 64 MiB, the tree included, and the binaries and wheels together do not
+# fit in one (bench/gpu/README.md "GPU node").
 #   binaries: xz -9e (python3's lzma unpacks them there), SHA256SUMS of the originals;
 #   wheels:   the virtualenv's versions, for CPython 3.12 x86-64 (the GPU machine's);
-#   rpc.tar:  thaw's generated gRPC code (git-ignored, so the tree lacks it), in both parts.
+#   rpc.tar:  thaw's generated gRPC code (git-ignored, so the tree lacks it), in every part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${THAW_BUILD_DIR:-build}
@@ -13,11 +14,13 @@ py=.venv/bin/python
 limit=$((64 * 1024 * 1024))
 weed=$("$py" -c 'from control.dev.seaweed import weed_binary; print(weed_binary())')
 parts=bench/gpu/node-parts.txt
+# The parts, as the list names them (a, b, c, ...): one device call each.
+part_names=$(awk '$1 !~ /^#/ && NF >= 3 {print $1}' "$parts" | sort -u | tr '\n' ' ')
 
 src_of() { if [[ $1 == weed ]]; then echo "$weed"; else echo "$build/$1"; fi; }
 
 declare -A keep
-for part in a b; do
+for part in $part_names; do
   mkdir -p ".carry-node/$part/wheels"
   : > ".carry-node/$part/SHA256SUMS.new"
   keep[".carry-node/$part/SHA256SUMS"]=1
@@ -52,7 +55,7 @@ while read -r part kind name; do
     *) echo "carry-node: $parts: unknown kind $kind" >&2; exit 1 ;;
   esac
 done < "$parts"
-for part in a b; do
+for part in $part_names; do
   mv ".carry-node/$part/SHA256SUMS.new" ".carry-node/$part/SHA256SUMS"
   tar -C control/thawd/rpc -cf ".carry-node/$part/rpc.tar" --exclude=__pycache__ .
 done
@@ -65,7 +68,7 @@ tree=$( (git ls-files -z; git ls-files -z -o --exclude-standard) | xargs -0 stat
         | awk '{s+=$1} END {print s+0}')
 mib() { awk -v b="$1" 'BEGIN {printf "%.1f MiB", b / 1048576}'; }
 status=0
-for part in a b; do
+for part in $part_names; do
   echo "part $part (carry \".carry-node/$part\"):"
   total=0
   while IFS= read -r f; do

@@ -4,9 +4,11 @@
 #
 #   On the GPU machine (device tool; `make carry-node` here first), the same command
 #   in consecutive calls, each within the 30 s a machine stays warm:
-#     call 1, carry [".carry-node/a"]:  bash bench/gpu/node.sh   -> exit 3: part b still missing
-#     call 2, carry [".carry-node/b"]:  bash bench/gpu/node.sh   -> starts the run (detached), waits
-#     call 3.. (no carry):              bash bench/gpu/node.sh   -> waits, collects
+#     call 1, carry [".carry-node/a"]:  bash bench/gpu/node.sh   -> exit 3: parts b, c still missing
+#     call 2, carry [".carry-node/b"]:  bash bench/gpu/node.sh   -> exit 3: part c still missing
+#     call 3, carry [".carry-node/c"]:  bash bench/gpu/node.sh   -> starts the run (detached), waits
+#     call 4.. (no carry):              bash bench/gpu/node.sh   -> waits, collects
+#   (one call per part bench/gpu/node-parts.txt names, in any order)
 #   Extra arguments go to node.py at the start of the run (e.g. --model llama-3b,
 #   --repeat 5: rounds of cold / store / cache starts, default 3 on a GPU).
 #   THAW_NODE_AGAIN=1 forgets a finished run and starts another one.
@@ -43,7 +45,7 @@ python3 bench/gpu/node_unpack.py --parts "$parts" --list "$list" --bin "$bin" > 
 rc=$?
 cat "$out/unpack.json"
 if [[ $rc -ne 0 ]]; then
-  [[ $rc -eq 3 ]] && echo "node.sh: waiting for the other carry part: call again with it within 30 s"
+  [[ $rc -eq 3 ]] && echo "node.sh: waiting for the other carry part(s): call again with the next within 30 s (unpack.json names what is missing)"
   exit $rc
 fi
 export PYTHONPATH="$PWD:$bin/site" THAW_NODE_SITE="$bin/site" PYTHONUNBUFFERED=1

@@ -1,5 +1,5 @@
 """Unpack what bench/gpu/node.sh needs on the GPU machine from the carry parts
-that are present (.carry-node/a, .carry-node/b: ci/carry-node.sh stages them),
+that are present (.carry-node/a, b, c: ci/carry-node.sh stages them),
 and say whether everything bench/gpu/node-parts.txt lists is now there.
 
 Standard library only: it runs before the carried wheels are installed.
@@ -10,7 +10,7 @@ Binaries (NAME.xz) go to DIR/NAME, checked against the part's SHA256SUMS;
 wheels are installed with pip into DIR/site (--no-deps --target); rpc.tar
 (thaw's generated gRPC code, git-ignored, so the tree does not carry it) is
 extracted into control/thawd/rpc. What is already there and checked is not
-done again: a later device call carries only the other part. Prints one JSON
+done again: each later device call carries only another part. Prints one JSON
 object; exit 0 when complete, 3 when a part is still missing (it names it), 2
 on a damaged part.
 """
