@@ -81,6 +81,7 @@ for p in (str(REPO), str(HERE)):
 
 from bench.report import spread  # noqa: E402
 from control.dev.process import stop_group  # noqa: E402
+from runsc_logs import page_loader_line  # noqa: E402
 
 # Paths `thaw provision` and containerd write on a node (control/node/provision.py,
 # control/config.py defaults, containerd's defaults); each becomes a bind mount of
@@ -854,6 +855,10 @@ class Node:
         rec["restore_args"] = restore_args(cid)
         self.r.check(f"{name}: runsc restored it with --background (checkpoint.restore_background, the default)",
                      "--background" in rec["restore_args"], rec["restore_args"])
+        rec["page_loader"] = boot_line(cid, page_loader_line)
+        if not cid.startswith("c5-stream"):   # a stream's pages come through the checkpoint-gofer's reader
+            self.r.check(f"{name}: thaw's runsc loaded the pages (its boot log names the page loader it chose)",
+                         rec["page_loader"].startswith("thaw: background page loader:"), rec["page_loader"])
         self.r.check(f"{name}: the stand-in restored it (thawd's Restore passed the health probe)",
                      [d["decision"] for d in rec["decisions"]] == ["restore", "restored"], rec["decisions"])
         self.r.check(f"{name}: the same process answers, identically to the cold container",
@@ -1095,15 +1100,20 @@ def restore_args(container: str) -> str:
     return m.group(1) if m else f"{f} has no Args line"
 
 
+def boot_line(container: str, find) -> str:
+    """The line `find` picks from runsc's boot log for `container`, or why there is none."""
+    f = Path(RUNSC_LOGS) / f"{container}.boot.log"
+    try:
+        line = find(f.read_text(errors="replace"))
+    except OSError as e:
+        return f"{f}: {e}"
+    return line or f"{f} has no such line ({find.__name__})"
+
+
 def boot_huge_pages(container: str) -> str:
     """runsc's boot log line on huge pages for `container`."""
     from runsc_logs import huge_pages_line
-    f = Path(RUNSC_LOGS) / f"{container}.boot.log"
-    try:
-        line = huge_pages_line(f.read_text(errors="replace"))
-    except OSError as e:
-        return f"{f}: {e}"
-    return line or f"{f} says nothing about application huge pages"
+    return boot_line(container, huge_pages_line)
 
 
 # -- the run -------------------------------------------------------------------------

@@ -62,5 +62,11 @@ def huge_pages_line(log_text: str) -> str | None:
     return m[-1].strip() if m else None
 
 
+def page_loader_line(log_text: str) -> str | None:
+    """thaw's runsc logs which background page loader a restore got (ci/patch-runsc-loader.py)."""
+    m = re.findall(r"thaw: background page loader: [^\n]*", log_text)
+    return m[-1].strip() if m else None
+
+
 def read_logs(logdir: Path, cid: str) -> str:
     return "\n".join(p.read_text(errors="replace") for p in sorted(logdir.glob(f"{cid}.*")) if p.is_file())
