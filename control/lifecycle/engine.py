@@ -103,11 +103,13 @@ class Saved:
 
 @dataclass(frozen=True)
 class Restored:
-    seconds: float                   # runsc restore + health check + hooks
+    seconds: float                   # runsc restore + health check + hooks (+ the wait for the pages)
     runsc_s: float                   # runsc restore alone
     health: probemod.HealthResult | None
     hooks: list[dict] = field(default_factory=list)
     gate_dropped: int | None = None
+    ready_s: float | None = None     # runsc restore + health check + hooks: when the gate opened
+    loaded_s: float | None = None    # when every page was in (a --background restore), from the start
 
 
 def status(r: Runsc, cid: str) -> str:
@@ -232,7 +234,7 @@ class Engine:
     def restore(self, h: Handle, image: Path, probes: list, *, opts: RestoreOptions,
                 policy: probemod.Policy | None = None, health_check: bool = True,
                 post_restore_hooks: bool = True, timeout_s: float | None = None,
-                stdio: int | None = None) -> Restored:
+                stdio: int | None = None, await_pages: bool = True) -> Restored:
         """`runsc restore` image into `h` (created by `opts.create` or already by a
         `runsc create`), then the health check and post-restore hooks; the gate
         (closed by the caller before the sandbox's network existed) opens only when
@@ -241,15 +243,31 @@ class Engine:
         (`health_check` and `post_restore_hooks` off) is only registered for its restore
         here: nothing runs in it until its last container is restored (control/thawd/pods.py).
         `stdio`: the restored workload's stdout/stderr when restore creates the sandbox
-        (the CLI's log pipe, control/lifecycle/logs.py)."""
+        (the CLI's log pipe, control/lifecycle/logs.py).
+
+        With `--background` (checkpoint.restore_background, the default) runsc returns
+        before the memory is loaded, and a pages file that turns out short or unreadable
+        kills the sandbox only when the loader reaches that part (a truncated image once
+        passed its restore and its health check so, then died). So the restore ends when
+        `runsc wait --restore` says every page is in (and, on a GPU, the CUDA state is
+        back), after the gate opened: the workload serves meanwhile, and a failure there
+        is the restore's, for the caller to undo (thawd then starts the container cold).
+        Not for a streamed image (`opts.env`: its loading follows the download; the CLI
+        and thawd wait for the stream) nor a pod's sandbox (`await_pages` off: its
+        memory loads only when its last container registers)."""
         from control.errors import UnhealthyRestore
         t0 = time.monotonic()
         h.runsc.restore(h.id, opts, timeout_s, stdio=stdio)
         runsc_s = time.monotonic() - t0
         result = None
+        loads = await_pages and opts.background and not opts.env   # runsc returned before the pages were in
         if health_check:
             result = self.check(h, probes, policy)
             if not result.healthy:
+                if loads:
+                    # The workload may be gone because the loader failed (a short pages
+                    # file): then that is the restore's error, and it says what is wrong.
+                    h.runsc.wait(h.id, timeout_s, restore=True)
                 raise UnhealthyRestore(h.id, str(image), result.to_dict(), result.summary())
         try:
             hooks = self.hooks(h, h.spec(), "post_restore") if post_restore_hooks else []
@@ -257,7 +275,12 @@ class Engine:
             raise UnhealthyRestore(h.id, str(image), result.to_dict() if result else {},
                                    f"post-restore hook failed: {e.message}") from None
         dropped = gatemod.open(h.gate, "restored and healthy") if h.gate is not None else None
-        return Restored(time.monotonic() - t0, runsc_s, result, hooks, dropped)
+        ready_s = time.monotonic() - t0
+        loaded_s = None
+        if loads:
+            h.runsc.wait(h.id, timeout_s, restore=True)
+            loaded_s = time.monotonic() - t0
+        return Restored(time.monotonic() - t0, runsc_s, result, hooks, dropped, ready_s, loaded_s)
 
 
 def resume_cuda(h: Handle, helper_path: str) -> list[int]:

@@ -230,7 +230,7 @@ class Pods:
         h = self.t.handle_of(rt, specmod.Bundle(rt.bundle).load())
         try:
             Engine(self.s).restore(h, Path(lease.path), [], opts=self.t.restore_options(lease),
-                                   health_check=False, post_restore_hooks=False)
+                                   health_check=False, post_restore_hooks=False, await_pages=False)
         except ThawError as e:
             reason, counts = self.t.restore_failure(lease, f"{type(e).__name__}: {e.message}")
             p.state, p.reason = COLD, f"restore of the sandbox failed: {reason}"
@@ -363,6 +363,16 @@ class Pods:
             return False, reason, time.monotonic() - t0
         if hooks:
             results.append(f"post-restore hooks: {len(hooks)}")
+        lease = self.t.lease_of(p.sandbox)
+        if lease is not None and self.t.restore_options(lease).background and not getattr(lease, "stream", False):
+            # A --background restore is not done until every page is in (Engine.restore
+            # says why); the sandbox's memory loads from when the last container registered.
+            try:
+                sb = self.t.handle_of(p.sandbox, specmod.Bundle(p.sandbox.bundle).load())
+                sb.runsc.wait(sb.id, None, restore=True)
+            except ThawError as e:
+                reason = self._restore_failed(p, f"{type(e).__name__}: the pod's memory did not load: {e.message}")
+                return False, reason, time.monotonic() - t0
         if p.timer:
             p.timer.cancel()
         p.state, p.restored_at = RESTORED, time.time()
@@ -372,7 +382,6 @@ class Pods:
         self.t.metrics.inc("thaw_restores_total")
         self.t.metrics.observe("thaw_health_seconds", secs)
         self.t.quarantine.succeeded(p.key)
-        lease = self.t.lease_of(p.sandbox)
         if lease is not None:
             self.t.count_stream(lease)
         return True, "; ".join(results), secs

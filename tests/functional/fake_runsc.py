@@ -125,6 +125,10 @@ elif cmd == "list":
             with open(os.path.join(state_dir, n)) as f:
                 out.append(json.load(f))
     print(json.dumps(out))
+elif cmd == "wait" and "restore" in opts:
+    # `runsc wait --restore`: this fake's restore has no background loading; it is done.
+    load(cid)
+    print(json.dumps({"id": cid, "exitStatus": 0}))
 elif cmd == "wait":
     while True:
         st = load(cid)
