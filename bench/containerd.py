@@ -60,13 +60,16 @@ def main() -> int:
     ap.add_argument("--weights-mb", type=int, default=256, help="in-memory 'weights' the workload makes at start")
     ap.add_argument("--warmup-rounds", type=int, default=6, help="hash passes over the weights at start")
     ap.add_argument("--calls", type=int, default=100, help="pass-through calls per binary")
+    ap.add_argument("--no-background", action="store_true",
+                    help="thawd with checkpoint.restore_background off (every page loaded before the workload runs)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--base", type=Path, default=Path("/var/tmp/thaw-bench-containerd"))
     a = ap.parse_args()
     shutil.rmtree(a.base, ignore_errors=True)
-    s = Stack(a.base, "bench-containerd")
+    s = Stack(a.base, "bench-containerd",
+              {"THAW_CHECKPOINT_RESTORE_BACKGROUND": "0"} if a.no_background else None)
     env = {"WEIGHTS_MB": str(a.weights_mb), "WARMUP_ROUNDS": str(a.warmup_rounds)}
-    result: dict = {"benchmark": "containerd", "date": time.strftime("%Y-%m-%d"),
+    result: dict = {"benchmark": "containerd", "date": time.strftime("%Y-%m-%d"), "restore_background": not a.no_background,
                     "machine": f"{platform.node()} ({platform.machine()}, {__import__('os').cpu_count()} cores)",
                     "workload": f"busybox sh: {a.weights_mb} MB of random 'weights' in sandbox memory, hashed "
                                 f"{a.warmup_rounds} times at start; a counter in memory",
