@@ -81,7 +81,7 @@ for p in (str(REPO), str(HERE)):
 
 from bench.report import spread  # noqa: E402
 from control.dev.process import stop_group  # noqa: E402
-from runsc_logs import page_loader_line  # noqa: E402
+from runsc_logs import args_line, page_loader_line  # noqa: E402
 
 # Paths `thaw provision` and containerd write on a node (control/node/provision.py,
 # control/config.py defaults, containerd's defaults); each becomes a bind mount of
@@ -852,10 +852,10 @@ class Node:
         rec["nvidia_smi"] = self.nvidia_smi(cid)
         rec["gpu_before"], rec["gpu_after"] = cold["gpu_assigned"]["index"], g.index
         rec["speedup_vs_cold"] = round(cold["first_answer_s"] / rec["first_answer_s"], 2)
-        rec["restore_args"] = restore_args(cid)
+        rec["restore_args"] = runsc_log_line(cid, "restore", args_line)
         self.r.check(f"{name}: runsc restored it with --background (checkpoint.restore_background, the default)",
                      "--background" in rec["restore_args"], rec["restore_args"])
-        rec["page_loader"] = boot_line(cid, page_loader_line)
+        rec["page_loader"] = runsc_log_line(cid, "boot", page_loader_line)
         if not cid.startswith("c5-stream"):   # a stream's pages come through the checkpoint-gofer's reader
             self.r.check(f"{name}: thaw's runsc loaded the pages (its boot log names the page loader it chose)",
                          rec["page_loader"].startswith("thaw: background page loader:"), rec["page_loader"])
@@ -1090,19 +1090,10 @@ def host_thp() -> dict[str, str]:
         return {"error": str(e)}
 
 
-def restore_args(container: str) -> str:
-    """The argv runsc logged for `container`'s restore (runsc/cli/cli.go logs "Args: ...")."""
-    f = Path(RUNSC_LOGS) / f"{container}.restore.log"
-    try:
-        m = re.search(r"Args: (\[.*\])", f.read_text(errors="replace"))
-    except OSError as e:
-        return f"{f}: {e}"
-    return m.group(1) if m else f"{f} has no Args line"
-
-
-def boot_line(container: str, find) -> str:
-    """The line `find` picks from runsc's boot log for `container`, or why there is none."""
-    f = Path(RUNSC_LOGS) / f"{container}.boot.log"
+def runsc_log_line(container: str, command: str, find) -> str:
+    """The line `find` picks from runsc's log of `command` for `container` (--debug-log's
+    %ID%.%COMMAND%.log), or why there is none."""
+    f = Path(RUNSC_LOGS) / f"{container}.{command}.log"
     try:
         line = find(f.read_text(errors="replace"))
     except OSError as e:
@@ -1113,7 +1104,7 @@ def boot_line(container: str, find) -> str:
 def boot_huge_pages(container: str) -> str:
     """runsc's boot log line on huge pages for `container`."""
     from runsc_logs import huge_pages_line
-    return boot_line(container, huge_pages_line)
+    return runsc_log_line(container, "boot", huge_pages_line)
 
 
 # -- the run -------------------------------------------------------------------------

@@ -62,6 +62,12 @@ def huge_pages_line(log_text: str) -> str | None:
     return m[-1].strip() if m else None
 
 
+def args_line(log_text: str) -> str | None:
+    """The argv runsc logged for its command (runsc/cli/cli.go: "Args: [...]")."""
+    m = re.search(r"Args: (\[.*\])", log_text)
+    return m.group(1) if m else None
+
+
 def page_loader_line(log_text: str) -> str | None:
     """thaw's runsc logs which background page loader a restore got (ci/patch-runsc-loader.py)."""
     m = re.findall(r"thaw: background page loader: [^\n]*", log_text)

@@ -112,6 +112,14 @@ class Restored:
     loaded_s: float | None = None    # when every page was in (a --background restore), from the start
 
 
+def loads_after_return(opts: RestoreOptions) -> bool:
+    """Whether `runsc restore` with `opts` returns before every page is in and nothing
+    else waits for them: --background from a local image (a streamed one, `opts.env`,
+    is waited for with its stream). Engine.restore and a pod's last container then
+    end the restore at `runsc wait --restore`."""
+    return opts.background and not opts.env
+
+
 def status(r: Runsc, cid: str) -> str:
     """runsc's view of container `cid`: created/running/paused/stopped, "absent", or "unknown (...)"."""
     try:
@@ -260,7 +268,7 @@ class Engine:
         h.runsc.restore(h.id, opts, timeout_s, stdio=stdio)
         runsc_s = time.monotonic() - t0
         result = None
-        loads = await_pages and opts.background and not opts.env   # runsc returned before the pages were in
+        loads = await_pages and loads_after_return(opts)
         if health_check:
             result = self.check(h, probes, policy)
             if not result.healthy:

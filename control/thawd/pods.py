@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING
 from control.errors import IdentityError, ThawError
 from control.files import write_json_atomic
 from control.lifecycle import pod as podmod
-from control.lifecycle.engine import Engine, uses_gpu
+from control.lifecycle.engine import Engine, loads_after_return, uses_gpu
 from runsc_hooks import spec as specmod
 
 if TYPE_CHECKING:
@@ -364,7 +364,7 @@ class Pods:
         if hooks:
             results.append(f"post-restore hooks: {len(hooks)}")
         lease = self.t.lease_of(p.sandbox)
-        if lease is not None and self.t.restore_options(lease).background and not getattr(lease, "stream", False):
+        if lease is not None and loads_after_return(self.t.restore_options(lease)):
             # A --background restore is not done until every page is in (Engine.restore
             # says why); the sandbox's memory loads from when the last container registered.
             try:

@@ -77,6 +77,8 @@ class RuntimeRef:
 # How long thawd waits for a stand-in to exit after answering its Restore,
 # seconds (it exits within milliseconds: one log line, one rename).
 CONFIRM_TIMEOUT_S = 30.0
+# The outcome of a decision ended by its container's delete (or release) with no restore tried.
+RELEASED_UNRESTORED = "released before any restore (create or start did not finish)"
 # The largest stand-in marker thawd reads (a few hundred bytes of JSON).
 MAX_MARKER_BYTES = 64 << 10
 # The stand-in's process name (go/cmd/thaw-runsc-hooks; thaw-runsc execs it).
@@ -761,8 +763,7 @@ class Thawd:
 
     # -- delete / explicit -------------------------------------------------------
 
-    def release(self, container_id: str, runsc_root: str,
-                why: str = "released before any restore (create or start did not finish)") -> bool:
+    def release(self, container_id: str, runsc_root: str, why: str = RELEASED_UNRESTORED) -> bool:
         self.pods.forget(runsc_root, container_id)
         return self._release_key((runsc_root, container_id), why)
 
@@ -780,8 +781,7 @@ class Thawd:
     def release_ref(self, rt: RuntimeRef) -> bool:
         return self._release(rt)
 
-    def _release_key(self, k: tuple[str, str],
-                     why: str = "released before any restore (create or start did not finish)") -> bool:
+    def _release_key(self, k: tuple[str, str], why: str = RELEASED_UNRESTORED) -> bool:
         self._settle(k, why)
         with self._lock:
             self._identities.pop(k, None)
