@@ -144,6 +144,9 @@ VARIANTS: dict[str, Variant] = {
     "parked-staged": Variant("offload-staged", True, False, "parked, image of cooperative-staged", park=True,
                              target="cooperative"),
     "thaw-thp": Variant("release", True, False, "thaw with host shmem huge pages (runsc --app-huge-pages)", thp=True),
+    "no-release-thp": Variant("norelease", True, False, "thaw-thp without the pre-checkpoint release: the caching "
+                              "allocator keeps its free blocks, so the first request after the restore allocates "
+                              "no device memory", thp=True),
     "no-background-thp": Variant("release", False, False, "thaw-thp without --background: runsc restore loads "
                                  "every page before the workload runs (checkpoint.restore_background = false)",
                                  thp=True),
@@ -333,6 +336,14 @@ def interpreter(python: str) -> tuple[str, list[str]]:
     return exe, paths
 
 
+def request_after_unlock(rec: dict) -> float | None:
+    """The first request's server time less its wait for the CUDA unlock."""
+    t = rec.get("request_timing") or {}
+    if rec.get("server_s") is None or t.get("cuda_wait_s") is None:
+        return None
+    return round(rec["server_s"] - t["cuda_wait_s"], 4)
+
+
 def same_answer(a: dict | None, b: dict | None) -> bool:
     return bool(a and b and a.get("tokens") == b.get("tokens") and a.get("digest") == b.get("digest"))
 
@@ -515,7 +526,10 @@ class ModelBench:
             base: dict = {"cold_start_s": round(cold_s, 3), "cold_cache": first and self.o.drop_caches,
                           "server": {k: v for k, v in ready.items() if k not in ("event", "t")},
                           "answer": {k: answer.get(k) for k in ("tokens", "digest", "finite")},
-                          "boot": answer.get("boot")}
+                          "boot": answer.get("boot"),
+                          # What the request costs a warm server: a restore's first answer
+                          # includes it, the driver's restore time (the native column) does not.
+                          "warm_request": self.request_record(cid, answer)}
             first = False
             here: list[str] = []        # the images taken from this process so far
             try:
@@ -580,9 +594,20 @@ class ModelBench:
             again = self.call("generate", 30, cid=cid)
             out["identical"] = same_answer(again, answer)
             out["server_s"] = again.get("server_s")
+            out["timing"] = again.get("timing")
         except Exception as e:  # noqa: BLE001 - recorded; the caller ends the chain
             out["error"] = f"{type(e).__name__}: {str(e)[-600:]}"
         return out
+
+    def request_record(self, cid: str, answer: dict) -> dict:
+        """One more request to a running server: its time and split (server.py
+        TorchBackend.generate), and whether it answered as `answer`."""
+        try:
+            again = self.call("generate", 60, cid=cid)
+        except Exception as e:  # noqa: BLE001 - a measurement, not a step
+            return {"error": f"{type(e).__name__}: {str(e)[-300:]}"}
+        return {"server_s": again.get("server_s"), "timing": again.get("timing"),
+                "identical": same_answer(again, answer)}
 
     def take_image(self, cid: str, kind: str, info: dict, leave_running: bool) -> dict:
         """The kind's pre-checkpoint ops, then `runsc checkpoint`. HookFailed when an op
@@ -721,6 +746,7 @@ class ModelBench:
             if "error" in answer:
                 raise RuntimeError(f"server generate: {answer['error']}")
             rec["server_s"] = answer.get("server_s")
+            rec["request_timing"] = answer.get("timing")
             rec["identical"] = same_answer(answer, image["answer"])
             rec["same_process"] = answer.get("boot") == image["boot"]
             if not rec["identical"]:
@@ -731,6 +757,9 @@ class ModelBench:
                     rec["restore_done_s"] = round(time.monotonic() - t0, 4)
                 except Exception as e:  # noqa: BLE001 - recorded; the answer already came
                     rec["wait_restore_error"] = str(e)[-300:]
+            # The same request once more: the first answer's extra over it is
+            # what the first request after a restore pays.
+            rec["second_request"] = self.request_record(cid, image["answer"])
             # The sentry logs the Restore table in a deferred call after it
             # reports the restore done (runsc/boot/restore.go postRestore): give
             # it a moment before the sandbox is deleted.
@@ -867,7 +896,9 @@ def _native_brief(n: dict) -> dict:
     if not isinstance(n, dict) or "native_restore_s" not in n:
         return {"error": (n or {}).get("error")} if isinstance(n, dict) else {}
     out = {"cuda_checkpoint_s": n.get("native_checkpoint_s"), "cuda_restore_s": n.get("native_restore_s"),
-           "identical": n.get("identical"), "get_state_s": n.get("get_state_s")}
+           "identical": n.get("identical"), "get_state_s": n.get("get_state_s"),
+           "warm_request_s": (n.get("warm_request") or {}).get("wall_s"),
+           "requests_after_restore_s": [x.get("wall_s") for x in n.get("requests_after_restore") or []]}
     off = n.get("offload") or {}
     if off:
         out["cooperative"] = {k: off.get(k) for k in ("cuda_checkpoint_s", "cuda_restore_s", "restore_weights_s",
@@ -900,6 +931,9 @@ def levers(r: dict) -> dict:
             row["cuda_restore_s"] = round(sum(x["seconds"] for x in v["cuda_restore"]), 4)
         if "post_restore" in v:
             row["post_restore_s"] = v["post_restore"].get("wall_s")
+            # The hook's own copy, after its wait for the CUDA unlock (offload.py Stash.restore).
+            row["weights_copy_s"] = v["post_restore"].get("copy_s")
+        row["request_s"] = request_after_unlock(v)
         if "park" in v:
             row["parked_after_s"] = v["park"].get("parked_s")
             row["parked_host_memfd_bytes"] = (v["park"].get("host_memory") or {}).get("memfd_bytes")
@@ -942,6 +976,12 @@ def summarize(r: dict) -> dict:
             "cuda_restore_s": sum(x["seconds"] for x in best.get("cuda_restore", [])) or None,
             "first_request_s": best.get("first_request_s"),
             "server_compute_s": best.get("server_s"),
+            # The first request's own time once the process was unlocked, the
+            # same request's on the warm server before the checkpoint, and once
+            # more after the restore (server.py TorchBackend.generate's split).
+            "request_after_unlock_s": request_after_unlock(best),
+            "warm_request_s": ((imgs.get(best.get("image") or "release") or {}).get("warm_request") or {}).get("server_s"),
+            "second_request_s": (best.get("second_request") or {}).get("server_s"),
             "all_pages_loaded_s": best.get("restore_done_s"),
             "largest_restore_phases": sorted(
                 ({"after": ", ".join(row["events"]), "seconds": row["since_prev_s"]} for row in best.get("timeline", [])),
@@ -1046,14 +1086,17 @@ def lever_table(result: dict) -> str:
         lv = r.get("levers") or levers(r)
         lines.append(f"== {m}: transparent target {r.get('target_s')} s, cooperative {r.get('coop_target_s')} s; "
                      f"errors: {len(r.get('errors', []))}")
+        warm = ((r.get("images", {}).get("release") or {}).get("warm_request") or {}).get("server_s")
         lines.append(f"{'variant':24} {'restore_s':>9} {'target':>6} {'met':>5} {'same':>5} {'image_GB':>8} "
-                     f"{'cuda_s':>7} {'hook_s':>7} {'parked_GB':>9}  error")
+                     f"{'cuda_s':>7} {'hook_s':>7} {'copy_s':>7} {'req_s':>7} {'parked_GB':>9}  error"
+                     f"   (req_s: the first request after the unlock; warm server {num(warm)} s)")
         for name, row in lv.items():
             if name == "native":
                 continue
             lines.append(f"{name:24} {num(row.get('restore_s')):>9} {num(row.get('target_s')):>6} "
                          f"{str(row.get('met_target')):>5} {str(row.get('identical')):>5} {gb(row.get('image_bytes')):>8} "
                          f"{num(row.get('cuda_restore_s')):>7} {num(row.get('post_restore_s')):>7} "
+                         f"{num(row.get('weights_copy_s')):>7} {num(row.get('request_s')):>7} "
                          f"{gb(row.get('parked_host_memfd_bytes')):>9}  {(row.get('error') or '')[:80]}")
         n = lv.get("native") or {}
         if n:
@@ -1061,7 +1104,9 @@ def lever_table(result: dict) -> str:
             lines.append(f"native (no sandbox): CUDA restore {num(n.get('cuda_restore_s'))} s, checkpoint "
                          f"{num(n.get('cuda_checkpoint_s'))} s, get-state {n.get('get_state_s')}; cooperative: "
                          f"CUDA restore {num(c.get('cuda_restore_s'))} s + weights {num(c.get('restore_weights_s'))} s"
-                         f" = {num(c.get('restore_s'))} s, identical {n.get('identical')}/{c.get('identical')}"
+                         f" = {num(c.get('restore_s'))} s, identical {n.get('identical')}/{c.get('identical')}; "
+                         f"request warm {num(n.get('warm_request_s'))} s, after the restore "
+                         f"{[num(x) for x in n.get('requests_after_restore_s') or []]}"
                          + (f"; error {n.get('error') or c.get('error')}" if n.get("error") or c.get("error") else ""))
     return "\n".join(lines)
 

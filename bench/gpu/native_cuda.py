@@ -37,9 +37,15 @@ WORKER = r'''
 import hashlib, json, os, sys, time
 from pathlib import Path
 import torch
-from transformers import AutoModelForCausalLM
 d = Path(sys.argv[1]); ctl = Path(sys.argv[2]); sys.path.insert(0, sys.argv[3]); mode = sys.argv[4]
-m = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float16, device_map="cuda").eval()
+from server import TorchBackend   # bench/gpu/server.py: the sandboxed server's model and request
+prompt = [(7 * i) % 997 + 1 for i in range(32)]   # twin: server.py main's prompt
+backend = TorchBackend(str(d), "cuda", prompt, 16)
+m = backend.model
+def request():
+    t = time.perf_counter()
+    out = backend.generate()
+    return {"wall_s": round(time.perf_counter() - t, 6), **out["timing"]}
 ids = torch.arange(1, 33, device="cuda").unsqueeze(0)
 def digest():
     with torch.no_grad():
@@ -48,11 +54,13 @@ def wait(name):
     while not (ctl / name).exists():
         time.sleep(0.005)
 first = digest()
-torch.cuda.synchronize(); torch.cuda.empty_cache()
+warm = request()
+torch.cuda.synchronize(); torch.cuda.empty_cache()   # as the pytorch profile's release hook
 (ctl / "ready").write_text(json.dumps({"digest": first, "allocated": torch.cuda.memory_allocated(),
-                                       "reserved": torch.cuda.memory_reserved()}))
+                                       "reserved": torch.cuda.memory_reserved(), "warm_request": warm}))
 wait("again")
-(ctl / "after").write_text(json.dumps({"digest": digest()}))
+after = [request(), request()]      # the first request after the driver's restore, and the next
+(ctl / "after").write_text(json.dumps({"digest": digest(), "requests": after}))
 if mode:
     from offload import Stash   # bench/gpu/offload.py
     st = Stash(m, "cuda", sorted(d.glob("*.safetensors")))
@@ -124,6 +132,8 @@ def one(model: str, helper: str, work: Path, keep_weights: bool = False, offload
                "torch_allocated": ready["allocated"], "gpu_used_mib_before": before,
                "gpu_used_mib_checkpointed": during, "native_checkpoint_s": round(ck["wall_s"], 3),
                "native_restore_s": round(rs["wall_s"], 3), "identical": after["digest"] == ready["digest"],
+               # The same request as the sandboxed server's (server.py), warm and after the restore.
+               "warm_request": ready.get("warm_request"), "requests_after_restore": after.get("requests"),
                "get_state_s": [g["wall_s"] for g in get_state],
                "helper_timing": {"get_state": [g["timing"] for g in get_state], "checkpoint": ck["timing"],
                                  "restore": rs["timing"]}}

@@ -211,6 +211,12 @@ class Stash:
             return {"restored": False, "why": "the weights are on the device"}
         torch = self.torch
         t0 = time.perf_counter()
+        # After a restore the first device call waits until runsc has restored
+        # the CUDA state (the process is locked until then): timed apart, so
+        # `copy_s` and `gb_per_s` are the copy's alone. (Until 2026-12-01 they
+        # included that wait, and docs/gpu.md read it as a slow copy.)
+        self._sync()
+        wait = time.perf_counter() - t0
         params = self.params()
         dest = {name: torch.empty(self.meta[name][0], dtype=self.meta[name][1], device=self.device)
                 for name, _ in params}
@@ -228,8 +234,10 @@ class Stash:
             p.data = dest[name]
         mode, self.mode, self.meta = self.mode, None, {}
         dt = time.perf_counter() - t0
+        copy = dt - wait
         return {"restored": True, "mode": mode, "bytes": nbytes, "seconds": round(dt, 4),
-                "gb_per_s": round(nbytes / dt / 1e9, 2) if dt > 0 else None, **self._reserved()}
+                "cuda_wait_s": round(wait, 4), "copy_s": round(copy, 4),
+                "gb_per_s": round(nbytes / copy / 1e9, 2) if copy > 0 else None, **self._reserved()}
 
     def _read_files(self, dest: dict) -> int:
         """Each parameter's bytes from the safetensors files, through the ring."""

@@ -147,12 +147,22 @@ class TorchBackend:
         self.timings["warmup_s"] = time.time() - t
 
     def generate(self) -> dict:
+        """The request: `new_tokens` greedy steps. Its `timing` splits the
+        server's time: `cuda_wait_s`, the first device call (a request that
+        arrives while runsc is still restoring the CUDA state waits here until
+        the process is unlocked), then all steps and each (what the request
+        itself costs after a restore, vs a warm server's)."""
         if self.stash.mode is not None:
             raise RuntimeError("the weights are off the device: POST /thaw/restore-weights first")
         torch = self.torch
         h = hashlib.sha256()
         tokens = []
         finite = True
+        t0 = time.perf_counter()
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        steps = []
         with torch.inference_mode():
             ids, past = self.prompt, None
             for _ in range(self.new_tokens):
@@ -163,7 +173,10 @@ class TorchBackend:
                 h.update(logits.float().cpu().numpy().tobytes())
                 ids = logits.argmax(dim=-1, keepdim=True)
                 tokens.append(int(ids[0, 0]))
-        return {"tokens": tokens, "digest": h.hexdigest(), "finite": finite}
+                steps.append(time.perf_counter())
+        return {"tokens": tokens, "digest": h.hexdigest(), "finite": finite,
+                "timing": {"cuda_wait_s": round(t1 - t0, 6), "steps_s": round(steps[-1] - t1, 6) if steps else 0.0,
+                           "each_step_s": [round(b - a, 5) for a, b in zip([t1, *steps], steps)]}}
 
     def release(self) -> dict:
         """Give cached-but-unused device memory back before a checkpoint."""

@@ -396,8 +396,9 @@ def test_sandbox_host_memory_counts_a_memory_file_once_however_many_fds_hold_it(
 
 def test_levers_compare_each_variant_with_its_own_target():
     r = result_with({
-        "thaw": {"restore_s": 2.0, "identical": True, "cuda_restore": [{"processes": 1, "seconds": 1.1}]},
-        "cooperative": {"restore_s": 0.6, "identical": True, "post_restore": {"wall_s": 0.05}},
+        "thaw": {"restore_s": 2.0, "identical": True, "cuda_restore": [{"processes": 1, "seconds": 1.1}],
+                 "server_s": 1.5, "request_timing": {"cuda_wait_s": 1.2, "steps_s": 0.3, "each_step_s": [0.2, 0.1]}},
+        "cooperative": {"restore_s": 0.6, "identical": True, "post_restore": {"wall_s": 0.05, "copy_s": 0.01}},
         "parked": {"restore_s": 0.9, "identical": True, "demand_toggle": {"wall_s": 0.55},
                    "park": {"parked_s": 6.0, "host_memory": {"memfd_bytes": 5 << 30}}},
         "cooperative-reload": {"restore_s": 0.5, "identical": False},
@@ -405,20 +406,24 @@ def test_levers_compare_each_variant_with_its_own_target():
     }, target=1.0)
     r["coop_target_s"] = 0.7
     r["native"] = {"native_restore_s": 0.57, "native_checkpoint_s": 1.2, "identical": True, "get_state_s": [0.2, 0.1],
-                   "offload": {"cuda_restore_s": 0.2, "restore_weights_s": 0.05, "restore_s": 0.25, "identical": True}}
+                   "offload": {"cuda_restore_s": 0.2, "restore_weights_s": 0.05, "restore_s": 0.25, "identical": True},
+                   "warm_request": {"wall_s": 0.1}, "requests_after_restore": [{"wall_s": 0.3}, {"wall_s": 0.1}]}
     lv = models.levers(r)
     assert lv["thaw"] == {"restore_s": 2.0, "identical": True, "target": "transparent", "target_s": 1.0,
-                          "met_target": False, "vs_thaw_s": 0.0, "image_bytes": 10, "cuda_restore_s": 1.1}
-    assert (lv["cooperative"]["target_s"], lv["cooperative"]["met_target"], lv["cooperative"]["post_restore_s"]) == (
-        0.7, True, 0.05)
+                          "met_target": False, "vs_thaw_s": 0.0, "image_bytes": 10, "cuda_restore_s": 1.1,
+                          "request_s": 0.3}   # the request's own time: its server time less its wait for the unlock
+    assert (lv["cooperative"]["target_s"], lv["cooperative"]["met_target"], lv["cooperative"]["post_restore_s"],
+            lv["cooperative"]["weights_copy_s"], lv["cooperative"]["request_s"]) == (0.7, True, 0.05, 0.01, None)
     assert lv["parked"]["met_target"] is True and lv["parked"]["cuda_restore_s"] == 0.55
     assert lv["parked"]["parked_host_memfd_bytes"] == 5 << 30 and lv["parked"]["vs_thaw_s"] == -1.1
     assert lv["cooperative-reload"]["met_target"] is False          # fast but wrong is not a met target
     assert lv["thaw@readers8"]["met_target"] is None and lv["thaw@readers8"]["error"] == "RunscError: boom"
     assert lv["native"]["cuda_restore_s"] == 0.57 and lv["native"]["cooperative"]["restore_s"] == 0.25
+    assert lv["native"]["warm_request_s"] == 0.1 and lv["native"]["requests_after_restore_s"] == [0.3, 0.1]
     assert models.summarize(r)["levers"] == lv
     table = models.lever_table({"models": {"gpt2-large": r}})
     assert "cooperative" in table and "native (no sandbox): CUDA restore 0.570 s" in table
+    assert "after the restore ['0.300', '0.100']" in table
 
 
 def test_parse_args_for_the_speed_run():
@@ -476,7 +481,8 @@ class ChainBench(models.ModelBench):
 def test_the_chain_takes_every_image_from_one_process(tmp_path):
     b = ChainBench(tmp_path)
     made = b.make_chain(["release", "offload", "drop"], first=False)
-    assert b.log == ["cold", ("release", "c1", True), "generate", ("offload", "c1", True), "restore-weights",
+    assert b.log == ["cold", "generate",
+                     ("release", "c1", True), "generate", ("offload", "c1", True), "restore-weights",
                      "generate", ("drop", "c1", False), ("delete", "c1")]
     assert made["drop"]["taken_after"] == ["release", "offload"] and b.result["errors"] == []
     assert made["release"]["after_leave_running"]["identical"] is True
@@ -486,22 +492,25 @@ def test_a_failed_leave_running_checkpoint_leaves_its_image_out_and_the_process_
     b = ChainBench(tmp_path, fail_leave_running=True)
     made = b.make_chain(["release", "offload", "drop"], first=False)
     # offload's weights had left: back first, then the same answer, then the last image from the same process.
-    assert b.log == ["cold", "generate", "restore-weights", "generate", ("drop", "c1", False), ("delete", "c1")]
+    assert b.log == ["cold", "generate",
+                     "generate", "restore-weights", "generate", ("drop", "c1", False), ("delete", "c1")]
     assert set(made) == {"drop"} and "image release not made: RuntimeError" in b.result["errors"][0]
 
 
 def test_a_whole_image_whose_resume_failed_is_kept_and_the_rest_get_cold_starts(tmp_path):
     b = ChainBench(tmp_path, resume_fails=True)
     made = b.make_chain(["release", "offload", "drop"], first=False)
-    assert b.log == ["cold", ("release", "c1", True), ("delete", "c1"), "cold", ("offload", "c4", False),
-                     ("delete", "c4"), "cold", ("drop", "c7", False), ("delete", "c7")]
+    assert b.log == ["cold", "generate", ("release", "c1", True), ("delete", "c1"), "cold", "generate",
+                     ("offload", "c5", False),
+                     ("delete", "c5"), "cold", "generate", ("drop", "c9", False), ("delete", "c9")]
     assert set(made) == {"release", "offload", "drop"} and "--leave-running failed" in b.result["errors"][0]
 
 
 def test_a_failed_hook_leaves_its_image_out_and_the_process_goes_on(tmp_path):
     b = ChainBench(tmp_path, fail_hook="offload")
     made = b.make_chain(["release", "offload", "drop"], first=False)
-    assert b.log == ["cold", ("release", "c1", True), "generate", ("hook failed", "offload"), "restore-weights",
+    assert b.log == ["cold", "generate",
+                     ("release", "c1", True), "generate", ("hook failed", "offload"), "restore-weights",
                      "generate", ("drop", "c1", False), ("delete", "c1")]
     assert set(made) == {"release", "drop"} and "image offload not made" in b.result["errors"][0]
 
@@ -526,8 +535,8 @@ def test_image_complete(tmp_path):
 def test_a_process_that_answers_differently_after_leave_running_ends_the_chain(tmp_path):
     b = ChainBench(tmp_path, differ_after=True)
     made = b.make_chain(["release", "offload"], first=False)
-    assert b.log[:4] == ["cold", ("release", "c1", True), "generate", ("delete", "c1")]
-    assert b.log[4:] == ["cold", ("offload", "c5", False), ("delete", "c5")]
+    assert b.log[:5] == ["cold", "generate", ("release", "c1", True), "generate", ("delete", "c1")]
+    assert b.log[5:] == ["cold", "generate", ("offload", "c6", False), ("delete", "c6")]
     assert made["release"]["after_leave_running"]["identical"] is False
     assert "did not answer as before" in b.result["errors"][0]
 
