@@ -156,6 +156,8 @@ VARIANTS: dict[str, Variant] = {
                                       thp=True, target="cooperative"),
     "parked-cooperative-thp": Variant("offload", True, False, "parked-cooperative with host shmem huge pages",
                                       park=True, thp=True, target="cooperative"),
+    "parked-thp": Variant("release", True, False, "parked with host shmem huge pages (thaw-thp's image)",
+                          park=True, thp=True),
 }
 DEFAULT_VARIANTS = ("thaw", "thaw-cold-cache", "no-background", "no-release", "baseline")
 
@@ -336,6 +338,43 @@ def interpreter(python: str) -> tuple[str, list[str]]:
     return exe, paths
 
 
+def median_run(runs: list[dict]) -> dict:
+    """Several runs of a variant as one record: the run with the median
+    restore_s (the lower middle of an even count) and its fields, `runs`, the
+    spread (`restore_s_min`/`_max`), and `identical` only if every run was.
+    A failed run (no restore_s) is never the median unless all failed."""
+    if len(runs) == 1:
+        return runs[0]
+    ok = sorted((r for r in runs if r.get("restore_s") is not None), key=lambda r: r["restore_s"])
+    mid = ok[(len(ok) - 1) // 2] if ok else runs[0]
+    out = {**mid, "runs": runs, "identical": all(r.get("identical") for r in runs)}
+    if ok:
+        out.update(restore_s_min=ok[0]["restore_s"], restore_s_max=ok[-1]["restore_s"])
+    return out
+
+
+HELPER_TIMING = "helper-timing.log"
+
+
+def helper_steps(path: Path, t0_wall: float | None) -> list[dict]:
+    """The helper runs' lines in `path` (THAW_CUDA_CHECKPOINT_TIMING): mode and
+    each step's seconds, and `started_s`, when it started after `t0_wall` (the
+    restore command's start): runsc's exec of it and what came before."""
+    out = []
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return out
+    for line in lines:
+        t = helper.parse_timing(line)
+        mode = next((w[5:] for w in line.split() if w.startswith("mode=")), None)
+        if t:
+            if t0_wall is not None and "started" in t:
+                t["started_s"] = round(t["started"] - t0_wall, 4)
+            out.append({"mode": mode, **t})
+    return out
+
+
 def request_after_unlock(rec: dict) -> float | None:
     """The first request's server time less its wait for the CUDA unlock."""
     t = rec.get("request_timing") or {}
@@ -410,6 +449,9 @@ class ModelBench:
         env.update(PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HOME="/tmp/hf",
                    XDG_CACHE_HOME="/tmp/cache", TOKENIZERS_PARALLELISM="false", PYTHONDONTWRITEBYTECODE="1")
         env.update(profiles.get("pytorch").env)
+        # The helper runsc starts in the sandbox (the restore's toggle) appends its
+        # steps here (thaw-cuda-checkpoint.c; runsc keeps its output only in a debug log).
+        env["THAW_CUDA_CHECKPOINT_TIMING"] = "/share/" + HELPER_TIMING
         python, paths = interpreter(self.o.python)
         args = [python, "/bench/server.py", "--model-dir", "/model", "--backend", self.o.backend,
                 "--device", self.o.device, "--spool", "/share/spool", "--events", "/share/events.jsonl",
@@ -723,12 +765,14 @@ class ModelBench:
                      "image": variant.image, "background": variant.background,
                      "page_cache": "dropped" if variant.drop_cache else "warm"}
         held = contextlib.ExitStack()
+        t0_wall: float | None = None
         try:
             if variant.thp:
                 # Until the sandbox is deleted: runsc reads the setting as the
                 # restored sandbox boots, and pages go on loading after `runsc restore`.
                 rec["host_thp"] = held.enter_context(self.host_thp(f"variant {name}"))
-            t0 = time.monotonic()
+            (self.share / HELPER_TIMING).unlink(missing_ok=True)
+            t0, t0_wall = time.monotonic(), time.time()
             runsc.restore(cid, RestoreOptions(image_path=Path(image["path"]),
                                               create=CreateOptions(bundle=bundle.path), detach=True,
                                               background=variant.background))
@@ -772,6 +816,7 @@ class ModelBench:
         finally:
             self.delete(cid)
             held.close()
+        rec["helper_steps"] = helper_steps(self.share / HELPER_TIMING, t0_wall)
         text = read_logs(self.logs, cid)
         rec["cuda_restore"] = cuda_toggles(text)
         rec["huge_pages"] = huge_pages_line(text)
@@ -863,7 +908,7 @@ class ModelBench:
                     # A restore takes about half a checkpoint; parked ones a checkpoint and a half.
                     self.check_time(f"variant {name}", 2 * image["checkpoint_s"] + 10)
                     runs.append(self.restore(name, variant, image))
-                self.result["variants"][name] = runs[0] if len(runs) == 1 else {**runs[0], "runs": runs}
+                self.result["variants"][name] = median_run(runs)
                 self.progress(self.result)
                 print(f"[bench] {self.model} {name}: {json.dumps(_brief(runs))}", flush=True)
                 uses[variant.image] -= 1
@@ -934,6 +979,11 @@ def levers(r: dict) -> dict:
             # The hook's own copy, after its wait for the CUDA unlock (offload.py Stash.restore).
             row["weights_copy_s"] = v["post_restore"].get("copy_s")
         row["request_s"] = request_after_unlock(v)
+        toggle = next((h for h in v.get("helper_steps") or [] if h.get("mode") == "toggle"), None)
+        if toggle:
+            # The restore's toggle as the helper saw it: when runsc had it running, libcuda's
+            # load and cuInit, and the driver's restore.
+            row["helper"] = {k: toggle.get(k) for k in ("started_s", "dlopen", "cuInit", "restore", "total")}
         if "park" in v:
             row["parked_after_s"] = v["park"].get("parked_s")
             row["parked_host_memfd_bytes"] = (v["park"].get("host_memory") or {}).get("memfd_bytes")

@@ -15,6 +15,11 @@
  * total=1.230000"; parsed by nvproxy/helper.py parse_timing): how much of a
  * toggle is the helper's fixed cost (loading libcuda, cuInit) and how much
  * the driver's work (issue 17; NVIDIA/nvcf#437 measured seconds per spawn).
+ * THAW_CUDA_CHECKPOINT_TIMING=FILE in the environment turns timing on too and
+ * appends the line, with the mode, pid and the wall-clock second it started,
+ * to FILE: runsc runs the helper at restore with the container's environment
+ * and keeps its output only in a debug log (state_cuda.go invokeCudaCheckpoint),
+ * so that is how a benchmark sees the steps of the toggle runsc starts.
  *
  * Exit codes (twin: nvproxy/helper.py EXIT_*):
  *   0 ok, 1 the driver refused the operation (its error name is printed),
@@ -221,6 +226,10 @@ int main(int argc, char **argv) {
       return usage(NULL);
     }
   }
+  const char *timing_file = getenv("THAW_CUDA_CHECKPOINT_TIMING");
+  if (timing_file && *timing_file) timing = 1;
+  struct timespec wall;
+  clock_gettime(CLOCK_REALTIME, &wall);
   if (!mode) return usage("nothing to do");
   if (pid <= 0) return usage("--pid is required");
   /* Check the action before loading libcuda, so a typo is a usage error
@@ -233,5 +242,14 @@ int main(int argc, char **argv) {
   double start = now();
   int rc = run(mode, action, (int)pid, (unsigned int)timeout);
   if (timing) fprintf(stderr, "thaw-cuda-checkpoint timing:%s total=%.6f\n", timing_buf, now() - start);
+  if (timing_file && *timing_file) {
+    FILE *f = fopen(timing_file, "a");
+    if (f) {
+      fprintf(f, "thaw-cuda-checkpoint timing: mode=%s pid=%ld rc=%d started=%lld.%06ld%s total=%.6f\n",
+              action ? action : mode + 2, pid, rc, (long long)wall.tv_sec, wall.tv_nsec / 1000, timing_buf,
+              now() - start);
+      fclose(f);
+    }
+  }
   return rc;
 }

@@ -394,6 +394,29 @@ def test_sandbox_host_memory_counts_a_memory_file_once_however_many_fds_hold_it(
     assert m["memfds"] == 1 and 2 << 20 <= m["memfd_bytes"] < 4 << 20
 
 
+def test_a_variants_record_is_its_median_run_with_the_spread():
+    runs = [{"restore_s": 3.0, "identical": True}, {"restore_s": 2.4, "identical": True},
+            {"restore_s": 2.3, "identical": True}]
+    m = models.median_run(runs)
+    assert (m["restore_s"], m["restore_s_min"], m["restore_s_max"], m["identical"]) == (2.4, 2.3, 3.0, True)
+    m = models.median_run([*runs[:2], {"restore_s": None, "identical": False, "error": "boom"}])
+    assert m["restore_s"] == 2.4 and m["identical"] is False and len(m["runs"]) == 3
+    assert models.median_run([runs[0]]) is runs[0]
+
+
+def test_helper_steps_read_the_helpers_timing_file(tmp_path):
+    f = tmp_path / models.HELPER_TIMING
+    assert models.helper_steps(f, 100.0) == []
+    f.write_text("thaw-cuda-checkpoint timing: mode=toggle pid=1 rc=0 started=100.250000 dlopen=0.01 "
+                 "cuInit=0.1 get-state=0.001 restore=0.5 unlock=0.002 total=0.62\n"
+                 "garbage\n")
+    [t] = models.helper_steps(f, 100.0)
+    assert t["mode"] == "toggle" and t["started_s"] == 0.25 and t["restore"] == 0.5 and t["rc"] == 0
+    r = result_with({"thaw": {"restore_s": 2.0, "identical": True, "helper_steps": [t]}}, target=1.0)
+    assert models.levers(r)["thaw"]["helper"] == {"started_s": 0.25, "dlopen": 0.01, "cuInit": 0.1, "restore": 0.5,
+                                                 "total": 0.62}
+
+
 def test_levers_compare_each_variant_with_its_own_target():
     r = result_with({
         "thaw": {"restore_s": 2.0, "identical": True, "cuda_restore": [{"processes": 1, "seconds": 1.1}],

@@ -157,6 +157,20 @@ def test_timing_is_printed_when_the_helper_fails_too(built):
     assert list(helper.parse_timing(r.stderr)) == ["dlopen", "total"]
 
 
+def test_timing_file_from_the_environment_gets_one_line_per_run(built, tmp_path):
+    # runsc starts the restore's toggle itself with the container's environment
+    # and keeps the helper's stderr only in a debug log: the file is how a run sees it.
+    f = tmp_path / "helper-timing.log"
+    r = run(built, "--toggle", "--pid", "42", lib=built["fake"], FAKE_CUDA_STATE="checkpointed",
+            THAW_CUDA_CHECKPOINT_TIMING=str(f))
+    assert r.returncode == 0, r.stderr
+    run(built, "--get-state", "--pid", "7", THAW_CUDA_CHECKPOINT_TIMING=str(f))    # no libcuda: exit 3
+    first, second = f.read_text().splitlines()
+    assert "mode=toggle pid=42 rc=0 started=" in first and "mode=get-state pid=7 rc=3 " in second
+    t = helper.parse_timing(first)
+    assert {"pid", "rc", "started", "dlopen", "cuInit", "restore", "total"} <= set(t) and t["started"] > 1.7e9
+
+
 def test_no_timing_line_without_the_flag(built):
     r = run(built, "--get-state", "--pid", "42", lib=built["fake"])
     assert r.returncode == 0 and "timing" not in r.stderr
