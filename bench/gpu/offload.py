@@ -48,7 +48,7 @@ from pathlib import Path
 MODES = ("register", "alloc", "staged", "drop")
 ALIGN = 4096                 # arena offsets: page-aligned, like the caching allocator's blocks (512) and more
 RING_SLOT = 64 << 20         # staged and drop: bytes per pinned staging slot
-RING_SLOTS = 4               # ... and how many slots are filled at once
+RING_SLOTS = 8               # ... and how many are filled at once (8 x 64 MiB pinned; 4 until 2026-12-01)
 
 _DTYPES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64", "I64": "int64",
            "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
@@ -281,30 +281,40 @@ class Stash:
         return self._through_ring(dest, pieces, fill)
 
     def _through_ring(self, dest: dict, pieces: list, fill) -> int:
-        """Fill the ring's slots (RING_SLOTS at once, on threads) with `pieces`
-        (source, length, destination name, destination byte offset) and copy
-        each slot to its place on the device; a slot is filled again once its
-        copy is done, so filling overlaps the copies."""
+        """Copy `pieces` (source, length, destination name, destination byte
+        offset) to the device through the ring: one thread per slot takes every
+        RING_SLOTS-th piece, fills its slot (`fill`, a CPU copy or a file read)
+        and copies the slot to its place on a CUDA stream of its own; it fills
+        the slot again once that copy is done. The slots never wait for each
+        other (a wave of fills waiting for its slowest one held 3B's copy to
+        ~17 GB/s with 4 slots: docs/gpu.md)."""
         torch = self.torch
         ring = self.ring or [torch.empty(RING_SLOT, dtype=torch.uint8) for _ in range(RING_SLOTS)]
-        events: list = [None] * len(ring)
-        total = 0
-        with ThreadPoolExecutor(len(ring)) as pool:
-            for wave in range(0, len(pieces), len(ring)):
-                batch = pieces[wave:wave + len(ring)]
-                for slot in range(len(batch)):
-                    if events[slot] is not None:
-                        events[slot].synchronize()      # its last copy is done: the slot is free
-                futs = [pool.submit(fill, ring[slot], src, n) for slot, (src, n, _, _) in enumerate(batch)]
-                for slot, (fut, (_, n, name, doff)) in enumerate(zip(futs, batch)):
-                    fut.result()
-                    dst = dest[name].view(-1).view(torch.uint8)[doff:doff + n]
-                    dst.copy_(ring[slot][:n], non_blocking=self.cuda)
-                    if self.cuda:
-                        events[slot] = torch.cuda.Event()
-                        events[slot].record()
-                    total += n
-        return total
+        k = len(ring)
+
+        def slot_worker(slot: int) -> int:
+            stream = torch.cuda.Stream() if self.cuda else None
+            done = None        # the event of this slot's last copy
+            total = 0
+            for src, n, name, doff in pieces[slot::k]:
+                if done is not None:
+                    done.synchronize()
+                fill(ring[slot], src, n)
+                dst = dest[name].view(-1).view(torch.uint8)[doff:doff + n]
+                if self.cuda:
+                    with torch.cuda.stream(stream):
+                        dst.copy_(ring[slot][:n], non_blocking=True)
+                        done = torch.cuda.Event()
+                        done.record(stream)
+                else:
+                    dst.copy_(ring[slot][:n])
+                total += n
+            if done is not None:
+                done.synchronize()
+            return total
+
+        with ThreadPoolExecutor(k) as pool:
+            return sum(pool.map(slot_worker, range(k)))
 
     def state(self) -> str:
         return "device" if self.mode is None else ("dropped" if self.mode == "drop" else "host")

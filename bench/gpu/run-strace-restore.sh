@@ -6,6 +6,7 @@
 # Question it answers: where the in-sandbox CUDA restore (1.05-1.39 s for
 # GPT-2-large with all pages already loaded, vs 0.57 s natively) spends its time.
 # Analysis: python3 bench/gpu/strace_summary.py <runsc-logs dir>.
+# Extra arguments go to models.py (a later --variants replaces the default pair).
 # Same carry as run-models.sh (.carry from `make carry`); run from the repo root.
 set -uo pipefail
 cat > /tmp/runsc-strace <<'EOS'
@@ -15,4 +16,4 @@ EOS
 chmod 755 /tmp/runsc-strace
 # run-models.sh unpacks /tmp/thaw-bin/runsc first; models.py takes the last --runsc.
 THAW_BENCH_BUDGET_S=${THAW_BENCH_BUDGET_S:-240} bash bench/gpu/run-models.sh \
-  --models gpt2-large --variants no-background,thaw --no-drop-caches --runsc /tmp/runsc-strace
+  --models gpt2-large --variants no-background,thaw --no-drop-caches --runsc /tmp/runsc-strace "$@"

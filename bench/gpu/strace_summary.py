@@ -46,19 +46,42 @@ def kind(name: str, args: str) -> str:
     return name
 
 
-def summarize(path: Path) -> dict:
-    lines = path.read_text(errors="replace").splitlines()
-    t_exec = t_done = None
-    took = None
+def windows(lines: list[str]) -> list[tuple[str, float, float, str | None]]:
+    """The toggles in one boot log: (what, start, end, runsc's own duration).
+    "restore": the toggle runsc starts as the restore's last step, from its EXEC to
+    "cuda-checkpoint on N processes took"; "exec toggle N": a --toggle started with
+    `runsc exec` (a parked sandbox's park and demand), from its EXEC to the next EXEC
+    or the log's end."""
+    out: list = []
+    t_exec = None
+    execs: list[tuple[float, bool]] = []       # every `runsc exec`: (time, is a --toggle)
     for ln in lines:
-        if t_exec is None and 'EXEC: []string{"cuda-checkpoint", "--toggle"' in ln:
-            t_exec = secs(ln)
+        if 'EXEC: []string{"cuda-checkpoint", "--toggle"' in ln:
+            if t_exec is None and not out:
+                t_exec = secs(ln)
+        elif "EXEC: []string{" in ln:
+            execs.append((secs(ln), '"--toggle"' in ln))
         elif t_exec is not None and "cuda-checkpoint on" in ln and "took" in ln:
-            t_done = secs(ln)
-            took = ln.split("took", 1)[1].strip()
-            break
-    if t_exec is None or t_done is None:
+            out.append(("restore", t_exec, secs(ln), ln.split("took", 1)[1].strip()))
+            t_exec = None
+    last = next((secs(ln) for ln in reversed(lines) if secs(ln) is not None), None)
+    toggles = [t for t, is_toggle in execs if is_toggle]
+    for n, t in enumerate(toggles, 1):
+        end = min([e for e, _ in execs if e > t] + ([last] if last is not None else []), default=t)
+        out.append((f"exec toggle {n}", t, end, None))
+    return out
+
+
+def summarize(path: Path) -> dict:
+    """Every toggle window of one boot log (windows)."""
+    lines = path.read_text(errors="replace").splitlines()
+    found = windows(lines)
+    if not found:
         return {"log": path.name, "error": "no cuda-checkpoint restore window"}
+    return {"log": path.name, "windows": [summarize_window(lines, *w) for w in found]}
+
+
+def summarize_window(lines: list[str], what: str, t_exec: float, t_done: float, took: str | None) -> dict:
     by_kind: dict = defaultdict(lambda: [0, 0.0])
     procs: dict = {}
     top: list = []
@@ -90,7 +113,7 @@ def summarize(path: Path) -> dict:
         last_exit[who] = (t, kind(name, args))
     top.sort(reverse=True)
     return {
-        "log": path.name,
+        "window": what,
         "window_s": round(t_done - t_exec, 4),
         "runsc_says": took,
         "processes": {k: {**{x: (round(y, 4) if isinstance(y, float) else y) for x, y in v.items() if x != "threads"},
@@ -114,8 +137,9 @@ def main() -> int:
     if a.json:
         print(json.dumps(out, indent=1))
         return 0
-    for s in out:
-        print(f"== {s['log']}: window {s.get('window_s')} s (runsc: {s.get('runsc_says')})")
+    for log in out:
+      for s in log.get("windows", [log]):
+        print(f"== {log['log']} {s.get('window', '')}: window {s.get('window_s')} s (runsc: {s.get('runsc_says')})")
         for name, p in s.get("processes", {}).items():
             print(f"  {name}: {p['calls']} calls on {p['threads']} threads, {p['in_syscalls_s']} s inside them, "
                   f"first at +{p['first_s']} s, last at +{p['last_s']} s")
