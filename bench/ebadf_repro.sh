@@ -9,7 +9,10 @@
 # /share/fail.log and exits). As of 2026-12-01 it has never failed (counts in the doc).
 # Usage (root): flock /tmp/thaw-heavy.lock bench/ebadf_repro.sh [rounds] [mode]
 #   mode: serial (default) | overlap (A still running while B restores; B's spool
-#         is then shared with A, so only EBADF counts, not ENOENT races)
+#         is then shared with A, so only EBADF counts, not ENOENT races) |
+#         leave-running (no restores: the one sandbox is checkpointed with
+#         --leave-running ROUNDS times, each to a fresh image, and must go on
+#         listing after each; the GPU node lost a server that way on 2026-12-01)
 # Env: BG=1 restores with --background; RECREATE=1 replaces the spool directory
 #   (new inode) before each restore; GAP=seconds between A's kill and B's restore;
 #   RUNSC=path; W=work directory (default /tmp/ebadf-repro, removed at start).
@@ -58,6 +61,20 @@ mkbundle() { mkdir -p "$W/b-$1"; cp "$W/config.json" "$W/b-$1/config.json"; }
 mkbundle src
 R run --detach --bundle "$W/b-src" src || exit 1
 sleep 2
+if [ "$MODE" = leave-running ]; then
+  fails=0
+  for n in $(seq 1 "$ROUNDS"); do
+    rm -rf "$W/img"; mkdir -p "$W/img"
+    R checkpoint --leave-running --image-path "$W/img" src >/dev/null || { echo "round $n: checkpoint failed"; fails=$((fails+1)); }
+    sleep 0.5
+    st=$(R state src 2>/dev/null | grep -o '"status": *"[a-z]*"')
+    if [ -s "$W/share/fail.log" ]; then echo "round $n: LISTING FAILED: $(cat "$W/share/fail.log") [$st]"; fails=$((fails+1)); break
+    elif ! grep -q running <<<"$st"; then echo "round $n: workload not running [$st]"; fails=$((fails+1)); break
+    else echo "round $n: ok [$st]"; fi
+  done
+  echo "rounds=$ROUNDS mode=$MODE failures=$fails"
+  exit 0
+fi
 R checkpoint --leave-running --image-path "$W/img" src || { echo "checkpoint failed"; exit 1; }
 echo "checkpointed; inode of spool $(stat -c %i "$W/share/spool")"
 R kill src KILL; sleep 0.5; R delete -force src
