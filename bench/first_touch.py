@@ -21,29 +21,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
 from control.node.provision import THP_DEFRAG, THP_DIR, THP_SHMEM, thp_read  # noqa: E402
-
-
-def sh(*argv: str, timeout: float = 300) -> str:
-    # Output to an anonymous file, not a pipe: runsc's sandbox and gofer inherit
-    # it and would hold a pipe open (docs/gvisor-notes.md "Output pipes hang").
-    with tempfile.TemporaryFile("w+") as f:
-        p = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, timeout=timeout, stdin=subprocess.DEVNULL)
-        f.seek(0)
-        out = f.read()
-    if p.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)}: exit {p.returncode}: {out[-2000:]}")
-    return out
+from probe_sandbox import make, sh  # noqa: E402
 
 
 def wait_for(what: str, ok, timeout: float = 300) -> None:
@@ -89,20 +77,8 @@ def main() -> int:
 
 
 def run(a, runsc: str) -> int:
-    shutil.rmtree(a.work, ignore_errors=True)
-    rootfs, share, logs, img, bundle = (a.work / n for n in ("rootfs", "share", "logs", "image", "bundle"))
-    for d in (rootfs, share, logs, bundle):
-        d.mkdir(parents=True)
-    sh("gcc", "-O2", "-static", "-o", str(rootfs / "first_touch"), str(HERE / "first_touch.c"))
-    sh(runsc, "spec", "--bundle", str(bundle))
-    spec = json.loads((bundle / "config.json").read_text())
-    spec["process"]["terminal"] = False
-    spec["process"]["args"] = ["/first_touch", "/share", str(a.mib)]
-    spec["root"] = {"path": str(rootfs), "readonly": False}
-    spec["mounts"].append({"destination": "/share", "type": "bind", "source": str(share), "options": ["rbind", "rw"]})
-    (bundle / "config.json").write_text(json.dumps(spec, indent=2))
-    g = [runsc, f"--root={a.work / 'runsc-root'}", "--network=none", "--platform=systrap",
-         f"--debug-log={logs}/%ID%.%COMMAND%.log"]
+    box = make(a.work, runsc, HERE / "first_touch.c", ["/share", str(a.mib)])
+    share, logs, img, bundle, g = box.share, box.logs, box.image, box.bundle, box.runsc
     res: dict = {"benchmark": "first-touch", "date": time.strftime("%Y-%m-%d"), "mib": a.mib, "cpus": os.cpu_count(),
                  "runsc": sh(runsc, "--version").splitlines()[0], "host_thp": thp_read(THP_DIR), "restores": []}
     try:

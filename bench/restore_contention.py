@@ -24,26 +24,15 @@ import os
 import re
 import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from probe_sandbox import make, sh  # noqa: E402
+
 _TS = re.compile(r"^[IWE](\d\d)(\d\d) (\d\d):(\d\d):(\d\d\.\d+)")
-
-
-def sh(*argv: str, timeout: float = 300) -> str:
-    # Output to an anonymous file, not a pipe: runsc's sandbox and gofer inherit
-    # it and would hold a pipe open (docs/gvisor-notes.md "Output pipes hang").
-    with tempfile.TemporaryFile("w+") as f:
-        p = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, timeout=timeout, stdin=subprocess.DEVNULL)
-        f.seek(0)
-        out = f.read()
-    if p.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)}: exit {p.returncode}: {out[-2000:]}")
-    return out
 
 
 def log_time(line: str) -> float | None:
@@ -101,20 +90,8 @@ def main() -> int:
     a.out.parent.mkdir(parents=True, exist_ok=True)
     runsc = str(Path(a.runsc).resolve())
 
-    shutil.rmtree(a.work, ignore_errors=True)
-    rootfs, share, logs, img, bundle = (a.work / n for n in ("rootfs", "share", "logs", "image", "bundle"))
-    for d in (rootfs, share, logs, bundle):
-        d.mkdir(parents=True)
-    sh("gcc", "-O2", "-static", "-o", str(rootfs / "probe"), str(HERE / "restore_probe.c"))
-    sh(runsc, "spec", "--bundle", str(bundle))
-    spec = json.loads((bundle / "config.json").read_text())
-    spec["process"]["terminal"] = False
-    spec["process"]["args"] = ["/probe", "/share/probe.log", str(a.mib)]
-    spec["root"] = {"path": str(rootfs), "readonly": False}
-    spec["mounts"].append({"destination": "/share", "type": "bind", "source": str(share), "options": ["rbind", "rw"]})
-    (bundle / "config.json").write_text(json.dumps(spec, indent=2))
-    root = a.work / "runsc-root"
-    g = [runsc, f"--root={root}", "--network=none", "--platform=systrap", f"--debug-log={logs}/%ID%.%COMMAND%.log"]
+    box = make(a.work, runsc, HERE / "restore_probe.c", ["/share/probe.log", str(a.mib)])
+    share, logs, img, bundle, g = box.share, box.logs, box.image, box.bundle, box.runsc
 
     res: dict = {"benchmark": "restore-contention", "date": time.strftime("%Y-%m-%d"), "mib": a.mib,
                  "cpus": os.cpu_count(), "runsc": sh(runsc, "--version").splitlines()[0], "runs": {}}
