@@ -11,7 +11,8 @@
 #   bash bench/gpu/build-runsc-variant.sh 12 4096    -> build/runsc-readers12x4096k (upstream PR #14568's)
 #   bash bench/gpu/build-runsc-variant.sh prefault   -> build/runsc-prefault: thaw's runsc (its loader
 #        patch, ci/build-go.sh's values) plus bench/gpu/patch-runsc-prefault.py
-#   bash bench/gpu/build-runsc-variant.sh prefault-all -> build/runsc-prefault-all: every process, a CPU check
+#   bash bench/gpu/build-runsc-variant.sh prefault-all -> build/cpu/runsc-prefault-all: every process, a CPU
+#        check only (outside build/runsc-*, so `make carry` leaves it: three builds would pass the 64 MiB cap)
 set -euo pipefail
 readers=${1:?usage: build-runsc-variant.sh READERS [READ_KIB] | prefault | prefault-all}
 read_kib=${2:-}
@@ -19,6 +20,8 @@ name="runsc-readers$readers${read_kib:+x${read_kib}k}"
 [[ "$readers" == prefault* ]] && name=runsc-$readers
 here=$(cd "$(dirname "$0")/../.." && pwd)
 out="$here/build"
+[[ "$readers" == prefault-all ]] && out="$here/build/cpu"
+mkdir -p "$out"
 cd "$here/go"
 gvisor_version=$(go list -m -f '{{.Version}}' gvisor.dev/gvisor)
 label="thaw-gvisor-${gvisor_version##*-}"     # twin: ci/build-go.sh, control/config.py RUNSC_VERSION_LABEL
