@@ -30,8 +30,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
-from control.node.provision import THP_DEFRAG, THP_DIR, THP_SHMEM, thp_read  # noqa: E402
-from probe_sandbox import make, sh  # noqa: E402
+from control.node.provision import THP_DEFRAG, THP_DIR, THP_SHMEM, thp_read, thp_write  # noqa: E402
+from probe_sandbox import make, read_once, sh  # noqa: E402
 
 
 def wait_for(what: str, ok, timeout: float = 300) -> None:
@@ -52,11 +52,6 @@ def trigger(share: Path, k: int, mib: int) -> dict:
             "first_gb_s": round(gb / (p1 / 1e9), 2), "second_gb_s": round(gb / (p2 / 1e9), 2)}
 
 
-def set_thp(values: dict[str, str]) -> None:
-    for k, v in values.items():
-        (Path(THP_DIR) / k).write_text(v)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runsc", required=True)
@@ -69,11 +64,11 @@ def main() -> int:
     runsc = str(Path(a.runsc).resolve())
     saved = thp_read(THP_DIR)
     if a.thp:
-        set_thp({"shmem_enabled": THP_SHMEM, "defrag": THP_DEFRAG})
+        thp_write(THP_DIR, {"shmem_enabled": THP_SHMEM, "defrag": THP_DEFRAG})
     try:
         return run(a, runsc)
     finally:
-        set_thp(saved)
+        thp_write(THP_DIR, saved)
 
 
 def run(a, runsc: str) -> int:
@@ -91,10 +86,7 @@ def run(a, runsc: str) -> int:
         for r in range(a.repeat):
             for p in share.glob("*-2"):
                 p.unlink()
-            for p in img.iterdir():          # warm page cache, as on the H200 runs
-                with open(p, "rb") as f:
-                    while f.read(16 << 20):
-                        pass
+            read_once(img)                  # warm page cache, as on the H200 runs
             cid = f"ft-restore-{r}"
             sh(*g, "restore", f"--image-path={img}", "--bundle", str(bundle), "--detach", "--background", cid,
                timeout=600)

@@ -36,6 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 
+from probe_sandbox import read_once  # noqa: E402
 from report import spread  # noqa: E402
 from stream import PORT, THAW, WORKLOAD, drop_caches, first_answer, get, thaw  # noqa: E402
 
@@ -56,10 +57,7 @@ def env_for(work: Path, runsc: Path, background: bool = True) -> dict[str, str]:
 def page_cache(image: Path, state: str) -> None:
     drop_caches()
     if state == "hot":
-        for p in image.iterdir():
-            with open(p, "rb") as f:
-                while f.read(16 << 20):
-                    pass
+        read_once(image)
 
 
 def one(env: dict, image: Path, sid: str, src: dict, state: str, label: str) -> dict:

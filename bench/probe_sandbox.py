@@ -24,6 +24,14 @@ def sh(*argv: str, timeout: float = 300) -> str:
     return out
 
 
+def read_once(image: Path) -> None:
+    """Read every file of a checkpoint image once: its pages in the page cache."""
+    for p in image.iterdir():
+        with open(p, "rb") as f:
+            while f.read(16 << 20):
+                pass
+
+
 @dataclass
 class ProbeSandbox:
     share: Path        # the host side of /share

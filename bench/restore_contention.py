@@ -30,7 +30,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from probe_sandbox import make, sh  # noqa: E402
+from probe_sandbox import make, read_once, sh  # noqa: E402
 
 _TS = re.compile(r"^[IWE](\d\d)(\d\d) (\d\d):(\d\d):(\d\d\.\d+)")
 
@@ -112,10 +112,7 @@ def main() -> int:
 
     for name, background in (("background", True), ("no-background", False)):
         (share / "probe.log").write_text("")       # the restored probe holds it open: keep the file
-        for p in img.iterdir():                     # warm page cache, as on the H200 ("thaw" variant)
-            with open(p, "rb") as f:
-                while f.read(16 << 20):
-                    pass
+        read_once(img)                              # warm page cache, as on the H200 ("thaw" variant)
         cid = f"rc-{name}"
         t_restore = time.time()
         sh(*g, "restore", f"--image-path={img}", "--bundle", str(bundle), "--detach",

@@ -57,7 +57,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from control.lifecycle import profiles  # noqa: E402
-from control.node.provision import THP_DEFRAG, THP_DIR, THP_SHMEM, thp_read  # noqa: E402
+from control.node.provision import THP_DEFRAG, THP_DIR, THP_SHMEM, thp_read, thp_write  # noqa: E402
 from nvproxy import cdi, gpu, helper  # noqa: E402
 from runsc_hooks import spec as specmod  # noqa: E402
 from runsc_hooks.runsc import (CheckpointOptions, CreateOptions, GlobalOptions,  # noqa: E402
@@ -260,11 +260,6 @@ def gpu_memory_used() -> str:
         return sh("nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader", check=False, timeout=30)
     except (OSError, subprocess.SubprocessError):
         return "?"
-
-
-def thp_write(root: Path, values: dict[str, str]) -> None:
-    for name, value in values.items():
-        (root / name).write_text(value + "\n")
 
 
 def sandbox_host_memory(pid: int) -> dict:

@@ -366,6 +366,13 @@ def thp_read(d: Path) -> dict[str, str]:
     return {n: thp_selected((d / n).read_text()) for n in THP_NAMES}
 
 
+def thp_write(d: Path, values: dict[str, str]) -> None:
+    """Set the host's THP settings in `d` (thp_read's twin); sysfs: one write each,
+    no temp file and rename."""
+    for n, v in values.items():
+        (d / n).write_text(v)
+
+
 def thp_wanted(layout: Layout) -> dict[str, str]:
     """The values provision sets: shmem_enabled advise; the host's defrag where runsc
     accepts it, else defer."""
@@ -404,9 +411,8 @@ class HostHugePages(Step):
                                                    if have[n] != v))
 
     def apply(self, plan: Plan) -> None:
-        for n, v in self.values.items():
-            if thp_selected((self.dir / n).read_text()) != v:   # a value runsc takes is left alone
-                (self.dir / n).write_text(v)   # sysfs: one write, no temp file and rename
+        # A value runsc takes is left alone.
+        thp_write(self.dir, {n: v for n, v in self.values.items() if thp_selected((self.dir / n).read_text()) != v})
 
 
 def huge_pages_steps(settings: Settings, lay: Layout, gpu: bool) -> list[Step]:
