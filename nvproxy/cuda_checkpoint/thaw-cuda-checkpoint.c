@@ -15,11 +15,13 @@
  * total=1.230000"; parsed by nvproxy/helper.py parse_timing): how much of a
  * toggle is the helper's fixed cost (loading libcuda, cuInit) and how much
  * the driver's work (issue 17; NVIDIA/nvcf#437 measured seconds per spawn).
- * THAW_CUDA_CHECKPOINT_TIMING=FILE in the environment turns timing on too and
- * appends the line, with the mode, pid and the wall-clock second it started,
- * to FILE: runsc runs the helper at restore with the container's environment
- * and keeps its output only in a debug log (state_cuda.go invokeCudaCheckpoint),
- * so that is how a benchmark sees the steps of the toggle runsc starts.
+ * THAW_CUDA_CHECKPOINT_TIMING=FILE in the environment appends the same line,
+ * with the mode, pid and the wall-clock second it started, to FILE (and not to
+ * stderr unless --timing): runsc runs the helper at restore with the
+ * container's environment and keeps its output only in a debug log
+ * (state_cuda.go invokeCudaCheckpoint), so that is how a benchmark sees the
+ * steps of the toggle runsc starts; runsc reads --get-state's stdout and
+ * stderr as one, so nothing more may go there.
  *
  * Exit codes (twin: nvproxy/helper.py EXIT_*):
  *   0 ok, 1 the driver refused the operation (its error name is printed),
@@ -52,7 +54,8 @@ static CUresult (*p_restore)(int, plain_args *);
 static CUresult (*p_unlock)(int, plain_args *);
 
 /* --timing: the steps' durations, printed once at exit. */
-static int timing;
+static int timing;          /* the steps are timed (--timing or the timing file) */
+static int timing_stderr;   /* --timing: the line goes to stderr */
 static char timing_buf[256];
 static size_t timing_len;
 
@@ -204,7 +207,7 @@ int main(int argc, char **argv) {
     char key[32];
     if (eq && (size_t)(eq - a) < sizeof key) { memcpy(key, a, eq - a); key[eq - a] = 0; a = key; val = eq + 1; }
     if (strcmp(a, "--timing") == 0 && !val) {
-      timing = 1;
+      timing = timing_stderr = 1;
     } else if (strcmp(a, "--get-state") == 0 || strcmp(a, "--toggle") == 0) {
       if (mode) return usage("give one of --get-state, --toggle, --action");
       mode = a;
@@ -241,7 +244,7 @@ int main(int argc, char **argv) {
   }
   double start = now();
   int rc = run(mode, action, (int)pid, (unsigned int)timeout);
-  if (timing) fprintf(stderr, "thaw-cuda-checkpoint timing:%s total=%.6f\n", timing_buf, now() - start);
+  if (timing_stderr) fprintf(stderr, "thaw-cuda-checkpoint timing:%s total=%.6f\n", timing_buf, now() - start);
   if (timing_file && *timing_file) {
     FILE *f = fopen(timing_file, "a");
     if (f) {

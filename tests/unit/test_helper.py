@@ -164,6 +164,7 @@ def test_timing_file_from_the_environment_gets_one_line_per_run(built, tmp_path)
     r = run(built, "--toggle", "--pid", "42", lib=built["fake"], FAKE_CUDA_STATE="checkpointed",
             THAW_CUDA_CHECKPOINT_TIMING=str(f))
     assert r.returncode == 0, r.stderr
+    assert "timing" not in r.stderr     # runsc reads --get-state's stdout and stderr as one
     run(built, "--get-state", "--pid", "7", THAW_CUDA_CHECKPOINT_TIMING=str(f))    # no libcuda: exit 3
     first, second = f.read_text().splitlines()
     assert "mode=toggle pid=42 rc=0 started=" in first and "mode=get-state pid=7 rc=3 " in second
