@@ -370,6 +370,11 @@ def helper_steps(path: Path, t0_wall: float | None) -> list[dict]:
     return out
 
 
+def warm_request_s(r: dict, image: str = "release") -> float | None:
+    """The request's server time on the warm server `image` was taken from."""
+    return (((r.get("images") or {}).get(image) or {}).get("warm_request") or {}).get("server_s")
+
+
 def request_after_unlock(rec: dict) -> float | None:
     """The first request's server time less its wait for the CUDA unlock."""
     t = rec.get("request_timing") or {}
@@ -1025,7 +1030,7 @@ def summarize(r: dict) -> dict:
             # same request's on the warm server before the checkpoint, and once
             # more after the restore (server.py TorchBackend.generate's split).
             "request_after_unlock_s": request_after_unlock(best),
-            "warm_request_s": ((imgs.get(best.get("image") or "release") or {}).get("warm_request") or {}).get("server_s"),
+            "warm_request_s": warm_request_s(r, best.get("image") or "release"),
             "second_request_s": (best.get("second_request") or {}).get("server_s"),
             "all_pages_loaded_s": best.get("restore_done_s"),
             "largest_restore_phases": sorted(
@@ -1131,7 +1136,7 @@ def lever_table(result: dict) -> str:
         lv = r.get("levers") or levers(r)
         lines.append(f"== {m}: transparent target {r.get('target_s')} s, cooperative {r.get('coop_target_s')} s; "
                      f"errors: {len(r.get('errors', []))}")
-        warm = ((r.get("images", {}).get("release") or {}).get("warm_request") or {}).get("server_s")
+        warm = warm_request_s(r)
         lines.append(f"{'variant':24} {'restore_s':>9} {'target':>6} {'met':>5} {'same':>5} {'image_GB':>8} "
                      f"{'cuda_s':>7} {'hook_s':>7} {'copy_s':>7} {'req_s':>7} {'parked_GB':>9}  error"
                      f"   (req_s: the first request after the unlock; warm server {num(warm)} s)")

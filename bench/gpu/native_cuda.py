@@ -38,9 +38,8 @@ import hashlib, json, os, sys, time
 from pathlib import Path
 import torch
 d = Path(sys.argv[1]); ctl = Path(sys.argv[2]); sys.path.insert(0, sys.argv[3]); mode = sys.argv[4]
-from server import TorchBackend   # bench/gpu/server.py: the sandboxed server's model and request
-prompt = [(7 * i) % 997 + 1 for i in range(32)]   # twin: server.py main's prompt
-backend = TorchBackend(str(d), "cuda", prompt, 16)
+from server import TorchBackend, fixed_prompt   # bench/gpu/server.py: the sandboxed server's model and request
+backend = TorchBackend(str(d), "cuda", fixed_prompt(32), 16)   # server.py's default --prompt-len, --new-tokens
 m = backend.model
 def request():
     t = time.perf_counter()

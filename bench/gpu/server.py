@@ -350,6 +350,11 @@ def serve_spool(server: Server, spool: str) -> None:
         time.sleep(POLL_S)
 
 
+def fixed_prompt(length: int) -> list[int]:
+    """The request's prompt: token ids 1, 8, 15, ... below 998 (inside every vocabulary here)."""
+    return [(7 * i) % 997 + 1 for i in range(length)]
+
+
 def emit(events: str, **kv) -> None:
     kv["t"] = time.time()
     with open(events, "a") as f:
@@ -373,8 +378,7 @@ def main() -> int:
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         os.close(fd)
-    # Fixed prompt: token ids 1, 8, 15, ... below 998 (inside every vocabulary here).
-    prompt = [(7 * i) % 997 + 1 for i in range(args.prompt_len)]
+    prompt = fixed_prompt(args.prompt_len)
     emit(args.events, event="starting", boot=BOOT, pid=os.getpid())
     try:
         if args.backend == "fake":

@@ -137,8 +137,7 @@ def main() -> int:
     if a.json:
         print(json.dumps(out, indent=1))
         return 0
-    for log in out:
-      for s in log.get("windows", [log]):
+    for s, log in ((s, log) for log in out for s in log.get("windows", [log])):
         print(f"== {log['log']} {s.get('window', '')}: window {s.get('window_s')} s (runsc: {s.get('runsc_says')})")
         for name, p in s.get("processes", {}).items():
             print(f"  {name}: {p['calls']} calls on {p['threads']} threads, {p['in_syscalls_s']} s inside them, "
