@@ -9,6 +9,11 @@ that the image holds into its address space with MAP_POPULATE.
 check of the mechanism: `build-runsc-variant.sh prefault-all`, then
 bench/first_touch.py with it).
 
+The sentry-side populate this bench once tried as `--sentry` (`@prefaultmf`)
+is thaw's runsc now: ci/patch-runsc-populate.py (gVisor PR #13753), measured
+better (GPT-2-large 1.281 s vs 1.707 s); this stub-side prefault was slower
+than neither (1.906 s; bench/results/gpu-speed-2026-12-01-prefault.json).
+
 Why (docs/gpu.md, "Measured ... third session", item 2): right after `runsc
 restore` the driver's restore step is 0.25-0.6 s slower than in a sandbox that
 has run since, and runsc --strace shows the same calls in both; the difference
@@ -108,9 +113,10 @@ PREFAULT = '''	// thaw (bench/gpu/patch-runsc-prefault.py): map the processes' m
 
 def main() -> None:
     root = Path(sys.argv[1])
-    (root / "pkg/sentry/mm/thaw_prefault.go").write_text(MM_FILE)
+    mode = sys.argv[2:]
     state_cuda = root / "pkg/sentry/control/state_cuda.go"
-    if sys.argv[2:] == ["--all"]:
+    (root / "pkg/sentry/mm/thaw_prefault.go").write_text(MM_FILE)
+    if mode == ["--all"]:
         patch(state_cuda, '''	cudaCheckpointPathVal := k.PopCheckpointState(cudaCheckpointPathKey)
 ''', '''	var allProcs []*kernel.ThreadGroup
 	k.TaskSet().ForEachThreadGroup(func(tg *kernel.ThreadGroup, _ *kernel.Task) { allProcs = append(allProcs, tg) })
