@@ -33,7 +33,7 @@ dpkgopts=(--dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr
           --dpkgopt='path-exclude=/usr/share/info/*')
 # What provision installs from the image (control/provision.py BINARIES, in
 # its order; tests/unit/test_deploy_files.py keeps the lists equal).
-binaries=(runsc containerd-shim-runsc-v1 thaw-runsc thaw-runsc-hooks thaw-cuda-checkpoint thaw-chunk thaw-fetch thaw-gofer thaw-ctrinfo thaw-monitor)
+binaries=(runsc containerd-shim-runsc-v1 thaw-runsc thaw-runsc-hooks thaw-cuda-checkpoint thaw-chunk thaw-fetch thaw-gofer thaw-ctrinfo thaw-monitor thaw-relay)
 version=$(python3 -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb"))["project"]["version"])' \
   "$here/pyproject.toml")
 ref=ghcr.io/thaw-dev/thaw:$version

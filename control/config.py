@@ -514,6 +514,19 @@ KEYS: tuple[Key, ...] = (
     Key("thawd.rpc_workers", INT, 16,
         "gRPC requests thawd serves at once; a container start holds one for up to prepare_timeout_s "
         "(create) and its Restore deadline (start).", range=(1, 1024)),
+    # [park]: sandboxes restored ahead of demand (control/thawd/parking.py, docs/parking.md).
+    Key("park.enabled", BOOL, False,
+        "Keep sandboxes restored ahead of demand (parked: every page in, GPU state checkpointed, GPU memory "
+        "free) for the workloads started on this node; the next matching container adopts one instead of "
+        "restoring. Lone containers under containerd only (not Kubernetes pods)."),
+    Key("park.per_key", INT, 1,
+        "Parked sandboxes kept per workload key (each adoption parks the next one).", range=(1, 64)),
+    Key("park.memory_budget_bytes", SIZE, 32 * _G,
+        "Host memory all parked sandboxes may hold together (each about its image's memory file); a park "
+        "that does not fit removes those of less recently started workloads, or is not made.",
+        range=(1 * _M, 64 * _T)),
+    Key("park.idle_s", SECONDS, 1800.0,
+        "A parked sandbox whose workload has not been started for this long is removed.", range=(1, 30 * _DAY)),
     # [standin]: the runsc stand-in (go/cmd/thaw-runsc-hooks) reads these from the same file and env.
     Key("standin.state_dir", ABS_PATH, Path("/run/thaw/standin"),
         "Where the stand-in keeps create's decision for start and delete (one small file per container).",

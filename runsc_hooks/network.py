@@ -283,6 +283,40 @@ def namespace_address(netns_path: str | None) -> tuple[str | None, str | None]:
     return None, None
 
 
+def loopback_only(netns_path: str) -> bool:
+    """Is the network namespace at `netns_path` one with a loopback interface that
+    is up and no other interface (what `ctr run` callers without CNI make so that a
+    sandbox has 127.0.0.1: bench/gpu/node.py netns)? Such a namespace gives a
+    sandbox nothing but its loopback, so another one like it is the same network
+    to the workload (control/thawd/parking.py adopts across them)."""
+    if not _is_netns(Path(netns_path)):
+        return False
+
+    def check(ns) -> bool:
+        links = ns.get_links()
+        return len(links) == 1 and links[0].get_attr("IFLA_IFNAME") == "lo" and bool(links[0]["flags"] & 1)
+    return _in_netns(netns_path, check)
+
+
+def create_loopback_netns(name: str) -> str:
+    """A new named network namespace (/var/run/netns/<name>) with its loopback up and
+    nothing else; its path. Not named thaw-<...>: that prefix means a namespace thaw
+    plumbed with a veth and a gate (namespace_address)."""
+    if name.startswith(NETNS_PREFIX):
+        raise ValueError(f"{name}: the {NETNS_PREFIX} prefix is for namespaces thaw plumbs")
+    _create_netns(name)
+    path = str(NETNS_DIR / name)
+    _in_netns(path, lambda ns: ns.link("set", index=ns.link_lookup(ifname="lo")[0], state="up"))
+    return path
+
+
+def remove_netns(name: str) -> None:
+    """Remove the named network namespace (gone already: nothing to do)."""
+    from pyroute2 import netns as pnetns
+    if (NETNS_DIR / name).exists():
+        pnetns.remove(name)
+
+
 def snapshot(netns_path: str) -> list[dict]:
     """The IPv4 addresses and routes of a network namespace's interfaces, before
     runsc takes them over: runsc removes the addresses from the host side of the

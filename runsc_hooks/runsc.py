@@ -195,7 +195,7 @@ class Runsc:
 
     def _run(self, args: Sequence[str], timeout_s: float | None = None,
              check_id: str | None = None, env: Sequence[tuple[str, str]] = (),
-             stdio: int | None = None) -> subprocess.CompletedProcess:
+             stdio: "int | tuple[int, int, int] | None" = None) -> subprocess.CompletedProcess:
         """Run one runsc command; raise RunscError (or NotFound) on failure.
 
         `check_id`: the container the command names, so "not found" becomes
@@ -207,6 +207,8 @@ class Runsc:
         runsc/boot/restore.go), so this is where the workload's output goes.
         runsc then writes its own error there too: give the Runsc a `log_path`
         (--log, JSON) so that RunscError still carries runsc's message.
+        A triple (stdin, stdout, stderr) gives the workload all three (a parked
+        sandbox's relay pipes, control/thawd/parking.py).
         """
         if not self.binary.is_file():
             raise PreconditionError(f"runsc not found at {self.binary}: run `make build` "
@@ -221,8 +223,12 @@ class Runsc:
             # Wait in waitpid, with a timer that kills runsc at the deadline:
             # subprocess's wait(timeout=) polls with sleeps growing to 50 ms,
             # which added up to ~50 ms to every runsc call (bench/cli_speed.py).
-            child = subprocess.Popen(argv, stdout=out if stdio is None else stdio,
-                                     stderr=err if stdio is None else stdio, stdin=subprocess.DEVNULL,
+            if isinstance(stdio, tuple):
+                fin, fout, ferr = stdio
+            else:
+                fin, fout, ferr = subprocess.DEVNULL, (out if stdio is None else stdio), \
+                    (err if stdio is None else stdio)
+            child = subprocess.Popen(argv, stdout=fout, stderr=ferr, stdin=fin,
                                      env={**os.environ, **dict(env)} if env else None)
             timer = threading.Timer(deadline, child.kill)
             timer.daemon = True
@@ -333,7 +339,7 @@ class Runsc:
         self._run(["checkpoint", *opts.argv(), cid], timeout_s, check_id=cid)
 
     def restore(self, cid: str, opts: RestoreOptions, timeout_s: float | None = None,
-                stdio: int | None = None) -> None:
+                stdio: "int | tuple[int, int, int] | None" = None) -> None:
         """`stdio`: as for create; the restored workload's stdout and stderr."""
         self._run(["restore", *opts.argv(), cid], timeout_s, env=opts.env, stdio=stdio)
 

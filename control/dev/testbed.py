@@ -40,7 +40,8 @@ if [ -n "$SECRET" ]; then for i in $(seq 32); do head -c 65536 /dev/urandom; ech
 echo $boot > /tmp/boot
 touch /tmp/ready
 i=0
-while true; do i=$((i+1)); echo "$boot $i" > /tmp/state; sleep 0.1; done
+# TICK set: a line on stdout every second (the container's log).
+while true; do i=$((i+1)); echo "$boot $i" > /tmp/state; [ -n "$TICK" ] && [ $((i % 10)) -eq 0 ] && echo "tick $boot $i"; sleep 0.1; done
 """
 ANNOTATIONS = {"thaw.dev/workload": "counter", "thaw.dev/ready": "file:/tmp/ready"}
 

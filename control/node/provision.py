@@ -67,11 +67,13 @@ BINARIES = (
     ("thaw-gofer", True),          # and streams every image it does not hold (store.gofer, store.stream)
     ("thaw-ctrinfo", True),        # and asks containerd whose a container is (containerd.info, issue 13)
     ("thaw-monitor", False),       # `thaw run/restore` sandboxes' log and exit status (control/lifecycle/logs.py)
+    ("thaw-relay", False),         # a parked sandbox's stdio (park.enabled; control/thawd/parking.py)
 )
 STANDIN = "thaw-runsc"
 HOOKS = "thaw-runsc-hooks"
 CUDA_HELPER = helper.BINARY_NAME
 MONITOR = "thaw-monitor"   # twin: control/lifecycle/logs.py MONITOR_BINARY
+RELAY = "thaw-relay"       # twin: control/thawd/parking.py RELAY_BINARY
 
 
 @dataclass(frozen=True)
@@ -454,7 +456,9 @@ def steps(settings: Settings, opts: Options, gpu: bool, gpus: NodeGpus = NodeGpu
                    CUDA_HELPER: "CUDA checkpoint helper not built (make setup); not needed on a CPU node",
                    MONITOR: "the sandbox monitor is not built (go/cmd/thaw-monitor): `thaw run` and "
                             "`thaw restore` refuse to start sandboxes here; containerd's are not "
-                            "affected"}[name]
+                            "affected",
+                   RELAY: "the parked sandboxes' stdio relay is not built (go/cmd/thaw-relay): with "
+                          "park.enabled thawd parks nothing whose stdio is a pipe"}[name]
             out.append(Skip(f"install {name}", str(lay.host(dest)), f"{src} missing: {why}"))
             continue
         out.append(WriteFile(f"install {name}", lay, dest, 0o755, source=src, compare=opts.compare_binaries))

@@ -58,19 +58,18 @@ def namespace_of(runsc_root: Path, containerd_runsc_root: Path) -> str:
     return runsc_root.name
 
 
-def lookup(settings: Settings, namespace: str, container_id: str) -> dict:
-    """thaw-ctrinfo's record of a container (see its doc comment for the fields)."""
+def _invoke(settings: Settings, namespace: str, args: list[str], timeout_s: float, fail) -> dict:
+    """thaw-ctrinfo's JSON answer to `args` in containerd namespace `namespace`; `fail(detail)`
+    makes the exception for every way it can go wrong (not found, no answer, its error)."""
     binary = settings.containerd_info
     argv = [str(binary), "-address", settings.containerd_address, "-namespace", namespace,
-            "-timeout", f"{settings.containerd_info_timeout_s}s", container_id]
+            "-timeout", f"{timeout_s:g}s", *args]
     try:
-        p = subprocess.run(argv, capture_output=True, timeout=settings.containerd_info_timeout_s + 2,
-                           stdin=subprocess.DEVNULL)
+        p = subprocess.run(argv, capture_output=True, timeout=timeout_s + 5, stdin=subprocess.DEVNULL)
     except FileNotFoundError:
-        raise IdentityError("identity-unknown", f"thaw-ctrinfo not found at {binary} (containerd.info)") from None
+        raise fail(f"thaw-ctrinfo not found at {binary} (containerd.info)") from None
     except subprocess.TimeoutExpired:
-        raise IdentityError("identity-unknown", f"containerd did not answer within "
-                            f"{settings.containerd_info_timeout_s}s (containerd.info_timeout_s)") from None
+        raise fail(f"containerd did not answer thaw-ctrinfo {args[0]} within {timeout_s:g}s") from None
     try:
         out = json.loads(p.stdout or b"{}")
     except ValueError:
@@ -78,8 +77,14 @@ def lookup(settings: Settings, namespace: str, container_id: str) -> dict:
     if p.returncode != 0 or "error" in out:
         err = out.get("error") or {}
         detail = err.get("detail") or p.stderr.decode(errors="replace").strip()[-500:] or f"exit {p.returncode}"
-        raise IdentityError("identity-unknown", f"containerd at {settings.containerd_address}: "
-                            f"{err.get('kind', 'error')}: {detail}")
+        raise fail(f"containerd at {settings.containerd_address}: {err.get('kind', 'error')}: {detail}")
+    return out
+
+
+def lookup(settings: Settings, namespace: str, container_id: str) -> dict:
+    """thaw-ctrinfo's record of a container (see its doc comment for the fields)."""
+    out = _invoke(settings, namespace, [container_id], settings.containerd_info_timeout_s,
+                  lambda detail: IdentityError("identity-unknown", detail))
     if out.get("namespace") != namespace or out.get("id") != container_id:
         raise IdentityError("identity-unknown", "thaw-ctrinfo answered for another container")
     return out
@@ -136,3 +141,30 @@ def identify(settings: Settings, namespace: str, info: dict, sandbox: bool = Fal
 def identify_container(settings: Settings, runsc_root: Path, container_id: str, sandbox: bool = False) -> Identity:
     ns = namespace_of(runsc_root, settings.containerd_runsc_root)
     return identify(settings, ns, lookup(settings, ns, container_id), sandbox=sandbox)
+
+
+# A root filesystem of an image's layers for a sandbox thawd restores ahead of
+# demand (control/thawd/parking.py): an active snapshot made by containerd's own
+# snapshotter, a GC root, mounted at `target` by thaw-ctrinfo (go/cmd/thaw-ctrinfo
+# rootfs.go). Mounting and unpacking can take longer than a lookup.
+ROOTFS_TIMEOUT_S = 60.0
+
+
+def _rootfs(settings: Settings, namespace: str, args: list[str], timeout_s: float | None = None) -> dict:
+    from control.errors import ThawError
+    return _invoke(settings, namespace, args, ROOTFS_TIMEOUT_S if timeout_s is None else timeout_s,
+                   lambda detail: ThawError(f"thaw-ctrinfo {args[0]} (namespace {namespace}): {detail}"))
+
+
+def rootfs_prepare(settings: Settings, namespace: str, snapshotter: str, parent: str, target: Path,
+                   key: str) -> dict:
+    """Mount at `target` a writable snapshot `key` of the layers `parent` (a chain id)."""
+    return _rootfs(settings, namespace, ["rootfs-prepare", "-snapshotter", snapshotter, "-parent", parent,
+                                         "-target", str(target), key])
+
+
+def rootfs_remove(settings: Settings, namespace: str, snapshotter: str, target: Path, key: str,
+                  timeout_s: float | None = None) -> bool:
+    """Unmount `target` and remove snapshot `key` (both idempotent); True when the snapshot existed."""
+    return bool(_rootfs(settings, namespace, ["rootfs-remove", "-snapshotter", snapshotter, "-target",
+                                              str(target), key], timeout_s).get("removed"))

@@ -28,6 +28,13 @@ HELP = {
     "thaw_restore_seconds": "runsc restore + health check, as the stand-in measured it",
     "thaw_health_seconds": "post-restore health check",
     "thaw_checkpoint_seconds": "runsc checkpoint",
+    "thaw_parks_total": "sandboxes restored ahead of demand (park.enabled), by result",
+    "thaw_park_seconds": "one park: restore, every page in, CUDA state checkpointed again",
+    "thaw_adoptions_total": "containers started by adopting a parked sandbox",
+    "thaw_adopt_seconds": "wake of an adopted sandbox: CUDA restore, health check, hooks",
+    "thaw_parked_evicted_total": "parked sandboxes removed unused, by reason (budget, idle)",
+    "thaw_parked": "parked sandboxes now (gauge)",
+    "thaw_parked_host_bytes": "host memory parked sandboxes hold now (gauge)",
 }
 
 
@@ -43,11 +50,17 @@ class Metrics:
         self._lock = threading.Lock()
         self._counters: dict[tuple[str, str], float] = {}
         self._hists: dict[tuple[str, str], list] = {}   # [bucket counts..., sum, count]
+        self._gauges: dict[tuple[str, str], float] = {}
 
     def inc(self, name: str, value: float = 1.0, **labels: str) -> None:
         k = (name, _labels(labels))
         with self._lock:
             self._counters[k] = self._counters.get(k, 0.0) + value
+
+    def set(self, name: str, value: float, **labels: str) -> None:
+        """A gauge: the value now."""
+        with self._lock:
+            self._gauges[(name, _labels(labels))] = float(value)
 
     def observe(self, name: str, seconds: float, **labels: str) -> None:
         k = (name, _labels(labels))
@@ -60,19 +73,22 @@ class Metrics:
             h[-1] += 1
 
     def counters(self) -> dict[str, float]:
+        """Counters and gauges by name with labels (`thaw stats`)."""
         with self._lock:
-            return {n + lab: v for (n, lab), v in sorted(self._counters.items())}
+            return {n + lab: v for (n, lab), v in sorted({**self._counters, **self._gauges}.items())}
 
     def render(self) -> str:
         out: list[str] = []
         with self._lock:
-            names = sorted({n for n, _ in self._counters} | {n for n, _ in self._hists})
+            names = sorted({n for n, _ in self._counters} | {n for n, _ in self._hists} |
+                           {n for n, _ in self._gauges})
             for name in names:
-                kind = "histogram" if any(n == name for n, _ in self._hists) else "counter"
+                kind = "histogram" if any(n == name for n, _ in self._hists) else \
+                    "gauge" if any(n == name for n, _ in self._gauges) else "counter"
                 out.append(f"# HELP {name} {HELP.get(name, name)}")
                 out.append(f"# TYPE {name} {kind}")
-                if kind == "counter":
-                    for (n, lab), v in sorted(self._counters.items()):
+                if kind in ("counter", "gauge"):
+                    for (n, lab), v in sorted((self._counters if kind == "counter" else self._gauges).items()):
                         if n == name:
                             out.append(f"{name}{lab} {v:g}")
                     continue

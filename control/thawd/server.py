@@ -86,16 +86,19 @@ class ThawdServicer(pbg.ThawdServicer):
     @_rpc
     def PrepareRestore(self, request, context):
         rt = _rt(request.runtime)
-        d = self.t.prepare_restore(rt)
+        d = self.t.prepare_restore(rt, stdio=request.stdio)
         if d.restore and not context.is_active():
             # The stand-in died (or gave up) while thawd decided: the RPC is cancelled
             # and the answer goes nowhere. Its container's delete may already have been
             # and gone, so nothing else would ever end this decision.
             self.t.abandon(rt, "the stand-in was gone before thawd's answer reached it")
+        decision = pb.PrepareRestoreResponse.COLD
+        if d.restore:
+            decision = pb.PrepareRestoreResponse.ADOPT if d.adopt_id else pb.PrepareRestoreResponse.RESTORE
         return pb.PrepareRestoreResponse(
-            decision=pb.PrepareRestoreResponse.RESTORE if d.restore else pb.PrepareRestoreResponse.COLD,
-            reason=d.reason, workload_key=d.key, restore_timeout_ms=int(d.restore_timeout_s * 1000),
-            image_path=d.image_path if d.restore else "")
+            decision=decision, reason=d.reason, workload_key=d.key, restore_timeout_ms=int(d.restore_timeout_s * 1000),
+            image_path=d.image_path if d.restore else "", adopt_id=d.adopt_id, adopt_pid=d.adopt_pid,
+            relay_socket=d.relay_socket)
 
     @_rpc
     def Restore(self, request, context):
@@ -252,6 +255,8 @@ def build(settings: Settings, images, tuple_hash: str) -> tuple[grpc.Server, Tha
         log.warning("process exit events unavailable (%s): a stand-in killed after committing a restore "
                     "is judged by its marker alone (control/thawd/exits.py)", exits.why_not)
     thawd = Thawd(settings, images, metrics, exits=exits)
+    thawd.parking.recover()    # what a previous thawd parked goes; what containers adopted stays theirs
+    thawd.parking.start()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.thawd_rpc_workers, thread_name_prefix="rpc"),
                          options=[("grpc.max_receive_message_length", MAX_REQUEST_BYTES)],
                          maximum_concurrent_rpcs=max(MAX_CONCURRENT_RPCS, 4 * settings.thawd_rpc_workers))

@@ -26,6 +26,7 @@ from control.errors import IdentityError, IntegrityError, KeyMissing, ManifestRe
 from control.thawd import ctrinfo
 from control.thawd.exits import ExitWatch
 from control.thawd.metrics import Metrics
+from control.thawd.parking import Parking
 from control.thawd.pods import Pods
 from control.thawd.quarantine import Quarantine
 from control.files import write_json_atomic
@@ -181,6 +182,10 @@ class Decision:
     key: str = ""
     image_path: str = ""
     restore_timeout_s: float = 0.0   # the stand-in's deadline for the Restore call
+    # ADOPT: the parked sandbox (control/thawd/parking.py) the container becomes.
+    adopt_id: str = ""
+    adopt_pid: int = 0
+    relay_socket: str = ""
 
 
 class Thawd:
@@ -219,6 +224,7 @@ class Thawd:
         self.quarantine = Quarantine(settings)
         self._pool = ThreadPoolExecutor(max_workers=settings.thawd_workers, thread_name_prefix="thawd")
         self.pods = Pods(self)
+        self.parking = Parking(self)
 
     # -- quarantine ------------------------------------------------------------
 
@@ -230,8 +236,11 @@ class Thawd:
 
     # -- create ------------------------------------------------------------------
 
-    def prepare_restore(self, rt: RuntimeRef) -> Decision:
+    def prepare_restore(self, rt: RuntimeRef, stdio: str = "") -> Decision:
+        """`stdio`: what the shim gave the container as stdin, stdout, stderr (the stand-in's
+        fstat of them: PrepareRestoreRequest.stdio); kept for parking (control/thawd/parking.py)."""
         t0 = time.monotonic()
+        self.parking.note_stdio(rt, stdio)
         d = self._decide(rt)
         self.metrics.observe("thaw_prepare_seconds", time.monotonic() - t0)
         if d.restore:
@@ -287,7 +296,28 @@ class Thawd:
         except IdentityError as e:
             return Decision(False, str(e))
         self._prepare_gpu_spec(rt, spec)
+        if self.parking.enabled and self.quarantine.reason(wl.key) is None:
+            parked = self.parking.take(rt, spec, wl.key)
+            if parked is not None:
+                return self._adopt(rt, spec, wl.key, parked)
         return self.claim_image(rt, spec, wl.key, t0)
+
+    def _adopt(self, rt: RuntimeRef, spec: dict, key: str, parked) -> Decision:
+        """Container `rt` becomes parked sandbox `parked` (taken for it): the sandbox's
+        image lease becomes the container's, as a restore's would (released at its delete)."""
+        k = (str(rt.runsc_root), rt.container_id)
+        lease = self.parking.lease_of(parked)
+        self._settle(k, "a new decision for the same container replaced it")
+        with self._lock:
+            old = self._leases.pop(k, None)
+            if lease is not None:
+                self._leases[k] = lease
+            self._pending[k] = (key, None)
+        if old is not None:
+            old.release()
+        self.metrics.inc("thaw_cache_hits_total")
+        return Decision(True, f"parked: adopts {parked.id}", key, "", self.restore_deadline_s(spec),
+                        adopt_id=parked.id, adopt_pid=parked.pid, relay_socket=parked.relay_socket)
 
     def claim_image(self, rt: RuntimeRef, spec: dict, key: str, t0: float | None = None) -> Decision:
         """A leased local image of `key` for container `rt` (fetched if need be, one pull
@@ -506,6 +536,9 @@ class Thawd:
         except IdentityError as e:
             return self._restore_not_tried(rt, key, gate, f"{type(e).__name__}: {getattr(e, 'message', e)}", t0)
         key = wl.key if wl else key
+        parked = self.parking.adopter(rt)
+        if parked is not None:
+            return self._wake(rt, spec, key, wl, parked, cancelled, standin, t0)
         h = Handle(rt.container_id, rt.runsc(self.s.runsc_path, self.s.runsc_timeout_s), rt.bundle)
         image = Path(lease.path)
         try:
@@ -528,7 +561,44 @@ class Thawd:
         else:
             threading.Thread(target=self._confirm, args=(rt, h, key, standin, done, secs), daemon=True,
                              name=f"confirm-{rt.container_id}"[:15]).start()
+        self.parking.note_start(rt, spec, key)
         return True, done.health.summary() if done.health else "", secs
+
+    def _wake(self, rt: RuntimeRef, spec: dict, key: str, wl, parked, cancelled, standin, t0: float):
+        """start of a container that adopted a parked sandbox: its CUDA state back, the
+        health probe, the post-restore hooks (Parking.wake). Not woken: the sandbox is
+        removed, and the stand-in starts the container cold."""
+        from control.lifecycle.engine import Restored
+        undo = lambda why, counts=True: self._undo_adoption(rt, key, parked, why, counts)  # noqa: E731
+        try:
+            cuda_s, _, health, hooks = self.parking.wake(parked, rt, [wl.health] if wl else [])
+        except Exception as e:  # noqa: BLE001 - every decision ends in one recorded outcome
+            if not isinstance(e, ThawError):
+                log.exception("wake of %s (parked %s) failed unexpectedly", rt.container_id, parked.id)
+            reason = f"adopting parked sandbox {parked.id}: {type(e).__name__}: {getattr(e, 'message', e)}"
+            undo(reason)
+            return False, reason, time.monotonic() - t0
+        if cancelled():
+            undo("the stand-in gave up before the adoption finished")
+            return False, "cancelled", time.monotonic() - t0
+        secs = time.monotonic() - t0
+        done = Restored(secs, 0.0, health, hooks)
+        log.info("outcome %s key=%s adopted parked %s: CUDA %.4fs", rt.container_id, key, parked.id, cuda_s)
+        self.metrics.inc("thaw_adoptions_total")
+        self.metrics.observe("thaw_adopt_seconds", secs)
+        if standin is None:
+            self._restored(rt, key, done, secs)
+        else:
+            threading.Thread(target=self._confirm, args=(rt, None, key, standin, done, secs, undo), daemon=True,
+                             name=f"confirm-{rt.container_id}"[:15]).start()
+        self.parking.note_start(rt, spec, key)
+        return True, health.summary() if health else "", secs
+
+    def _undo_adoption(self, rt: RuntimeRef, key: str, parked, reason: str, quarantine: bool = True) -> None:
+        """An adoption that will not be used: the parked sandbox goes (its alias too),
+        the outcome is recorded (the container's lease released)."""
+        self.parking.discard(parked, f"adoption by {rt.container_id} ended: {reason}")
+        self.report_outcome(rt, "RESTORE_FAILED", reason, key=key, quarantine=quarantine)
 
     def restore_options(self, lease) -> RestoreOptions:
         """`runsc restore`'s options for a leased image. A streamed one (store.stream, a
@@ -573,7 +643,8 @@ class Thawd:
         self.metrics.observe("thaw_health_seconds", done.health.seconds if done.health else 0.0)
         self.quarantine.succeeded(key)
 
-    def _confirm(self, rt: RuntimeRef, h: Handle, key: str, standin: "Standin", done, secs: float) -> None:
+    def _confirm(self, rt: RuntimeRef, h: Handle | None, key: str, standin: "Standin", done, secs: float,
+                 undo=None) -> None:
         """Keep the restore once its stand-in has exited having committed it (its
         marker says "restored"); remove it when the stand-in died first (SIGKILL
         between thawd's answer and its exit): containerd then reports the start
@@ -589,7 +660,11 @@ class Thawd:
                 log.warning("stand-in %d of %s still runs %.0f s after its restore; keeping the restore",
                             standin.pid, rt.container_id, CONFIRM_TIMEOUT_S)
             elif standin.committed(rt.container_id) is False:
-                self.undo_restore(h, rt, key, "the stand-in died after the restore, before it could report it")
+                why = "the stand-in died after the restore, before it could report it"
+                if undo is not None:
+                    undo(why)
+                else:
+                    self.undo_restore(h, rt, key, why)
                 return
             self._restored(rt, key, done, secs)
         except Exception:  # noqa: BLE001 - a thread of its own: log, never lose the outcome
@@ -759,7 +834,9 @@ class Thawd:
             log.warning("auto-checkpoint of %s skipped: never ready (%s)", rt.container_id, ready.summary())
             self.metrics.inc("thaw_auto_checkpoints_total", result="not-ready")
             return None
-        return self.checkpoint(rt, leave_running=self.s.thawd_leave_running)
+        res = self.checkpoint(rt, leave_running=self.s.thawd_leave_running)
+        self.parking.note_start(rt, spec, key)
+        return res
 
     # -- delete / explicit -------------------------------------------------------
 
@@ -783,6 +860,7 @@ class Thawd:
 
     def _release_key(self, k: tuple[str, str], why: str = RELEASED_UNRESTORED) -> bool:
         self._settle(k, why)
+        self.parking.release(k[0], k[1])   # a parked sandbox it adopted (or was promised): gone with it
         with self._lock:
             self._identities.pop(k, None)
             lease = self._leases.pop(k, None)
@@ -853,6 +931,7 @@ class Thawd:
         return removed
 
     def close(self) -> None:
+        self.parking.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
         with self._lock:
             leases = list(self._leases.values())

@@ -2,7 +2,8 @@
 test command runs every one of them: thaw-fetch's (the fetch engine against an
 in-process HTTP server: retries, errors, O_DIRECT placement, checks), the
 stand-in's (argv parsing, gRPC status -> thaw error kind, how it reads thaw's configuration),
-thaw-s3proxy's (its faults and throttle against an in-process upstream), and any added later."""
+thaw-s3proxy's (its faults and throttle against an in-process upstream), thaw-relay's and
+go/internal/relay's (a parked sandbox's stdio relay over real pipes and Unix sockets), and any added later."""
 from __future__ import annotations
 
 import os
@@ -20,8 +21,8 @@ def test_go_unit_tests_pass():
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     ran = {line.split()[1] for line in r.stdout.splitlines() if line.startswith("ok ")}
     # The packages whose tests guard the product: a rename that drops one from ./... fails here.
-    for pkg in ("cmd/thaw-fetch", "cmd/thaw-ctrinfo", "cmd/thaw-s3proxy", "internal/ociimage", "internal/standin",
-                "internal/runscargv", "internal/stream", "internal/progress"):
+    for pkg in ("cmd/thaw-fetch", "cmd/thaw-ctrinfo", "cmd/thaw-s3proxy", "cmd/thaw-relay", "internal/ociimage",
+                "internal/standin", "internal/runscargv", "internal/stream", "internal/progress", "internal/relay"):
         assert f"thaw.dev/thaw/go/{pkg}" in ran, (pkg, r.stdout[-2000:])
 
 

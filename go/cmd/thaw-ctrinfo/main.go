@@ -28,7 +28,46 @@
 // container carries the sandbox extension itself: "cri" names its pod, with
 // no image digest (the plugin records none for it).
 //
-// Failure: exit 1 and {"error":{"kind":"not-found"|"unavailable"|"deadline"|"other","detail":..}}.
+// Two subcommands make and remove the root filesystem of a parked sandbox
+// (rootfs.go): one thawd restores a checkpoint into ahead of demand, before
+// containerd makes any container. runsc needs the same rootfs the
+// checkpointed container had, so it is made the way containerd makes a
+// container's: an active (writable) snapshot of the image's layers in
+// containerd's own snapshotter, mounted with containerd's mount package. No
+// file of the image is copied, and containerd's garbage collector keeps the
+// layers (the snapshot is a GC root and references its parent chain).
+//
+//	thaw-ctrinfo -address SOCK -namespace NS -timeout 30s rootfs-prepare -snapshotter S -parent CHAIN_ID -target DIR KEY
+//	thaw-ctrinfo -address SOCK -namespace NS -timeout 30s rootfs-remove -snapshotter S -target DIR KEY
+//
+// rootfs-prepare: Prepare(KEY, CHAIN_ID) in snapshotter S (CHAIN_ID: the
+// snapshot_parent this command prints for a container of the image) with the
+// labels containerd.io/gc.root=<RFC3339 time> and dev.thaw.parked=KEY, then
+// mount it at DIR (an absolute path; made 0700 if missing, its parent is the
+// caller's). DIR must be an empty directory and no mount point. If anything
+// after the Prepare fails, the snapshot is removed again (and DIR, if this
+// made it); that cleanup may run up to 2 s past -timeout. Output (exit 0):
+//
+//	{"key":KEY, "target":DIR, "snapshotter":S,
+//	 "mounts":[{"type":"overlay","source":"overlay","options":["workdir=..","upperdir=..","lowerdir=.."]}]}
+//
+// rootfs-remove: unmount DIR and everything under it (a DIR that is not
+// mounted, or does not exist, is fine), then remove snapshot KEY (one that
+// does not exist is fine: thawd calls this to clean up after a crash), then
+// remove DIR if it is now an empty directory. A snapshot without the label
+// dev.thaw.parked=KEY (a container's, say) is refused, and nothing is
+// unmounted. Output (exit 0; removed is false when there was no snapshot):
+//
+//	{"key":KEY, "removed":true}
+//
+// A lone positional word is always a container id, even one spelled like a
+// subcommand; global flags come before the subcommand, its own after it.
+//
+// Failure: exit 1 and {"error":{"kind":K,"detail":..}}, K one of
+// "not-found" (no such container; rootfs-prepare: "image layers CHAIN_ID not
+// unpacked for snapshotter S"), "exists" (rootfs-prepare: KEY is taken, or DIR
+// is not an empty directory or is a mount point), "unavailable", "deadline",
+// "other". Bad arguments: exit 2 and the usage on stderr.
 package main
 
 import (
@@ -37,6 +76,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"time"
 
@@ -80,30 +120,97 @@ type info struct {
 	CRI            *criInfo          `json:"cri,omitempty"`
 }
 
+const usage = `usage: thaw-ctrinfo -address SOCK -namespace NS [-timeout D] CONTAINER_ID
+       thaw-ctrinfo -address SOCK -namespace NS [-timeout D] rootfs-prepare -snapshotter S -parent CHAIN_ID -target DIR KEY
+       thaw-ctrinfo -address SOCK -namespace NS [-timeout D] rootfs-remove -snapshotter S -target DIR KEY
+`
+
+// globals are the flags before any subcommand.
+type globals struct {
+	address   string
+	namespace string
+	timeout   time.Duration
+}
+
+// command is one parsed invocation: a container lookup (id) or a rootfs
+// subcommand (rootfs non-nil).
+type command struct {
+	globals
+	id     string
+	rootfs *rootfsArgs
+}
+
+// parse reads argv (without the program name). flag.ErrHelp: -h or -help;
+// any other error is a usage error.
+func parse(args []string) (command, error) {
+	var cmd command
+	fs := flag.NewFlagSet("thaw-ctrinfo", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.StringVar(&cmd.address, "address", "/run/containerd/containerd.sock", "containerd's socket")
+	fs.StringVar(&cmd.namespace, "namespace", "", "containerd namespace of the container")
+	fs.DurationVar(&cmd.timeout, "timeout", 2*time.Second, "deadline of the whole command")
+	if err := fs.Parse(args); err != nil {
+		return cmd, err
+	}
+	if cmd.namespace == "" {
+		return cmd, errors.New("-namespace is required")
+	}
+	rest := fs.Args()
+	switch {
+	case len(rest) == 1:
+		cmd.id = rest[0]
+		return cmd, nil
+	case len(rest) > 1 && (rest[0] == opPrepare || rest[0] == opRemove):
+		a, err := parseRootfs(rest[0], rest[1:])
+		cmd.rootfs = a
+		return cmd, err
+	case len(rest) == 0:
+		return cmd, errors.New("no container id or subcommand")
+	}
+	return cmd, fmt.Errorf("one container id expected, got %q", rest)
+}
+
 func main() {
-	address := flag.String("address", "/run/containerd/containerd.sock", "containerd's socket")
-	ns := flag.String("namespace", "", "containerd namespace of the container")
-	timeout := flag.Duration("timeout", 2*time.Second, "deadline of the whole lookup")
-	flag.Parse()
-	if flag.NArg() != 1 || *ns == "" {
-		fmt.Fprintln(os.Stderr, "usage: thaw-ctrinfo -address SOCK -namespace NS [-timeout D] CONTAINER_ID")
+	cmd, err := parse(os.Args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Fprint(os.Stderr, usage)
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "thaw-ctrinfo: %v\n%s", err, usage)
 		os.Exit(2)
 	}
-	ctx, cancel := context.WithTimeout(namespaces.WithNamespace(context.Background(), *ns), *timeout)
+	ctx, cancel := context.WithTimeout(namespaces.WithNamespace(context.Background(), cmd.namespace), cmd.timeout)
 	defer cancel()
-	out, err := lookup(ctx, *address, *ns, flag.Arg(0), *timeout)
-	enc := json.NewEncoder(os.Stdout)
+	var out any
+	if cmd.rootfs != nil {
+		out, err = runRootfs(ctx, cmd.globals, *cmd.rootfs)
+	} else {
+		out, err = lookup(ctx, cmd.address, cmd.namespace, cmd.id, cmd.timeout)
+	}
+	if rc := emit(os.Stdout, ctx, out, err); rc != 0 {
+		os.Exit(rc)
+	}
+}
+
+// emit writes a command's result, or its error as {"error":{"kind","detail"}},
+// as one JSON line; it returns the exit status.
+func emit(w io.Writer, ctx context.Context, out any, err error) int {
+	enc := json.NewEncoder(w)
 	if err != nil {
 		enc.Encode(map[string]any{"error": map[string]string{"kind": kind(ctx, err), "detail": err.Error()}})
-		os.Exit(1)
+		return 1
 	}
 	enc.Encode(out)
+	return 0
 }
 
 func kind(ctx context.Context, err error) string {
 	switch {
 	case errdefs.IsNotFound(err):
 		return "not-found"
+	case errdefs.IsAlreadyExists(err):
+		return "exists"
 	case ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded):
 		return "deadline"
 	case errdefs.IsUnavailable(err):

@@ -3,7 +3,10 @@
 // the stand-in parses argv with it before deciding to exec the real runsc.
 package runscargv
 
-import "strings"
+import (
+	"os"
+	"strings"
+)
 
 // subcommands of runsc at the pin (runsc/cmd/*.go Name()). The first word
 // of argv that is one of these, outside a flag's value, is the subcommand.
@@ -131,4 +134,110 @@ func (a Argv) KillContainerID() string {
 		}
 	}
 	return ""
+}
+
+// execValueFlags are `runsc exec`'s flags that take a value word (runsc/cmd/exec.go
+// SetFlags at the pin); --detach is its one boolean.
+var execValueFlags = map[string]bool{
+	"cwd": true, "env": true, "user": true, "additional-gids": true, "cap": true, "process": true,
+	"pid-file": true, "internal-pid-file": true, "console-socket": true, "pass-fd": true, "exec-fd": true,
+}
+
+// TargetIndex is the index in Args of the word that names the container the
+// subcommand acts on, -1 when there is none: the first positional word for
+// kill (its signal follows) and for exec without --process (its command
+// follows), else the last positional word (create, start, state, wait, ps,
+// events, delete, exec --process F, ...).
+func (a Argv) TargetIndex() int {
+	switch a.Command {
+	case "kill":
+		for i := 0; i < len(a.Args); i++ {
+			w := a.Args[i]
+			if !strings.HasPrefix(w, "-") {
+				return i
+			}
+			if strings.TrimLeft(w, "-") == "pid" {
+				i++
+			}
+		}
+		return -1
+	case "exec":
+		if a.Flag("process") == "" {
+			for i := 0; i < len(a.Args); i++ {
+				w := a.Args[i]
+				if w == "--" {
+					if i+1 < len(a.Args) {
+						return i + 1
+					}
+					return -1
+				}
+				if !strings.HasPrefix(w, "-") {
+					return i
+				}
+				if n := strings.TrimLeft(w, "-"); execValueFlags[n] {
+					i++
+				}
+			}
+			return -1
+		}
+	}
+	if len(a.Args) == 0 || strings.HasPrefix(a.Args[len(a.Args)-1], "-") {
+		return -1
+	}
+	return len(a.Args) - 1
+}
+
+// WithTarget is a copy of a whose target container (TargetIndex) is id.
+func (a Argv) WithTarget(id string) Argv {
+	i := a.TargetIndex()
+	if i < 0 {
+		return a
+	}
+	b := a
+	b.Args = append([]string{}, a.Args...)
+	b.Args[i] = id
+	return b
+}
+
+// Words is the command line again: global flags, subcommand, arguments.
+func (a Argv) Words() []string {
+	w := append([]string{}, a.Global...)
+	if a.Command != "" {
+		w = append(w, a.Command)
+	}
+	return append(w, a.Args...)
+}
+
+// DefaultRoot is runsc's --root when none is given (runsc/config/flags.go at the pin).
+const DefaultRoot = "/var/run/runsc"
+
+// Root is the runsc root directory argv addresses.
+func (a Argv) Root() string {
+	if r := a.GlobalValue("root"); r != "" {
+		return r
+	}
+	return DefaultRoot
+}
+
+// AliasPrefix names, in a runsc root directory, the symbolic link that makes a
+// container id another sandbox's: <root>/<AliasPrefix><id> -> <parked id>.
+// thaw writes one when a container adopts a sandbox restored ahead of demand
+// (a parked sandbox, docs/parking.md): containerd keeps calling runsc with its
+// own container id, and runsc knows the sandbox by the id it was restored
+// under (a sandbox cannot be renamed). runsc's own files there are
+// "<id>_sandbox:<id>.state" and ".lock" (runsc/container/state_file.go), which
+// this name never matches. Twin: control/thawd/parking.py ALIAS_PREFIX.
+const AliasPrefix = "thaw-alias."
+
+// Alias is the id of the sandbox that container id stands for in root, "" when
+// it stands for itself. One readlink: it runs on every runsc call the shim makes.
+func Alias(root, id string) string {
+	if id == "" || strings.ContainsAny(id, "/\x00") {
+		return ""
+	}
+	t, err := os.Readlink(root + "/" + AliasPrefix + id)
+	if err != nil || t == "" || strings.ContainsAny(t, "/\x00") {
+		return ""
+	}
+	return t
 }

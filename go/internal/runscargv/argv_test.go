@@ -1,6 +1,8 @@
 package runscargv
 
 import (
+	"os"
+	"path/filepath"
 	"reflect"
 	"testing"
 )
@@ -54,5 +56,70 @@ func TestKillContainerIDIsTheFirstPositional(t *testing.T) {
 	}
 	if got := Parse([]string{"kill", "--all"}).KillContainerID(); got != "" {
 		t.Errorf("no id: %q", got)
+	}
+}
+
+func TestTargetIndex(t *testing.T) {
+	for _, tc := range []struct {
+		argv []string
+		id   string
+	}{
+		{[]string{"--root=/r", "state", "c1"}, "c1"},
+		{[]string{"--root", "/r", "wait", "--pid", "3", "c1"}, "c1"},
+		{[]string{"--root=/r", "kill", "--all", "c1", "9"}, "c1"},
+		{[]string{"--root=/r", "kill", "--pid", "7", "c1", "TERM"}, "c1"},
+		{[]string{"--root=/r", "exec", "--process", "/tmp/p.json", "--detach", "--pid-file", "/p", "c1"}, "c1"},
+		{[]string{"--root=/r", "exec", "--cwd", "/", "-env", "A=B", "c1", "ls", "-l", "/"}, "c1"},
+		{[]string{"--root=/r", "exec", "--", "c1", "ls"}, "c1"},
+		{[]string{"--root=/r", "events", "--stats", "c1"}, "c1"},
+		{[]string{"--root=/r", "ps", "--format", "json", "c1"}, "c1"},
+		{[]string{"--root=/r", "list"}, ""},
+		{[]string{"--version"}, ""},
+	} {
+		a := Parse(tc.argv)
+		got := ""
+		if i := a.TargetIndex(); i >= 0 {
+			got = a.Args[i]
+		}
+		if got != tc.id {
+			t.Errorf("%v: target %q, want %q", tc.argv, got, tc.id)
+		}
+	}
+}
+
+func TestWithTargetRewritesOnlyTheId(t *testing.T) {
+	a := Parse([]string{"--root=/r", "--log", "/l", "exec", "--cwd", "c1", "c1", "echo", "c1"})
+	got := a.WithTarget("p9").Words()
+	want := []string{"--root=/r", "--log", "/l", "exec", "--cwd", "c1", "p9", "echo", "c1"}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+	if !reflect.DeepEqual(a.Args, []string{"--cwd", "c1", "c1", "echo", "c1"}) {
+		t.Fatalf("WithTarget changed its receiver: %v", a.Args)
+	}
+}
+
+func TestAlias(t *testing.T) {
+	root := t.TempDir()
+	if Alias(root, "c1") != "" {
+		t.Fatal("alias without a link")
+	}
+	if err := os.Symlink("thaw-parked-1", filepath.Join(root, AliasPrefix+"c1")); err != nil {
+		t.Fatal(err)
+	}
+	if got := Alias(root, "c1"); got != "thaw-parked-1" {
+		t.Fatalf("alias %q", got)
+	}
+	if Alias(root, "../c1") != "" || Alias(root, "") != "" {
+		t.Fatal("an id with a slash or none has no alias")
+	}
+	if err := os.Symlink("/etc/passwd", filepath.Join(root, AliasPrefix+"c2")); err != nil {
+		t.Fatal(err)
+	}
+	if Alias(root, "c2") != "" {
+		t.Fatal("a link to a path is no alias")
+	}
+	if Parse([]string{"state", "x"}).Root() != DefaultRoot {
+		t.Fatal("default root")
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	pb "thaw.dev/thaw/go/gen/thawpb"
+	"thaw.dev/thaw/go/internal/relay"
 	"thaw.dev/thaw/go/internal/runscargv"
 )
 
@@ -49,7 +50,7 @@ type marker struct {
 	Root     string `json:"root"`
 	Bundle   string `json:"bundle"`
 	Key      string `json:"workload_key"`
-	Decision string `json:"decision"` // preparing | restore | restored | cold | cold-fallback
+	Decision string `json:"decision"` // preparing | restore | adopt | restored | cold | cold-fallback
 	Reason   string `json:"reason,omitempty"`
 	// How long start may wait for thawd's Restore: thawd's own settings bound
 	// it (PrepareRestoreResponse.restore_timeout_ms), so no stand-in constant
@@ -63,6 +64,8 @@ type marker struct {
 	// A pod's sandbox (pause) container (CRI).
 	PodSandbox bool    `json:"pod_sandbox,omitempty"`
 	Created    float64 `json:"created"`
+	// The parked sandbox this container adopted (decision "adopt"): its runsc id.
+	AdoptID string `json:"adopt_id,omitempty"`
 }
 
 // Standin handles one invocation.
@@ -225,6 +228,9 @@ func optedIn(ann map[string]string) bool {
 func (s *Standin) create() int {
 	t0 := time.Now()
 	rt := s.runtime()
+	// A container id containerd uses again after a crash left its alias
+	// behind must not reach the parked sandbox an earlier container adopted.
+	s.removeAlias(rt.ContainerId)
 	var ann map[string]string
 	if rt.ContainerId != "" {
 		ann = annotations(rt.Bundle)
@@ -254,6 +260,9 @@ func (s *Standin) create() int {
 	case resp.Decision == pb.PrepareRestoreResponse_RESTORE:
 		m.Decision, m.Key, m.RestoreTimeoutMs = "restore", resp.WorkloadKey, resp.RestoreTimeoutMs
 		m.ImagePath = resp.ImagePath
+	case resp.Decision == pb.PrepareRestoreResponse_ADOPT && !m.Member && resp.AdoptId != "":
+		m.Decision, m.Key, m.RestoreTimeoutMs = "adopt", resp.WorkloadKey, resp.RestoreTimeoutMs
+		m.AdoptID = resp.AdoptId
 	default:
 		m.Key, m.Reason = resp.WorkloadKey, resp.Reason
 	}
@@ -266,6 +275,15 @@ func (s *Standin) create() int {
 		// thawd removed the pod's sandbox: say why rather than let runsc
 		// report a sandbox that is gone. The kubelet re-creates the pod.
 		return s.fail("thaw: " + m.Reason)
+	}
+	if m.Decision == "adopt" {
+		if err := s.adopt(m, resp); err != nil {
+			s.log.Write("create", m, "adopt-failed", err.Error(), t0)
+			s.removeAlias(m.ID)
+			s.coldAgain(m, "adopting parked sandbox "+m.AdoptID+" failed: "+err.Error())
+			return s.execRunsc(s.argv[1:])
+		}
+		return 0
 	}
 	if m.Decision != "restore" || m.Member {
 		// A pod's app container is created as runsc would; its start restores it.
@@ -308,7 +326,42 @@ func (s *Standin) prepare(rt *pb.Runtime) (*pb.PrepareRestoreResponse, error) {
 	defer closer()
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.PrepareTimeout)
 	defer cancel()
-	return c.PrepareRestore(ctx, &pb.PrepareRestoreRequest{Runtime: rt})
+	return c.PrepareRestore(ctx, &pb.PrepareRestoreRequest{Runtime: rt, Stdio: stdioKinds()})
+}
+
+// stdioKinds says what this process's descriptors 0, 1 and 2 are (the shim's
+// stdio for the container): PrepareRestoreRequest.stdio. Twin:
+// control/thawd/parking.py STDIO_KINDS.
+func stdioKinds() string {
+	kinds := make([]string, 3)
+	for fd := 0; fd < 3; fd++ {
+		var st syscall.Stat_t
+		if err := syscall.Fstat(fd, &st); err != nil {
+			kinds[fd] = "none"
+			continue
+		}
+		switch st.Mode & syscall.S_IFMT {
+		case syscall.S_IFIFO:
+			kinds[fd] = "pipe"
+		case syscall.S_IFREG:
+			kinds[fd] = "file"
+		case syscall.S_IFSOCK:
+			kinds[fd] = "socket"
+		case syscall.S_IFCHR:
+			major, minor := (st.Rdev>>8)&0xfff, (st.Rdev&0xff)|((st.Rdev>>12)&0xfff00)
+			switch {
+			case major == 1 && minor == 3:
+				kinds[fd] = "null"
+			case major == 136 || major == 5 || major == 4:
+				kinds[fd] = "tty"
+			default:
+				kinds[fd] = "char"
+			}
+		default:
+			kinds[fd] = "other"
+		}
+	}
+	return strings.Join(kinds, ",")
 }
 
 func (s *Standin) report(m *marker, outcome pb.ReportOutcomeRequest_Outcome, reason string) {
@@ -333,7 +386,7 @@ func (s *Standin) start() int {
 	if m == nil {
 		return s.execRunsc(s.argv[1:])
 	}
-	if m.Decision != "restore" {
+	if m.Decision != "restore" && m.Decision != "adopt" {
 		if err := s.runRunsc(append([]string{s.a.Command}, s.a.Args...)...); err != nil {
 			return exitCode(err)
 		}
@@ -355,8 +408,11 @@ func (s *Standin) start() int {
 		s.commitRestored(m)
 		return 0
 	}
-	// Fall back: the container must start, cold.
+	// Fall back: the container must start, cold. An adopted sandbox's alias
+	// goes first (thawd removed the sandbox): this delete and everything after
+	// is about the container's own id.
 	s.log.Write("start", m, "restore-failed", reason, t0)
+	s.removeAlias(id)
 	s.runRunscQuiet("delete", "--force", id)
 	s.coldAgainQuiet(m, reason)
 	createArgs := []string{"create", "--bundle=" + m.Bundle}
@@ -460,6 +516,9 @@ const defaultRestoreTimeout = 150 * time.Second
 // and the kill succeeds: there is nothing left to signal.
 func (s *Standin) kill() int {
 	id := s.a.KillContainerID() // not ContainerID: kill's last word is the signal
+	if parked := runscargv.Alias(s.a.Root(), id); parked != "" {
+		return s.execRunsc(s.a.WithTarget(parked).Words())
+	}
 	m := s.loadMarker(id)
 	// "restored": a pod's container whose start committed; the pod may still be
 	// waiting for its later containers.
@@ -483,16 +542,14 @@ func (s *Standin) kill() int {
 func (s *Standin) delete() int {
 	t0 := time.Now()
 	id := s.a.ContainerID()
+	if parked := runscargv.Alias(s.a.Root(), id); parked != "" {
+		return s.deleteAdopted(id, parked, t0)
+	}
 	if m := s.loadMarker(id); m != nil {
 		if pids := s.reapOrphans(id, m.Root); len(pids) > 0 {
 			s.log.Write("delete", m, "reaped-orphans", fmt.Sprintf("killed %v: sandbox processes of a killed create", pids), t0)
 		}
-		if c, closer, err := s.dial(); err == nil {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			c.Release(ctx, &pb.ReleaseRequest{ContainerId: id, RunscRoot: m.Root})
-			cancel()
-			closer()
-		}
+		s.release(id, m.Root)
 		os.Remove(s.markerPath(id))
 		s.log.Write("delete", m, "released", "", t0)
 	}
@@ -505,4 +562,92 @@ func exitCode(err error) int {
 		return ee.ExitCode()
 	}
 	return 128
+}
+
+// aliasPath is the link that sends the shim's runsc calls for container id to
+// the parked sandbox it adopted (runscargv.Alias).
+func (s *Standin) aliasPath(id string) string {
+	return filepath.Join(s.a.Root(), runscargv.AliasPrefix+id)
+}
+
+func (s *Standin) removeAlias(id string) {
+	if id != "" && !strings.ContainsAny(id, "/\x00") {
+		os.Remove(s.aliasPath(id))
+	}
+}
+
+// adoptStdioTimeout bounds the hand-over of the container's stdio to the
+// parked sandbox's relay (a local socket: milliseconds).
+const adoptStdioTimeout = 5 * time.Second
+
+// adopt makes the container the parked sandbox thawd chose (docs/parking.md):
+// no `runsc create` runs. The shim's stdio for this container (this
+// process's 0, 1, 2: its pipes, or /dev/null) goes to the sandbox's stdio
+// relay, the shim's pid file gets the sandbox's pid, and the alias makes
+// every later runsc call for this id one for the sandbox. The alias is the
+// last step and the commit: until it exists, nothing the shim does reaches the
+// sandbox, and on any error the caller starts the container cold.
+func (s *Standin) adopt(m *marker, resp *pb.PrepareRestoreResponse) error {
+	if m.PidFile == "" || resp.AdoptPid <= 0 {
+		return fmt.Errorf("thawd's answer lacks the sandbox's pid (%d), or create has no --pid-file", resp.AdoptPid)
+	}
+	// No relay: the sandbox was parked with /dev/null for all three (as this
+	// container's are: thawd matched the kinds), and has nothing to hand over.
+	if resp.RelaySocket != "" {
+		if err := relay.Send(resp.RelaySocket, [3]*os.File{os.Stdin, os.Stdout, os.Stderr}, adoptStdioTimeout); err != nil {
+			return err
+		}
+	}
+	tmp := m.PidFile + ".thaw-tmp"
+	if err := os.WriteFile(tmp, []byte(fmt.Sprint(resp.AdoptPid)), 0o644); err != nil {
+		return fmt.Errorf("pid file %s: %w", m.PidFile, err)
+	}
+	if err := os.Rename(tmp, m.PidFile); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("pid file %s: %w", m.PidFile, err)
+	}
+	link := s.aliasPath(m.ID)
+	os.Remove(link + ".tmp")
+	if err := os.Symlink(m.AdoptID, link+".tmp"); err != nil {
+		return fmt.Errorf("alias %s: %w", link, err)
+	}
+	if err := os.Rename(link+".tmp", link); err != nil {
+		os.Remove(link + ".tmp")
+		return fmt.Errorf("alias %s: %w", link, err)
+	}
+	return nil
+}
+
+// deleteAdopted is delete of a container that adopted parked sandbox
+// `parked`: runsc deletes the sandbox, then the alias goes and thawd releases
+// what the sandbox held (its image lease, root filesystem, relay).
+func (s *Standin) deleteAdopted(id, parked string, t0 time.Time) int {
+	err := s.runRunsc(s.a.WithTarget(parked).Words()[len(s.a.Global):]...)
+	if err != nil && s.runRunscQuiet("state", parked) == nil {
+		// The sandbox is still there: keep the alias, so a retried delete
+		// (containerd retries) still reaches it.
+		return exitCode(err)
+	}
+	s.removeAlias(id)
+	m := s.loadMarker(id)
+	if m == nil {
+		m = &marker{ID: id, Root: s.a.Root(), AdoptID: parked}
+	}
+	s.release(id, m.Root)
+	os.Remove(s.markerPath(id))
+	s.log.Write("delete", m, "released", "adopted sandbox "+parked, t0)
+	return 0
+}
+
+// release tells thawd the container is gone (its lease, a parked sandbox's
+// resources); best effort: a thawd that is down has nothing to release.
+func (s *Standin) release(id, root string) {
+	c, closer, err := s.dial()
+	if err != nil {
+		return
+	}
+	defer closer()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	c.Release(ctx, &pb.ReleaseRequest{ContainerId: id, RunscRoot: root})
 }
