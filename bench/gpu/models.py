@@ -43,6 +43,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -58,6 +59,9 @@ if str(REPO) not in sys.path:
 
 from control.lifecycle import profiles  # noqa: E402
 from control.node.provision import THP_DEFRAG, THP_DIR, THP_SHMEM, thp_read, thp_write  # noqa: E402
+# A sandbox's host memory: its memory file counted once, and its processes' RSS (what thawd's
+# parked sandboxes report too).
+from control.thawd.parking import host_memory as sandbox_host_memory  # noqa: E402
 from nvproxy import cdi, gpu, helper  # noqa: E402
 from runsc_hooks import spec as specmod  # noqa: E402
 from runsc_hooks.runsc import (CheckpointOptions, CreateOptions, GlobalOptions,  # noqa: E402
@@ -158,6 +162,9 @@ VARIANTS: dict[str, Variant] = {
                                       park=True, thp=True, target="cooperative"),
     "parked-thp": Variant("release", True, False, "parked with host shmem huge pages (thaw-thp's image)",
                           park=True, thp=True),
+    "thaw-thp-cold-cache": Variant("release", True, True, "thaw-thp with the page cache dropped before the "
+                                   "restore: the image on the node's disk only (the run also reads the "
+                                   "image's pages file with O_DIRECT once: the disk's read limit)", thp=True),
 }
 DEFAULT_VARIANTS = ("thaw", "thaw-cold-cache", "no-background", "no-release", "baseline")
 
@@ -250,6 +257,22 @@ def sh(*argv: str, check: bool = True, timeout: float = 120) -> str:
     return p.stdout.strip()
 
 
+def disk_read_limit(image_dir: Path) -> dict:
+    """dd with O_DIRECT over the image's pages file: what the disk under the image reads
+    at with no page cache involved (bench/gpu/node.py measures the cache's disk the same way)."""
+    f = image_dir / "pages.img"
+    if not f.is_file():
+        return {"error": f"no {f}"}
+    p = subprocess.run(["dd", f"if={f}", "of=/dev/null", "bs=16M", "iflag=direct"], capture_output=True, text=True,
+                       timeout=600)
+    m = re.search(r"(\d+) bytes .* copied, ([\d.]+) s", p.stderr)
+    if p.returncode != 0 or not m:
+        return {"error": p.stderr.strip()[-300:]}
+    n, s = int(m.group(1)), float(m.group(2))
+    return {"file": f.name, "bytes": n, "seconds": s, "mb_s": round(n / s / 1e6, 1) if s else None,
+            "how": "dd bs=16M iflag=direct"}
+
+
 def drop_caches() -> None:
     os.sync()
     Path("/proc/sys/vm/drop_caches").write_text("3\n")
@@ -262,46 +285,6 @@ def gpu_memory_used() -> str:
         return "?"
 
 
-def sandbox_host_memory(pid: int) -> dict:
-    """Host memory a sandbox holds: its memory file (the sentry's memfd
-    "runsc-memory": the workload's pages, allocated on the host) and the
-    sandbox processes' resident sizes, summed (the stubs' RssShmem maps the
-    same memfd again). `pid` is what `runsc state` reports; the memfd is found
-    on it or its descendants."""
-    out: dict = {"memfd_bytes": 0, "processes": 0, "rss_kb": 0, "rss_anon_kb": 0, "rss_shmem_kb": 0}
-    todo, seen = [pid], set()
-    # Each memory file counted once: the sentry and every stub hold fds of the
-    # same memfd (the 2026-11-30 H200 run summed them, 7-22 times too much).
-    memfds: dict[tuple[int, int], int] = {}
-    while todo:
-        p = todo.pop()
-        if p in seen or p <= 0:
-            continue
-        seen.add(p)
-        try:
-            status = Path(f"/proc/{p}/status").read_text()
-        except OSError:
-            continue
-        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-        out["processes"] += 1
-        for key, field_name in (("rss_kb", "VmRSS"), ("rss_anon_kb", "RssAnon"), ("rss_shmem_kb", "RssShmem")):
-            if field_name in fields:
-                out[key] += int(fields[field_name].split()[0])
-        try:
-            for fd in os.listdir(f"/proc/{p}/fd"):
-                try:
-                    if os.readlink(f"/proc/{p}/fd/{fd}").startswith("/memfd:runsc-memory"):
-                        st = os.stat(f"/proc/{p}/fd/{fd}")
-                        memfds[(st.st_dev, st.st_ino)] = st.st_blocks * 512
-                except OSError:
-                    pass
-            for task in os.listdir(f"/proc/{p}/task"):
-                todo.extend(int(c) for c in Path(f"/proc/{p}/task/{task}/children").read_text().split())
-        except OSError:
-            pass
-    out["memfd_bytes"] = sum(memfds.values())
-    out["memfds"] = len(memfds)
-    return out
 
 
 # The CPU rehearsal's stand-in for the CUDA checkpoint helper (--device cpu,
@@ -750,6 +733,8 @@ class ModelBench:
         if variant.drop_cache:
             if not self.o.drop_caches:
                 raise RuntimeError("variant needs the page cache dropped; --no-drop-caches was given")
+            if "disk_read" not in image:   # once per image: the disk's own limit, beside the cold restore
+                image["disk_read"] = disk_read_limit(Path(image["path"]))
             drop_caches()
         bundle = self.bundle
         if self.o.device == "cuda" and self.o.cdi:
@@ -764,6 +749,8 @@ class ModelBench:
         rec: dict = {"about": variant.about + (f"; restored by runsc {alt}" if alt else ""),
                      "image": variant.image, "background": variant.background,
                      "page_cache": "dropped" if variant.drop_cache else "warm"}
+        if variant.drop_cache:
+            rec["disk_read"] = image.get("disk_read")
         held = contextlib.ExitStack()
         t0_wall: float | None = None
         try:

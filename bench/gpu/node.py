@@ -43,7 +43,13 @@ Steps, each recorded in <out>/node.json as soon as it is done:
     the store (thaw-gofer as runsc's checkpoint-gofer); same answer, the
     image complete in the cache once the stream ends; thawd restarted with
     store.stream off again (the broken image needs the pull path);
- 8. once, at the end: a broken image (a chunk flipped in its pack in the
+ 8. parked sandboxes (docs/parking.md; --park N, default 0): thawd restarted
+    with park.enabled, a start restored from the cache (the template), then per
+    round: wait until thawd has parked a sandbox of the key (every page in, its
+    CUDA state checkpointed again, GPU memory free), a start on the same GPU that
+    adopts it, timed to the first answer; same answer, same process; thawd with
+    parking off again;
+ 9. once, at the end: a broken image (a chunk flipped in its pack in the
     store, the local entry evicted): the next start is cold and the image
     quarantined (thawd.quarantine_after = 1 here).
 The headline holds each series' runs, median, min, max and n, and the
@@ -111,7 +117,7 @@ NEVER_READY_PORT = PORT + 1
 # from the store 24 s (dd included), from the cache 8 s, the broken image 45 s;
 # these leave room for a slower run.
 STEP_S = {"weights": (60, 60), "cold": (120, 30), "checkpoint": (60, 60), "store": (120, 30),
-          "cache": (90, 30), "broken": (150, 40), "stream": (90, 40), "thawd": (20, 20)}
+          "cache": (90, 30), "broken": (150, 40), "stream": (90, 40), "thawd": (20, 20), "park": (60, 30)}
 FAKE_KIND = "thaw.dev/fake-gpu"                  # the CPU rehearsal's CDI kind
 FAKE_GPUS = 2
 FAKE_DIR = "/thaw-fake-gpu"                      # where a fake GPU's files appear in the sandbox
@@ -192,6 +198,7 @@ class Options:
     publish_timeout_s: float = 600.0
     repeat: int = 1               # rounds of cold / store / cache starts (the first round's cold is checkpointed)
     stream: int = 0               # streamed restores (issue 18), after the rounds
+    park: int = 0                 # adoptions of parked sandboxes (docs/parking.md), after the streamed restores
     keep: bool = False
     clock: Callable[[], float] = time.monotonic
     started: float = field(default_factory=time.monotonic)
@@ -441,11 +448,12 @@ class Node:
                     gpus=[g.__dict__ for g in self.gpus], image=image,
                     cgroup_mounted_by_run=self.iso.cgroup_mounted)
 
-    def start_thawd(self, stream: bool = False) -> None:
-        """`thaw serve`, with store.stream as asked (the environment outranks the
-        config file provision wrote; the stand-in does not read the key)."""
+    def start_thawd(self, stream: bool = False, park: bool = False) -> None:
+        """`thaw serve`, with store.stream and park.enabled as asked (the environment
+        outranks the config file provision wrote; the stand-in reads neither key)."""
         Path(THAWD_SOCKET).unlink(missing_ok=True)   # a stopped thawd's: wait for the new one's
-        env = self.thaw_env({"THAW_STORE_STREAM": "true" if stream else "false"})
+        env = self.thaw_env({"THAW_STORE_STREAM": "true" if stream else "false",
+                             "THAW_PARK_ENABLED": "true" if park else "false"})
         thawd = self.spawn("thawd", self.thaw_argv("serve"), env)
         self._wait(lambda: Path(THAWD_SOCKET).exists(), 60, "thawd's socket", thawd, "thawd")
 
@@ -455,14 +463,15 @@ class Node:
         if p is not None and p.poll() is None:
             stop_group(p, 30, kill_wait_s=10)
 
-    def restart_thawd(self, stream: bool) -> dict:
-        """thawd again, with store.stream `stream`: issue 18's streamed restores run
-        between the rounds (pulls) and the broken image (a pull that fails)."""
-        self.o.need(f"thawd restart (store.stream={stream})", self.o.step_s("thawd"))
+    def restart_thawd(self, stream: bool, park: bool = False) -> dict:
+        """thawd again, with store.stream `stream` and park.enabled `park`: issue 18's
+        streamed restores and the parked rounds run between the rounds (pulls) and the
+        broken image (a pull that fails)."""
+        self.o.need(f"thawd restart (store.stream={stream}, park.enabled={park})", self.o.step_s("thawd"))
         t0 = time.monotonic()
         self.stop("thawd")
-        self.start_thawd(stream)
-        return self.r.step("thawd_restart", stream=stream, seconds=round(time.monotonic() - t0, 2))
+        self.start_thawd(stream, park)
+        return self.r.step("thawd_restart", stream=stream, park=park, seconds=round(time.monotonic() - t0, 2))
 
     def _wait(self, ok, timeout_s: float, what: str, proc: subprocess.Popen, log: str) -> None:
         end = time.monotonic() + timeout_s
@@ -937,6 +946,80 @@ class Node:
         self.remove(cid)
         return rec
 
+    def parked_records(self) -> list[dict]:
+        """thawd's parked sandboxes (control/thawd/parking.py records)."""
+        out = []
+        for f in sorted(Path("/var/lib/thaw/thawd/parked").glob("*/parked.json")):
+            try:
+                out.append(json.loads(f.read_text()))
+            except (OSError, ValueError):
+                pass
+        return out
+
+    def wait_parked(self, not_ids: set[str], timeout_s: float) -> dict:
+        """The next parked sandbox (one not in `not_ids`), once thawd has parked it."""
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            for rec in self.parked_records():
+                if rec.get("state") == "parked" and rec["id"] not in not_ids:
+                    return rec
+            time.sleep(0.2)
+        raise StepFailed(f"no parked sandbox within {timeout_s:.0f} s: {self.parked_records()}; thawd: "
+                         f"{[d.get('msg') for d in self.thawd_log() if 'park' in d.get('msg', '')][-5:]}")
+
+    def park_rounds(self, cold: dict, n: int) -> list[dict]:
+        """docs/parking.md on the node: thawd with park.enabled; a start restored from the
+        cache is the key's template; then n times: thawd parks a sandbox of it (timed:
+        park_s, and its host memory), a start on the same GPU adopts it (timed to the
+        first answer), it answers as the cold container did, from the same process."""
+        self.restart_thawd(stream=False, park=True)
+        out: list[dict] = []
+        try:
+            g = self.gpus[0]
+            self.o.need("the parked rounds' template", self.o.step_s("cache"))
+            seed = self.restored("park-template", "c6-park-seed", g, cold)
+            self.r.step("park_template", **seed)
+            used: set[str] = set()
+            for k in range(1, n + 1):
+                try:
+                    self.o.need(f"parked start {k} of {n} (and then the broken image)",
+                                self.o.step_s("park", "thawd", "broken"))
+                except OutOfTime as e:
+                    self.r.error(f"out of time: {e}; {k - 1} of {n} parked starts done")
+                    break
+                parked = self.wait_parked(used, self.o.step_s("park"))
+                used.add(parked["id"])
+                cid = f"c6-park-{k}"
+                marks = len(self.thawd_log())
+                rec = self.start(cid, g, self.o.restore_timeout_s)
+                rec["round"], rec["parked"] = k, {f: parked.get(f) for f in (
+                    "id", "parked_s", "host_bytes", "cuda_pids", "stdio", "netns")}
+                rec["decisions"] = self.decisions(cid)
+                m = self.log_match(rf"outcome {re.escape(cid)} key=\S+ adopted parked \S+: CUDA ([\d.]+)s", marks)
+                rec["wake_cuda_s"] = float(m[0].group(1)) if m else None
+                rec["identical"] = rec["answer"]["tokens"] == cold["answer"]["tokens"] and \
+                    rec["answer"]["digest"] == cold["answer"]["digest"]
+                rec["same_process"] = rec["boot"] == cold["boot"]
+                rec["nvidia_smi"] = self.nvidia_smi(cid)
+                self.r.step("restore_parked", **rec)
+                self.r.check(f"parked#{k}: the start adopted a parked sandbox (stand-in: adopt, restored)",
+                             [d["decision"] for d in rec["decisions"]] == ["adopt", "restored"], rec["decisions"])
+                self.r.check(f"parked#{k}: the same process answers, identically to the cold container",
+                             rec["identical"] and rec["same_process"],
+                             {"identical": rec["identical"], "same_process": rec["same_process"]})
+                if self.o.gpu:
+                    self.r.check(f"parked#{k}: its CUDA state was parked (GPU free) and woken by thawd",
+                                 bool(parked.get("cuda_pids")) and rec["wake_cuda_s"] is not None, rec["parked"])
+                self.check_gpu(f"parked#{k}", rec["nvidia_smi"], g)
+                out.append(rec)
+                self.remove(cid)
+            self.remove("c6-park-seed")
+        finally:
+            self.restart_thawd(stream=False, park=False)
+        leftover = [r["id"] for r in self.parked_records()]
+        self.r.check("parked: thawd's stop removed every parked sandbox nobody adopted", leftover == [], leftover)
+        return out
+
     def restore_streamed(self, cold: dict, key: str, k: int = 1) -> dict:
         """Round k's streamed restore (issue 18): the entry evicted before, thawd
         with store.stream on. Timed like a
@@ -1131,7 +1214,7 @@ def run(o: Options) -> dict:
         for what, why in SKIPPED_ON_CPU:
             report.skip(what, why)
     node = Node(o, report)
-    results: dict = {"cold": [], "store": [], "cache": [], "stream": []}
+    results: dict = {"cold": [], "store": [], "cache": [], "stream": [], "park": []}
     try:
         node.preflight()
         node.up()
@@ -1155,7 +1238,7 @@ def run(o: Options) -> dict:
     report.data["headline"] = headline(results, o.repeat)
     report.data["ok"] = not report.data["errors"] and all(c["ok"] for c in report.data["checks"]) and \
         all(len(results[k]) == o.repeat for k in ("cold", "store", "cache")) and "broken" in results and \
-        len(results["stream"]) == o.stream
+        len(results["stream"]) == o.stream and len(results["park"]) == o.park
     report.save()
     return report.data
 
@@ -1191,6 +1274,9 @@ def measure(o: Options, node, report: Report, results: dict) -> None:
         keep("cache", node.restore_from_cache(first, k))
     if o.stream:
         stream_rounds(o, node, report, results, ck["key"], first, keep)
+    if o.park:
+        for rec in node.park_rounds(first, o.park):
+            keep("park", rec)
     results["broken"] = node.broken_image(ck["key"], first)
     report.data["headline"] = headline(results, o.repeat)
     report.save()
@@ -1227,7 +1313,7 @@ def headline(r: dict, asked: int = 1) -> dict:
     """What the issue asks for, in one place: per series (cold, restore from the store,
     from the cache) the runs, median, min, max and n; the cold/restored ratios of the
     medians; the pulls against the disk's read rate; ratios from this run only."""
-    cold, store, cache, stream = (r.get(k) or [] for k in ("cold", "store", "cache", "stream"))
+    cold, store, cache, stream, park = (r.get(k) or [] for k in ("cold", "store", "cache", "stream", "park"))
     ck, broken = r.get("checkpoint") or {}, r.get("broken") or {}
     pulls = [{"round": s.get("round"), "gpu": s.get("gpu_after"), **{k: (s.get("pull") or {}).get(k) for k in (
         "image_bytes", "fetched_bytes", "seconds", "image_mb_s", "fetched_mb_s", "of_disk_read_limit", "engine")}}
@@ -1261,6 +1347,17 @@ def headline(r: dict, asked: int = 1) -> dict:
         m_pull = h["restore_from_store_to_first_answer_s"].get("median_s")
         if m_st and m_pull:   # issue 18's target: <= 0.6
             h["streamed_vs_pull_then_restore"] = round(m_st / m_pull, 3)
+    if park:
+        h["restore_parked_to_first_answer_s"] = series([s.get("first_answer_s") for s in park])
+        h["restore_parked_ctr_run_s"] = series([s.get("ctr_run_s") for s in park])
+        h["parked_wake_cuda_s"] = series([s.get("wake_cuda_s") for s in park])
+        h["park_s"] = series([(s.get("parked") or {}).get("parked_s") for s in park])
+        h["parked_host_bytes"] = [(s.get("parked") or {}).get("host_bytes") for s in park]
+        h["answers_identical"] = h["answers_identical"] and all(bool(x.get("identical")) for x in park)
+        m_pk = h["restore_parked_to_first_answer_s"].get("median_s")
+        m_cache = h["restore_from_cache_to_first_answer_s"].get("median_s")
+        if m_pk and m_cache:
+            h["parked_vs_cache_restore"] = round(m_pk / m_cache, 3)
     m_cold = h["cold_start_to_first_answer_s"].get("median_s")
     for where in ("store", "cache"):
         m = h[f"restore_from_{where}_to_first_answer_s"].get("median_s")
@@ -1284,6 +1381,8 @@ def parse_args(argv: list[str] | None = None) -> Options:
                          "(default 3 on a GPU, 1 on CPU)")
     ap.add_argument("--stream", type=int, default=None,
                     help="streamed restores after the rounds (issue 18; default 3 on a GPU, 1 on CPU; 0: none)")
+    ap.add_argument("--park", type=int, default=0,
+                    help="adoptions of parked sandboxes after the streamed restores (docs/parking.md; default 0)")
     ap.add_argument("--keep", action="store_true", help="keep --work")
     a = ap.parse_args(argv)
     repeat = a.repeat if a.repeat is not None else (3 if a.mode == "gpu" else 1)
@@ -1294,7 +1393,7 @@ def parse_args(argv: list[str] | None = None) -> Options:
         ap.error(f"--stream {stream}: 0 or more")
     return Options(mode=a.mode, bin=a.bin.resolve(), work=a.work.resolve(), out=a.out.resolve(),
                    model=a.model or ("llama-3b" if a.mode == "gpu" else "tiny"), weed=a.weed, python=a.python,
-                   budget_s=a.budget_s, keep=a.keep, repeat=repeat, stream=stream,
+                   budget_s=a.budget_s, keep=a.keep, repeat=repeat, stream=stream, park=max(0, a.park),
                    publish_timeout_s=600.0 if a.mode == "gpu" else 120.0)
 
 

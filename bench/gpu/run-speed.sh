@@ -72,8 +72,10 @@ variants=$(carried "$variants"); v8=$(carried "$v8")
 budget=$(( ${THAW_SPEED_BUDGET_S:-540} - ($(date +%s) - t_start) - 25 ))
 work=${THAW_BENCH_WORK:-/var/tmp/thaw-bench}
 mkdir -p "$work"
+# The page cache stays as it is unless a *-cold-cache variant needs it dropped (THAW_SPEED_DROP_CACHES=1).
+drop=(--no-drop-caches); [[ "${THAW_SPEED_DROP_CACHES:-}" == 1 ]] && drop=()
 python3 bench/gpu/models.py --runsc /tmp/thaw-bin/runsc --helper /tmp/thaw-bin/thaw-cuda-checkpoint \
-  --out "$out/bench" --work "$work" --budget-s "$budget" --no-drop-caches --native \
+  --out "$out/bench" --work "$work" --budget-s "$budget" "${drop[@]}" --native \
   --models "$models" --variants "$variants" --model-variants "llama-8b=$v8" "${alts[@]}" "$@" 2>&1 | tee "$out/speed.log"
 rc=${PIPESTATUS[0]}
 cp "$out/bench/models.json" "$out/speed.json" 2>/dev/null

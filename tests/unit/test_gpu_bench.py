@@ -308,8 +308,11 @@ def test_every_lever_variant_restores_an_image_the_chain_makes():
     # The levers restore with --background, as thaw does; no-background-thp is the setting off, under THP.
     nb = v["no-background-thp"]
     assert (nb.image, nb.background, nb.thp, nb.drop_cache) == ("release", False, True, False)
+    # thaw-thp-cold-cache is thaw-thp with the page cache dropped (the image on the disk only).
+    cc = v["thaw-thp-cold-cache"]
+    assert (cc.image, cc.background, cc.thp, cc.drop_cache) == ("release", True, True, True)
     assert all(x.background and not x.drop_cache for n, x in v.items()
-               if n not in models.DEFAULT_VARIANTS and n != "no-background-thp")
+               if n not in models.DEFAULT_VARIANTS and n not in ("no-background-thp", "thaw-thp-cold-cache"))
     modes = {k: dict(models.IMAGES[k].pre).get("offload-weights", {}).get("mode") for k in models.IMAGES}
     assert modes == {"norelease": None, "release": None, "offload": "register", "offload-staged": "staged",
                      "offload-alloc": "alloc", "drop": "drop"}
