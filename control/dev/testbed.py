@@ -119,10 +119,16 @@ class Stack:
             self.thawd_log = None
 
     def stop(self) -> None:
-        if hasattr(self, "ctrd"):
-            self.ctrd.stop()
-        self.stop_thawd()
-        self.weed.stop()
+        """Everything, whatever fails first (a thawd that would not stop must not leave
+        SeaweedFS running)."""
+        try:
+            if hasattr(self, "ctrd"):
+                self.ctrd.stop()
+        finally:
+            try:
+                self.stop_thawd()
+            finally:
+                self.weed.stop()
 
     def thaw(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run([str(THAW), *args], env=self.env(), capture_output=True, text=True, timeout=60)

@@ -628,6 +628,7 @@ class Parking:
         fp = fingerprint(spec)
         flags = flag_set(rt.global_flags)
         stdio = self.stdio_of(rt)
+        self._drop_dead(key)
         with self._lock:
             for p in sorted(self._parked.values(), key=lambda p: p.created):
                 if p.state == PARKED and p.key == key and p.root == str(rt.runsc_root) and p.fingerprint == fp \
@@ -660,6 +661,18 @@ class Parking:
             except Exception as e:  # noqa: BLE001 - only a log line
                 why.append(f"spec (the parked one unreadable: {e})")
         log.info("park: %s restores instead of adopting %s: %s", rt.container_id, p.id, "; ".join(why))
+
+    def _drop_dead(self, key: str) -> None:
+        """Parked sandboxes of `key` whose sandbox process is gone (the workload exited or
+        was killed while parked) are removed before one is handed out."""
+        with self._lock:
+            dead = [p for p in self._parked.values() if p.key == key and p.state == PARKED and
+                    not Path(f"/proc/{p.pid}").exists()]
+            for p in dead:
+                p.state = "dead"
+        for p in dead:
+            self._destroy(p, "its sandbox process is gone")
+            self.t.metrics.inc("thaw_parked_evicted_total", reason="dead")
 
     def lease_of(self, p: Parked):
         with self._lock:
@@ -710,6 +723,7 @@ class Parking:
         """The container that adopted a parked sandbox was deleted (runsc deleted the
         sandbox): its root filesystem, relay and record go. True when it had one."""
         with self._lock:
+            self._stdio.pop((str(root), container_id), None)
             pid = self._adopters.pop((str(root), container_id), None)
             p = self._parked.get(pid) if pid else None
         if p is None:
@@ -735,6 +749,11 @@ class Parking:
                 runsc.delete(p.id, force=True)
         except ThawError as e:
             log.warning("park %s: runsc delete: %s", p.id, e)
+        # A sandbox runsc no longer knows (its root's state gone: /run cleared, the root
+        # removed) still runs and holds its memory: its processes go by name.
+        killed = _kill_sandbox_processes(p.root, p.id)
+        if killed:
+            log.info("park %s: killed sandbox processes %s that runsc no longer knew", p.id, killed)
         if p.adopted_by:
             try:
                 os.unlink(Path(p.root) / (ALIAS_PREFIX + p.adopted_by))
@@ -837,6 +856,33 @@ def _read_line(stream, timeout_s: float) -> str:
         buf += chunk
     stream.close()
     return buf.split(b"\n", 1)[0].decode(errors="replace").strip()
+
+
+def _kill_sandbox_processes(root: str, cid: str) -> list[int]:
+    """SIGKILL the runsc-sandbox / runsc-gofer processes of sandbox `cid` under runsc root
+    `root` (their command line names both); their pids. As the stand-in's orphan reaper
+    (go/internal/standin/orphans.go) does for a killed create."""
+    import signal
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            argv = [a.decode(errors="replace") for a in (d / "cmdline").read_bytes().split(b"\0") if a]
+        except OSError:
+            continue
+        if not argv or Path(argv[0]).name not in ("runsc-sandbox", "runsc-gofer") or argv[-1] != cid:
+            continue
+        roots = {a.split("=", 1)[1] for a in argv if a.startswith("--root=")}
+        roots |= {argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--root"}
+        if root not in roots:
+            continue
+        try:
+            os.kill(int(d.name), signal.SIGKILL)
+            out.append(int(d.name))
+        except OSError:
+            pass
+    return out
 
 
 def _unmount(path: Path) -> None:

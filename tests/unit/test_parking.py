@@ -47,8 +47,9 @@ def created(p: pk.Parking, cid: str, stdio: str = "null,null,null", **kw) -> Run
 
 def parked(p: pk.Parking, pid: str, key: str = "k", spec=SPEC, state=pk.PARKED, host=100, created=1.0,
            flags=("--root=/run/ctrd/runsc/thaw", "--platform=systrap", "--log=/b/c0/log.json")) -> pk.Parked:
+    import os
     rec = pk.Parked(pid, key, "/run/ctrd/runsc/thaw", list(flags), f"/nonexistent/{pid}", pk.fingerprint(spec),
-                    state=state, host_bytes=host, created=created)
+                    state=state, host_bytes=host, created=created, pid=os.getpid())   # a live "sandbox"
     p._parked[pid] = rec
     return rec
 
@@ -204,3 +205,38 @@ def test_fingerprint_names_which_kind_of_network_not_which_namespace():
     lo_b["linux"]["namespaces"][1]["path"] = "/var/run/netns/thawpark-1"
     assert pk.fingerprint(lo_a) == pk.fingerprint(lo_b), "two loopback-only namespaces are one network"
     assert pk.fingerprint(lo_a) != pk.fingerprint(SPEC), "loopback-only is not a new, empty namespace"
+
+
+def test_sandbox_processes_runsc_no_longer_knows_are_killed_by_root_and_id():
+    """A parked sandbox whose runsc state is gone (its root removed) still runs:
+    _destroy kills its processes by name, and only those of that root and id."""
+    import subprocess
+    import sys
+    import time
+
+    def fake(root: str, cid: str) -> subprocess.Popen:
+        return subprocess.Popen(["bash", "-c", f'exec -a runsc-sandbox {sys.executable} -c "import time; '
+                                 f'time.sleep(60)" --root={root} {cid}'])
+    mine, other_root, other_id = fake("/r/thaw", "thaw-parked-x"), fake("/r/other", "thaw-parked-x"), \
+        fake("/r/thaw", "thaw-parked-y")
+    try:
+        time.sleep(0.5)     # exec'd: its command line is the fake one
+        assert pk._kill_sandbox_processes("/r/thaw", "thaw-parked-x") == [mine.pid]
+        assert mine.wait(10) == -9
+        assert other_root.poll() is None and other_id.poll() is None
+    finally:
+        for p in (mine, other_root, other_id):
+            p.kill()
+            p.wait(10)
+
+
+def test_a_parked_sandbox_whose_process_is_gone_is_removed_not_adopted(tmp_path, monkeypatch):
+    p = pk.Parking(FakeThawd(tmp_path))
+    dead = parked(p, "thaw-parked-dead", created=0.5)
+    dead.pid = 2 ** 22 + 12345        # beyond pid_max's default: no such process
+    live = parked(p, "thaw-parked-live", created=1.0)
+    destroyed = []
+    monkeypatch.setattr(p, "_destroy", lambda rec, why, relay=None: (destroyed.append(rec.id),
+                                                                      p._parked.pop(rec.id)))
+    assert p.take(created(p, "x"), SPEC, "k") is live
+    assert destroyed == ["thaw-parked-dead"]
