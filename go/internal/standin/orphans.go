@@ -26,19 +26,23 @@ import (
 // _NOT_FOUND_MARKERS.
 var runscNotFound = []string{"file does not exist", "container with id"}
 
-// reapOrphans kills the sandbox and gofer processes of container id under
-// runsc root `root` when runsc has no state for it; it returns their pids.
-func (s *Standin) reapOrphans(id, root string) []int {
+// unknownToRunsc says whether runsc root `root` has no state for container
+// id: then what a killed create left of it is nobody's.
+func (s *Standin) unknownToRunsc(id, root string) bool {
 	if id == "" || root == "" {
-		return nil
+		return false
 	}
 	runtime.LockOSThread() // never unlocked: Pdeathsig watches the forking thread (runscCmd)
 	cmd := s.runscCmd("state", id)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Run(); err == nil || !notFound(out.String()) {
-		return nil // runsc knows the container (or cannot tell): its delete decides
-	}
+	// runsc knows the container (or cannot tell): its delete decides.
+	return cmd.Run() != nil && notFound(out.String())
+}
+
+// reapOrphans kills the sandbox and gofer processes of container id under
+// runsc root `root` (which has no state for it); it returns their pids.
+func reapOrphans(id, root string) []int {
 	pids := orphanProcesses("/proc", root, id)
 	for _, pid := range pids {
 		syscall.Kill(pid, syscall.SIGKILL)

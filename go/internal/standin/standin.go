@@ -546,14 +546,31 @@ func (s *Standin) delete() int {
 		return s.deleteAdopted(id, parked, t0)
 	}
 	if m := s.loadMarker(id); m != nil {
-		if pids := s.reapOrphans(id, m.Root); len(pids) > 0 {
-			s.log.Write("delete", m, "reaped-orphans", fmt.Sprintf("killed %v: sandbox processes of a killed create", pids), t0)
+		if s.unknownToRunsc(id, m.Root) {
+			s.reapKilledCreate(m, t0)
 		}
 		s.release(id, m.Root)
 		os.Remove(s.markerPath(id))
 		s.log.Write("delete", m, "released", "", t0)
 	}
 	return s.execRunsc(s.argv[1:])
+}
+
+// reapKilledCreate removes what a create killed part way left of container
+// m, which runsc has no state for: its sandbox and gofer processes
+// (orphans.go), then its cgroup directories (cgroups.go).
+func (s *Standin) reapKilledCreate(m *marker, t0 time.Time) {
+	if pids := reapOrphans(m.ID, m.Root); len(pids) > 0 {
+		s.log.Write("delete", m, "reaped-orphans", fmt.Sprintf("killed %v: sandbox processes of a killed create", pids), t0)
+	}
+	var dirs []string
+	for _, p := range cgroupsPaths(m.Bundle) {
+		dirs = append(dirs, cgroupDirs(cgroupFS, p)...)
+	}
+	removed, errs := removeCgroupDirs(dirs, cgroupRmdirWait)
+	if len(removed) > 0 || len(errs) > 0 {
+		s.log.Write("delete", m, "reaped-cgroups", fmt.Sprintf("removed %v, left %v: cgroups of a killed create", removed, errs), t0)
+	}
 }
 
 func exitCode(err error) int {

@@ -15,7 +15,8 @@ create or start, the test checks:
 - containerd's view and the task agree: `ctr run` succeeded exactly when the
   task is RUNNING, and containerd says RUNNING exactly when runsc does;
 - after the operator's cleanup (`ctr task rm -f`, `ctr container rm`) nothing
-  of the container is left, and `ctr run` of the same id works;
+  of the container is left (runsc state, processes, cgroup directories), and
+  `ctr run` of the same id works;
 - thawd recorded the outcome of every restore decision it made: restored,
   failed (restore undone) or abandoned (released before any restore), in its
   log, and its counters add up.
@@ -36,7 +37,7 @@ from pathlib import Path
 
 import pytest
 
-from control.dev.containerd import RUNTIME
+from control.dev.containerd import NAMESPACE, RUNTIME
 from control.dev.testbed import ANNOTATIONS, IMAGE, Stack
 from tests.conftest import BUILD, require
 from tests.integration.faults.results import write_results
@@ -90,6 +91,13 @@ def runsc_processes(cid: str, root: Path) -> list[str]:
         if argv and flag in argv and cid in argv and Path(argv[0]).name.startswith("runsc"):
             out.append(f"{pid} {Path(argv[0]).name} {_runsc_subcommand(argv)}")
     return out
+
+
+def cgroup_dirs(cid: str) -> list[str]:
+    """The cgroup directories of container `cid` (ctr's cgroups path /<namespace>/<id>):
+    a create killed inside runsc's cgroup set-up leaves them, and the next create of
+    the id fails to join the empty cpuset one with ENOSPC (CI of stop 24)."""
+    return sorted(str(p) for p in Path("/sys/fs/cgroup").glob(f"*/{NAMESPACE}/{cid}") if p.is_dir())
 
 
 class Killer(threading.Thread):
@@ -247,7 +255,8 @@ def _one_kill(s: Stack, cid: str, phase: str, delay_s: float) -> dict:
     row["cleanup"] = _cleanup(s, cid)
     _wait(lambda: not runsc_processes(cid, root) and _runsc_status(root, cid) == "absent", 20, 0.2)
     row["left_after_cleanup"] = runsc_processes(cid, root) + (
-        [f"runsc state {_runsc_status(root, cid)}"] if _runsc_status(root, cid) != "absent" else [])
+        [f"runsc state {_runsc_status(root, cid)}"] if _runsc_status(root, cid) != "absent" else []) + \
+        cgroup_dirs(cid)
     lines = _thawd_lines(s, cid, log_mark)
     decided = [m for m in lines if m.startswith(f"prepare {cid} ") and "-> restore" in m]
     outcomes = [m.split()[3] for m in lines if m.startswith(f"outcome {cid} ")]
@@ -269,6 +278,9 @@ def test_standin_killed_at_random_points_of_create_and_start(name, runsc_bin):
     rng = random.Random(seed)
     base = Path(f"/tmp/thaw-it/{name}")
     subprocess.run(["rm", "-rf", str(base)])
+    for cid in ["seed", *(f"k{i}" for i in range(MAX_ATTEMPTS))]:
+        for d in cgroup_dirs(cid):   # an earlier run's: rmdir takes only empty cgroups
+            subprocess.run(["rmdir", d], capture_output=True)
     s = Stack(base, name)
     rows: list[dict] = []
     try:
@@ -318,3 +330,42 @@ def test_standin_killed_at_random_points_of_create_and_start(name, runsc_bin):
     assert not bad, json.dumps(bad, indent=1)
     assert decisions == ended, counters    # every restore decision ended in exactly one outcome
     assert all(e["leases"] == 0 for e in entries), entries
+
+
+def test_delete_removes_the_cgroups_a_killed_create_left(name, runsc_bin):
+    """What a `runsc create` SIGKILLed inside its cgroup set-up leaves (CI of stop 24):
+    the container's cpuset cgroup made, its cpuset.cpus never written. runsc takes an
+    existing directory for one its caller made and writes nothing into it, so the create
+    of that id fails (ENOSPC joining the empty cpuset). containerd's delete after the
+    failed create reaches the stand-in, which removes it: the id starts the next time."""
+    require((BUILD / "thaw-runsc-hooks").is_file(), "the stand-in built at build/thaw-runsc-hooks")
+    require(Path("/sys/fs/cgroup/cpuset").is_dir(), "a cgroup v1 cpuset hierarchy at /sys/fs/cgroup/cpuset")
+    cid = "killed-cgroup"
+    base = Path(f"/tmp/thaw-it/{name}")
+    subprocess.run(["rm", "-rf", str(base)])
+    for d in cgroup_dirs(cid):
+        subprocess.run(["rmdir", d], capture_output=True)
+    s = Stack(base, name)
+    try:
+        s.start()
+        left = Path(f"/sys/fs/cgroup/cpuset/{NAMESPACE}/{cid}")
+        left.mkdir(parents=True)          # as runsc's Install does, killed before it set the cpus
+        assert left.joinpath("cpuset.cpus").read_text().strip() == ""
+        first = _ctr_run(s, cid)
+        assert first.returncode != 0, "runsc joins a pre-existing cgroup as it is: the create must fail"
+        assert "no space left on device" in first.stderr, first.stderr[-500:]
+        assert not left.exists(), "containerd's delete after the failed create must remove the left cgroup"
+        assert cgroup_dirs(cid) == []
+        s.ctrd.remove(cid)
+        again = _ctr_run(s, cid)
+        assert again.returncode == 0, again.stderr[-500:]
+        assert _wait(lambda: _task_status(s, cid) == "RUNNING", 30)
+        reaped = [d for d in s.decisions() if d.get("id") == cid and d.get("decision") == "reaped-cgroups"]
+        assert len(reaped) == 1 and str(left) in reaped[0]["reason"], s.decisions()
+        s.ctrd.remove(cid)
+        assert cgroup_dirs(cid) == [], "runsc removes the cgroups it made at delete"
+    finally:
+        s.stop()
+        for d in cgroup_dirs(cid):
+            subprocess.run(["rmdir", d], capture_output=True)
+        subprocess.run(["rm", "-rf", str(base)])
