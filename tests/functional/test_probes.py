@@ -134,8 +134,9 @@ def _local_exec(without=()):
         if argv[0] in without:
             return 127, f'exec: "{argv[0]}": executable file not found in $PATH'
         argv = [sys.executable if argv[0] == "python3" else argv[0], *argv[1:]]
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
-        return p.returncode, p.stdout + p.stderr
+        # As Runsc.exec's output comes: bytes decoded as UTF-8, newlines as they are.
+        p = subprocess.run(argv, capture_output=True, timeout=timeout_s)
+        return p.returncode, (p.stdout + p.stderr).decode(errors="replace")
     return run
 
 

@@ -176,8 +176,9 @@ def _local_exec(argv, timeout_s):
     import subprocess
     import sys
     argv = [sys.executable if argv[0] == "python3" else argv[0], *argv[1:]]
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
-    return p.returncode, p.stdout + p.stderr
+    # As Runsc.exec's output comes: bytes decoded as UTF-8, newlines as they are.
+    p = subprocess.run(argv, capture_output=True, timeout=timeout_s)
+    return p.returncode, (p.stdout + p.stderr).decode(errors="replace")
 
 
 def test_http_hooks_via_exec_send_the_request_from_inside():
