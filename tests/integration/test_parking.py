@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from control.dev.containerd import NAMESPACE
 from control.dev.testbed import ANNOTATIONS, IMAGE, Stack
 from control.thawd import parking as pk
 
@@ -28,6 +29,8 @@ def ps(name, runsc_bin, request):
     require((BUILD / "busybox").is_file(), "build/busybox (make setup)")
     base = Path(f"/tmp/thaw-it/{name}")
     subprocess.run(["rm", "-rf", str(base)])
+    for d in _parked_cgroups():       # an earlier run's: rmdir takes only empty cgroups
+        subprocess.run(["rmdir", str(d)], capture_output=True)
     env = {"THAW_PARK_ENABLED": "true", **getattr(request, "param", {})}
     s = Stack(base, name, extra_env=env)
     try:
@@ -42,6 +45,16 @@ def ps(name, runsc_bin, request):
     # thawd's stop removes what it parked, also when containerd went first and took the runsc
     # root with it (control/dev/containerd.py stop): a parked sandbox left running holds memory.
     assert leaked == [], f"sandbox processes left running after the stack stopped: {leaked}"
+    # Nor their cgroups: runsc's delete removes those it made, thawd those of a sandbox
+    # runsc no longer knew (containerd's stop takes the runsc root with it).
+    cgroups = _parked_cgroups()
+    for d in cgroups:
+        subprocess.run(["rmdir", str(d)], capture_output=True)
+    assert cgroups == [], f"parked sandboxes' cgroups left after the stack stopped: {cgroups}"
+
+
+def _parked_cgroups() -> list[Path]:
+    return sorted(p for p in Path("/sys/fs/cgroup").glob(f"*/{NAMESPACE}/{pk.ID_PREFIX}*") if p.is_dir())
 
 
 def _sandboxes_under(base: Path) -> list[int]:
