@@ -153,7 +153,10 @@ class Node:
         ocibuild.build(s.base / "flood.tar", IMAGE, image_files(), nf.SERVER_ARGV,
                        env={"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", **nf.SERVER_ENV})
         s.ctrd.import_image(s.base / "flood.tar")
-        self.cur, self.cur_net = "seed", f"{self.name}-{self.mode}-seed"
+        # One id per mode: the modes' containerds run side by side, and runsc puts a
+        # container in the cgroup /<namespace>/<id> (ctr's cgroups path) of the host, so
+        # two seeds of one id shared a cgroup, and runsc, finding it made, never removed it.
+        self.cur, self.cur_net = f"{self.mode}-seed", f"{self.name}-{self.mode}-seed"
         self.cur_ip = self.image_ip = self._plumb(self.cur_net, self.first_slot)
         self._run(self.cur, self.cur_net)
         if nf.first_answer_ms("127.0.0.1", self.node_port, time.monotonic(), nf.COLD_DEADLINE_S) is None:
