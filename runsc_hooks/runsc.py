@@ -8,6 +8,7 @@ Shaped after gVisor's shim client (pkg/shim/v1/runsccmd/runsc.go).
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -417,6 +418,55 @@ def remove_root(root: Path) -> None:
     import shutil
     release_root(root)
     shutil.rmtree(root, ignore_errors=True)
+
+
+# Where the host mounts its cgroups, as runsc assumes (runsc/cgroup/cgroup.go cgroupRoot).
+CGROUP_FS = Path("/sys/fs/cgroup")
+
+
+def cgroup_dirs(path: str, fs: Path = CGROUP_FS) -> list[Path]:
+    """The existing directories of cgroupfs path `path` (a spec's linux.cgroupsPath) under
+    `fs`: the one directory on a cgroup v2 host, else one per v1 hierarchy. Only absolute
+    cgroupfs paths: a systemd one (slice:prefix:name) is a unit systemd removes. Twin:
+    go/internal/standin/cgroups.go cgroupDirs."""
+    if not path.startswith("/") or ":" in path:
+        return []
+    rel = os.path.normpath(path).lstrip("/")
+    if not rel or rel == ".":
+        return []
+    if (fs / "cgroup.controllers").exists():
+        cands = [fs / rel]
+    else:
+        try:
+            cands = sorted(fs / e.name / rel for e in os.scandir(fs) if e.is_dir(follow_symlinks=False))
+        except OSError:
+            return []
+    return [d for d in cands if d.is_dir()]
+
+
+def remove_cgroups(dirs: list[Path], wait_s: float = 0.0) -> tuple[list[str], list[str]]:
+    """rmdir each cgroup directory (the kernel refuses one with processes or children, so
+    one in use stays), retrying a busy one until wait_s has passed (processes just killed
+    leave it as they exit). (removed, left with why). For the cgroups of a sandbox runsc no
+    longer knows: runsc's own delete removes only those it made and still knows of
+    (runsc/container/container.go stop -> Uninstall of owned controllers)."""
+    end = time.monotonic() + wait_s
+    removed: list[str] = []
+    left: list[str] = []
+    for d in dirs:
+        while True:
+            try:
+                os.rmdir(d)
+                removed.append(str(d))
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                if e.errno == errno.EBUSY and time.monotonic() < end:
+                    time.sleep(0.05)
+                    continue
+                left.append(f"{d}: {e.strerror}")
+            break
+    return removed, left
 
 
 # Lines of a Go stack trace: frames ("/path/file.go:123 +0x1f"), calls

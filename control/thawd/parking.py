@@ -63,7 +63,7 @@ from control.files import write_json_atomic
 from control.lifecycle import workload as workloadmod
 from control.lifecycle.engine import Engine, cuda_helper_path, uses_gpu
 from runsc_hooks import spec as specmod
-from runsc_hooks.runsc import CreateOptions, GlobalOptions, RestoreOptions, Runsc
+from runsc_hooks.runsc import CreateOptions, GlobalOptions, RestoreOptions, Runsc, cgroup_dirs, remove_cgroups
 
 if TYPE_CHECKING:
     from control.thawd.service import RuntimeRef, Thawd
@@ -865,54 +865,6 @@ def _read_line(stream, timeout_s: float) -> str:
         buf += chunk
     stream.close()
     return buf.split(b"\n", 1)[0].decode(errors="replace").strip()
-
-
-# Where the host mounts its cgroups, as runsc assumes (runsc/cgroup/cgroup.go cgroupRoot).
-CGROUP_FS = Path("/sys/fs/cgroup")
-
-
-def cgroup_dirs(path: str, fs: Path = CGROUP_FS) -> list[Path]:
-    """The existing directories of cgroupfs path `path` (a spec's linux.cgroupsPath) under
-    `fs`: the one directory on a cgroup v2 host, else one per v1 hierarchy. Only absolute
-    cgroupfs paths: a systemd one (slice:prefix:name) is a unit systemd removes. Twin:
-    go/internal/standin/cgroups.go cgroupDirs."""
-    if not path.startswith("/") or ":" in path:
-        return []
-    rel = os.path.normpath(path).lstrip("/")
-    if not rel or rel == ".":
-        return []
-    if (fs / "cgroup.controllers").exists():
-        cands = [fs / rel]
-    else:
-        try:
-            cands = sorted(fs / e.name / rel for e in os.scandir(fs) if e.is_dir(follow_symlinks=False))
-        except OSError:
-            return []
-    return [d for d in cands if d.is_dir()]
-
-
-def remove_cgroups(dirs: list[Path], wait_s: float = 0.0) -> tuple[list[str], list[str]]:
-    """rmdir each cgroup directory (the kernel refuses one with processes or children, so
-    one in use stays), retrying a busy one until wait_s has passed (processes just killed
-    leave it as they exit). (removed, left with why)."""
-    import errno
-    end = time.monotonic() + wait_s
-    removed: list[str] = []
-    left: list[str] = []
-    for d in dirs:
-        while True:
-            try:
-                os.rmdir(d)
-                removed.append(str(d))
-            except FileNotFoundError:
-                pass
-            except OSError as e:
-                if e.errno == errno.EBUSY and time.monotonic() < end:
-                    time.sleep(0.05)
-                    continue
-                left.append(f"{d}: {e.strerror}")
-            break
-    return removed, left
 
 
 def _kill_sandbox_processes(root: str, cid: str) -> list[int]:

@@ -241,32 +241,3 @@ def test_a_parked_sandbox_whose_process_is_gone_is_removed_not_adopted(tmp_path,
     assert p.take(created(p, "x"), SPEC, "k") is live
     assert destroyed == ["thaw-parked-dead"]
 
-
-def test_cgroup_dirs_v1_lists_each_hierarchy_that_has_the_path(tmp_path):
-    for d in ("cpuset/thaw/p1", "memory/thaw/p1", "cpu,cpuacct/thaw/p1", "pids/thaw"):
-        (tmp_path / d).mkdir(parents=True)
-    (tmp_path / "cpu").symlink_to("cpu,cpuacct")     # v1 co-mounts: a link per controller name
-    assert pk.cgroup_dirs("/thaw/p1", tmp_path) == [tmp_path / "cpu,cpuacct/thaw/p1", tmp_path / "cpuset/thaw/p1",
-                                                    tmp_path / "memory/thaw/p1"]
-
-
-def test_cgroup_dirs_v2_is_the_one_unified_directory(tmp_path):
-    (tmp_path / "thaw/p1").mkdir(parents=True)
-    (tmp_path / "cpuset/thaw/p1").mkdir(parents=True)
-    (tmp_path / "cgroup.controllers").write_text("cpuset cpu memory\n")
-    assert pk.cgroup_dirs("/thaw/p1", tmp_path) == [tmp_path / "thaw/p1"]
-
-
-def test_cgroup_dirs_leaves_systemd_relative_and_root_paths_alone(tmp_path):
-    (tmp_path / "cpuset/thaw/p1").mkdir(parents=True)
-    for path in ("thaw/p1", "system.slice:thaw:p1", "/", "", "/thaw/../"):
-        assert pk.cgroup_dirs(path, tmp_path) == [], path
-
-
-def test_remove_cgroups_removes_empty_ones_and_keeps_ones_in_use(tmp_path):
-    empty, used = tmp_path / "a/p1", tmp_path / "b/p1"
-    empty.mkdir(parents=True)
-    (used / "child").mkdir(parents=True)   # a cgroup with a child (or processes) cannot go
-    removed, left = pk.remove_cgroups([empty, used, tmp_path / "gone"])
-    assert removed == [str(empty)] and len(left) == 1 and str(used) in left[0]
-    assert used.is_dir() and not empty.exists()

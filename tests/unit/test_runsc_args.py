@@ -4,7 +4,7 @@ import pytest
 
 from control.errors import RunscError
 from runsc_hooks.runsc import (CheckpointOptions, CreateOptions, GlobalOptions, RestoreOptions, Runsc,
-                                subcommand_of)
+                                cgroup_dirs, remove_cgroups, subcommand_of)
 
 
 def test_global_options_render_in_order():
@@ -100,3 +100,33 @@ def test_pids_reads_runscs_json_which_is_only_pids(monkeypatch):
     out["v"] = '[{"pid": 1}]'
     with pytest.raises(RunscError, match="no JSON list of pids"):
         r.pids("web+")
+
+
+def test_cgroup_dirs_v1_lists_each_hierarchy_that_has_the_path(tmp_path):
+    for d in ("cpuset/thaw/p1", "memory/thaw/p1", "cpu,cpuacct/thaw/p1", "pids/thaw"):
+        (tmp_path / d).mkdir(parents=True)
+    (tmp_path / "cpu").symlink_to("cpu,cpuacct")     # v1 co-mounts: a link per controller name
+    assert cgroup_dirs("/thaw/p1", tmp_path) == [tmp_path / "cpu,cpuacct/thaw/p1", tmp_path / "cpuset/thaw/p1",
+                                                 tmp_path / "memory/thaw/p1"]
+
+
+def test_cgroup_dirs_v2_is_the_one_unified_directory(tmp_path):
+    (tmp_path / "thaw/p1").mkdir(parents=True)
+    (tmp_path / "cpuset/thaw/p1").mkdir(parents=True)
+    (tmp_path / "cgroup.controllers").write_text("cpuset cpu memory\n")
+    assert cgroup_dirs("/thaw/p1", tmp_path) == [tmp_path / "thaw/p1"]
+
+
+def test_cgroup_dirs_leaves_systemd_relative_and_root_paths_alone(tmp_path):
+    (tmp_path / "cpuset/thaw/p1").mkdir(parents=True)
+    for path in ("thaw/p1", "system.slice:thaw:p1", "/", "", "/thaw/../"):
+        assert cgroup_dirs(path, tmp_path) == [], path
+
+
+def test_remove_cgroups_removes_empty_ones_and_keeps_ones_in_use(tmp_path):
+    empty, used = tmp_path / "a/p1", tmp_path / "b/p1"
+    empty.mkdir(parents=True)
+    (used / "child").mkdir(parents=True)   # a cgroup with a child (or processes) cannot go
+    removed, left = remove_cgroups([empty, used, tmp_path / "gone"])
+    assert removed == [str(empty)] and len(left) == 1 and str(used) in left[0]
+    assert used.is_dir() and not empty.exists()

@@ -59,7 +59,8 @@ func cgroupsPaths(bundle string) []string {
 
 // cgroupDirs lists the directories runsc's Install makes for cgroupsPath
 // under the cgroup filesystem at root (/sys/fs/cgroup) that exist: the one
-// directory on a cgroup v2 host, else one per v1 hierarchy. Only absolute
+// directory on a cgroup v2 host, else one per v1 hierarchy (twin:
+// runsc_hooks/runsc.py cgroup_dirs, for thawd's parked sandboxes). Only absolute
 // cgroupfs paths: a relative one hangs below the cgroup of the runsc process
 // that made it (gone, so unknown), and a systemd one (slice:prefix:name) is
 // a unit systemd removes.
