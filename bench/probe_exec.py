@@ -28,11 +28,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.probe_sandbox import sh  # noqa: E402
 from bench.report import emit, spread  # noqa: E402
+from runsc_hooks import network as netmod  # noqa: E402
 from runsc_hooks import probe  # noqa: E402
+from runsc_hooks import spec as specmod  # noqa: E402
 from runsc_hooks.runsc import remove_root  # noqa: E402
 
 PORT = 8000
-NETNS = "thaw-probe-exec"
+NETNS = "probe-exec"       # not thaw-<...>: that prefix is for namespaces thaw plumbs
 # The in-sandbox client of runsc_hooks/probe.py before 2026-12-02, verbatim.
 BEFORE = (
     "import sys,urllib.request as u,urllib.error as e\n"
@@ -73,11 +75,8 @@ def main() -> int:
     spec["root"] = {"path": str(rootfs), "readonly": False}
     # A namespace with only its loopback up, as `ctr run` callers without CNI
     # make (bench/gpu/node.py): runsc's netstack takes the interfaces it finds.
-    subprocess.run(["ip", "netns", "del", NETNS], capture_output=True)
-    sh("ip", "netns", "add", NETNS)
-    sh("ip", "-n", NETNS, "link", "set", "lo", "up")
-    spec["linux"]["namespaces"] = [n for n in spec["linux"]["namespaces"] if n["type"] != "network"] + \
-        [{"type": "network", "path": f"/var/run/netns/{NETNS}"}]
+    netmod.remove_netns(NETNS)
+    spec = specmod.with_netns(spec, netmod.create_loopback_netns(NETNS))
     (bundle / "config.json").write_text(json.dumps(spec, indent=2))
 
     def exec_(argv: list[str], timeout_s: float) -> tuple[int, str]:
@@ -122,7 +121,7 @@ def main() -> int:
         subprocess.run([*g, "delete", "--force", cid], capture_output=True)
         remove_root(root)
         shutil.rmtree(work, ignore_errors=True)
-        subprocess.run(["ip", "netns", "del", NETNS], capture_output=True)
+        netmod.remove_netns(NETNS)
     same = len({body for _, body in answers}) == 1
     result = {
         "bench": "probe-exec", "date": time.strftime("%Y-%m-%d"), "machine": "this VM (2 cores), systrap, no GPU",
