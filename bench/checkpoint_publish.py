@@ -79,7 +79,7 @@ def side(cfg: dict) -> dict:
     from control.images.cache import Cache
     from control.images.store import Store
     from control.thawd.ctrinfo import Identity
-    from control.thawd.image_source import ImageSource
+    from control.images.source import ImageSource
     from control.thawd.service import RuntimeRef, Thawd
     from runsc_hooks.runsc import Runsc
 

@@ -33,7 +33,8 @@ sys.path.insert(0, str(REPO))
 
 from bench.report import emit, spread  # noqa: E402
 from control import config as configmod  # noqa: E402
-from control.lifecycle.sandbox import IMAGE_META, Sandboxes  # noqa: E402
+from control.lifecycle.image_meta import IMAGE_META  # noqa: E402
+from control.lifecycle.sandbox import Sandboxes  # noqa: E402
 from runsc_hooks import network as netmod  # noqa: E402
 from runsc_hooks import spec as specmod  # noqa: E402
 from runsc_hooks.runsc import remove_root  # noqa: E402

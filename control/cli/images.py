@@ -71,11 +71,9 @@ def _tenant(obj: Context) -> str:
 
 def _store(obj: Context) -> Store:
     """The store as this command's tenant sees it."""
-    from control.images.keys import Keyring
-    from control.images.store import Store
+    from control.images.source import tenant_store
     from control.lifecycle import tenant as tenantmod
-    s = obj.settings
-    return Store(s).for_tenant(tenantmod.store_tenant(_tenant(obj)), Keyring.from_settings(s))
+    return tenant_store(obj.settings, tenantmod.store_tenant(_tenant(obj)))
 
 
 @click.command("push")
@@ -118,14 +116,14 @@ def _check_portable(directory: Path, allow: bool) -> None:
     import json
 
     from control.errors import UserError
-    from control.lifecycle import sandbox
+    from control.lifecycle import image_meta
     try:
-        meta = json.loads((directory / sandbox.IMAGE_META).read_text())
+        meta = json.loads((directory / image_meta.IMAGE_META).read_text())
     except (OSError, ValueError):
         return  # no thaw metadata (a plain runsc image): nothing to say
     if not isinstance(meta, dict) or meta.get("door", "cli") != "cli":
         return  # thawd's: its container's node makes the spec at restore
-    local = sandbox.node_local(meta)
+    local = image_meta.node_local(meta)
     if local and not allow:
         raise UserError(f"image {directory} depends on this node: {'; '.join(local)}. A node without them "
                         "cannot restore it; push with --allow-node-local if every restoring node has them at "

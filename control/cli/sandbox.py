@@ -208,20 +208,16 @@ def restore_from_store(obj: Context, sb, key: str, sid: str, probes: list | None
     pulls, then restores. Either way the entry ends up in the cache, as after a pull."""
     from control.images import image as images
     from control.images import stream as streammod
+    from control.images.source import open_restorable
     from control.cli.images import _store
     from control.node.compat import node_tuple
     s = obj.settings
     t0 = time.monotonic()
     # The store as this command's tenant sees it (issue 13): its prefix, keys, manifest checks.
     cache, store, node = images.open_cache(s), _store(obj), node_tuple(s)
-    why = streammod.why_not(s, store)   # store.stream on (the default): a miss streams, unless this says why not
-    if not why:
-        src = streammod.open_image(cache, store, s, key, node)
-    else:
-        pulled = images.pull(cache, store, key, node, workers=s.store_workers)
-        src = pulled.lease
-        src.hit = pulled.hit
-    streamed = isinstance(src, streammod.Stream)
+    # A hit restores from the cache; a miss streams (store.stream on, the default), unless `why` says why not.
+    src, why, _ = open_restorable(cache, store, s, key, node)
+    streamed = src.streamed
     kw = {"runsc_env": tuple(src.env().items()), "background": True} if streamed else {}
     kw["gpus"] = gpus
     try:
@@ -242,7 +238,7 @@ def restore_from_store(obj: Context, sb, key: str, sid: str, probes: list | None
                 # A stream that failed (a full cache: NoSpace, exit 4) is why runsc gave up.
                 raise (src.verdict() or e) if streamed else e
         out["source"] = "stream" if streamed else ("cache" if src.hit else "pull")
-        if out["source"] == "pull" and s.store_stream:
+        if why and s.store_stream:
             out["pulled_whole"] = why
         out["ready_s"] = round(time.monotonic() - t0, 4)
         if streamed:

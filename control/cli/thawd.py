@@ -14,7 +14,7 @@ from control.cli.common import Context, handle_errors, json_option, needs_root
 def serve_cmd(obj: Context, socket_path: str | None) -> None:
     """Run thawd: the node daemon the runsc stand-in asks at create/start/delete."""
     from control.thawd import server as daemon
-    from control.thawd.image_source import ImageSource
+    from control.images.source import ImageSource
     obj.override("thawd.socket", socket_path)  # validated like the config key (an absolute path)
     s = obj.settings
     # One thawd per node, before anything is touched: a second one exits here

@@ -104,14 +104,28 @@ class Entry:
 
 
 class Lease:
-    """Pins an entry until released: eviction leaves it alone (the runsc files stay put)."""
+    """Pins an entry until released: eviction leaves it alone (the runsc files stay put).
 
-    def __init__(self, cache: "Cache", lease_id: int, entry: Entry) -> None:
+    A restorable image (control/images/source.py Restorable), as a Stream is:
+    `path`, `hit` (whether the entry was already in the cache when asked for),
+    `streamed` (False), `env()` (nothing runsc needs), `verdict()` (a complete
+    entry has no stream to fail), `release()`."""
+
+    streamed = False
+
+    def __init__(self, cache: "Cache", lease_id: int, entry: Entry, hit: bool = False) -> None:
         self._cache = cache
         self.id = lease_id
         self.entry = entry
         self.path = entry.path
+        self.hit = hit
         self.released = False
+
+    def env(self) -> dict[str, str]:
+        return {}
+
+    def verdict(self, wait_s: float = 0.0) -> None:
+        return None
 
     def release(self) -> None:
         if not self.released:
@@ -243,8 +257,9 @@ class Cache:
                 best = e
         return best, reasons
 
-    def lease(self, entry_id: str) -> Lease | None:
-        """Pin a ready entry; None if it is not ready (any more)."""
+    def lease(self, entry_id: str, hit: bool = False) -> Lease | None:
+        """Pin a ready entry; None if it is not ready (any more). `hit`: the entry was in
+        the cache already when its image was asked for (Lease.hit)."""
         with self._tx() as db:
             row = db.execute(f"SELECT {self._COLS} FROM entries WHERE id = ? AND state = 'ready'",
                              (entry_id,)).fetchone()
@@ -255,7 +270,7 @@ class Cache:
                              (entry_id, os.getpid(), Owner.me().start, now))
             db.execute("UPDATE entries SET last_used = ? WHERE id = ?", (now, entry_id))
             lease_id = cur.lastrowid
-        return Lease(self, lease_id, self._row_entry(row, 1))
+        return Lease(self, lease_id, self._row_entry(row, 1), hit)
 
     def check_entry(self, entry: Entry, full: bool | None = None) -> str | None:
         """Why an entry is unusable (None: usable). `full` re-hashes every chunk;

@@ -177,7 +177,7 @@ def pull(cache: Cache, store: Store | None, key: str, node: CompatTuple, *, work
         if entry is not None:
             why = cache.check_entry(entry)
             if why is None:
-                lease = cache.lease(entry.id)
+                lease = cache.lease(entry.id, hit=True)
                 if lease is not None:
                     if on_total:
                         on_total(entry.size)

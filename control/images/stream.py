@@ -127,7 +127,7 @@ class Stream:
     still completes and installs its entry: the next start hits the cache).
     """
     hit = False
-    stream = True
+    streamed = True
 
     def __init__(self, key: str, path: Path, sidecar_dir: Path) -> None:
         self.key = key
@@ -296,9 +296,8 @@ class _Job:
                 if entry is not None:
                     why = self.cache.check_entry(entry)
                     if why is None:
-                        hit = self.cache.lease(entry.id)
+                        hit = self.cache.lease(entry.id, hit=True)
                         if hit is not None:
-                            hit.hit = True
                             self.result = hit
                             self.ready.set()
                             return

@@ -32,10 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from control.config import Settings
-from control.errors import (CheckpointFailed, CheckpointNoSpace, HookError, NotFound, RunscError, SpecError,
+from control.errors import (CheckpointFailed, CheckpointNoSpace, HookError, NotFound, RunscError,
                             ThawError)
 from control.files import fsync_path
 from control.lifecycle import profiles
+from nvproxy import cuda as cudamod
 from runsc_hooks import gate as gatemod
 from runsc_hooks import probe as probemod
 from runsc_hooks import spec as specmod
@@ -46,23 +47,6 @@ log = logging.getLogger(__name__)
 # The image file runsc cannot restore without (docs/gvisor-facts.md: the
 # sentry refuses an empty checkpoint.img).
 REQUIRED_IMAGE_FILE = "checkpoint.img"
-
-
-def uses_gpu(spec: dict) -> bool:
-    """nvproxy is on for specs listing /dev/nvidiactl (docs/gvisor-facts.md)."""
-    return any(d.get("path") == "/dev/nvidiactl" for d in (spec.get("linux") or {}).get("devices") or [])
-
-
-def cuda_helper_path(spec: dict) -> str | None:
-    """The in-sandbox path of the CUDA checkpoint helper for a GPU spec; None for a CPU spec.
-    SpecError for a GPU spec without the helper mounted: runsc could not save its GPU state."""
-    if not uses_gpu(spec):
-        return None
-    from nvproxy import helper
-    if not any(m.get("destination") == helper.HELPER_DIR for m in spec.get("mounts") or []):
-        raise SpecError("mounts", f"GPU sandbox without the CUDA checkpoint helper at {helper.HELPER_DIR}: "
-                        "runsc cannot save its GPU memory (start it with `thaw run --gpus` or under thawd)")
-    return helper.HELPER_PATH
 
 
 @dataclass(frozen=True)
@@ -187,7 +171,7 @@ class Engine:
         CheckpointFailed says so; `out` is removed.
         """
         spec = h.spec()
-        cuda = cuda_helper_path(spec)  # before anything happens: a clear error, nothing closed
+        cuda = cudamod.helper_path(spec)  # before anything happens: a clear error, nothing closed
         gated = h.gate is not None and gatemod.close(h.gate, h.mark or self.s.network_probe_mark, "checkpoint")
         t0 = time.monotonic()
         hooks: list[dict] = []
@@ -205,7 +189,8 @@ class Engine:
         except BaseException as e:
             _remove_tree(out)
             st = status(h.runsc, h.id)
-            resumed = resume_cuda(h, cuda) if cuda and st == "running" else []
+            resumed = cudamod.CudaProcesses(h.runsc, h.id, cuda).resume_after_failed_save() \
+                if cuda and st == "running" else []
             dropped = gatemod.open(h.gate, "checkpoint failed; the workload runs on") if gated else None
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise
@@ -289,48 +274,6 @@ class Engine:
             h.runsc.wait(h.id, timeout_s, restore=True)
             loaded_s = time.monotonic() - t0
         return Restored(time.monotonic() - t0, runsc_s, result, hooks, dropped, ready_s, loaded_s)
-
-
-def resume_cuda(h: Handle, helper_path: str) -> list[int]:
-    """Toggle back the CUDA processes a failed save left checkpointed; their pids.
-
-    At the pin, runsc toggles every CUDA process to "checkpointed" before it
-    saves and back only after a save that succeeded: when the save fails
-    (ENOSPC), pkg/sentry/control/state.go SaveWithOpts returns before
-    PostResume, so with --leave-running the workload runs on with its GPU
-    state still in host memory and its CUDA calls blocked. thaw runs the same
-    helper inside the sandbox (`--get-state`, then `--toggle` for each
-    checkpointed process), as runsc would have. Processes whose page faults
-    the sentry parked under SigsegvLock during the save stay parked (upstream
-    FIXME b/456299722): a limit this cannot lift. Best effort: every failure is
-    logged, none raised (the caller is reporting the checkpoint's own)."""
-    resumed: list[int] = []
-    try:
-        pids = h.runsc.pids(h.id)
-    except ThawError as e:
-        log.warning("after the failed checkpoint of %s: runsc ps: %s", h.id, e)
-        return resumed
-    for n in pids:
-        pid = str(n)
-        try:
-            state = h.runsc.exec(h.id, [helper_path, "--get-state", "--pid", pid], timeout_s=30).stdout.strip()
-        except ThawError as e:
-            log.debug("after the failed checkpoint of %s: pid %s: no CUDA state (%s)", h.id, pid, e)
-            continue  # not a CUDA process: the helper cannot get its state
-        if state == "locked":   # locked but not yet checkpointed: unlock is enough
-            argv = [helper_path, "--action", "unlock", "--pid", pid]
-        elif state == "checkpointed":
-            argv = [helper_path, "--toggle", "--pid", pid]
-        else:
-            continue
-        try:
-            h.runsc.exec(h.id, argv, timeout_s=600)
-            resumed.append(int(pid))
-        except ThawError as e:
-            log.warning("after the failed checkpoint of %s: %s: %s", h.id, " ".join(argv), e)
-    if resumed:
-        log.info("after the failed checkpoint of %s: CUDA state of %s restored", h.id, resumed)
-    return resumed
 
 
 # How a full file system shows in runsc's output (strerror of ENOSPC, EDQUOT).

@@ -35,6 +35,7 @@ from typing import Callable, Iterable
 
 from control.errors import ImageError, NotFound, PreconditionError, UserError
 from nvproxy import cdi, helper
+from nvproxy import cuda as cudamod
 from nvproxy.gpu import Gpu, NodeGpus
 
 KIND = cdi.NVIDIA_KIND
@@ -84,14 +85,6 @@ def node_devices(cdi_dirs: Iterable[Path] = cdi.CDI_DIRS) -> Devices:
     return Devices(node, cdi.node_registry(node, cdi_dirs))
 
 
-def helper_dir(settings) -> Path:
-    """The CUDA helper staged under the state dir (the host side of its mount)."""
-    d = settings.state_dir / "cuda-helper"
-    if not (d / helper.HELPER_NAME).is_file():
-        helper.stage(settings.runsc_path.parent / helper.BINARY_NAME, d)
-    return d
-
-
 def _require_gpus(names: list[str], dev: Devices, what: str) -> None:
     if any(n.startswith(KIND + "=") for n in names) and not dev.gpus \
             and not dev.registry.names(KIND):
@@ -113,8 +106,7 @@ def with_helper(spec: dict, helper_host_dir: Path | None) -> dict:
 
 
 def _with_helper(spec: dict, helper_host_dir: Path | None) -> dict:
-    from control.lifecycle.engine import uses_gpu
-    if uses_gpu(spec):
+    if cudamod.uses_gpu(spec):
         if helper_host_dir is None:
             raise PreconditionError("a GPU sandbox needs the CUDA checkpoint helper (thaw-cuda-checkpoint "
                                     "beside runsc): run `make setup`")
@@ -140,8 +132,7 @@ def needs(spec: dict, node: NodeGpus | None) -> dict | None:
     NVML could not tell); indexes: the NVML indexes of the GPUs it ran on (the
     default of a restore); devices: the CDI devices injected at run.
     """
-    from control.lifecycle.engine import uses_gpu
-    if not uses_gpu(spec):
+    if not cudamod.uses_gpu(spec):
         return None
     import json
     nodes = cdi.gpu_nodes(spec)

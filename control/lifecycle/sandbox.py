@@ -40,20 +40,20 @@ from typing import Callable
 from control.config import Settings
 from control.files import Owner, fsync_path, write_json_atomic
 from control.lifecycle import gpus as gpumod
+from control.lifecycle import image_meta as metamod
 from control.lifecycle import logs as logsmod
-from control.lifecycle.engine import Engine, Handle, status as engine_status, uses_gpu
+from control.lifecycle.engine import Engine, Handle, status as engine_status
+from nvproxy.cuda import stage_for, uses_gpu
 from control.errors import (AlreadyExists, CheckpointFailed, ImageError, InUse, InvalidTransition, NotFound,
                             PreconditionError, ThawError, UnhealthyRestore, UserError)
 from runsc_hooks import gate as gatemod
 from runsc_hooks import probe as probemod
 from runsc_hooks import network as netmod
 from runsc_hooks import spec as specmod
-from runsc_hooks.runsc import IMAGE_FILES, CreateOptions, GlobalOptions, RestoreOptions, Runsc
+from runsc_hooks.runsc import CreateOptions, GlobalOptions, RestoreOptions, Runsc
 
 log = logging.getLogger(__name__)
 
-IMAGE_META = "thaw.json"
-IMAGE_META_VERSION = 1
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 # runsc at the pin resolves a container id by prefix and fails when it is the
 # prefix of another id (runsc/container/state_file.go findContainerID: `web`
@@ -357,9 +357,9 @@ class Sandboxes:
         from nvproxy import cdi
         names = list(dict.fromkeys([*gpus, *cdi.requested_devices(spec)]))
         if names:
-            spec = gpumod.inject(spec, names, self.devices(), gpumod.helper_dir(self.settings))
+            spec = gpumod.inject(spec, names, self.devices(), stage_for(self.settings))
         elif uses_gpu(spec):  # a hand-written GPU spec (--bundle): the helper follows from it
-            spec = gpumod.with_helper(spec, gpumod.helper_dir(self.settings))
+            spec = gpumod.with_helper(spec, stage_for(self.settings))
         return self._run_spec(sid, spec, network, nvproxy or uses_gpu(spec), probes, ports, address)
 
     def _run_spec(self, sid: str, spec: dict, network: bool, nvproxy: bool, probes: tuple,
@@ -377,7 +377,7 @@ class Sandboxes:
         check_transition(sid, None, State.CREATED)
         bundle = specmod.Bundle(self.bundles_dir / sid)
         rec = Record(id=sid, state=State.CREATED, bundle=str(bundle.path), probes=probe_texts,
-                     owner=Owner.me().to_dict(), gpus=_injected_devices(spec), nvproxy=nvproxy)
+                     owner=Owner.me().to_dict(), gpus=metamod.injected_devices(spec), nvproxy=nvproxy)
         mon = None
         try:
             self._save(rec)  # first: whatever a crash leaves from here on, `recover` finds by this record
@@ -437,13 +437,10 @@ class Sandboxes:
         t0 = time.monotonic()
         try:
             saved = Engine(self.settings).checkpoint(h, partial)
-            meta = {"version": IMAGE_META_VERSION, "sandbox": sid, "spec": spec, "net": rec.net,
-                    "probes": rec.probes, "files": saved.files, "runsc_version": r.version(),
-                    "platform": self.settings.runsc_platform, "network": "sandbox" if rec.net else "none",
-                    "nvproxy": rec.nvproxy or saved.gpu, "gpu": gpu_need,
-                    "rootfs": _rootfs_layout(spec, self.settings), "checkpoint_s": saved.seconds,
-                    "created_at": time.time()}
-            write_json_atomic(partial / IMAGE_META, meta)
+            metamod.write(partial, metamod.DOOR_CLI, spec, saved.files, gpu_need, saved.seconds, sandbox=sid,
+                          net=rec.net, probes=rec.probes, runsc_version=r.version(),
+                          platform=self.settings.runsc_platform, network="sandbox" if rec.net else "none",
+                          nvproxy=rec.nvproxy or saved.gpu, rootfs=metamod.rootfs_layout(spec, self.settings))
             fsync_path(partial)
             os.rename(partial, out)
             fsync_path(out.parent)
@@ -458,7 +455,7 @@ class Sandboxes:
             if isinstance(e, CheckpointFailed):  # named by the user's id, not runsc's
                 raise type(e)(sid, e.reason, now) from e.__cause__   # CheckpointNoSpace stays itself (exit 4)
             # The save worked but the image could not be completed (thaw.json on a full disk).
-            why = f"{e.strerror or e} writing {IMAGE_META}" if isinstance(e, OSError) else \
+            why = f"{e.strerror or e} writing {metamod.IMAGE_META}" if isinstance(e, OSError) else \
                 (e.message if isinstance(e, ThawError) else f"{type(e).__name__}: {e}")
             raise CheckpointFailed(sid, why, now) from e
         rec.owner = None
@@ -487,19 +484,19 @@ class Sandboxes:
         streamed image (control/images/stream.py).
         """
         validate_id(sid)
-        meta = read_image(Path(image))
+        meta = metamod.read_image(Path(image))
         nvproxy = bool(meta.get("nvproxy", False))
         r = self.runsc(meta["network"], nvproxy)
         if self.get(sid) is not None or r.exists(runsc_id(sid)):
             raise AlreadyExists("sandbox", sid, "restore creates a new sandbox")
         probe_list = probemod.parse_all(meta.get("probes") or [] if probes is None else probes)
-        spec = _spec_for_node(meta, self.settings, sid, Path(image),
+        spec = metamod.spec_for_node(meta, self.settings, sid, Path(image),
                               self._placer(meta, gpus, Path(image), cold=False))
         check_transition(sid, None, State.RESTORING)
         bundle = specmod.Bundle(self.bundles_dir / sid)
         rec = Record(id=sid, state=State.RESTORING, bundle=str(bundle.path), restored_from=str(image),
                      probes=[str(p) for p in probe_list], owner=Owner.me().to_dict(),
-                     gpus=_injected_devices(spec), nvproxy=nvproxy)
+                     gpus=metamod.injected_devices(spec), nvproxy=nvproxy)
         saved = meta.get("net")
         gated = bool(saved) and mitigations.gate
         t0 = time.monotonic()
@@ -571,12 +568,12 @@ class Sandboxes:
             try:
                 # A cold start needs the spec, not the memory (a failed stream's image
                 # directory keeps thaw.json only: control/images/stream.py).
-                meta = read_image(Path(image), memory=False)
+                meta = metamod.read_image(Path(image), memory=False)
             except ImageError:
                 raise e from None  # no spec to start from either
         saved = meta.get("net") or {}
         addr = (saved["host_ip"], saved["sandbox_ip"], saved["prefixlen"]) if saved else None  # if free (_claim_net)
-        spec = _spec_for_node(meta, self.settings, sid, Path(image),
+        spec = metamod.spec_for_node(meta, self.settings, sid, Path(image),
                               self._placer(meta, gpus, Path(image), cold=True))
         rec = self._run_spec(sid, spec, meta["network"] == "sandbox", bool(meta.get("nvproxy", False)),
                              tuple(meta.get("probes") or [] if probes is None else probes),
@@ -605,7 +602,7 @@ class Sandboxes:
         return result, closed
 
     def _gpu_needs(self, spec: dict) -> dict | None:
-        return gpu_needs(spec, lambda: self.devices().gpus)
+        return metamod.gpu_needs(spec, lambda: self.devices().gpus)
 
     def _placer(self, meta: dict, request: list[str] | None, image: Path,
                 cold: bool) -> Callable[[dict], dict] | None:
@@ -619,7 +616,7 @@ class Sandboxes:
         place = gpumod.for_cold if cold else gpumod.for_restore
 
         def placed(spec: dict) -> dict:
-            return place(spec, need, request, self.devices(), gpumod.helper_dir(self.settings), str(image))
+            return place(spec, need, request, self.devices(), stage_for(self.settings), str(image))
         return placed
 
     def delete(self, sid: str, force: bool = False) -> None:
@@ -769,142 +766,6 @@ class Sandboxes:
         # The empty host-layout root thaw made for a command sandbox (a --bundle's is the user's).
         shutil.rmtree(self.settings.state_dir / "rootfs" / rec.id, ignore_errors=True)
         self._record_path(rec.id).unlink(missing_ok=True)
-
-
-def read_image(image: Path, memory: bool = True) -> dict:
-    """Validate a checkpoint image directory; return its thaw.json. memory=False:
-    thaw.json only, not the files it lists (what a cold start from its spec needs)."""
-    if not image.is_dir():
-        raise ImageError(str(image), "no such directory")
-    try:
-        meta = json.loads((image / IMAGE_META).read_text())
-    except FileNotFoundError:
-        raise ImageError(str(image), f"{IMAGE_META} is missing (not written by `thaw checkpoint`?)") from None
-    except ValueError as e:
-        raise ImageError(str(image), f"{IMAGE_META} is not valid JSON: {e}") from None
-    if isinstance(meta, dict) and meta.get("door", "cli") != "cli":
-        raise ImageError(str(image), f"made under {meta['door']} (its spec names that container's root "
-                         "filesystem and mounts): it restores through containerd, not `thaw restore`")
-    if not isinstance(meta, dict) or meta.get("version") != IMAGE_META_VERSION:
-        raise ImageError(str(image), f"{IMAGE_META} has unknown version {meta.get('version') if isinstance(meta, dict) else meta!r}")
-    files = meta.get("files")
-    if not isinstance(files, dict) or "checkpoint.img" not in files:
-        raise ImageError(str(image), f"{IMAGE_META} field files must list checkpoint.img")
-    for name, size in files.items():
-        if name not in IMAGE_FILES:
-            raise ImageError(str(image), f"{IMAGE_META} lists unexpected file {name!r}")
-        if not memory:
-            continue
-        p = image / name
-        if not p.is_file():
-            raise ImageError(str(image), f"{name} is missing")
-        actual = p.stat().st_size
-        if actual != size:
-            raise ImageError(str(image), f"{name} is {actual} bytes, {size} were written (truncated or altered)")
-    specmod.validate(meta.get("spec"), f"{image / IMAGE_META}:spec")
-    if meta.get("network") not in ("sandbox", "none"):
-        raise ImageError(str(image), f"{IMAGE_META} field network must be sandbox or none")
-    return meta
-
-
-def _rootfs_layout(spec: dict, settings: Settings) -> dict:
-    """How the image's root filesystem is found on the restoring node (thaw.json "rootfs").
-
-    "host": an empty directory thaw made under <state_dir>/rootfs for a command
-    sandbox (`thaw run -- CMD`), whose content is the node's own system
-    directories, bound read-only; a restore makes a fresh one. "path": a root
-    filesystem the user gave (`--bundle`): node-local, it must exist at the same
-    place (runsc accepts another root.path; thaw does not move user files).
-    """
-    root = Path((spec.get("root") or {}).get("path", ""))
-    host_dir = settings.state_dir / "rootfs"
-    if root.is_absolute() and host_dir in root.parents:
-        return {"layout": "host"}
-    return {"layout": "path", "path": str(root)}
-
-
-def gpu_needs(spec: dict, node: Callable[[], gpumod.NodeGpus] | None = None) -> dict | None:
-    """What a restore of an image of `spec` needs in GPUs (thaw.json "gpu",
-    control/lifecycle/gpus.py needs); None for a CPU spec. `node` answers this
-    node's GPUs (default: NVML). NVML failing leaves product, driver and
-    indexes empty ("unknown"): the image stays restorable, its metadata says less."""
-    if not uses_gpu(spec):
-        return None
-    try:
-        if node is None:
-            from nvproxy import gpu
-            facts = gpu.probe()
-        else:
-            facts = node()
-    except ThawError as e:
-        log.warning("GPU facts for the image metadata: %s", e)
-        facts = None
-    return gpumod.needs(spec, facts)
-
-
-def _injected_devices(spec: dict) -> list[str]:
-    """The CDI devices thaw injected into `spec` (nvproxy/cdi.py INJECTED_ANNOTATION)."""
-    from nvproxy import cdi
-    try:
-        rec = json.loads((spec.get("annotations") or {}).get(cdi.INJECTED_ANNOTATION) or "{}")
-    except ValueError:
-        return []
-    return [str(d) for d in rec.get("devices") or []]
-
-
-def _spec_for_node(meta: dict, settings: Settings, sid: str, image: Path,
-                   place_gpus: Callable[[dict], dict] | None = None) -> dict:
-    """The image's saved spec made to run on this node as sandbox `sid`: a fresh
-    host-layout rootfs, this node's GPUs (`place_gpus`), and every host path
-    it binds checked, so a missing one is a clear ImageError naming it instead
-    of runsc's "client sync file: EOF"."""
-    import copy
-    spec = copy.deepcopy(meta["spec"])
-    layout = (meta.get("rootfs") or {}).get("layout")
-    if layout == "host":
-        spec["root"]["path"] = str(specmod.prepare_host_rootfs(settings.state_dir / "rootfs" / sid))
-    root = Path(spec["root"]["path"])
-    if not root.is_dir():
-        raise ImageError(str(image), f"its root filesystem {root} is not on this node (a directory of the node "
-                         "it was saved on: a --bundle rootfs); restore it where that directory exists")
-    if place_gpus is not None:
-        spec = place_gpus(spec)
-    missing = _missing_binds(spec)
-    if missing:
-        raise ImageError(str(image), f"host path(s) its sandbox binds are not on this node: {', '.join(missing)}")
-    return spec
-
-
-def _missing_binds(spec: dict) -> list[str]:
-    return [m["source"] for m in spec.get("mounts") or []
-            if m.get("type") == "bind" and str(m.get("source", "")).startswith("/")
-            and not os.path.exists(m["source"])]
-
-
-def node_local(meta: dict, settings: Settings | None = None) -> list[str]:
-    """What an image needs that only the node it was saved on is sure to have:
-    a --bundle root filesystem (a path on that node) and host paths it binds
-    beyond the system directories of a command sandbox. Empty: portable (the
-    restoring node makes a fresh rootfs and re-injects GPUs and the helper)."""
-    from nvproxy import cdi, helper
-    out = []
-    rootfs = meta.get("rootfs") or {}
-    if rootfs.get("layout") != "host":
-        out.append(f"root filesystem {rootfs.get('path') or (meta.get('spec') or {}).get('root', {}).get('path')}")
-    try:
-        injected = json.loads(((meta.get("spec") or {}).get("annotations") or {}).get(cdi.INJECTED_ANNOTATION)
-                              or "{}").get("mounts") or []
-    except ValueError:
-        injected = []
-    system = set(specmod.HOST_SYSTEM_DIRS)
-    for m in (meta.get("spec") or {}).get("mounts") or []:
-        dest, src = m.get("destination", ""), str(m.get("source", ""))
-        if m.get("type") != "bind" or not src.startswith("/") or dest in injected or dest == helper.HELPER_DIR:
-            continue
-        if dest in system or src in system:
-            continue
-        out.append(f"bind mount {src} -> {dest}")
-    return out
 
 
 def _status(r: Runsc, cid: str) -> str:

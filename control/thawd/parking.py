@@ -56,17 +56,17 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from control.errors import ThawError
 from control.files import write_json_atomic
 from control.lifecycle import workload as workloadmod
-from control.lifecycle.engine import Engine, cuda_helper_path, uses_gpu
+from control.lifecycle import image_meta
+from control.thawd.containers import STDIO_KINDS, Containers, RuntimeRef  # noqa: F401 - STDIO_KINDS re-exported
+from control.lifecycle.engine import Engine
+from nvproxy import cuda as cudamod
 from runsc_hooks import spec as specmod
 from runsc_hooks.runsc import CreateOptions, GlobalOptions, RestoreOptions, Runsc, cgroup_dirs, remove_cgroups
 
-if TYPE_CHECKING:
-    from control.thawd.service import RuntimeRef, Thawd
 
 log = logging.getLogger("thawd")
 
@@ -93,14 +93,9 @@ CLOSE_TIMEOUT_S = 5.0
 
 PARKING, PARKED, ADOPTING, ADOPTED = "parking", "parked", "adopting", "adopted"
 
-# What a container's stdin, stdout and stderr can be (PrepareRestoreRequest.stdio; twin:
-# go/internal/standin stdioKinds). A restored process uses its stdio as the saved one
-# did: gVisor's host inode keeps the saved file's kind and only its descriptor is
-# replaced at restore (pkg/sentry/fsimpl/host save_restore.go afterLoad), so a /dev/null
-# saved and a pipe restored makes every write fail with ESPIPE (pwrite at an offset).
-# A parked sandbox gets the template's kinds (null: /dev/null; pipe: a pipe to its
-# relay) and is adopted only by a container whose kinds are the same.
-STDIO_KINDS = ("null", "pipe", "file", "socket", "tty", "char", "none", "other")
+# A parked sandbox gets the template's stdio kinds (containers.STDIO_KINDS;
+# null: /dev/null; pipe: a pipe to its relay) and is adopted only by a container
+# whose kinds are the same.
 PARKABLE_STDIO = ("null", "pipe")
 
 
@@ -313,16 +308,20 @@ def host_memory(pid: int) -> dict:
 
 
 class Parking:
-    def __init__(self, thawd: "Thawd") -> None:
-        self.t = thawd
-        self.s = thawd.s
-        self.dir = thawd.state_dir / PARKED_DIR
+    def __init__(self, settings, state_dir: Path, containers: Containers, images, metrics, pool) -> None:
+        """`containers`: the containerd door's records (an adopter's stdio and the parked
+        sandbox it adopted live there); `images`: the image source (a park pulls from
+        the node cache); `pool`: thawd's workers (a park job runs there)."""
+        self.s = settings
+        self.containers = containers
+        self.images = images
+        self.metrics = metrics
+        self._pool = pool
+        self.dir = state_dir / PARKED_DIR
         self._lock = threading.Lock()
         self._parked: dict[str, Parked] = {}      # parked id -> record
-        self._adopters: dict[tuple[str, str], str] = {}   # (root, container id) -> parked id
         self._templates: dict[str, Template] = {}
         self._filling: set[str] = set()             # keys a park job runs for
-        self._stdio: dict[tuple[str, str], str] = {}   # (root, container id) -> its stdio kinds
         self._leases: dict[str, object] = {}          # parked id -> its image's cache lease
         self._stop = threading.Event()
         self._expirer: threading.Thread | None = None
@@ -330,21 +329,6 @@ class Parking:
     @property
     def enabled(self) -> bool:
         return self.s.park_enabled
-
-    def note_stdio(self, rt: "RuntimeRef", stdio: str) -> None:
-        """Remember what the shim gave container `rt` as its stdio (at its create)."""
-        kinds = stdio.split(",") if stdio else []
-        if len(kinds) != 3 or any(k not in STDIO_KINDS for k in kinds):
-            kinds = ["other"] * 3 if stdio else []
-        with self._lock:
-            if kinds:
-                self._stdio[(str(rt.runsc_root), rt.container_id)] = ",".join(kinds)
-            if len(self._stdio) > 4096:      # containers whose delete never came: keep it bounded
-                self._stdio.pop(next(iter(self._stdio)))
-
-    def stdio_of(self, rt: "RuntimeRef") -> str:
-        with self._lock:
-            return self._stdio.get((str(rt.runsc_root), rt.container_id), "")
 
     # -- start / stop -------------------------------------------------------------
 
@@ -364,7 +348,8 @@ class Parking:
             if p.state == ADOPTED and p.adopted_by and Path(p.root, ALIAS_PREFIX + p.adopted_by).is_symlink():
                 with self._lock:
                     self._parked[p.id] = p
-                    self._adopters[(p.root, p.adopted_by)] = p.id
+                self.containers.recover_adoption(RuntimeRef(p.adopted_by, Path(p.dir), Path(p.root), tuple(p.flags)),
+                                                 p.id)
                 log.info("park: %s still serves container %s", p.id, p.adopted_by)
                 continue
             self._destroy(p, "left by a previous thawd")
@@ -392,13 +377,13 @@ class Parking:
 
     # -- policy -------------------------------------------------------------------
 
-    def note_start(self, rt: "RuntimeRef", spec: dict, key: str) -> None:
+    def note_start(self, rt: RuntimeRef, spec: dict, key: str, stdio: str) -> None:
         """A lone container of `key` started (restored, adopted or checkpointed after a
-        cold start): remember it as the key's template and park more if wanted."""
+        cold start) with `stdio` (its kinds, Containers.stdio_of): remember it as the
+        key's template and park more if wanted."""
         if not self.enabled or not key:
             return
         why = parkable(spec)
-        stdio = self.stdio_of(rt)
         if not why and not stdio:
             why = "its stdio is unknown (a stand-in that did not say)"
         elif not why and any(k not in PARKABLE_STDIO for k in stdio.split(",")):
@@ -424,9 +409,9 @@ class Parking:
             if key in self._filling:
                 return
             self._filling.add(key)
-        self.t._pool.submit(self._fill, key)
+        self._pool.submit(self._fill, key)
 
-    def _layers(self, rt: "RuntimeRef") -> dict:
+    def _layers(self, rt: RuntimeRef) -> dict:
         from control.thawd import ctrinfo
         ns = ctrinfo.namespace_of(Path(rt.runsc_root), self.s.containerd_runsc_root)
         info = ctrinfo.lookup(self.s, ns, rt.container_id)
@@ -449,7 +434,7 @@ class Parking:
                     self.park(tpl)
                 except ThawError as e:
                     log.warning("park of %s failed: %s", key, e.message)
-                    self.t.metrics.inc("thaw_parks_total", result="failed")
+                    self.metrics.inc("thaw_parks_total", result="failed")
                     return
         except Exception:  # noqa: BLE001 - a background job: log it, keep thawd
             log.exception("park of %s", key)
@@ -473,7 +458,7 @@ class Parking:
                 victim = min(older, key=lambda p: self._templates[p.key].last_demand)
                 victim.state = "evicting"
             self._destroy(victim, f"its budget went to {tpl.key}, started more recently")
-            self.t.metrics.inc("thaw_parked_evicted_total", reason="budget")
+            self.metrics.inc("thaw_parked_evicted_total", reason="budget")
 
     # -- park ---------------------------------------------------------------------
 
@@ -482,12 +467,12 @@ class Parking:
         checkpointed again. ParkError (or another ThawError) when it could not;
         then nothing of it is left."""
         t0 = time.monotonic()
-        lease = self.t.images.pull(tpl.key)
+        lease = self.images.pull(tpl.key)
         image = Path(lease.path)
         estimate = sum(f.stat().st_size for f in image.iterdir() if f.is_file())
         if not self._make_room(tpl, estimate):
             lease.release()
-            self.t.metrics.inc("thaw_parks_total", result="no-budget")
+            self.metrics.inc("thaw_parks_total", result="no-budget")
             raise ParkError(f"{estimate} bytes do not fit park.memory_budget_bytes "
                             f"({self.s.park_memory_budget_bytes}) beside more recently started workloads")
         pid = ID_PREFIX + hashlib.sha256(tpl.key.encode()).hexdigest()[:8] + "-" + secrets.token_hex(4)
@@ -512,7 +497,7 @@ class Parking:
             if (spec.get("linux") or {}).get("cgroupsPath"):
                 spec["linux"]["cgroupsPath"] = cgroups_path(spec["linux"]["cgroupsPath"], pid)
             specmod.Bundle(d).write(spec)
-            why = self.t._spec_mismatch(image, spec)
+            why = image_meta.spec_mismatch(image, spec)
             if why:
                 raise ParkError(f"the image does not restore into the template's spec: {why}")
             relay, stdio = self._start_relay(p)
@@ -526,9 +511,12 @@ class Parking:
                     os.close(fd)
             runsc.wait(pid, restore=True)      # every page in; on a GPU the CUDA state is back
             p.pid = runsc.state(pid).pid
-            helper = cuda_helper_path(spec) if uses_gpu(spec) else None
+            helper = cudamod.helper_path(spec)
             if helper:
-                p.cuda_pids = self._park_cuda(runsc, pid, helper)
+                try:
+                    p.cuda_pids = cudamod.CudaProcesses(runsc, pid, helper).checkpoint_running(self.s.runsc_timeout_s)
+                except ThawError as e:
+                    raise ParkError(f"parking: {e.message}") from e
             p.host_bytes = host_memory(p.pid)["memfd_bytes"]
         except BaseException as e:
             with self._lock:
@@ -545,8 +533,8 @@ class Parking:
             p.state = PARKED
             self._leases[pid] = lease
         self._save(p)
-        self.t.metrics.inc("thaw_parks_total", result="parked")
-        self.t.metrics.observe("thaw_park_seconds", p.parked_s)
+        self.metrics.inc("thaw_parks_total", result="parked")
+        self.metrics.observe("thaw_park_seconds", p.parked_s)
         log.info("park %s key=%s: parked in %.2fs, %d bytes of host memory, CUDA pids %s", pid, tpl.key,
                  p.parked_s, p.host_bytes, p.cuda_pids or "none")
         self._gauges()
@@ -600,41 +588,22 @@ class Parking:
         p.relay_pid, p.relay_socket = relay.pid, sock
         return relay, (in_r, out_w, err_w)
 
-    def _park_cuda(self, runsc: Runsc, cid: str, helper: str) -> list[int]:
-        """Toggle every running CUDA process of the sandbox to checkpointed (GPU
-        memory freed, its state in host memory); their pids, for wake."""
-        parked = []
-        for n in runsc.pids(cid):
-            try:
-                state = runsc.exec(cid, [helper, "--get-state", "--pid", str(n)], timeout_s=30).stdout.strip()
-            except ThawError:
-                continue   # not a CUDA process
-            if state != "running":
-                continue
-            runsc.exec(cid, [helper, "--toggle", "--pid", str(n)], timeout_s=self.s.runsc_timeout_s)
-            after = runsc.exec(cid, [helper, "--get-state", "--pid", str(n)], timeout_s=30).stdout.strip()
-            if after != "checkpointed":
-                raise ParkError(f"parking pid {n}'s CUDA state left it {after!r}, not checkpointed")
-            parked.append(n)
-        return parked
-
     # -- adopt --------------------------------------------------------------------
 
-    def take(self, rt: "RuntimeRef", spec: dict, key: str) -> Parked | None:
-        """A parked sandbox container `rt` (with `spec`, of `key`) may adopt, now
-        promised to it; None when there is none that matches."""
+    def take(self, rt: RuntimeRef, spec: dict, key: str, stdio: str) -> Parked | None:
+        """A parked sandbox container `rt` (with `spec`, of `key`, whose stdio kinds are
+        `stdio`) may adopt, now promised to it; None when there is none that matches.
+        The container's record (Containers.decide ADOPT) names the one it took."""
         if not self.enabled or parkable(spec):
             return None
         fp = fingerprint(spec)
         flags = flag_set(rt.global_flags)
-        stdio = self.stdio_of(rt)
         self._drop_dead(key)
         with self._lock:
             for p in sorted(self._parked.values(), key=lambda p: p.created):
                 if p.state == PARKED and p.key == key and p.root == str(rt.runsc_root) and p.fingerprint == fp \
                         and flag_set(p.flags) == flags and p.stdio == stdio:
                     p.state, p.adopted_by = ADOPTING, rt.container_id
-                    self._adopters[(p.root, rt.container_id)] = p.id
                     break
             else:
                 same_key = [p for p in self._parked.values() if p.state == PARKED and p.key == key]
@@ -645,7 +614,7 @@ class Parking:
         self._gauges()
         return p
 
-    def _why_not(self, p: Parked, rt: "RuntimeRef", spec: dict, fp: str, flags: list[str], stdio: str) -> None:
+    def _why_not(self, p: Parked, rt: RuntimeRef, spec: dict, fp: str, flags: list[str], stdio: str) -> None:
         """Log why container `rt` did not adopt parked sandbox `p` of its key."""
         why = []
         if p.root != str(rt.runsc_root):
@@ -672,18 +641,18 @@ class Parking:
                 p.state = "dead"
         for p in dead:
             self._destroy(p, "its sandbox process is gone")
-            self.t.metrics.inc("thaw_parked_evicted_total", reason="dead")
+            self.metrics.inc("thaw_parked_evicted_total", reason="dead")
 
     def lease_of(self, p: Parked):
         with self._lock:
             return self._leases.pop(p.id, None)
 
-    def adopter(self, rt: "RuntimeRef") -> Parked | None:
+    def get(self, parked_id: str) -> Parked | None:
+        """The parked sandbox `parked_id` ("" names none)."""
         with self._lock:
-            pid = self._adopters.get((str(rt.runsc_root), rt.container_id))
-            return self._parked.get(pid) if pid else None
+            return self._parked.get(parked_id) if parked_id else None
 
-    def wake(self, p: Parked, rt: "RuntimeRef", probes: list) -> tuple[float, float, object, list]:
+    def wake(self, p: Parked, rt: RuntimeRef, probes: list) -> tuple[float, float, object, list]:
         """start of the container that adopted `p`: its CUDA processes back (each
         with the helper, at once), the health probe, the post-restore hooks.
         Returns (cuda seconds, total seconds, health result, hook records).
@@ -693,15 +662,9 @@ class Parking:
         runsc = self.runsc(p)
         spec = specmod.Bundle(Path(p.dir)).load()
         h = self.handle(p)
-        helper = cuda_helper_path(spec) if p.cuda_pids else None
-        errors: list[str] = []
+        helper = cudamod.helper_path(spec) if p.cuda_pids else None
         if helper:
-            threads = [threading.Thread(target=_toggle, args=(runsc, p.id, helper, n, errors,
-                                                              self.s.runsc_timeout_s)) for n in p.cuda_pids]
-            for th in threads:
-                th.start()
-            for th in threads:
-                th.join()
+            errors = cudamod.CudaProcesses(runsc, p.id, helper).restore(p.cuda_pids, self.s.runsc_timeout_s)
             if errors:
                 raise UnhealthyRestore(p.id, p.dir, {}, "CUDA state did not come back: " + "; ".join(errors))
         cuda_s = time.monotonic() - t0
@@ -719,13 +682,11 @@ class Parking:
         from control.lifecycle.engine import Handle
         return Handle(p.id, self.runsc(p), Path(p.dir), mark=self.s.network_probe_mark)
 
-    def release(self, root: str, container_id: str) -> bool:
-        """The container that adopted a parked sandbox was deleted (runsc deleted the
-        sandbox): its root filesystem, relay and record go. True when it had one."""
-        with self._lock:
-            self._stdio.pop((str(root), container_id), None)
-            pid = self._adopters.pop((str(root), container_id), None)
-            p = self._parked.get(pid) if pid else None
+    def release(self, parked_id: str, container_id: str) -> bool:
+        """The container that adopted parked sandbox `parked_id` was deleted (runsc
+        deleted the sandbox) or its restore failed: its root filesystem, relay and
+        record go. True when it was still there."""
+        p = self.get(parked_id)
         if p is None:
             return False
         self._destroy(p, f"container {container_id} was deleted")
@@ -733,9 +694,6 @@ class Parking:
 
     def discard(self, p: Parked, why: str) -> None:
         """A parked sandbox that will not be used (its adoption failed): removed."""
-        with self._lock:
-            if p.adopted_by:
-                self._adopters.pop((p.root, p.adopted_by), None)
         self._destroy(p, why)
 
     # -- teardown -----------------------------------------------------------------
@@ -827,26 +785,19 @@ class Parking:
                 p.state = "expiring"
         for p in idle:
             self._destroy(p, f"its workload was not started for {self.s.park_idle_s:g} s (park.idle_s)")
-            self.t.metrics.inc("thaw_parked_evicted_total", reason="idle")
+            self.metrics.inc("thaw_parked_evicted_total", reason="idle")
         return [p.id for p in idle]
 
     def _gauges(self) -> None:
         with self._lock:
             live = [p for p in self._parked.values() if p.state in (PARKING, PARKED)]
-        self.t.metrics.set("thaw_parked", len(live))
-        self.t.metrics.set("thaw_parked_host_bytes", sum(p.cost() for p in live))
+        self.metrics.set("thaw_parked", len(live))
+        self.metrics.set("thaw_parked_host_bytes", sum(p.cost() for p in live))
 
     def stats(self) -> list[dict]:
         with self._lock:
             return [{"id": p.id, "key": p.key, "state": p.state, "host_bytes": p.host_bytes,
                      "parked_s": p.parked_s, "adopted_by": p.adopted_by} for p in self._parked.values()]
-
-
-def _toggle(runsc: Runsc, cid: str, helper: str, pid: int, errors: list, timeout_s: float) -> None:
-    try:
-        runsc.exec(cid, [helper, "--toggle", "--pid", str(pid)], timeout_s=timeout_s)
-    except ThawError as e:
-        errors.append(f"pid {pid}: {e.message}")
 
 
 def _read_line(stream, timeout_s: float) -> str:

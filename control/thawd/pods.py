@@ -55,11 +55,17 @@ from typing import TYPE_CHECKING
 from control.errors import IdentityError, ThawError
 from control.files import write_json_atomic
 from control.lifecycle import pod as podmod
-from control.lifecycle.engine import Engine, loads_after_return, uses_gpu
+from control.lifecycle.engine import Engine, loads_after_return
+from control.thawd.containers import Containers, Decision, RuntimeRef
+from control.thawd.restore import restore_failure, restore_options
+from control.thawd.standin import CONFIRM_TIMEOUT_S, Standin
+from nvproxy.cuda import uses_gpu
 from runsc_hooks import spec as specmod
 
 if TYPE_CHECKING:
-    from control.thawd.service import Decision, RuntimeRef, Thawd
+    from control.thawd.autocheckpoint import AutoCheckpointer
+    from control.thawd.prepare import Preparer
+    from control.thawd.restore import Restorer
 
 log = logging.getLogger("thawd")
 
@@ -79,14 +85,14 @@ COLD, RESTORING, RESTORED, FAILED = "cold", "restoring", "restored", "failed"
 @dataclass
 class MemberState:
     name: str
-    rt: "RuntimeRef"
+    rt: RuntimeRef
     identity: dict
     started: bool = False        # cold: started; restoring: its `runsc restore` registered it
 
 
 @dataclass
 class Pod:
-    sandbox: "RuntimeRef"        # the pause container: the sandbox runsc checkpoints and restores
+    sandbox: RuntimeRef        # the pause container: the sandbox runsc checkpoints and restores
     uid: str
     lookup: str
     declared: dict               # name -> pod.Member
@@ -134,10 +140,16 @@ class Tables:
 
 
 class Pods:
-    def __init__(self, thawd: "Thawd") -> None:
-        self.t = thawd
-        self.s = thawd.s
-        self.tables = Tables(thawd.state_dir / "pods")
+    def __init__(self, settings, state_dir: Path, containers: Containers, preparer: "Preparer",
+                 restorer: "Restorer", autocheckpoint: "AutoCheckpointer", quarantine, metrics) -> None:
+        self.s = settings
+        self.containers = containers
+        self.preparer = preparer
+        self.restorer = restorer
+        self.autocheckpoint = autocheckpoint
+        self.quarantine = quarantine
+        self.metrics = metrics
+        self.tables = Tables(state_dir / "pods")
         self._lock = threading.Lock()
         self._pods: dict[tuple[str, str], Pod] = {}        # (runsc root, sandbox id) -> pod
         self._failed_uids: dict[str, tuple[str, float]] = {}  # pod uid -> (reason, when)
@@ -148,8 +160,8 @@ class Pods:
         with self._lock:
             return self._pods.get((str(root), sandbox_id))
 
-    def _new(self, rt: "RuntimeRef", spec: dict, tenant: str | None) -> Pod:
-        """`tenant`: the sandbox's (Thawd.sandbox_tenant); None when it cannot be told,
+    def _new(self, rt: RuntimeRef, spec: dict, tenant: str | None) -> Pod:
+        """`tenant`: the sandbox's (Containers.sandbox_tenant); None when it cannot be told,
         and the pod then has no lookup key: it starts cold and is never checkpointed."""
         declared = podmod.declared(spec)
         p = Pod(rt, podmod.pod_uid(spec), podmod.lookup(spec, declared, tenant) if tenant is not None else "",
@@ -175,10 +187,9 @@ class Pods:
 
     # -- the pause container ---------------------------------------------------
 
-    def prepare_sandbox(self, rt: "RuntimeRef", spec: dict) -> "Decision":
-        from control.thawd.service import Decision
+    def prepare_sandbox(self, rt: RuntimeRef, spec: dict) -> Decision:
         try:
-            tenant = self.t.sandbox_tenant(rt, spec)
+            tenant = self.containers.sandbox_tenant(rt, spec)
         except IdentityError as e:
             p = self._new(rt, spec, None)
             p.reason = p.unkeyed = str(e)
@@ -204,41 +215,46 @@ class Pods:
             return Decision(False, p.reason, p.lookup)
         # A miss streams (store.stream) as a lone container's does: only the root's
         # `runsc restore` reads the image (restore_sandbox); the members' restores do not.
-        d = self.t.claim_image(rt, spec, table["key"])
+        d = self.preparer.claim_image(rt, spec, table["key"])
         if not d.restore:
             p.reason = d.reason
             return d
         p.state, p.key, p.table = RESTORING, table["key"], table["containers"]
         return d
 
-    def pod_of(self, rt: "RuntimeRef", spec: dict) -> Pod | None:
+    def pod_of(self, rt: RuntimeRef, spec: dict) -> Pod | None:
         """The pod record of a pod's container (its pause container or an app container)."""
         sid = rt.container_id if podmod.role(spec) == podmod.SANDBOX else podmod.sandbox_id(spec)
         return self._get(rt.runsc_root, sid)
 
-    def restore_sandbox(self, rt: "RuntimeRef", lease,
-                        cancelled=lambda: False) -> tuple[bool, str, float]:
+    def restore_sandbox(self, rt: RuntimeRef, cancelled=lambda: False,
+                        standin: Standin | None = None) -> tuple[bool, str, float]:
         """start of the pause container: `runsc restore` of the root registers it and
-        opens the image (`lease`'s; a streamed one through thaw-gofer, which this call
-        starts: Thawd.restore_options); the restore runs when the last app container
+        opens the image (its lease's; a streamed one through thaw-gofer, which this call
+        starts: restore.restore_options); the restore runs when the last app container
         registers. `cancelled()`: the stand-in gave up (Thawd.restore); its start falls
         back to a cold one, so the pod is cold from here."""
         t0 = time.monotonic()
+        lease = self.containers.lease_of(rt)
+        if lease is None:
+            return False, "thawd holds no restore decision for this container (thawd restarted?)", 0.0
+        key, _ = self.containers.start_restore(rt)   # the engine opens the gate once registered
+        log.info("restore %s key=%s starting", rt.container_id, key)
         p = self._get(rt.runsc_root, rt.container_id)
         if p is None or p.state != RESTORING:
             return False, "thawd holds no restoring pod for this sandbox (thawd restarted?)", 0.0
-        h = self.t.handle_of(rt, specmod.Bundle(rt.bundle).load())
+        h = self.containers.handle(rt, specmod.Bundle(rt.bundle).load())
         try:
-            Engine(self.s).restore(h, Path(lease.path), [], opts=self.t.restore_options(lease),
+            Engine(self.s).restore(h, Path(lease.path), [], opts=restore_options(self.s, lease),
                                    health_check=False, post_restore_hooks=False, await_pages=False)
         except ThawError as e:
-            reason, counts = self.t.restore_failure(lease, f"{type(e).__name__}: {e.message}")
+            reason, counts = restore_failure(lease, f"{type(e).__name__}: {e.message}")
             p.state, p.reason = COLD, f"restore of the sandbox failed: {reason}"
-            self.t.undo_restore(h, rt, p.key, reason, quarantine=counts)
+            self.restorer.undo_restore(h, rt, p.key, reason, quarantine=counts)
             return False, reason, time.monotonic() - t0
         if cancelled():
             p.state, p.reason = COLD, "the stand-in gave up before the sandbox's restore finished"
-            self.t.undo_restore(h, rt, p.key, p.reason)
+            self.restorer.undo_restore(h, rt, p.key, p.reason)
             return False, "cancelled", time.monotonic() - t0
         timeout = self.s.thawd_pod_assembly_timeout_s
         p.timer = threading.Timer(timeout, self._assembly_deadline, args=(p, timeout))
@@ -246,6 +262,7 @@ class Pods:
         p.timer.start()
         log.info("%s: sandbox registered for restore in %.3fs; waiting for %s", p.summary(),
                  time.monotonic() - t0, ", ".join(sorted(p.table)))
+        self._watch_standin(rt, standin, p)
         return True, "sandbox registered; restored with its last container", time.monotonic() - t0
 
     def _assembly_deadline(self, p: Pod, timeout: float) -> None:
@@ -257,23 +274,22 @@ class Pods:
             missing = sorted(n for n in p.table if not (n in p.members and p.members[n].started))
             why = (f"assembly-timeout: {', '.join(missing)} not restored within {timeout:.0f}s "
                    "(thawd.pod_assembly_timeout_s)")
-            lease = self.t.lease_of(p.sandbox)
-            if lease is not None and getattr(lease, "stream", False) and lease.verdict(0) is not None:
+            lease = self.containers.lease_of(p.sandbox)
+            if lease is not None and lease.streamed and lease.verdict(0) is not None:
                 self._restore_failed(p, why)   # the stream's error replaces it
             else:
                 self.fail(p, why)
 
     # -- app containers -----------------------------------------------------------
 
-    def prepare_member(self, rt: "RuntimeRef", spec: dict) -> "Decision":
-        from control.thawd.service import Decision
+    def prepare_member(self, rt: RuntimeRef, spec: dict) -> Decision:
         sid, name = podmod.sandbox_id(spec), podmod.container_name(spec)
         p = self._get(rt.runsc_root, sid)
         if p is None:
             return Decision(False, f"pod-unknown: thawd has no record of sandbox {sid} (thawd restarted?)")
         try:
             # its workload key from its recorded tenant and image digest, as a lone container's
-            ident, unkeyed = podmod.identity(spec, self.t._workload(rt, spec).key), ""
+            ident, unkeyed = podmod.identity(spec, self.containers.workload(rt, spec).key), ""
         except IdentityError as e:
             ident, unkeyed = {}, f"{e} (container {name!r})"
         self._bind(p, name)
@@ -287,9 +303,9 @@ class Pods:
                 return Decision(False, f"{POD_FAILED}: {p.reason}", p.key)
             with self._lock:
                 p.members[name] = MemberState(name, rt, ident)
-            lease = self.t.lease_of(p.sandbox)
+            lease = self.containers.lease_of(p.sandbox)
             return Decision(True, "pod-restoring", p.key, str(lease.path) if lease else "",
-                            self.t.restore_deadline_s(spec) + self.s.thawd_health_timeout_s * len(p.table))
+                            self.preparer.restore_deadline_s(spec) + self.s.thawd_health_timeout_s * len(p.table))
         with self._lock:
             known = name in p.members
             p.members[name] = MemberState(name, rt, ident)
@@ -331,7 +347,7 @@ class Pods:
         self.tables.put(p.lookup, p.key, table)
         log.info("%s assembled: key %s (%s)", p.summary(), p.key, ", ".join(sorted(table)))
 
-    def restore_member(self, rt: "RuntimeRef", spec: dict) -> tuple[bool, str, float]:
+    def restore_member(self, rt: RuntimeRef, spec: dict, standin: Standin | None = None) -> tuple[bool, str, float]:
         """The stand-in ran `runsc restore` for this app container (with the shim's stdio).
         The last one's was the sandbox's restore: health-check every container."""
         t0 = time.monotonic()
@@ -343,12 +359,13 @@ class Pods:
             p.members[name].started = True
             done = all(n in p.members and p.members[n].started for n in p.table)
         if not done:
+            self._watch_standin(rt, standin, p)
             return True, "registered; the sandbox restores with its last container", time.monotonic() - t0
         engine = Engine(self.s)
         results = []
         for n in sorted(p.table):
             m = p.members[n]
-            h = self.t.handle_of(m.rt, specmod.Bundle(m.rt.bundle).load())
+            h = self.containers.handle(m.rt, specmod.Bundle(m.rt.bundle).load())
             r = engine.check(h, [p.declared[n].health])
             results.append(f"{n}: {r.summary()}")
             if not r.healthy:
@@ -356,19 +373,19 @@ class Pods:
                 return False, reason, time.monotonic() - t0
         first = next(iter(p.members.values()))
         try:  # the workload profile's hooks (thaw.dev/profile) run against the pod's first container
-            hooks = engine.hooks(self.t.handle_of(first.rt, specmod.Bundle(first.rt.bundle).load()),
+            hooks = engine.hooks(self.containers.handle(first.rt, specmod.Bundle(first.rt.bundle).load()),
                                  specmod.Bundle(first.rt.bundle).load(), "post_restore")
         except ThawError as e:
             reason = self._restore_failed(p, f"UnhealthyRestore: post-restore hook failed: {e.message}")
             return False, reason, time.monotonic() - t0
         if hooks:
             results.append(f"post-restore hooks: {len(hooks)}")
-        lease = self.t.lease_of(p.sandbox)
-        if lease is not None and loads_after_return(self.t.restore_options(lease)):
+        lease = self.containers.lease_of(p.sandbox)
+        if lease is not None and loads_after_return(restore_options(self.s, lease)):
             # A --background restore is not done until every page is in (Engine.restore
             # says why); the sandbox's memory loads from when the last container registered.
             try:
-                sb = self.t.handle_of(p.sandbox, specmod.Bundle(p.sandbox.bundle).load())
+                sb = self.containers.handle(p.sandbox, specmod.Bundle(p.sandbox.bundle).load())
                 sb.runsc.wait(sb.id, None, restore=True)
             except ThawError as e:
                 reason = self._restore_failed(p, f"{type(e).__name__}: the pod's memory did not load: {e.message}")
@@ -379,11 +396,12 @@ class Pods:
         secs = time.monotonic() - t0
         log.info("outcome %s key=%s RESTORED (pod of %d containers; health %.3fs: %s)", p.sandbox.container_id,
                  p.key, len(p.table), secs, "; ".join(results))
-        self.t.metrics.inc("thaw_restores_total")
-        self.t.metrics.observe("thaw_health_seconds", secs)
-        self.t.quarantine.succeeded(p.key)
+        self.metrics.inc("thaw_restores_total")
+        self.metrics.observe("thaw_health_seconds", secs)
+        self.quarantine.succeeded(p.key)
         if lease is not None:
-            self.t.count_stream(lease)
+            self.restorer.count_stream(lease)
+        self._watch_standin(rt, standin, p)
         return True, "; ".join(results), secs
 
     def _restore_failed(self, p: Pod, reason: str) -> str:
@@ -391,15 +409,43 @@ class Pods:
         hook after it): fail the pod, counted towards the key's quarantine; when its image's
         stream failed, the gofer failed the sentry's reads and runsc killed the sandbox, so
         the stream's error is the reason, counted as for a lone container
-        (Thawd.restore_failure). The reason given."""
-        lease = self.t.lease_of(p.sandbox)
-        reason, counts = self.t.restore_failure(lease, reason) if lease is not None else (reason, True)
+        (restore.restore_failure). The reason given."""
+        lease = self.containers.lease_of(p.sandbox)
+        reason, counts = restore_failure(lease, reason) if lease is not None else (reason, True)
         self.fail(p, reason, count=counts)
         return reason
 
+    def _watch_standin(self, rt: RuntimeRef, standin: Standin | None, pod: Pod | None) -> None:
+        """The stand-in kill safety of a lone container's restore (restore.py _confirm)
+        for a pod's container (its pause container, whose `runsc restore` thawd ran, or
+        an app container, whose the stand-in ran): when the stand-in dies after thawd's
+        answer without having committed the start, containerd reports that start failed,
+        and the pod containerd believes in is not the sandbox runsc holds. A pod's
+        sandbox cannot lose one container and start it cold again (its start went to
+        the restore), so the whole pod goes (fail): the kubelet re-creates it, and that
+        sandbox starts cold. A pod's outcome is recorded at its last container
+        (restore_member), and a death after it is recorded as the pod's failure."""
+        if standin is None or pod is None:
+            return
+
+        def watch() -> None:
+            try:
+                if not standin.watchable:   # not a stand-in this thawd can see: keep what it restored
+                    return
+                if not standin.wait_exit(CONFIRM_TIMEOUT_S):
+                    log.warning("stand-in %d of %s still runs %.0f s after its restore; keeping the restore",
+                                standin.pid, rt.container_id, CONFIRM_TIMEOUT_S)
+                elif standin.committed(rt.container_id) is False:
+                    self.standin_died(pod, f"the stand-in of container {rt.container_id} died after "
+                                           "its restore, before it could report it")
+            except Exception:  # noqa: BLE001 - a thread of its own: log, keep the restore
+                log.exception("confirming the restore of %s", rt.container_id)
+
+        threading.Thread(target=watch, daemon=True, name=f"confirm-{rt.container_id}"[:15]).start()
+
     # -- outcomes the stand-in reports ----------------------------------------------
 
-    def cold_started(self, rt: "RuntimeRef", spec: dict) -> None:
+    def cold_started(self, rt: RuntimeRef, spec: dict) -> None:
         role = podmod.role(spec)
         if role == podmod.SANDBOX:
             if self._get(rt.runsc_root, rt.container_id) is None:  # thawd restarted since create
@@ -414,7 +460,7 @@ class Pods:
         if p.state == COLD:
             self._maybe_checkpoint(p)
 
-    def restore_failed(self, rt: "RuntimeRef", spec: dict, reason: str) -> None:
+    def restore_failed(self, rt: RuntimeRef, spec: dict, reason: str) -> None:
         """The stand-in could not do its part of a restore: the pause container's create
         (it starts cold), or an app container's `runsc restore` (the pod is lost); or
         a container of a restoring pod could not be stopped (the pod is going away)."""
@@ -435,7 +481,7 @@ class Pods:
 
     def standin_died(self, p: Pod, reason: str) -> None:
         """A stand-in of this pod's restore died after thawd's answer, before it
-        committed its start (Thawd._watch_pod_standin): containerd reports that
+        committed its start (_watch_standin): containerd reports that
         start failed. Not the image's fault: not counted towards quarantine."""
         if p.state in (RESTORING, RESTORED):
             self.fail(p, reason)
@@ -460,10 +506,10 @@ class Pods:
                 r.delete(p.sandbox.container_id, force=True)
         except ThawError as e:
             log.warning("removing the sandbox of %s: %s", p.summary(), e)
-        self.t.metrics.inc("thaw_fallbacks_total", reason=reason.split(":")[0])
-        self.t.release_ref(p.sandbox)
-        if count and p.key and self.t.quarantine.failed(p.key, reason):
-            self.t.metrics.inc("thaw_quarantined_total")
+        self.metrics.inc("thaw_fallbacks_total", reason=reason.split(":")[0])
+        self.containers.drop_image(p.sandbox)
+        if count and p.key and self.quarantine.failed(p.key, reason):
+            self.metrics.inc("thaw_quarantined_total")
 
     # -- automatic checkpoint ----------------------------------------------------------
 
@@ -483,9 +529,9 @@ class Pods:
             # containers; thaw does that for lone containers only (docs/containerd.md).
             log.warning("%s is not checkpointed: GPU containers (%s) in pods are not supported yet",
                         p.summary(), ", ".join(gpu))
-            self.t.metrics.inc("thaw_auto_checkpoints_total", result="gpu-pod")
+            self.metrics.inc("thaw_auto_checkpoints_total", result="gpu-pod")
             return
-        self.t.maybe_auto_checkpoint(p.key, lambda: self._auto_checkpoint(p), p.summary())
+        self.autocheckpoint.maybe(p.key, lambda: self._auto_checkpoint(p), p.summary())
 
     def _auto_checkpoint(self, p: Pod) -> dict | None:
         """Wait for every declared container's readiness, then checkpoint the sandbox
@@ -496,17 +542,18 @@ class Pods:
             m = p.members.get(n)
             if m is None:
                 return None
-            h = self.t.handle_of(m.rt, specmod.Bundle(m.rt.bundle).load())
+            h = self.containers.handle(m.rt, specmod.Bundle(m.rt.bundle).load())
             ready = engine.check(h, [p.declared[n].ready], engine.policy(max(1.0, deadline - time.monotonic())))
             if not ready.healthy:
                 log.warning("auto-checkpoint of %s skipped: container %s never ready (%s)", p.summary(), n,
                             ready.summary())
-                self.t.metrics.inc("thaw_auto_checkpoints_total", result="not-ready")
+                self.metrics.inc("thaw_auto_checkpoints_total", result="not-ready")
                 return None
         if p.state != COLD or set(p.members) != set(p.declared):
             return None  # the pod went away or changed while it warmed up
         # The profile's pre-checkpoint hooks run against the pod's first container
         # (the kubelet starts them in the pod spec's order); runsc saves the sandbox.
         first = next(iter(p.members.values()))
-        return self.t.checkpoint(p.sandbox, leave_running=self.s.thawd_leave_running, key=p.key, hooks_rt=first.rt)
+        return self.autocheckpoint.checkpoint(p.sandbox, leave_running=self.s.thawd_leave_running, key=p.key,
+                                              hooks_rt=first.rt)
 

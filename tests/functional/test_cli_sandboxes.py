@@ -22,7 +22,8 @@ from click.testing import CliRunner
 from control import config
 from control.errors import CheckpointFailed, ImageError, PreconditionError, exit_code
 from control.lifecycle import logs as logsmod
-from control.lifecycle.sandbox import IMAGE_META, Sandboxes, runsc_id
+from control.lifecycle.image_meta import IMAGE_META
+from control.lifecycle.sandbox import Sandboxes, runsc_id
 from nvproxy import cdi, helper
 from runsc_hooks import spec as specmod
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from control.lifecycle.sandbox import IMAGE_META
+from control.lifecycle.image_meta import IMAGE_META
 from runsc_hooks import network as netmod
 from runsc_hooks import spec as specmod
 

@@ -11,7 +11,8 @@ import pytest
 
 from control.dev import demo
 from control.errors import AlreadyExists, ImageError, NotFound, RunscError
-from control.lifecycle.sandbox import IMAGE_META, Sandboxes
+from control.lifecycle.image_meta import IMAGE_META
+from control.lifecycle.sandbox import Sandboxes
 
 from tests.integration.conftest import THAW, leftovers, settings_for, thaw_env
 

@@ -10,7 +10,7 @@ import pytest
 
 from control.errors import ImageError, NotFound, PreconditionError, UserError
 from control.lifecycle import gpus
-from control.lifecycle.engine import cuda_helper_path
+from nvproxy.cuda import helper_path as cuda_helper_path
 from nvproxy import cdi, helper
 from nvproxy.gpu import Gpu, NodeGpus
 from runsc_hooks import spec as specmod

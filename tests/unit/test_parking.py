@@ -1,8 +1,9 @@
 """Parked sandboxes' rules (control/thawd/parking.py): which container may adopt
 which parked sandbox, the budget, idle expiry, the flags a park runs with.
 The runsc, containerd and relay parts run for real in
-tests/integration/test_parking.py; here only thawd's bookkeeping, with a fake
-thawd (metrics and settings) and records that never had a sandbox."""
+tests/integration/test_parking.py; here only the bookkeeping: Parking with its
+parts (settings, the container records, metrics; no image source, no worker
+pool) and records that never had a sandbox."""
 from __future__ import annotations
 
 import copy
@@ -12,8 +13,8 @@ import pytest
 
 from control import config
 from control.thawd import parking as pk
+from control.thawd.containers import Containers, RuntimeRef
 from control.thawd.metrics import Metrics
-from control.thawd.service import RuntimeRef
 
 SPEC = {
     "ociVersion": "1.0.2",
@@ -25,13 +26,14 @@ SPEC = {
 }
 
 
-class FakeThawd:
-    def __init__(self, tmp: Path, **env: str) -> None:
-        (tmp / "empty.toml").write_text("")
-        self.s = config.load(environ={"THAW_NODE_STATE_DIR": str(tmp / "state"), "THAW_PARK_ENABLED": "true",
-                                      **env}, config_file=tmp / "empty.toml")
-        self.state_dir = tmp / "state" / "thawd"
-        self.metrics = Metrics()
+def parking(tmp: Path, **env: str) -> pk.Parking:
+    """Parking and the parts it is given: settings, the container records, metrics."""
+    (tmp / "empty.toml").write_text("")
+    s = config.load(environ={"THAW_NODE_STATE_DIR": str(tmp / "state"), "THAW_PARK_ENABLED": "true", **env},
+                    config_file=tmp / "empty.toml")
+    metrics = Metrics()
+    return pk.Parking(s, tmp / "state" / "thawd", Containers(s, metrics, None, None), images=None, metrics=metrics,
+                      pool=None)
 
 
 def rt(cid: str, root: str = "/run/ctrd/runsc/thaw", flags=("--root=/run/ctrd/runsc/thaw", "--platform=systrap")):
@@ -41,8 +43,13 @@ def rt(cid: str, root: str = "/run/ctrd/runsc/thaw", flags=("--root=/run/ctrd/ru
 def created(p: pk.Parking, cid: str, stdio: str = "null,null,null", **kw) -> RuntimeRef:
     """A container whose create told thawd its stdio (PrepareRestoreRequest.stdio)."""
     r = rt(cid, **kw)
-    p.note_stdio(r, stdio)
+    p.containers.begin(r, stdio)
     return r
+
+
+def take(p: pk.Parking, r: RuntimeRef, spec: dict, key: str) -> pk.Parked | None:
+    """What prepare.py asks: a parked sandbox for `r`, with the stdio its record holds."""
+    return p.take(r, spec, key, p.containers.stdio_of(r))
 
 
 def parked(p: pk.Parking, pid: str, key: str = "k", spec=SPEC, state=pk.PARKED, host=100, created=1.0,
@@ -98,49 +105,47 @@ def test_cgroups_path_is_beside_the_templates(path, want):
 
 
 def test_take_matches_key_root_flags_and_spec(tmp_path):
-    p = pk.Parking(FakeThawd(tmp_path))
+    p = parking(tmp_path)
     parked(p, "thaw-parked-a")
     other_env = copy.deepcopy(SPEC)
     other_env["process"]["env"] = ["A=2"]
-    assert p.take(created(p, "x"), other_env, "k") is None, "another spec: a plain restore"
-    assert p.take(created(p, "x"), SPEC, "other-key") is None
-    assert p.take(created(p, "x", root="/run/ctrd/runsc/other"), SPEC, "k") is None
-    assert p.take(created(p, "x", flags=("--root=/run/ctrd/runsc/thaw", "--platform=ptrace")), SPEC, "k") is None
-    assert p.take(created(p, "x", stdio="null,pipe,pipe"), SPEC, "k") is None, "another kind of stdio"
-    assert p.adopter(rt("x")) is None
-    assert p.take(rt("unknown"), SPEC, "k") is None, "a container whose stdio thawd was not told"
+    assert take(p, created(p, "x"), other_env, "k") is None, "another spec: a plain restore"
+    assert take(p, created(p, "x"), SPEC, "other-key") is None
+    assert take(p, created(p, "x", root="/run/ctrd/runsc/other"), SPEC, "k") is None
+    assert take(p, created(p, "x", flags=("--root=/run/ctrd/runsc/thaw", "--platform=ptrace")), SPEC, "k") is None
+    assert take(p, created(p, "x", stdio="null,pipe,pipe"), SPEC, "k") is None, "another kind of stdio"
+    assert not any(q.adopted_by for q in p._parked.values())
+    assert take(p, rt("unknown"), SPEC, "k") is None, "a container whose stdio thawd was not told"
     # Another --log (the adopter's own bundle) is fine, and so is another order of the flags (the
     # shim renders runsc.toml's from a Go map).
-    got = p.take(created(p, "x", flags=("--platform=systrap", "--root=/run/ctrd/runsc/thaw")), SPEC, "k")
+    got = take(p, created(p, "x", flags=("--platform=systrap", "--root=/run/ctrd/runsc/thaw")), SPEC, "k")
     assert got is not None and got.id == "thaw-parked-a" and got.state == pk.ADOPTING and got.adopted_by == "x"
-    assert p.adopter(rt("x")) is got
-    assert p.take(created(p, "y"), SPEC, "k") is None, "a parked sandbox is adopted once"
+    assert take(p, created(p, "y"), SPEC, "k") is None, "a parked sandbox is adopted once"
 
 
-def test_stdio_kinds_are_checked():
-    p = pk.Parking.__new__(pk.Parking)
-    p._lock, p._stdio = __import__("threading").Lock(), {}
-    p.note_stdio(rt("a"), "pipe,pipe,pipe")
-    p.note_stdio(rt("b"), "pipe,bogus,pipe")
-    p.note_stdio(rt("c"), "")
-    assert p.stdio_of(rt("a")) == "pipe,pipe,pipe"
-    assert p.stdio_of(rt("b")) == "other,other,other", "what the stand-in said is not trusted blindly"
-    assert p.stdio_of(rt("c")) == ""
+def test_stdio_kinds_are_checked(tmp_path):
+    c = parking(tmp_path).containers
+    c.begin(rt("a"), "pipe,pipe,pipe")
+    c.begin(rt("b"), "pipe,bogus,pipe")
+    c.begin(rt("c"), "")
+    assert c.stdio_of(rt("a")) == "pipe,pipe,pipe"
+    assert c.stdio_of(rt("b")) == "other,other,other", "what the stand-in said is not trusted blindly"
+    assert c.stdio_of(rt("c")) == ""
 
 
 def test_take_refuses_what_cannot_be_parked_and_when_off(tmp_path):
-    p = pk.Parking(FakeThawd(tmp_path))
+    p = parking(tmp_path)
     parked(p, "thaw-parked-a")
     joins = copy.deepcopy(SPEC)
     joins["linux"]["namespaces"][1]["path"] = "/var/run/netns/x"
-    assert p.take(created(p, "x"), joins, "k") is None
-    off = pk.Parking(FakeThawd(tmp_path, THAW_PARK_ENABLED="false"))
+    assert take(p, created(p, "x"), joins, "k") is None
+    off = parking(tmp_path, THAW_PARK_ENABLED="false")
     parked(off, "thaw-parked-b")
-    assert off.take(created(off, "x"), SPEC, "k") is None
+    assert take(off, created(off, "x"), SPEC, "k") is None
 
 
 def test_budget_removes_less_recently_started_keys_first(tmp_path, monkeypatch):
-    p = pk.Parking(FakeThawd(tmp_path, THAW_PARK_MEMORY_BUDGET_BYTES="1000m"))
+    p = parking(tmp_path, THAW_PARK_MEMORY_BUDGET_BYTES="1000m")
     destroyed = []
     monkeypatch.setattr(p, "_destroy", lambda rec, why, relay=None: (destroyed.append(rec.id),
                                                                       p._parked.pop(rec.id)))
@@ -156,14 +161,14 @@ def test_budget_removes_less_recently_started_keys_first(tmp_path, monkeypatch):
 
 
 def test_adopted_sandboxes_do_not_count_against_the_budget(tmp_path):
-    p = pk.Parking(FakeThawd(tmp_path, THAW_PARK_MEMORY_BUDGET_BYTES="1000m"))
+    p = parking(tmp_path, THAW_PARK_MEMORY_BUDGET_BYTES="1000m")
     p._templates["k"] = pk.Template("k", "/r", [], SPEC, "thaw", "overlayfs", "sha256:x", last_demand=1.0)
     parked(p, "p-adopted", state=pk.ADOPTED, host=900 << 20)
     assert p._make_room(p._templates["k"], 900 << 20) is True
 
 
 def test_expire_removes_only_idle_parked_sandboxes(tmp_path, monkeypatch):
-    p = pk.Parking(FakeThawd(tmp_path, THAW_PARK_IDLE_S="100"))
+    p = parking(tmp_path, THAW_PARK_IDLE_S="100")
     destroyed = []
     monkeypatch.setattr(p, "_destroy", lambda rec, why, relay=None: destroyed.append(rec.id))
     p._templates["k"] = pk.Template("k", "/r", [], SPEC, "thaw", "overlayfs", "sha256:x", last_demand=1000.0)
@@ -175,8 +180,7 @@ def test_expire_removes_only_idle_parked_sandboxes(tmp_path, monkeypatch):
 
 
 def test_recover_removes_unadopted_records_and_keeps_adopted_ones(tmp_path, monkeypatch):
-    t = FakeThawd(tmp_path)
-    p = pk.Parking(t)
+    p = parking(tmp_path)
     root = tmp_path / "root"
     root.mkdir()
     for pid, state, adopter in (("p-left", pk.PARKED, ""), ("p-live", pk.ADOPTED, "c1"), ("p-gone", pk.ADOPTED, "c2")):
@@ -190,7 +194,7 @@ def test_recover_removes_unadopted_records_and_keeps_adopted_ones(tmp_path, monk
     p.recover()
     assert sorted(destroyed) == ["p-gone", "p-left"]
     assert not (p.dir / "p-junk").exists()
-    assert p.adopter(RuntimeRef("c1", Path("/b"), root, ())).id == "p-live"
+    assert p.get(p.containers.adopted(RuntimeRef("c1", Path("/b"), root, ()))).id == "p-live"
 
 
 def test_host_memory_of_this_process_has_no_memfd():
@@ -231,13 +235,13 @@ def test_sandbox_processes_runsc_no_longer_knows_are_killed_by_root_and_id():
 
 
 def test_a_parked_sandbox_whose_process_is_gone_is_removed_not_adopted(tmp_path, monkeypatch):
-    p = pk.Parking(FakeThawd(tmp_path))
+    p = parking(tmp_path)
     dead = parked(p, "thaw-parked-dead", created=0.5)
     dead.pid = 2 ** 22 + 12345        # beyond pid_max's default: no such process
     live = parked(p, "thaw-parked-live", created=1.0)
     destroyed = []
     monkeypatch.setattr(p, "_destroy", lambda rec, why, relay=None: (destroyed.append(rec.id),
                                                                       p._parked.pop(rec.id)))
-    assert p.take(created(p, "x"), SPEC, "k") is live
+    assert take(p, created(p, "x"), SPEC, "k") is live
     assert destroyed == ["thaw-parked-dead"]
 

@@ -62,7 +62,7 @@ def env(tmp_path):
     t = Thawd(s, images, identify=ids.container, identify_sandbox=ids.sandbox)
     t.fake_ids = ids
     checkpoints: list[str] = []
-    t.maybe_auto_checkpoint = lambda key, job, what="": checkpoints.append(key)
+    t.autocheckpoint.maybe = lambda key, job, what="": checkpoints.append(key)
     yield t, images, tmp_path, checkpoints
     t.close()
 

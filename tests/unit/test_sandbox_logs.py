@@ -1,5 +1,5 @@
 """control/lifecycle/logs.py (reading what thaw-monitor writes) and what makes an
-image node-local (control/lifecycle/sandbox.py node_local)."""
+image node-local (control/lifecycle/image_meta.py node_local)."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,7 @@ import threading
 import time
 
 from control.lifecycle import logs
-from control.lifecycle.sandbox import node_local
+from control.lifecycle.image_meta import node_local
 from nvproxy import helper
 from runsc_hooks import spec as specmod
 

@@ -16,13 +16,26 @@ from control import config
 from control.errors import (IdentityError, IntegrityError, KeyMissing, ManifestRefused, NoSpace, NotFound, StoreError,
                             ThawError, TupleMismatch, UserError)
 from control.thawd.ctrinfo import Identity
-from control.thawd.service import ORIG_CONFIG, RuntimeRef, Thawd
+from control.thawd.prepare import ORIG_CONFIG
+from control.thawd.service import RuntimeRef, Thawd
+from control.lifecycle.engine import Engine
+from runsc_hooks import gate as gatemod
+from runsc_hooks import network as netmod
 from runsc_hooks import spec as specmod
 
 
 class FakeLease:
+    """A restorable image from the cache (control/images/source.py Restorable)."""
+    streamed = False
+
     def __init__(self, path: Path, hit: bool) -> None:
         self.path, self.hit, self.released = path, hit, False
+
+    def env(self) -> dict:
+        return {}
+
+    def verdict(self, wait_s: float = 0) -> object:
+        return None
 
     def release(self) -> None:
         self.released = True
@@ -145,7 +158,7 @@ def test_two_containers_sharing_one_fetch_get_their_own_leases(env):
     for x in th:
         x.join()
     assert out["a"].restore and out["b"].restore
-    la, lb = t._leases[("/run/r", "a")], t._leases[("/run/r", "b")]
+    la, lb = t.lease_of(a), t.lease_of(b)
     assert la is not lb
     assert t.release("a", "/run/r") and la.released and not lb.released
     assert not t.release("a", "/run/r")  # once
@@ -166,7 +179,7 @@ def test_consecutive_failures_quarantine_and_persist(env):
     assert not d.restore and d.reason.startswith("quarantined: 2 restores in a row failed")
     saved = json.loads((tmp / "state" / "thawd" / "quarantine.json").read_text())
     assert "unhealthy after restore" in saved[key]
-    t2 = Thawd(t.s, images, identify=t.identify)  # a restarted thawd remembers
+    t2 = Thawd(t.s, images, identify=t.containers.identify)  # a restarted thawd remembers
     assert key in t2.quarantined()
     assert t2.unquarantine(key)
     assert t2.prepare_restore(rt).restore
@@ -233,7 +246,7 @@ def test_no_readiness_probe_means_no_auto_checkpoint(env):
     t, images, tmp = env
     rt = bundle(tmp, "c1", OPT_IN)
     key = t.prepare_restore(rt).key
-    t._auto_checkpoint(rt, key)
+    t.autocheckpoint._lone_job(rt, key)
     assert t.metrics.counters().get('thaw_auto_checkpoints_total{result="no-ready-probe"}') == 1
 
 
@@ -248,7 +261,7 @@ def test_runtime_fields_are_validated(cid, bundle_path, root, flags):
 
 def test_identity_comes_from_the_runtime_and_a_refusal_is_cold_with_its_reason(env):
     t, images, tmp = env
-    ids = t.identify
+    ids = t.containers.identify
     a = t.prepare_restore(bundle(tmp, "a", OPT_IN))
     images.available[a.key] = True
     assert t.prepare_restore(bundle(tmp, "a", OPT_IN)).restore
@@ -282,7 +295,7 @@ def test_identity_comes_from_the_runtime_and_a_refusal_is_cold_with_its_reason(e
 
 def test_identity_is_established_once_per_container_until_it_is_released(env):
     t, images, tmp = env
-    ids = t.identify
+    ids = t.containers.identify
     rt = bundle(tmp, "a", OPT_IN)
     k1 = t.prepare_restore(rt).key
     ids.by_id["a"] = Identity("ctr-t", "sha256:" + "c" * 64, "test")   # the tag moved after create
@@ -325,7 +338,7 @@ def test_checkpoint_writes_into_the_cache_and_the_entry_is_that_directory(tmp_pa
     store: runsc writes into a partial of the node cache, which becomes the entry by rename;
     a failed checkpoint leaves no partial and publishes nothing."""
     from control.images import image as images
-    from control.thawd.image_source import ImageSource
+    from control.images.source import ImageSource
     from tests.unit.fakes import TUPLE, FakeStore, layout
     runsc = tmp_path / "bin" / "runsc"
     runsc.parent.mkdir()
@@ -384,7 +397,7 @@ def test_an_image_whose_spec_runsc_would_refuse_starts_cold_before_runsc_runs(en
     (tmp / key / "thaw.json").write_text(json.dumps({"version": 1, "door": "containerd", "spec": saved}))
     d = t.prepare_restore(rt)
     assert not d.restore and d.reason.startswith("spec-mismatch: ") and "/data" in d.reason, d.reason
-    assert ("/run/r", "c1") not in t._leases
+    assert t.lease_of(rt) is None
 
 
 @pytest.mark.parametrize("gate, health_check", [(True, True), (False, False)])
@@ -401,14 +414,14 @@ def test_gate_and_health_check_follow_the_diagnostic_keys(tmp_path, monkeypatch,
                              "THAW_THAWD_HEALTH_CHECK": str(health_check).lower()},
                     config_file=tmp_path / "empty.toml")
     closed, asked = [], []
-    monkeypatch.setattr(svc.netmod, "namespace_address", lambda path: ("10.0.0.2", "web-a"))
-    monkeypatch.setattr(svc.netmod, "snapshot", lambda path: [])
-    monkeypatch.setattr(svc.gatemod, "close", lambda name, mark, reason="": closed.append(name) or True)
+    monkeypatch.setattr(netmod, "namespace_address", lambda path: ("10.0.0.2", "web-a"))
+    monkeypatch.setattr(netmod, "snapshot", lambda path: [])
+    monkeypatch.setattr(gatemod, "close", lambda name, mark, reason="": closed.append(name) or True)
 
     def restore(self, h, image, probes, *, opts, health_check=True, **kw):
         asked.append((h.gate, health_check))
         return Restored(0.1, 0.05, None)
-    monkeypatch.setattr(svc.Engine, "restore", restore)
+    monkeypatch.setattr(Engine, "restore", restore)
     images = FakeImages(tmp_path)
     t = Thawd(s, images, identify=FakeIdentities())
     try:
@@ -564,11 +577,11 @@ def test_a_restore_not_tried_opens_its_gate(tmp_path, monkeypatch):
                              "THAW_RUNSC_PATH": str(tmp_path / "bin" / "runsc")},
                     config_file=tmp_path / "empty.toml")
     opened = []
-    monkeypatch.setattr(svc.netmod, "namespace_address", lambda path: ("10.0.0.2", "web-a"))
-    monkeypatch.setattr(svc.netmod, "snapshot", lambda path: [])
-    monkeypatch.setattr(svc.gatemod, "close", lambda name, mark, reason="": True)
-    monkeypatch.setattr(svc.gatemod, "open", lambda name, reason="": opened.append(name) or True)
-    monkeypatch.setattr(svc.Engine, "restore", lambda *a, **k: pytest.fail("the engine must not run"))
+    monkeypatch.setattr(netmod, "namespace_address", lambda path: ("10.0.0.2", "web-a"))
+    monkeypatch.setattr(netmod, "snapshot", lambda path: [])
+    monkeypatch.setattr(gatemod, "close", lambda name, mark, reason="": True)
+    monkeypatch.setattr(gatemod, "open", lambda name, reason="": opened.append(name) or True)
+    monkeypatch.setattr(Engine, "restore", lambda *a, **k: pytest.fail("the engine must not run"))
     images = FakeImages(tmp_path)
     t = Thawd(s, images, identify=FakeIdentities())
     try:
@@ -587,14 +600,11 @@ def test_a_restore_not_tried_opens_its_gate(tmp_path, monkeypatch):
 
 class FakeStream(FakeLease):
     """A streamed image (control/images/stream.Stream's surface thawd uses) whose stream failed with `error`."""
-    stream = True
+    streamed = True
 
     def __init__(self, path: Path, error) -> None:
         super().__init__(path, hit=False)
         self.error = error
-
-    def env(self) -> dict:
-        return {}
 
     def verdict(self, wait_s: float = 0) -> object:
         return self.error
@@ -618,7 +628,7 @@ def test_a_streamed_restore_that_failed_with_its_stream_says_why(tmp_path, monke
 
     def restore(self, h, image, probes, *, opts, **kw):
         raise RunscError(["runsc", "restore"], 128, "Killing the sandbox after MemoryFile page loading failed")
-    monkeypatch.setattr(svc.Engine, "restore", restore)
+    monkeypatch.setattr(Engine, "restore", restore)
     images = FakeImages(tmp_path)
     images.pull = lambda key: FakeStream(tmp_path / key, error)
     t = Thawd(s, images, identify=FakeIdentities())

@@ -331,7 +331,7 @@ func (s *Standin) prepare(rt *pb.Runtime) (*pb.PrepareRestoreResponse, error) {
 
 // stdioKinds says what this process's descriptors 0, 1 and 2 are (the shim's
 // stdio for the container): PrepareRestoreRequest.stdio. Twin:
-// control/thawd/parking.py STDIO_KINDS.
+// control/thawd/containers.py STDIO_KINDS.
 func stdioKinds() string {
 	kinds := make([]string, 3)
 	for fd := 0; fd < 3; fd++ {
