@@ -61,7 +61,7 @@ from control.lifecycle import profiles  # noqa: E402
 from control.node.provision import THP_DEFRAG, THP_DIR, THP_SHMEM, thp_read, thp_write  # noqa: E402
 # A sandbox's host memory: its memory file counted once, and its processes' RSS (what thawd's
 # parked sandboxes report too).
-from control.thawd.parking import host_memory as sandbox_host_memory  # noqa: E402
+from control.thawd.parked import host_memory as sandbox_host_memory  # noqa: E402
 from nvproxy import cdi, gpu, helper  # noqa: E402
 from runsc_hooks import spec as specmod  # noqa: E402
 from runsc_hooks.runsc import (CheckpointOptions, CreateOptions, GlobalOptions,  # noqa: E402

@@ -5,11 +5,12 @@ an illegal transition is a user error (InvalidTransition), and every
 operation that fails half-way undoes what it did (runsc container, netns,
 bundle, record), so a failed restore leaves nothing behind.
 
-Records live in <state_dir>/sandboxes/<id>.json, bundles in
-<state_dir>/bundles/<id>/. A checkpoint image is a directory holding runsc's
-files plus `thaw.json` (the spec, the sandbox address, published ports,
-health probes, file sizes, timings); it is written under a `.partial-` name
-and renamed into place last.
+Records (their states, ids and address leases: control/lifecycle/records.py)
+live in <state_dir>/sandboxes/<id>.json, bundles in <state_dir>/bundles/<id>/.
+A checkpoint image is a directory holding runsc's files plus `thaw.json`
+(control/lifecycle/image_meta.py: the spec, the sandbox address, published
+ports, health probes, file sizes, timings); it is written under a `.partial-`
+name and renamed into place last.
 
 Network on checkpoint and restore (docs/network.md): the sandbox's ingress
 gate is closed from before `runsc checkpoint` until the image is written; a
@@ -24,23 +25,22 @@ its owner process; `recover` removes what an owner that died (kill -9) left.
 
 from __future__ import annotations
 
-import enum
-import json
+import dataclasses
 import logging
 import os
-import re
 import shutil
 import time
 import uuid
-import dataclasses
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from control.config import Settings
-from control.files import Owner, fsync_path, write_json_atomic
+from control.files import Owner, fsync_path
 from control.lifecycle import gpus as gpumod
 from control.lifecycle import image_meta as metamod
+from control.lifecycle.records import (TRANSITIONAL, CheckpointResult, Mitigations, Record, Records,  # noqa: F401
+                                       RestoreResult, StartResult, State, check_transition, runsc_id, sandbox_id,
+                                       validate_id)
 from control.lifecycle import logs as logsmod
 from control.lifecycle.engine import Engine, Handle, status as engine_status
 from nvproxy.cuda import stage_for, uses_gpu
@@ -54,157 +54,13 @@ from runsc_hooks.runsc import CreateOptions, GlobalOptions, RestoreOptions, Runs
 
 log = logging.getLogger(__name__)
 
-_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-# runsc at the pin resolves a container id by prefix and fails when it is the
-# prefix of another id (runsc/container/state_file.go findContainerID: `web`
-# is ambiguous beside `web-2`; an exact match does not win). thaw's sandbox ids
-# cannot contain "+", which runsc ids may: `<id>+` is never a prefix of another
-# `<id>+`, so every runsc call names exactly one sandbox.
-RUNSC_ID_SUFFIX = "+"
-# The lock around leasing addresses and node ports (Sandboxes._claim_net), in the state dir.
-NET_LOCK = "network.lock"
-NET_LOCK_TIMEOUT_S = 60.0
-
-
-def runsc_id(sid: str) -> str:
-    """The runsc container id of thaw sandbox `sid`."""
-    return sid + RUNSC_ID_SUFFIX
-
-
-def sandbox_id(cid: str) -> str | None:
-    """The thaw sandbox id of runsc container `cid`; None for a container thaw did not make."""
-    return cid[:-len(RUNSC_ID_SUFFIX)] if cid.endswith(RUNSC_ID_SUFFIX) and _ID_RE.match(cid[:-1]) else None
-
-
-class State(enum.Enum):
-    CREATED = "created"
-    RUNNING = "running"
-    CHECKPOINTING = "checkpointing"
-    RESTORING = "restoring"
-    STOPPED = "stopped"
-    DELETED = "deleted"
-
-
-# The one table of allowed transitions (None: the sandbox does not exist yet).
-TRANSITIONS: dict[State | None, frozenset[State]] = {
-    None: frozenset({State.CREATED, State.RESTORING}),
-    State.CREATED: frozenset({State.RUNNING, State.DELETED}),
-    State.RUNNING: frozenset({State.CHECKPOINTING, State.STOPPED, State.DELETED}),
-    State.CHECKPOINTING: frozenset({State.RUNNING, State.STOPPED, State.DELETED}),
-    State.RESTORING: frozenset({State.RUNNING, State.DELETED}),
-    State.STOPPED: frozenset({State.DELETED}),
-    State.DELETED: frozenset(),
-}
-
-
-def check_transition(sid: str, current: State | None, wanted: State) -> None:
-    if wanted not in TRANSITIONS[current]:
-        raise InvalidTransition(sid, current.value if current else "absent", wanted.value)
-
-
-def validate_id(sid: str) -> str:
-    if not _ID_RE.match(sid or ""):
-        raise UserError(f"sandbox id {sid!r} is invalid: use 1-128 letters, digits, '_', '.', '-' "
-                        "(starting with a letter or digit)", id=sid)
-    return sid
-
-
-# States in which a live thaw process is working on the sandbox (Record.owner).
-TRANSITIONAL = frozenset({State.CREATED, State.CHECKPOINTING, State.RESTORING})
-
-
-@dataclass(frozen=True)
-class Mitigations:
-    """thaw's fixes for the TCP restore races (docs/network.md). All on is the product;
-    all off is what a naive implementation does, kept to measure the difference."""
-    gate: bool = True             # no packet in while saving, nor before the health check passes
-    stable_address: bool = True   # restore into the checkpoint's sandbox address (off: a new one)
-    health_check: bool = True     # probe before letting traffic in; unhealthy -> removed
-
-    @classmethod
-    def off(cls) -> "Mitigations":
-        return cls(gate=False, stable_address=False, health_check=False)
-
-
-@dataclass
-class Record:
-    id: str
-    state: State
-    bundle: str
-    net: dict | None = None
-    created_at: float = field(default_factory=time.time)
-    restored_from: str | None = None
-    probes: list[str] = field(default_factory=list)
-    health: dict | None = None    # the last health check's result
-    owner: dict | None = None     # {"pid", "start"} of the process in a transitional state
-    monitor: dict | None = None   # {"pid", "start"} of its thaw-monitor (control/lifecycle/logs.py)
-    gpus: list[str] = field(default_factory=list)  # CDI devices injected (nvidia.com/gpu=0, ...)
-    nvproxy: bool = False         # runsc ran it with --nvproxy=true
-
-    def to_dict(self) -> dict:
-        return {"id": self.id, "state": self.state.value, "bundle": self.bundle, "net": self.net,
-                "created_at": self.created_at, "restored_from": self.restored_from, "probes": self.probes,
-                "health": self.health, "owner": self.owner, "monitor": self.monitor, "gpus": self.gpus,
-                "nvproxy": self.nvproxy}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "Record":
-        return cls(id=d["id"], state=State(d["state"]), bundle=d["bundle"], net=d.get("net"),
-                   created_at=d.get("created_at", 0.0), restored_from=d.get("restored_from"),
-                   probes=list(d.get("probes") or []), health=d.get("health"), owner=d.get("owner"),
-                   monitor=d.get("monitor"), gpus=list(d.get("gpus") or []), nvproxy=bool(d.get("nvproxy")))
-
-
-@dataclass(frozen=True)
-class CheckpointResult:
-    image: Path
-    seconds: float
-    image_bytes: int
-    gate_closed_s: float | None = None   # how long the gate was closed (leave_running only)
-    gate_dropped: int | None = None      # packets the gate held off during the save
-
-
-@dataclass(frozen=True)
-class RestoreResult:
-    id: str
-    seconds: float                       # the whole restore: plumbing, runsc, health check, gate
-    sandbox_ip: str | None
-    runsc_s: float = 0.0                 # `runsc restore` alone
-    health: probemod.HealthResult | None = None
-    ready_at: float = 0.0                # time.monotonic() when traffic was let in (the gate opened)
-    gate_dropped: int | None = None      # packets the gate held off during the restore
-    loaded_s: float | None = None        # from the start until every page was in (a --background restore)
-
-    def to_dict(self) -> dict:
-        d = {"id": self.id, "restore_s": round(self.seconds, 4), "runsc_restore_s": round(self.runsc_s, 4),
-             "address": self.sandbox_ip, "health": self.health.to_dict() if self.health else None,
-             "gate_dropped_packets": self.gate_dropped}
-        if self.loaded_s is not None:
-            d["loaded_s"] = round(self.loaded_s, 4)
-        return d
-
-
-@dataclass(frozen=True)
-class StartResult:
-    """What warm_start did: restored, or started cold after the restore failed."""
-    id: str
-    mode: str                            # "restored" | "cold"
-    seconds: float
-    sandbox_ip: str | None
-    restore: RestoreResult | None = None
-    fallback_reason: str | None = None   # why the restore was not used
-
-    def to_dict(self) -> dict:
-        return {"id": self.id, "mode": self.mode, "seconds": round(self.seconds, 4), "address": self.sandbox_ip,
-                "restore": self.restore.to_dict() if self.restore else None, "fallback_reason": self.fallback_reason}
-
-
 class Sandboxes:
     """thaw's own sandboxes on this node (one runsc root, one state dir)."""
 
     def __init__(self, settings: Settings, debug_log: bool = False) -> None:
         self.settings = settings
-        self.records_dir = settings.state_dir / "sandboxes"
+        self.records = Records(settings)
+        self.records_dir = self.records.dir
         self.bundles_dir = settings.state_dir / "bundles"
         self.debug_log = debug_log
         # This node's GPUs and CDI devices, asked only when a sandbox or an
@@ -226,88 +82,20 @@ class Sandboxes:
         return Runsc(s.runsc_path, opts, s.runsc_timeout_s)
 
     def _record_path(self, sid: str) -> Path:
-        return self.records_dir / f"{sid}.json"
+        return self.records.path(sid)
 
     def get(self, sid: str) -> Record | None:
-        try:
-            return Record.from_dict(json.loads(self._record_path(sid).read_text()))
-        except FileNotFoundError:
-            return None
-        except (ValueError, KeyError) as e:
-            raise ThawError(f"sandbox record {self._record_path(sid)} is corrupt: {e}") from None
+        return self.records.get(sid)
 
     def _save(self, rec: Record) -> None:
-        self.records_dir.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(self._record_path(rec.id), rec.to_dict())
+        self.records.save(rec)
 
     def _move(self, rec: Record, wanted: State) -> None:
-        check_transition(rec.id, rec.state, wanted)
-        rec.state = wanted
-        if wanted is State.DELETED:
-            self._record_path(rec.id).unlink(missing_ok=True)
-        else:
-            self._save(rec)
-
-    def _net_lock(self):
-        """Held while a sandbox's address and node ports are chosen and written into
-        its record. The records are the leases (one address, one node port each):
-        without the lock two thaw processes (one image restored 10 times at once)
-        both saw the saved address free and both took it (issue 14). Held for
-        milliseconds: the plumbing runs after it is released."""
-        from filelock import FileLock
-        self.settings.state_dir.mkdir(parents=True, exist_ok=True)
-        return FileLock(self.settings.state_dir / NET_LOCK, timeout=NET_LOCK_TIMEOUT_S)
+        self.records.move(rec, wanted)
 
     def _claim_net(self, rec: Record, ports: tuple[netmod.Port, ...], address: tuple[str, str, int] | None = None,
                    stable: bool = False, avoid: frozenset[str] = frozenset()) -> tuple[str, str, int]:
-        """Lease an address and `ports` for `rec`: check, choose and write them into its
-        record under the network lock. `address` with `stable` (a restore's saved
-        address): that address, or InUse naming who holds it; without
-        `stable` (a cold start): that address when it is free, else a fresh one."""
-        with self._net_lock():
-            others = [q for q in self.list_records() if q.net and q.id != rec.id]
-            held = {q.net["host_ip"]: q.id for q in others}
-            on_node = netmod.addresses_in_use(exclude_if=netmod.host_if_name(rec.id))
-            if address is not None and (address[0] in held or address[0] in on_node):
-                if stable:
-                    who = f"sandbox {held[address[0]]!r}" if address[0] in held else "a thaw interface"
-                    raise InUse(f"sandbox address {address[1]} (this image's)", f"{who} on this node",
-                                "delete it first: a restore keeps the address it was saved with")
-                address = None
-            self._check_ports_locked(ports, others)
-            if address is None:
-                address = self._allocate_address_locked(frozenset(held) | on_node | avoid)
-            rec.net = netmod.SandboxNet(name=rec.id, netns=netmod.netns_name(rec.id),
-                                        host_if=netmod.host_if_name(rec.id), host_ip=address[0],
-                                        sandbox_ip=address[1], prefixlen=address[2], ports=tuple(ports),
-                                        publish_address=self.settings.network_publish_address).to_dict()
-            self._save(rec)
-        return address
-
-    def _allocate_address_locked(self, used: frozenset[str]) -> tuple[str, str, int]:
-        """The first free /30 of network.subnet. Caller holds the network lock."""
-        slot = 0
-        while True:
-            host_ip, sandbox_ip, plen = netmod.slot_addresses(self.settings.network_subnet, slot)
-            if host_ip not in used:
-                return host_ip, sandbox_ip, plen
-            slot += 1
-
-    def _check_ports_locked(self, ports: tuple[netmod.Port, ...], others: list[Record]) -> None:
-        """Each node port once on this node: not published by another sandbox, and no
-        host process listens on it (a DNAT would take its traffic over). Caller holds
-        the network lock."""
-        taken = {}
-        for rec in others:
-            for p in rec.net.get("ports", []):
-                taken[netmod.Port.parse(p).node] = rec.id
-        for p in ports:
-            if p.node in taken:
-                raise InUse(f"node port {p.node}", f"sandbox {taken[p.node]!r} (published)")
-            busy = netmod.listeners(p.node, self.settings.network_publish_address)
-            if busy:
-                raise InUse(f"node port {p.node}", f"a host process listening on {', '.join(busy)}",
-                            "publishing it would take that traffic over")
+        return self.records.claim_net(rec, ports, address, stable, avoid)
 
     def _plumb(self, sid: str, host_ip: str, sandbox_ip: str, prefixlen: int,
                ports: tuple[netmod.Port, ...]) -> netmod.SandboxNet:
@@ -316,14 +104,7 @@ class Sandboxes:
                             publish_address=s.network_publish_address, egress=s.network_egress)
 
     def list_records(self) -> list[Record]:
-        if not self.records_dir.is_dir():
-            return []
-        out = []
-        for p in sorted(self.records_dir.glob("*.json")):
-            rec = self.get(p.stem)
-            if rec:
-                out.append(rec)
-        return out
+        return self.records.list()
 
     # -- operations -------------------------------------------------------------
 
@@ -372,8 +153,8 @@ class Sandboxes:
         r = self.runsc("sandbox" if network else "none", nvproxy)
         if self.get(sid) is not None or r.exists(runsc_id(sid)):
             raise AlreadyExists("sandbox", sid, "delete it first or pick another id")
-        with self._net_lock():  # fail before anything is made; _claim_net checks again, leasing
-            self._check_ports_locked(ports, [q for q in self.list_records() if q.net and q.id != sid])
+        with self.records.net_lock():  # fail before anything is made; _claim_net checks again, leasing
+            self.records.check_ports_locked(ports, [q for q in self.list_records() if q.net and q.id != sid])
         check_transition(sid, None, State.CREATED)
         bundle = specmod.Bundle(self.bundles_dir / sid)
         rec = Record(id=sid, state=State.CREATED, bundle=str(bundle.path), probes=probe_texts,

@@ -360,8 +360,11 @@ class Containers:
             if c is not None and c.pending:
                 gate, c.gate = c.gate, None
             wanted = State.COLD_FALLBACK if outcome == "RESTORE_FAILED" else State.COLD
-            if c is None or wanted in TRANSITIONS[c.state]:
+            fits = c is None or wanted in TRANSITIONS[c.state]
+            if fits:
                 self._move_locked(rt, wanted, reason=reason)
+        if not fits:   # a late or repeated report (the stand-in's): what thawd holds stays
+            log.warning("outcome %s of %s ignored: its record is %s", outcome, rt.container_id, c.state.value)
         if gate is not None:   # the restore was never tried: open its gate
             gatemod.open(gate, f"restore of {rt.container_id} not tried: {outcome}")
 

@@ -17,6 +17,7 @@ import pytest
 
 from control.dev.containerd import NAMESPACE
 from control.dev.testbed import ANNOTATIONS, IMAGE, Stack
+from control.thawd import parked as pd
 from control.thawd import parking as pk
 
 from tests.conftest import BUILD, require
@@ -54,7 +55,7 @@ def ps(name, runsc_bin, request):
 
 
 def _parked_cgroups() -> list[Path]:
-    return sorted(p for p in Path("/sys/fs/cgroup").glob(f"*/{NAMESPACE}/{pk.ID_PREFIX}*") if p.is_dir())
+    return sorted(p for p in Path("/sys/fs/cgroup").glob(f"*/{NAMESPACE}/{pd.ID_PREFIX}*") if p.is_dir())
 
 
 def _sandboxes_under(base: Path) -> list[int]:
@@ -78,13 +79,13 @@ def _unmount_under(base: Path) -> None:
 
 
 def parked_dir(s: Stack) -> Path:
-    return s.base / "state" / "thawd" / pk.PARKED_DIR
+    return s.base / "state" / "thawd" / pd.PARKED_DIR
 
 
 def records(s: Stack) -> list[dict]:
     d = parked_dir(s)
     out = []
-    for r in sorted(d.glob(f"*/{pk.RECORD}")) if d.is_dir() else []:
+    for r in sorted(d.glob(f"*/{pd.RECORD}")) if d.is_dir() else []:
         try:
             out.append(json.loads(r.read_text()))
         except ValueError:
@@ -95,7 +96,7 @@ def records(s: Stack) -> list[dict]:
 def wait_parked(s: Stack, n: int = 1, timeout_s: float = 90) -> list[dict]:
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
-        recs = [r for r in records(s) if r["state"] == pk.PARKED]
+        recs = [r for r in records(s) if r["state"] == pd.PARKED]
         if len(recs) >= n:
             return recs
         time.sleep(0.2)
@@ -136,7 +137,7 @@ def test_next_container_adopts_the_parked_sandbox(ps):
     assert got == boot, "the container must be the parked sandbox, with the checkpointed memory"
     d = [x for x in ps.decisions() if x["id"] == "web"]
     assert [x["decision"] for x in d] == ["adopt", "restored"], d
-    assert Path(ps.ctrd.runsc_root / "thaw" / (pk.ALIAS_PREFIX + "web")).readlink() == Path(rec["id"])
+    assert Path(ps.ctrd.runsc_root / "thaw" / (pd.ALIAS_PREFIX + "web")).readlink() == Path(rec["id"])
     assert "web" not in runsc_list(ps), "no sandbox of the container's own id: it is the parked one"
     tasks = ps.ctrd.ctr("task", "ls").stdout
     assert any(line.split()[0] == "web" and "RUNNING" in line for line in tasks.splitlines()[1:]), tasks
@@ -150,7 +151,7 @@ def test_next_container_adopts_the_parked_sandbox(ps):
     # The shim's kill and delete reach the adopted sandbox; what it held goes with it.
     ps.ctrd.remove("web")
     assert rec["id"] not in runsc_list(ps)
-    assert not (ps.ctrd.runsc_root / "thaw" / (pk.ALIAS_PREFIX + "web")).is_symlink()
+    assert not (ps.ctrd.runsc_root / "thaw" / (pd.ALIAS_PREFIX + "web")).is_symlink()
     assert not (parked_dir(ps) / rec["id"]).exists()
     assert rec["id"] not in snapshots(ps)
     assert all(e["leases"] <= 1 for e in ps.stats()["entries"]), "only the new parked sandbox holds a lease"
@@ -251,7 +252,7 @@ def test_another_spec_restores_instead_of_adopting(ps):
     assert got == boot
     d = [x["decision"] for x in ps.decisions() if x["id"] == "other"]
     assert d == ["restore", "restored"], d
-    assert [r["id"] for r in records(ps) if r["state"] == pk.PARKED] == [rec["id"]], "the parked one stays"
+    assert [r["id"] for r in records(ps) if r["state"] == pd.PARKED] == [rec["id"]], "the parked one stays"
     ps.ctrd.remove("other")
 
 
@@ -259,7 +260,7 @@ def test_thawd_stop_removes_parked_sandboxes_and_spares_adopted_ones(ps):
     boot = seed(ps)
     ps.ctrd.run(IMAGE, "kept", ANNOTATIONS)
     assert ps.state("kept")[0] == boot
-    [adopted] = [r for r in records(ps) if r["state"] == pk.ADOPTED]
+    [adopted] = [r for r in records(ps) if r["state"] == pd.ADOPTED]
     [spare] = wait_parked(ps)
     ps.stop_thawd()
     assert spare["id"] not in runsc_list(ps), "a parked sandbox nobody adopted goes with thawd"
@@ -286,7 +287,7 @@ def test_a_park_over_the_budget_is_not_made(ps):
         time.sleep(0.3)
     else:
         raise AssertionError(f"no no-budget park: {ps.stats()['counters']}")
-    assert records(ps) == [] and [i for i in runsc_list(ps) if i.startswith(pk.ID_PREFIX)] == []
+    assert records(ps) == [] and [i for i in runsc_list(ps) if i.startswith(pd.ID_PREFIX)] == []
     ps.ctrd.run(IMAGE, "next", ANNOTATIONS)
     assert [x["decision"] for x in ps.decisions() if x["id"] == "next"] == ["restore", "restored"]
     ps.ctrd.remove("next")

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from control import config
+from control.thawd import parked as pd
 from control.thawd import parking as pk
 from control.thawd.containers import Containers, RuntimeRef
 from control.thawd.metrics import Metrics
@@ -47,15 +48,15 @@ def created(p: pk.Parking, cid: str, stdio: str = "null,null,null", **kw) -> Run
     return r
 
 
-def take(p: pk.Parking, r: RuntimeRef, spec: dict, key: str) -> pk.Parked | None:
+def take(p: pk.Parking, r: RuntimeRef, spec: dict, key: str) -> pd.Parked | None:
     """What prepare.py asks: a parked sandbox for `r`, with the stdio its record holds."""
     return p.take(r, spec, key, p.containers.stdio_of(r))
 
 
-def parked(p: pk.Parking, pid: str, key: str = "k", spec=SPEC, state=pk.PARKED, host=100, created=1.0,
-           flags=("--root=/run/ctrd/runsc/thaw", "--platform=systrap", "--log=/b/c0/log.json")) -> pk.Parked:
+def parked(p: pk.Parking, pid: str, key: str = "k", spec=SPEC, state=pd.PARKED, host=100, created=1.0,
+           flags=("--root=/run/ctrd/runsc/thaw", "--platform=systrap", "--log=/b/c0/log.json")) -> pd.Parked:
     import os
-    rec = pk.Parked(pid, key, "/run/ctrd/runsc/thaw", list(flags), f"/nonexistent/{pid}", pk.fingerprint(spec),
+    rec = pd.Parked(pid, key, "/run/ctrd/runsc/thaw", list(flags), f"/nonexistent/{pid}", pd.fingerprint(spec),
                     state=state, host_bytes=host, created=created, pid=os.getpid())   # a live "sandbox"
     p._parked[pid] = rec
     return rec
@@ -65,32 +66,32 @@ def test_fingerprint_ignores_only_what_thaw_makes_for_the_parked_sandbox():
     other = copy.deepcopy(SPEC)
     other["root"]["path"] = "/var/lib/thaw/thawd/parked/x/rootfs"
     other["linux"]["cgroupsPath"] = "/thaw/thaw-parked-x"
-    assert pk.fingerprint(other) == pk.fingerprint(SPEC)
+    assert pd.fingerprint(other) == pd.fingerprint(SPEC)
     for change in (lambda s: s["process"]["env"].append("B=2"), lambda s: s["mounts"].append(
             {"destination": "/data", "type": "bind", "source": "/srv/data"}),
             lambda s: s["annotations"].update({"x": "y"}), lambda s: s["linux"].update(
             {"resources": {"memory": {"limit": 1 << 30}}})):
         s = copy.deepcopy(SPEC)
         change(s)
-        assert pk.fingerprint(s) != pk.fingerprint(SPEC)
+        assert pd.fingerprint(s) != pd.fingerprint(SPEC)
 
 
 def test_parkable():
-    assert pk.parkable(SPEC) == ""
+    assert pd.parkable(SPEC) == ""
     joins = copy.deepcopy(SPEC)
     joins["linux"]["namespaces"][1]["path"] = "/var/run/netns/x"
-    assert "network namespace" in pk.parkable(joins)
+    assert "network namespace" in pd.parkable(joins)
     tty = copy.deepcopy(SPEC)
     tty["process"]["terminal"] = True
-    assert "terminal" in pk.parkable(tty)
+    assert "terminal" in pd.parkable(tty)
 
 
 def test_flags_less_and_with_the_per_container_logs(tmp_path):
     flags = ["--root=/r", "--log=/b/c1/log.json", "--log-format=json", "--panic-log=/l/c1/panic",
              "--platform=systrap", "--log", "/b/c1/other.json"]
-    assert pk.shared_flags(flags) == ["--root=/r", "--log-format=json", "--platform=systrap"]
-    out = pk.park_flags(flags, tmp_path)
-    assert out == ["--root=/r", "--platform=systrap", f"--log={tmp_path / pk.RUNSC_LOG}", "--log-format=json",
+    assert pd.shared_flags(flags) == ["--root=/r", "--log-format=json", "--platform=systrap"]
+    out = pd.park_flags(flags, tmp_path)
+    assert out == ["--root=/r", "--platform=systrap", f"--log={tmp_path / pd.RUNSC_LOG}", "--log-format=json",
                    f"--panic-log={tmp_path / 'panic.log'}"]
 
 
@@ -101,7 +102,7 @@ def test_flags_less_and_with_the_per_container_logs(tmp_path):
     ("", ""),
 ])
 def test_cgroups_path_is_beside_the_templates(path, want):
-    assert pk.cgroups_path(path, "thaw-parked-1") == want
+    assert pd.cgroups_path(path, "thaw-parked-1") == want
 
 
 def test_take_matches_key_root_flags_and_spec(tmp_path):
@@ -119,7 +120,7 @@ def test_take_matches_key_root_flags_and_spec(tmp_path):
     # Another --log (the adopter's own bundle) is fine, and so is another order of the flags (the
     # shim renders runsc.toml's from a Go map).
     got = take(p, created(p, "x", flags=("--platform=systrap", "--root=/run/ctrd/runsc/thaw")), SPEC, "k")
-    assert got is not None and got.id == "thaw-parked-a" and got.state == pk.ADOPTING and got.adopted_by == "x"
+    assert got is not None and got.id == "thaw-parked-a" and got.state == pd.ADOPTING and got.adopted_by == "x"
     assert take(p, created(p, "y"), SPEC, "k") is None, "a parked sandbox is adopted once"
 
 
@@ -150,7 +151,7 @@ def test_budget_removes_less_recently_started_keys_first(tmp_path, monkeypatch):
     monkeypatch.setattr(p, "_destroy", lambda rec, why, relay=None: (destroyed.append(rec.id),
                                                                       p._parked.pop(rec.id)))
     for key, when in (("old", 10.0), ("mid", 20.0), ("new", 30.0)):
-        p._templates[key] = pk.Template(key, "/r", [], SPEC, "thaw", "overlayfs", "sha256:x", last_demand=when)
+        p._templates[key] = pd.Template(key, "/r", [], SPEC, "thaw", "overlayfs", "sha256:x", last_demand=when)
     parked(p, "p-old", key="old", host=400 << 20)
     parked(p, "p-mid", key="mid", host=400 << 20)
     assert p._make_room(p._templates["new"], 300 << 20) is True
@@ -162,8 +163,8 @@ def test_budget_removes_less_recently_started_keys_first(tmp_path, monkeypatch):
 
 def test_adopted_sandboxes_do_not_count_against_the_budget(tmp_path):
     p = parking(tmp_path, THAW_PARK_MEMORY_BUDGET_BYTES="1000m")
-    p._templates["k"] = pk.Template("k", "/r", [], SPEC, "thaw", "overlayfs", "sha256:x", last_demand=1.0)
-    parked(p, "p-adopted", state=pk.ADOPTED, host=900 << 20)
+    p._templates["k"] = pd.Template("k", "/r", [], SPEC, "thaw", "overlayfs", "sha256:x", last_demand=1.0)
+    parked(p, "p-adopted", state=pd.ADOPTED, host=900 << 20)
     assert p._make_room(p._templates["k"], 900 << 20) is True
 
 
@@ -171,9 +172,9 @@ def test_expire_removes_only_idle_parked_sandboxes(tmp_path, monkeypatch):
     p = parking(tmp_path, THAW_PARK_IDLE_S="100")
     destroyed = []
     monkeypatch.setattr(p, "_destroy", lambda rec, why, relay=None: destroyed.append(rec.id))
-    p._templates["k"] = pk.Template("k", "/r", [], SPEC, "thaw", "overlayfs", "sha256:x", last_demand=1000.0)
+    p._templates["k"] = pd.Template("k", "/r", [], SPEC, "thaw", "overlayfs", "sha256:x", last_demand=1000.0)
     parked(p, "p-fresh", created=1050.0)
-    parked(p, "p-adopted", state=pk.ADOPTED, created=0.0)
+    parked(p, "p-adopted", state=pd.ADOPTED, created=0.0)
     assert p.expire(now=1090.0) == []
     assert p.expire(now=1200.0) == ["p-fresh"]
     assert destroyed == ["p-fresh"]
@@ -183,12 +184,12 @@ def test_recover_removes_unadopted_records_and_keeps_adopted_ones(tmp_path, monk
     p = parking(tmp_path)
     root = tmp_path / "root"
     root.mkdir()
-    for pid, state, adopter in (("p-left", pk.PARKED, ""), ("p-live", pk.ADOPTED, "c1"), ("p-gone", pk.ADOPTED, "c2")):
-        rec = pk.Parked(pid, "k", str(root), [], str(p.dir / pid), "fp", state=state, adopted_by=adopter)
+    for pid, state, adopter in (("p-left", pd.PARKED, ""), ("p-live", pd.ADOPTED, "c1"), ("p-gone", pd.ADOPTED, "c2")):
+        rec = pd.Parked(pid, "k", str(root), [], str(p.dir / pid), "fp", state=state, adopted_by=adopter)
         Path(rec.dir).mkdir(parents=True)
         p._save(rec)
     (p.dir / "p-junk").mkdir()          # no record at all
-    (root / (pk.ALIAS_PREFIX + "c1")).symlink_to("p-live")
+    (root / (pd.ALIAS_PREFIX + "c1")).symlink_to("p-live")
     destroyed = []
     monkeypatch.setattr(p, "_destroy", lambda rec, why, relay=None: destroyed.append(rec.id))
     p.recover()
@@ -199,7 +200,7 @@ def test_recover_removes_unadopted_records_and_keeps_adopted_ones(tmp_path, monk
 
 def test_host_memory_of_this_process_has_no_memfd():
     import os
-    m = pk.host_memory(os.getpid())
+    m = pd.host_memory(os.getpid())
     assert m["processes"] >= 1 and m["memfd_bytes"] == 0 and m["rss_kb"] > 0
 
 
@@ -207,8 +208,8 @@ def test_fingerprint_names_which_kind_of_network_not_which_namespace():
     lo_a, lo_b = copy.deepcopy(SPEC), copy.deepcopy(SPEC)
     lo_a["linux"]["namespaces"][1]["path"] = "/var/run/netns/gpu-node-a"
     lo_b["linux"]["namespaces"][1]["path"] = "/var/run/netns/thawpark-1"
-    assert pk.fingerprint(lo_a) == pk.fingerprint(lo_b), "two loopback-only namespaces are one network"
-    assert pk.fingerprint(lo_a) != pk.fingerprint(SPEC), "loopback-only is not a new, empty namespace"
+    assert pd.fingerprint(lo_a) == pd.fingerprint(lo_b), "two loopback-only namespaces are one network"
+    assert pd.fingerprint(lo_a) != pd.fingerprint(SPEC), "loopback-only is not a new, empty namespace"
 
 
 def test_sandbox_processes_runsc_no_longer_knows_are_killed_by_root_and_id():
@@ -225,7 +226,7 @@ def test_sandbox_processes_runsc_no_longer_knows_are_killed_by_root_and_id():
         fake("/r/thaw", "thaw-parked-y")
     try:
         time.sleep(0.5)     # exec'd: its command line is the fake one
-        assert pk._kill_sandbox_processes("/r/thaw", "thaw-parked-x") == [mine.pid]
+        assert pd._kill_sandbox_processes("/r/thaw", "thaw-parked-x") == [mine.pid]
         assert mine.wait(10) == -9
         assert other_root.poll() is None and other_id.poll() is None
     finally:
