@@ -19,12 +19,13 @@ import socket
 import sys
 import time
 import uuid
+from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Protocol
 
 from control import config as configmod
 from control.config import Settings
 from control.errors import ThawError, Timeout
-from control.cli.progress import Progress
 from control.lifecycle.sandbox import Sandboxes
 from runsc_hooks import spec as specmod
 
@@ -70,7 +71,13 @@ def demo_spec(settings: Settings, sid: str, model_mb: int) -> dict:
         extra_mounts=specmod.host_layout(binds), hostname="thaw-demo")
 
 
-def run(settings: Settings, progress: Progress, keep: bool = False, model_mb: int | None = None) -> dict:
+class Steps(Protocol):
+    """What the demo reports its steps to (the CLI's control/cli/progress.py Progress)."""
+
+    def step(self, what: str) -> AbstractContextManager: ...
+
+
+def run(settings: Settings, progress: Steps, keep: bool = False, model_mb: int | None = None) -> dict:
     model_mb = model_mb or DEFAULT_MODEL_MB
     sb = Sandboxes(settings)
     tag = uuid.uuid4().hex[:6]

@@ -13,44 +13,26 @@ paths the node itself will see. docs/provision.md describes every step.
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import shutil
 import subprocess
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from control.node import containerd_config as cc
 from control.node import doctor
 from control import config
 from control.config import DEFAULT_CONFIG_FILE, Settings
 from control.errors import PreconditionError, ProvisionError, ThawError
-from control.files import write_file_atomic
-from nvproxy import cdi, helper
+from nvproxy import helper
 from nvproxy.gpu import NodeGpus
+from control.node.hugepages import (THP_DEFRAG, THP_DEFRAG_OK, THP_DIR, THP_NAMES, THP_SHMEM,  # noqa: F401
+                                    THP_TMPFILES, HostHugePages, huge_pages_steps, thp_read, thp_selected,
+                                    thp_tmpfiles, thp_wanted, thp_write)
+from control.node.steps import (CDI_SPEC, CREATE, NONE, RUN, SKIP, UPDATE, CdiSpec, Command, ContainerdImports,  # noqa: F401
+                                Layout, MakeDir, Plan, Skip, Step, Symlink, WriteFile, write_atomic)
 
 RUNSC_TOML = Path("/etc/thaw/runsc.toml")
 UNIT = Path("/etc/systemd/system/thawd.service")
 UNIT_WANTS = Path("/etc/systemd/system/multi-user.target.wants/thawd.service")
-# The CDI spec provision writes when no spec defines nvidia.com/gpu: in the
-# static directory (cdi.CDI_DIRS[0]), which outlives a reboot (/var/run does not).
-CDI_SPEC = cdi.CDI_DIRS[0] / "thaw-nvidia.json"
-
-CREATE, UPDATE, NONE, SKIP, RUN = "create", "update", "none", "skip", "run"
-
-# Host shmem THP (node.huge_pages). runsc backs a sandbox's memory file with huge
-# pages only when shmem_enabled is "advise" and defrag one of THP_DEFRAG_OK
-# (runsc/boot/loader.go createMemoryFile: the others may direct-compact where
-# native anonymous memory would not). Not "always": it halves nvproxy's pageable
-# copies (gVisor #12804). Measured on the H200: docs/gpu.md "Measured (H200, 2026-12-01)".
-THP_DIR = Path("/sys/kernel/mm/transparent_hugepage")
-THP_SHMEM = "advise"
-THP_DEFRAG_OK = ("always", "defer", "never")
-THP_DEFRAG = "defer"          # wakes kcompactd instead of compacting in the fault
-THP_TMPFILES = Path("/etc/tmpfiles.d/thaw-huge-pages.conf")   # systemd-tmpfiles writes sysfs at boot
-THP_NAMES = ("shmem_enabled", "defrag")
 
 # What provision installs into <node.install_dir>/bin: (file name, required).
 # The stand-in is optional until it is built (go/cmd/thaw-runsc): without it
@@ -88,20 +70,6 @@ class Options:
 
 
 @dataclass
-class Plan:
-    step: str
-    target: str
-    action: str                # create | update | none | skip | run
-    detail: str = ""
-    warning: bool = False      # a skip the operator should know about
-    error: str = ""            # the step cannot be planned: provision changes nothing, doctor fails it
-    result: str = ""           # after apply: created | updated | unchanged | skipped | ran
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-@dataclass
 class Report:
     checks: list[doctor.Check]
     plans: list[Plan]
@@ -125,307 +93,6 @@ class Report:
                 "checks": [c.to_dict() for c in self.checks],
                 "steps": [p.to_dict() for p in self.plans],
                 "compatibility_tuple": self.compat, "notes": self.notes}
-
-
-class Layout:
-    """Maps the node's paths into the tree being provisioned."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-
-    def host(self, path: Path) -> Path:
-        if not path.is_absolute():
-            raise ThawError(f"{path}: expected an absolute path")
-        return self.root / path.relative_to("/")
-
-
-# -- steps ------------------------------------------------------------------------
-
-class Step:
-    name = ""
-
-    def plan(self, earlier: list[Plan]) -> Plan:
-        raise NotImplementedError
-
-    def apply(self, plan: Plan) -> None:
-        raise NotImplementedError
-
-
-class WriteFile(Step):
-    """A file with given content (or a copy of `source`) and mode."""
-
-    def __init__(self, name: str, layout: Layout, dest: Path, mode: int, *, content: str | None = None,
-                 source: Path | None = None, only_if_absent: bool = False, compare: bool = True) -> None:
-        self.name, self.dest, self.mode = name, dest, mode
-        self.target = layout.host(dest)
-        self.content = content.encode() if content is not None else None
-        self.source = source
-        self.only_if_absent = only_if_absent
-        self.compare = compare
-
-    def plan(self, earlier: list[Plan]) -> Plan:
-        t = self.target
-        mode = f"{self.mode:04o}"
-        if not t.exists() and not t.is_symlink():
-            if self.content is None and (self.source is None or not self.source.is_file()):
-                return Plan(self.name, str(t), CREATE, f"missing, and no source {self.source} to install from")
-            return Plan(self.name, str(t), CREATE, f"mode {mode}")
-        if not t.is_file() or t.is_symlink():
-            return Plan(self.name, str(t), UPDATE, "not a regular file: replaced")
-        if self.only_if_absent:
-            return Plan(self.name, str(t), NONE, "exists; left as it is")
-        if self.compare and not self._same_content():
-            return Plan(self.name, str(t), UPDATE, "content differs")
-        have = t.stat().st_mode & 0o7777
-        if have != self.mode:
-            return Plan(self.name, str(t), UPDATE, f"mode {have:04o} -> {mode}")
-        return Plan(self.name, str(t), NONE, f"up to date, mode {mode}")
-
-    def _same_content(self) -> bool:
-        if self.content is not None:
-            return self.target.read_bytes() == self.content
-        if self.source is None or not self.source.is_file():
-            return True     # nothing to compare with: the installed copy stays
-        if self.source.stat().st_size != self.target.stat().st_size:
-            return False
-        return _sha256(self.source) == _sha256(self.target)
-
-    def apply(self, plan: Plan) -> None:
-        if plan.action == UPDATE and plan.detail.startswith("mode "):
-            os.chmod(self.target, self.mode)
-            return
-        if self.content is None and (self.source is None or not self.source.is_file()):
-            raise ThawError(f"no source to install {self.target} from: {self.source} is missing")
-        write_atomic(self.target, self.mode, data=self.content, source=self.source)
-
-
-class MakeDir(Step):
-    def __init__(self, name: str, layout: Layout, dest: Path, mode: int) -> None:
-        self.name, self.mode = name, mode
-        self.target = layout.host(dest)
-
-    def plan(self, earlier: list[Plan]) -> Plan:
-        mode = f"{self.mode:04o}"
-        if not self.target.is_dir():
-            return Plan(self.name, str(self.target), CREATE, f"directory, mode {mode}")
-        have = self.target.stat().st_mode & 0o7777
-        if have != self.mode:
-            return Plan(self.name, str(self.target), UPDATE, f"mode {have:04o} -> {mode}")
-        return Plan(self.name, str(self.target), NONE, f"exists, mode {mode}")
-
-    def apply(self, plan: Plan) -> None:
-        self.target.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.target, self.mode)
-
-
-class Symlink(Step):
-    """What `systemctl enable` does: a symlink in the target's .wants directory."""
-
-    def __init__(self, name: str, layout: Layout, link: Path, points_to: Path) -> None:
-        self.name, self.points_to = name, points_to
-        self.target = layout.host(link)
-
-    def plan(self, earlier: list[Plan]) -> Plan:
-        want = str(self.points_to)
-        if self.target.is_symlink():
-            have = os.readlink(self.target)
-            if have == want:
-                return Plan(self.name, str(self.target), NONE, f"-> {want}")
-            return Plan(self.name, str(self.target), UPDATE, f"-> {have} becomes -> {want}")
-        if self.target.exists():
-            return Plan(self.name, str(self.target), UPDATE, f"a file, replaced by a link -> {want}")
-        return Plan(self.name, str(self.target), CREATE, f"-> {want}")
-
-    def apply(self, plan: Plan) -> None:
-        self.target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.target.with_name(f".{self.target.name}.partial-{os.getpid()}")
-        if tmp.is_symlink() or tmp.exists():
-            tmp.unlink()
-        os.symlink(self.points_to, tmp)
-        os.replace(tmp, self.target)
-
-
-class ContainerdImports(Step):
-    """Make the main containerd config import the drop-in directory (one line)."""
-
-    name = "containerd-imports"
-
-    def __init__(self, layout: Layout, config: Path, dropin_dir: Path) -> None:
-        self.config, self.dropin_dir = config, dropin_dir
-        self.target = layout.host(config)
-        self.edit: cc.ImportsEdit | None = None
-
-    def plan(self, earlier: list[Plan]) -> Plan:
-        text = self.target.read_text() if self.target.is_file() else None
-        self.edit = cc.ensure_import(text, self.config, self.dropin_dir)
-        if self.edit.text is None:
-            return Plan(self.name, str(self.target), NONE, self.edit.reason)
-        action = CREATE if text is None else UPDATE
-        detail = self.edit.reason + ("" if text is None else f"; backup {self.target.name}.thaw-backup")
-        return Plan(self.name, str(self.target), action, detail)
-
-    def apply(self, plan: Plan) -> None:
-        assert self.edit is not None and self.edit.text is not None
-        mode = 0o644
-        if self.target.is_file():
-            st = self.target.stat()
-            mode = st.st_mode & 0o7777
-            backup = _free_name(self.target.with_name(self.target.name + ".thaw-backup"))
-            shutil.copy2(self.target, backup)
-            plan.detail += f" (backup: {backup})"
-        write_atomic(self.target, mode, data=self.edit.text.encode())
-
-
-class Command(Step):
-    """A command on the live node, run only when `when(earlier)` says so."""
-
-    def __init__(self, name: str, argv: list[str], when: Callable[[list[Plan]], tuple[bool, str]]) -> None:
-        self.name, self.argv, self.when = name, argv, when
-
-    def plan(self, earlier: list[Plan]) -> Plan:
-        run, why = self.when(earlier)
-        return Plan(self.name, " ".join(self.argv), RUN if run else SKIP, why)
-
-    def apply(self, plan: Plan) -> None:
-        proc = subprocess.run(self.argv, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
-        if proc.returncode != 0:
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-            raise ThawError(f"`{' '.join(self.argv)}` exited {proc.returncode}: {tail[0]}")
-
-
-class Skip(Step):
-    def __init__(self, name: str, target: str, reason: str, warning: bool = True) -> None:
-        self.name, self.target, self.reason, self.warning = name, target, reason, warning
-
-    def plan(self, earlier: list[Plan]) -> Plan:
-        return Plan(self.name, self.target, SKIP, self.reason, warning=self.warning)
-
-    def apply(self, plan: Plan) -> None:  # pragma: no cover - skips are never applied
-        pass
-
-
-class CdiSpec(Step):
-    """The node's CDI spec for its GPUs (nvproxy/cdi.py): left alone when a spec
-    in the CDI directories other than ours defines nvidia.com/gpu (the NVIDIA
-    container toolkit's, say); else ours, generated from the GPUs and the
-    driver files on this node and kept in step with them.
-
-    `generate` is nvproxy.cdi.generate (a seam for tests: its driver
-    directories and device-node test)."""
-
-    name = "cdi spec"
-
-    def __init__(self, layout: Layout, gpus: NodeGpus,
-                 generate: Callable[[NodeGpus], dict] = cdi.generate) -> None:
-        self.layout, self.gpus, self.generate = layout, gpus, generate
-        self.target = layout.host(CDI_SPEC)
-        self.doc: dict | None = None
-
-    def plan(self, earlier: list[Plan]) -> Plan:
-        t = str(self.target)
-        try:
-            reg = cdi.load_dirs([self.layout.host(d) for d in cdi.CDI_DIRS], exclude=[self.target])
-        except ThawError as e:
-            why = f"cannot read the CDI specs already there: {e}"
-            return Plan(self.name, t, SKIP, why, warning=True, error=why)
-        theirs = [s.path for s in reg.specs if s.kind == cdi.NVIDIA_KIND]
-        if theirs:
-            return Plan(self.name, theirs[-1], SKIP, f"{cdi.NVIDIA_KIND} spec exists: {theirs[-1]}")
-        try:
-            self.doc = self.generate(self.gpus)
-        except ThawError as e:
-            why = f"cannot generate a CDI spec: {e}"
-            return Plan(self.name, t, SKIP, why, warning=True, error=why)
-        if not self.target.exists():
-            return Plan(self.name, t, CREATE, "generated from this node's GPUs and driver files, mode 0644")
-        try:
-            same = json.loads(self.target.read_text()) == self.doc
-        except (OSError, ValueError):
-            same = False
-        if not same:
-            return Plan(self.name, t, UPDATE, "differs from this node's GPUs and driver files")
-        have = self.target.stat().st_mode & 0o7777
-        if have != 0o644:
-            return Plan(self.name, t, UPDATE, f"mode {have:04o} -> 0644")
-        return Plan(self.name, t, NONE, "up to date, mode 0644")
-
-    def apply(self, plan: Plan) -> None:
-        assert self.doc is not None
-        cdi.write_spec(self.doc, self.target.parent, self.target.name, mode=0o644)
-
-
-def thp_selected(text: str) -> str:
-    """The selected word of a THP sysfs file ("always [madvise] never" -> "madvise");
-    a file holding one bare word (a tree made for tests) is that word."""
-    words = text.split()
-    chosen = [w[1:-1] for w in words if w.startswith("[") and w.endswith("]")]
-    return chosen[0] if chosen else (words[0] if len(words) == 1 else "")
-
-
-def thp_read(d: Path) -> dict[str, str]:
-    """The selected value of each of the host's THP settings in `d` (THP_DIR, or its
-    place in a tree); OSError when they cannot be read."""
-    return {n: thp_selected((d / n).read_text()) for n in THP_NAMES}
-
-
-def thp_write(d: Path, values: dict[str, str]) -> None:
-    """Set the host's THP settings in `d` (thp_read's twin); sysfs: one write each,
-    no temp file and rename."""
-    for n, v in values.items():
-        (d / n).write_text(v)
-
-
-def thp_wanted(layout: Layout) -> dict[str, str]:
-    """The values provision sets: shmem_enabled advise; the host's defrag where runsc
-    accepts it, else defer."""
-    try:
-        defrag = thp_selected(layout.host(THP_DIR / "defrag").read_text())
-    except OSError:
-        defrag = ""
-    return {"shmem_enabled": THP_SHMEM, "defrag": defrag if defrag in THP_DEFRAG_OK else THP_DEFRAG}
-
-
-def thp_tmpfiles(values: dict[str, str]) -> str:
-    return ("# Written by `thaw provision` (node.huge_pages): runsc backs a sandbox's memory with huge\n"
-            "# pages only with these host settings (docs/provision.md).\n"
-            + "".join(f"w {THP_DIR / name} - - - - {value}\n" for name, value in values.items()))
-
-
-class HostHugePages(Step):
-    """The host's shmem THP settings, now (sysfs); THP_TMPFILES keeps them across reboots."""
-
-    name = "host huge pages"
-
-    def __init__(self, layout: Layout, values: dict[str, str]) -> None:
-        self.layout, self.values = layout, values
-        self.dir = layout.host(THP_DIR)
-
-    def plan(self, earlier: list[Plan]) -> Plan:
-        t = str(self.dir)
-        try:
-            have = thp_read(self.dir)
-        except OSError as e:
-            return Plan(self.name, t, SKIP, f"cannot read the host's THP settings ({e}): runsc backs "
-                        "sandboxes' memory with 4 KiB pages (slower GPU restores, docs/gpu.md)", warning=True)
-        if have["shmem_enabled"] == THP_SHMEM and have["defrag"] in THP_DEFRAG_OK:
-            return Plan(self.name, t, NONE, f"shmem_enabled {have['shmem_enabled']}, defrag {have['defrag']}")
-        return Plan(self.name, t, UPDATE, ", ".join(f"{n} {have[n] or '?'} -> {v}" for n, v in self.values.items()
-                                                   if have[n] != v))
-
-    def apply(self, plan: Plan) -> None:
-        # A value runsc takes is left alone.
-        thp_write(self.dir, {n: v for n, v in self.values.items() if thp_selected((self.dir / n).read_text()) != v})
-
-
-def huge_pages_steps(settings: Settings, lay: Layout, gpu: bool) -> list[Step]:
-    if settings.huge_pages == "no" or (settings.huge_pages == "auto" and not gpu):
-        why = ("node.huge_pages = no: the host's settings are left as they are" if settings.huge_pages == "no"
-               else "CPU node (node.huge_pages = auto sets them on GPU nodes)")
-        return [Skip("host huge pages", str(lay.host(THP_DIR)), why, warning=False),
-                Skip("huge pages at boot", str(lay.host(THP_TMPFILES)), why, warning=False)]
-    values = thp_wanted(lay)
-    return [HostHugePages(lay, values),
-            WriteFile("huge pages at boot", lay, THP_TMPFILES, 0o644, content=thp_tmpfiles(values))]
 
 
 # -- the plan -------------------------------------------------------------------
@@ -691,34 +358,3 @@ def _installed(p: Plan) -> doctor.Check:
                             "(run `thaw provision`)")
     return doctor.Check(p.step, doctor.WARN, f"{p.target}: {p.detail}; differs from what "
                         "`thaw provision` writes")
-
-
-def write_atomic(path: Path, mode: int, *, data: bytes | None = None, source: Path | None = None) -> None:
-    """Write `data` (or copy `source`) to `path` durably: control.files.write_file_atomic, then
-    the directory fsynced so that the rename survives a crash."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-
-    def fill(f) -> None:
-        if data is not None:
-            f.write(data)
-        else:
-            assert source is not None
-            with open(source, "rb") as src:
-                shutil.copyfileobj(src, f, 1 << 20)
-    write_file_atomic(path, fill, mode, durable_rename=True)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _free_name(path: Path) -> Path:
-    n, candidate = 1, path
-    while candidate.exists():
-        n += 1
-        candidate = path.with_name(f"{path.name}.{n}")
-    return candidate
