@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from control.errors import NotFound, PreconditionError, SpecError
+from control.errors import NotFound, PreconditionError, SpecError, UserError
 from nvproxy.gpu import NodeGpus
 from control.files import write_json_atomic
 
@@ -380,6 +380,35 @@ def requested_devices(spec: dict) -> list[str]:
                 if name not in out:
                     out.append(name)
     return out
+
+
+# The NVIDIA device plugin's default way to name a container's GPUs (its "envvar"
+# strategy): the kubelet puts them into the container's environment, and the NVIDIA
+# container runtime, which runsc is not, turns them into devices. The values that
+# name none (NVIDIA container toolkit: "void" and "none" keep the driver out, an
+# empty value means no GPU) and a path (the "volume-mounts" strategy) request nothing.
+VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
+_NO_GPU = ("", "void", "none")
+_GPU_WORD = re.compile(r"^(all|[0-9]+|(GPU|MIG)-[0-9A-Za-z-]+)$")
+
+
+def visible_devices(spec: dict) -> list[str]:
+    """The CDI devices (nvidia.com/gpu=...) a spec asks for through NVIDIA_VISIBLE_DEVICES
+    when nothing has given it a GPU yet (no /dev/nvidiactl among its devices: containerd
+    injects CDI devices and cdi.k8s.io/* requests itself); [] otherwise. UserError for a
+    value that names no GPU in a way thaw knows."""
+    if any(d.get("path") == CONTROL_NODES[0] for d in (spec.get("linux") or {}).get("devices") or []):
+        return []
+    env = dict(e.split("=", 1) for e in (spec.get("process") or {}).get("env") or [] if "=" in e)
+    value = env.get(VISIBLE_DEVICES_ENV)
+    if value is None or value.strip() in _NO_GPU or value.startswith("/"):
+        return []
+    words = [w.strip() for w in value.split(",") if w.strip()]
+    bad = [w for w in words if not _GPU_WORD.match(w)]
+    if bad:
+        raise UserError(f"{VISIBLE_DEVICES_ENV}={value!r}: {', '.join(bad)} is no GPU index, UUID or 'all'",
+                        field=VISIBLE_DEVICES_ENV)
+    return list(dict.fromkeys(f"{NVIDIA_KIND}={w}" for w in words))
 
 
 def _device_entry(node: DeviceNode, stat: Callable[[str], os.stat_result]) -> dict:

@@ -63,12 +63,17 @@ SEALED_OVERHEAD = NONCE_BYTES + TAG_BYTES   # twin: go/internal/fetch/crypt.go S
 ENCRYPTION = "aes-256-gcm-convergent-v1"
 SEALED_MANIFEST_MAGIC = b"thaw-sealed-manifest-v1\n"
 SEALED_ORDER_MAGIC = b"thaw-sealed-order-v1\n"
+SEALED_POD_TABLE_MAGIC = b"thaw-sealed-pod-table-v1\n"
 
 _CHUNK_KEY = b"thaw/chunk-key/v1\0"
 _CHUNK_NONCE = b"thaw/chunk-nonce/v1\0"
 _CHUNK_NAME = b"thaw/chunk-name/v1\0"
 _MANIFEST_KEY = b"thaw/manifest-key/v1\0"
 _ORDER_KEY = b"thaw/order-key/v1\0"
+_POD_TABLE_KEY = b"thaw/pod-table-key/v1\0"
+# The HMAC label of a pod table's integrity tag (control/thawd/podtables.py): not a
+# manifest's, so neither can pass for the other.
+POD_TABLE_TAG_LABEL = b"thaw/pod-table-tag/v1\0"
 MANIFEST_TAG_LABEL = b"thaw/manifest-tag/v1\0"
 
 
@@ -186,6 +191,28 @@ def open_order(tenant_key: bytes, tenant: str, key: str, tuple_hash: str, body: 
         return AESGCM(ok).decrypt(rest[:NONCE_BYTES], rest[NONCE_BYTES:], _manifest_aad(tenant, key, tuple_hash))
     except (InvalidTag, ValueError):
         raise ValueError("it does not open with this tenant's key for this key and tuple") from None
+
+
+# -- pod tables (control/thawd/podtables.py) ----------------------------------------------
+
+def seal_pod_table(tenant_key: bytes, tenant: str, lookup: str, key: str, body: bytes) -> bytes:
+    """A pod table as stored for an encrypted tenant (which containers a pod's image
+    holds: their images and specs are the tenant's to know), bound to where it is stored."""
+    tk = _hmac(tenant_key, _POD_TABLE_KEY)
+    nonce = secrets.token_bytes(NONCE_BYTES)
+    return SEALED_POD_TABLE_MAGIC + nonce + AESGCM(tk).encrypt(nonce, body, _manifest_aad(tenant, lookup, key))
+
+
+def open_pod_table(tenant_key: bytes, tenant: str, lookup: str, key: str, body: bytes) -> bytes:
+    """The JSON of a sealed pod table; ValueError when it is not one or does not open here."""
+    if not body.startswith(SEALED_POD_TABLE_MAGIC):
+        raise ValueError("it is not sealed, but this tenant's images are (store.encrypt)")
+    rest = body[len(SEALED_POD_TABLE_MAGIC):]
+    tk = _hmac(tenant_key, _POD_TABLE_KEY)
+    try:
+        return AESGCM(tk).decrypt(rest[:NONCE_BYTES], rest[NONCE_BYTES:], _manifest_aad(tenant, lookup, key))
+    except (InvalidTag, ValueError):
+        raise ValueError("it does not open with this tenant's key for this lookup and key") from None
 
 
 # -- the keyring --------------------------------------------------------------------------

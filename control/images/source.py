@@ -166,9 +166,12 @@ class ImageSource:
                  "published" if r.published else "another writer published first")
         return r.published
 
-    def _store(self, key: str) -> Store:
-        """The store as the tenant of `key` sees it (KeyMissing when it must encrypt and has no key)."""
+    def store_for(self, key: str) -> Store:
+        """The store as the tenant of `key` (a workload key, or a pod's lookup key: both
+        start with the tenant) sees it; KeyMissing when it must encrypt and has no key."""
         return tenant_store(self.s, store_tenant(key), self.store, self.keys)
+
+    _store = store_for
 
     def entries(self) -> list[dict]:
         return [{"key": e.key, "tuple_hash": e.tuple.hash(), "bytes": e.size, "leases": e.leases,

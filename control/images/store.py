@@ -307,6 +307,48 @@ class Store:
         except (ClientError, BotoCoreError) as e:
             raise self._fail("put", name, e) from None
 
+    # -- pod tables (control/thawd/podtables.py) -----------------------------------
+
+    def pod_table_name(self, lookup: str, key: str) -> str:
+        """One object per (lookup key, pod key): two versions of a workload keep both."""
+        return f"{self.prefix}pods/{lookup}/{key}.json"
+
+    def put_pod_table(self, lookup: str, key: str, body: bytes) -> None:
+        """Last writer wins: a table says what its key's pods are made of, the same for every writer."""
+        name = self.pod_table_name(lookup, key)
+        try:
+            self.policy.call(lambda: self.client.put_object(Bucket=self.bucket, Key=name, Body=body,
+                                                            ContentType="application/json"))
+        except (ClientError, BotoCoreError) as e:
+            raise self._fail("put", name, e) from None
+
+    def get_pod_table(self, lookup: str, key: str, max_bytes: int) -> bytes | None:
+        """A pod table's bytes, read no further than `max_bytes` + 1 (a ranged GET: a
+        larger object is never read whole); None when it does not exist."""
+        name = self.pod_table_name(lookup, key)
+        try:
+            return self.policy.call(lambda: self.reader.get_object(
+                Bucket=self.bucket, Key=name, Range=f"bytes=0-{max_bytes}")["Body"].read(max_bytes + 1))
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in _NOT_FOUND | {"InvalidRange"}:
+                return None
+            raise self._fail("get", name, e) from None
+        except BotoCoreError as e:
+            raise self._fail("get", name, e) from None
+
+    def list_pod_tables(self, lookup: str, limit: int) -> list[tuple[str, float]]:
+        """(pod key, last modified as a Unix time) of a lookup key's tables, newest first,
+        at most `limit` (one listing page)."""
+        base = f"{self.prefix}pods/{lookup}/"
+        try:
+            page = self.policy.call(lambda: self.reader.list_objects_v2(Bucket=self.bucket, Prefix=base,
+                                                                        MaxKeys=1000))
+        except (ClientError, BotoCoreError) as e:
+            raise self._fail("list", base, e) from None
+        out = [(o["Key"][len(base):].removesuffix(".json"), o["LastModified"].timestamp())
+               for o in page.get("Contents", []) if o["Key"].endswith(".json") and "/" not in o["Key"][len(base):]]
+        return sorted(out, key=lambda t: -t[1])[:limit]
+
     def list_manifests(self, key: str | None = None) -> Iterator[tuple[str, str, int]]:
         """(key, tuple_hash, bytes) of every manifest, or of one key's."""
         base = f"{self.prefix}manifests/" + (f"{key}/" if key else "")

@@ -161,7 +161,7 @@ class Engine:
     # -- checkpoint ------------------------------------------------------------
 
     def checkpoint(self, h: Handle, out: Path, stop_after: bool = False, timeout_s: float | None = None,
-                   hooks_on: Handle | None = None) -> Saved:
+                   hooks_on: Handle | None = None, cuda_on: list[Handle] | None = None) -> Saved:
         """Save sandbox `h` into the new directory `out` (created by runsc; its parent must exist).
 
         The gate is closed from before the pre-checkpoint hooks until the image is
@@ -169,9 +169,17 @@ class Engine:
         killed once the image is complete (the caller removes what is left). On any
         failure the workload is still serving (its gate open again) and
         CheckpointFailed says so; `out` is removed.
+
+        `cuda_on`: the GPU containers of a pod's sandbox (`h` is its pause container,
+        which holds no GPU): runsc runs the CUDA helper inside each CUDA process's own
+        container, so each must have it mounted; one path names it for all.
         """
         spec = h.spec()
-        cuda = cudamod.helper_path(spec)  # before anything happens: a clear error, nothing closed
+        # Before anything happens: a clear error, nothing closed.
+        cuda = cudamod.helper_path(spec)
+        for g in cuda_on or []:
+            cuda = cudamod.helper_path(g.spec()) or cuda
+        gpu_containers = [h] if cudamod.uses_gpu(spec) else list(cuda_on or [])
         gated = h.gate is not None and gatemod.close(h.gate, h.mark or self.s.network_probe_mark, "checkpoint")
         t0 = time.monotonic()
         hooks: list[dict] = []
@@ -189,8 +197,8 @@ class Engine:
         except BaseException as e:
             _remove_tree(out)
             st = status(h.runsc, h.id)
-            resumed = cudamod.CudaProcesses(h.runsc, h.id, cuda).resume_after_failed_save() \
-                if cuda and st == "running" else []
+            resumed = [n for g in gpu_containers for n in cudamod.CudaProcesses(g.runsc, g.id, cuda)
+                       .resume_after_failed_save()] if cuda and st == "running" else []
             dropped = gatemod.open(h.gate, "checkpoint failed; the workload runs on") if gated else None
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise

@@ -201,8 +201,11 @@ def fingerprint(spec: dict) -> dict[str, str]:
 
 def identity(spec: dict, key: str) -> dict:
     """One container's part of its pod's key: its own workload key (`key`, thawd's
-    from the container's recorded tenant and image) and the fingerprint."""
-    return {"key": key, "spec": fingerprint(spec)}
+    from the container's recorded tenant and image), the fingerprint, and how many
+    GPUs it holds (in the key too; said on its own so that a mismatch names it)."""
+    gpus = sum(1 for d in (spec.get("linux") or {}).get("devices") or []
+               if re.fullmatch(r"/dev/nvidia\d+", str(d.get("path", ""))))
+    return {"key": key, "spec": fingerprint(spec), "gpus": gpus}
 
 
 def lookup(sandbox_spec: dict, names, tenant: str) -> str:
@@ -222,8 +225,10 @@ def key(lookup_id: str, identities: dict[str, dict]) -> str:
 def differences(saved: dict, new: dict) -> list[str]:
     """What differs between two identities of one container, as field names for a log line."""
     out = []
-    if saved.get("key") != new.get("key"):
-        out.append("workload key (image, args, cwd, key-env, GPUs)")
+    if saved.get("gpus", 0) != new.get("gpus", 0):
+        out.append(f"GPU count {saved.get('gpus', 0)} (the image's) vs {new.get('gpus', 0)} (this container's)")
+    elif saved.get("key") != new.get("key"):
+        out.append("workload key (image, args, cwd, key-env)")
     s, n = saved.get("spec") or {}, new.get("spec") or {}
     out += [f for f in sorted(set(s) | set(n)) if s.get(f) != n.get(f)]
     return out

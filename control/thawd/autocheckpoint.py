@@ -101,10 +101,11 @@ class AutoCheckpointer:
         return res
 
     def checkpoint(self, rt: RuntimeRef, leave_running: bool = True, key: str | None = None,
-                   hooks_rt: RuntimeRef | None = None) -> dict:
+                   hooks_rt: RuntimeRef | None = None, gpu_rts: list[RuntimeRef] | None = None) -> dict:
         """Checkpoint a running container and publish the image (under `key`, default
         the container's workload key; a pod's sandbox passes the pod's, and its hooks run
-        against `hooks_rt`, an app container of it). The engine saves with the workload
+        against `hooks_rt`, an app container of it, and its GPU containers are `gpu_rts`).
+        The engine saves with the workload
         left running: a failed save never loses it; without `leave_running` it is
         stopped only after the image is complete."""
         spec = specmod.Bundle(rt.bundle).load()
@@ -115,8 +116,9 @@ class AutoCheckpointer:
         key = key or self.containers.workload(rt, spec).key
         with self.images.staged(key) as image:
             hooks_on = self.containers.handle(hooks_rt, specmod.Bundle(hooks_rt.bundle).load()) if hooks_rt else None
+            cuda_on = [self.containers.handle(g, specmod.Bundle(g.bundle).load()) for g in gpu_rts or []]
             saved = Engine(self.s).checkpoint(self.containers.handle(rt, spec), image.path,
-                                              stop_after=not leave_running, hooks_on=hooks_on)
+                                              stop_after=not leave_running, hooks_on=hooks_on, cuda_on=cuda_on)
             # What a restore needs, with the image (thaw.json, as the CLI's images
             # carry it): the spec runsc validates at restore and the GPUs it holds.
             image_meta.write(image.path, image_meta.DOOR_CONTAINERD, spec, saved.files,

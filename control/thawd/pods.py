@@ -38,13 +38,25 @@ holds has registered; waits on the containers block until then. So:
 
 Pod records live in memory (a thawd restart forgets pods in flight: their
 later containers start cold, which runsc turns into restores of a restoring
-sandbox by itself, controller.go StartSubcontainer); the container set of the
-last assembled pod of each lookup key is kept under <state_dir>/thawd/pods/.
+sandbox by itself, controller.go StartSubcontainer); the container sets of
+assembled pods, one table per version of a workload, are kept on the node and
+in the store (control/thawd/podtables.py).
+
+A pod may hold GPU containers beside CPU ones: each GPU container (its spec
+lists /dev/nvidiactl, from CDI devices containerd injected, or from the GPUs
+the device plugin named in NVIDIA_VISIBLE_DEVICES, which thaw injects through
+CDI here) gets the CUDA checkpoint helper mounted at its create, cold or
+restoring alike; runsc runs the helper inside each CUDA process's own container
+at checkpoint and restore (pkg/sentry/control/state_cuda.go
+invokeCudaCheckpoint: the process's mount namespace), so the pod's checkpoint
+names that path once for all of them. The GPUs a restoring container is given
+now are checked against the image's as a lone container's are: their count is
+part of its identity (a mismatch fails the pod, and its next sandbox starts
+cold with the reason), their product and driver part of the node's tuple.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -53,10 +65,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from control.errors import IdentityError, ThawError
-from control.files import write_json_atomic
 from control.lifecycle import pod as podmod
 from control.lifecycle.engine import Engine, loads_after_return
 from control.thawd.containers import Containers, Decision, RuntimeRef
+from control.thawd.podtables import PodTables, hint_of
 from control.thawd.restore import restore_failure, restore_options
 from control.thawd.standin import CONFIRM_TIMEOUT_S, Standin
 from nvproxy.cuda import uses_gpu
@@ -103,6 +115,7 @@ class Pod:
     members: dict = field(default_factory=dict)    # name -> MemberState
     undeclared: list = field(default_factory=list)
     unkeyed: str = ""            # why a container's identity (so the pod's key) cannot be told: never checkpointed
+    hint: str = ""               # which version of its workload the pod is (podtables.hint_of)
     restored_at: float = 0.0
     timer: threading.Timer | None = None
 
@@ -110,46 +123,22 @@ class Pod:
         return f"pod {self.sandbox.container_id} ({self.lookup}, {self.state})"
 
 
-class Tables:
-    """The container set of the last pod assembled per lookup key, on disk."""
-
-    def __init__(self, directory: Path) -> None:
-        self.dir = directory
-
-    def _path(self, lookup: str) -> Path:
-        return self.dir / f"{lookup}.json"
-
-    def get(self, lookup: str) -> dict | None:
-        try:
-            d = json.loads(self._path(lookup).read_text())
-            if isinstance(d.get("key"), str) and isinstance(d.get("containers"), dict):
-                return d
-            log.warning("pod table %s malformed; ignoring it", self._path(lookup))
-        except FileNotFoundError:
-            pass
-        except (OSError, ValueError) as e:
-            log.warning("pod table %s unreadable (%s); ignoring it", self._path(lookup), e)
-        return None
-
-    def put(self, lookup: str, key: str, containers: dict) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(self._path(lookup), {"key": key, "containers": containers, "time": time.time()})
-
-    def forget(self, lookup: str) -> None:
-        self._path(lookup).unlink(missing_ok=True)
-
-
 class Pods:
     def __init__(self, settings, state_dir: Path, containers: Containers, preparer: "Preparer",
-                 restorer: "Restorer", autocheckpoint: "AutoCheckpointer", quarantine, metrics) -> None:
+                 restorer: "Restorer", autocheckpoint: "AutoCheckpointer", quarantine, metrics,
+                 store_for=None, pool=None) -> None:
+        """`store_for(lookup)`: the store as a lookup key's tenant sees it, where pod tables
+        are published and found (control/thawd/podtables.py); `pool`: where they are
+        published from (None: at once, in the caller's thread)."""
         self.s = settings
+        self._pool = pool
         self.containers = containers
         self.preparer = preparer
         self.restorer = restorer
         self.autocheckpoint = autocheckpoint
         self.quarantine = quarantine
         self.metrics = metrics
-        self.tables = Tables(state_dir / "pods")
+        self.tables = PodTables(state_dir / "pods", store_for)
         self._lock = threading.Lock()
         self._pods: dict[tuple[str, str], Pod] = {}        # (runsc root, sandbox id) -> pod
         self._failed_uids: dict[str, tuple[str, float]] = {}  # pod uid -> (reason, when)
@@ -165,7 +154,7 @@ class Pods:
         and the pod then has no lookup key: it starts cold and is never checkpointed."""
         declared = podmod.declared(spec)
         p = Pod(rt, podmod.pod_uid(spec), podmod.lookup(spec, declared, tenant) if tenant is not None else "",
-                declared)
+                declared, hint=hint_of(spec))
         with self._lock:
             old = self._pods.pop((str(rt.runsc_root), rt.container_id), None)
             self._pods[(str(rt.runsc_root), rt.container_id)] = p
@@ -204,22 +193,24 @@ class Pods:
         if failed and time.time() - failed[1] < 3600:
             p.reason = f"{POD_FAILED}-before: an earlier sandbox of this pod was not restored ({failed[0]})"
             return Decision(False, p.reason, p.lookup)
-        table = self.tables.get(p.lookup)
+        table, source = self.tables.pick(p.lookup, p.hint)
         if table is None:
-            p.reason = "no-image: no pod of this workload and container set assembled on this node yet"
+            p.reason = "no-image: no pod of this workload and container set assembled on this node or in the store"
             return Decision(False, p.reason, p.lookup)
-        names = sorted(table["containers"])
+        names = sorted(table.containers)
         if names != sorted(p.declared) and not (podmod.ANY in p.declared and len(names) == 1):
             # the lookup key covers the declared names: a table that disagrees is damaged
+            self.tables.forget(p.lookup, table.key)
             p.reason = "no-image: the recorded container set does not match the declared names"
             return Decision(False, p.reason, p.lookup)
         # A miss streams (store.stream) as a lone container's does: only the root's
         # `runsc restore` reads the image (restore_sandbox); the members' restores do not.
-        d = self.preparer.claim_image(rt, spec, table["key"])
+        d = self.preparer.claim_image(rt, spec, table.key)
         if not d.restore:
             p.reason = d.reason
             return d
-        p.state, p.key, p.table = RESTORING, table["key"], table["containers"]
+        log.info("%s: restores %s (pod table from the %s, hint %r)", p.summary(), table.key, source, p.hint)
+        p.state, p.key, p.table = RESTORING, table.key, table.containers
         return d
 
     def pod_of(self, rt: RuntimeRef, spec: dict) -> Pod | None:
@@ -288,6 +279,16 @@ class Pods:
         if p is None:
             return Decision(False, f"pod-unknown: thawd has no record of sandbox {sid} (thawd restarted?)")
         try:
+            # Its GPUs (and the CUDA helper) before its identity: both are part of it.
+            self.preparer.mount_gpu_helper(rt, spec, visible_devices=True)
+        except ThawError as e:
+            why = f"gpus: container {name!r}: {e.message}"
+            if p.state == RESTORING:
+                self.fail(p, why)
+                return Decision(False, f"{POD_FAILED}: {p.reason}", p.key)
+            p.unkeyed = p.unkeyed or why
+            return Decision(False, f"pod-cold: {why}", p.key or p.lookup)
+        try:
             # its workload key from its recorded tenant and image digest, as a lone container's
             ident, unkeyed = podmod.identity(spec, self.containers.workload(rt, spec).key), ""
         except IdentityError as e:
@@ -299,7 +300,7 @@ class Pods:
                 return Decision(False, f"{POD_FAILED}: {p.reason}", p.key)
             problem = self._mismatch(p, name, ident)
             if problem:
-                self.fail(p, f"container-mismatch: {problem}", forget_table=True)
+                self.fail(p, f"container-mismatch: {problem}", refuse_table=True)
                 return Decision(False, f"{POD_FAILED}: {p.reason}", p.key)
             with self._lock:
                 p.members[name] = MemberState(name, rt, ident)
@@ -344,8 +345,19 @@ class Pods:
             return
         table = {n: m.identity for n, m in p.members.items()}
         p.key = podmod.key(p.lookup, table)
-        self.tables.put(p.lookup, p.key, table)
+        t = self.tables.put(p.lookup, p.key, table, p.hint)
         log.info("%s assembled: key %s (%s)", p.summary(), p.key, ", ".join(sorted(table)))
+        # In the store too, so that a node which never assembled a pod of it restores its first.
+        if self._pool is not None:
+            self._pool.submit(self._publish_table, t)
+        else:
+            self._publish_table(t)
+
+    def _publish_table(self, t) -> None:
+        try:
+            self.tables.publish(t)
+        except ThawError as e:   # other nodes' first pods start cold until a later publish
+            log.warning("pod table %s/%s not published: %s", t.lookup, t.key, e)
 
     def restore_member(self, rt: RuntimeRef, spec: dict, standin: Standin | None = None) -> tuple[bool, str, float]:
         """The stand-in ran `runsc restore` for this app container (with the shim's stdio).
@@ -486,7 +498,7 @@ class Pods:
         if p.state in (RESTORING, RESTORED):
             self.fail(p, reason)
 
-    def fail(self, p: Pod, reason: str, *, count: bool = False, forget_table: bool = False) -> None:
+    def fail(self, p: Pod, reason: str, *, count: bool = False, refuse_table: bool = False) -> None:
         """The pod cannot be restored and cannot start cold in this sandbox: remove the
         sandbox (the kubelet re-creates the pod, and its next sandbox starts cold)."""
         with self._lock:
@@ -496,8 +508,8 @@ class Pods:
             self._failed_uids[p.uid] = (reason, time.time())
         if p.timer:
             p.timer.cancel()
-        if forget_table:
-            self.tables.forget(p.lookup)
+        if refuse_table:   # a pod of another version: its hint picks this table no more here
+            self.tables.refuse(p.lookup, p.key, p.hint)
         log.warning("%s: %s; removing its sandbox: the kubelet re-creates the pod, which then starts cold",
                     p.summary(), reason)
         r = p.sandbox.runsc(self.s.runsc_path, self.s.runsc_timeout_s)
@@ -523,14 +535,6 @@ class Pods:
             return
         if not p.key or not all(m.started for m in p.members.values()):
             return
-        gpu = [n for n, m in p.members.items() if uses_gpu(specmod.Bundle(m.rt.bundle).load())]
-        if gpu:
-            # runsc needs the CUDA helper mounted into and named for the pod's GPU
-            # containers; thaw does that for lone containers only (docs/containerd.md).
-            log.warning("%s is not checkpointed: GPU containers (%s) in pods are not supported yet",
-                        p.summary(), ", ".join(gpu))
-            self.metrics.inc("thaw_auto_checkpoints_total", result="gpu-pod")
-            return
         self.autocheckpoint.maybe(p.key, lambda: self._auto_checkpoint(p), p.summary())
 
     def _auto_checkpoint(self, p: Pod) -> dict | None:
@@ -554,6 +558,7 @@ class Pods:
         # The profile's pre-checkpoint hooks run against the pod's first container
         # (the kubelet starts them in the pod spec's order); runsc saves the sandbox.
         first = next(iter(p.members.values()))
+        gpu = [m.rt for m in p.members.values() if uses_gpu(specmod.Bundle(m.rt.bundle).load())]
         return self.autocheckpoint.checkpoint(p.sandbox, leave_running=self.s.thawd_leave_running, key=p.key,
-                                              hooks_rt=first.rt)
+                                              hooks_rt=first.rt, gpu_rts=gpu)
 

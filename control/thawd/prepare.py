@@ -25,6 +25,7 @@ from control.errors import IntegrityError, KeyMissing, ManifestRefused, NotFound
 from control.lifecycle import image_meta
 from control.lifecycle import profiles
 from control.thawd.containers import Containers, Decision, RuntimeRef, State
+from nvproxy import cdi
 from nvproxy import cuda as cudamod
 from runsc_hooks import gate as gatemod
 from runsc_hooks import spec as specmod
@@ -61,6 +62,7 @@ class Preparer:
         self.parking = parking
         self._lock = threading.Lock()
         self._fetches: dict[str, Future] = {}    # key -> background pull
+        self._node_devices = None                # lifecycle/gpus.py Devices, once asked
 
     def lone(self, rt: RuntimeRef, spec: dict, t0: float) -> Decision:
         """The decision for a lone (not a pod's) opted-in container."""
@@ -149,18 +151,42 @@ class Preparer:
         hooks = sum(h.timeout_s + 5 for h in profiles.for_spec(spec).hooks("post_restore"))
         return self.s.runsc_timeout_s + self.s.thawd_health_timeout_s + hooks + 5.0
 
-    def mount_gpu_helper(self, rt: RuntimeRef, spec: dict) -> None:
+    def mount_gpu_helper(self, rt: RuntimeRef, spec: dict, *, visible_devices: bool = False) -> None:
         """A GPU container gets the CUDA checkpoint helper mounted at its fixed
         path, cold or restored alike: runsc runs it inside the sandbox at
         checkpoint and restore, and restore validation wants the same mounts
         as at checkpoint. The shim's original config.json is kept beside it
-        (the stand-in puts it back when it falls back to a cold start)."""
-        if not cudamod.mount_helper(spec, self.s):
+        (the stand-in puts it back when a lone container falls back to a cold start).
+
+        `visible_devices` (a pod's container): GPUs the NVIDIA device plugin named
+        in NVIDIA_VISIBLE_DEVICES (its default "envvar" strategy, which only the
+        NVIDIA container runtime turns into devices) are injected first, through
+        this node's CDI registry (nvproxy/cdi.py visible_devices). `spec` is
+        changed in place, as config.json is. ThawError (a value that names no GPU of
+        this node) before anything is written."""
+        names = cdi.visible_devices(spec) if visible_devices else []
+        changed = False
+        if names:
+            dev = self._devices()
+            injected = cdi.inject(spec, dev.registry, names, dev.stat)
+            spec.clear()
+            spec.update(injected)
+            changed = True
+        changed = cudamod.mount_helper(spec, self.s) or changed
+        if not changed:
             return
         orig = rt.bundle / ORIG_CONFIG
         if not orig.exists():
             shutil.copy2(rt.bundle / "config.json", orig)
         specmod.Bundle(rt.bundle).write(spec)
+
+    def _devices(self):
+        """This node's GPUs and CDI devices, asked once (NVML, the CDI directories)."""
+        with self._lock:
+            if self._node_devices is None:
+                from control.lifecycle import gpus as gpumod
+                self._node_devices = gpumod.node_devices()
+            return self._node_devices
 
     # -- one pull per key ------------------------------------------------------------
 

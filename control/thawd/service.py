@@ -74,7 +74,8 @@ class Thawd:
         self.autocheckpoint = AutoCheckpointer(settings, self.containers, images, self.quarantine, self.metrics,
                                                self._pool, self.parking)
         self.pods = Pods(settings, self.state_dir, self.containers, self.preparer, self.restorer,
-                         self.autocheckpoint, self.quarantine, self.metrics)
+                         self.autocheckpoint, self.quarantine, self.metrics, store_for=images.store_for,
+                         pool=self._pool)
 
     # -- create ------------------------------------------------------------------
 

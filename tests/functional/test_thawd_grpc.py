@@ -30,6 +30,9 @@ class NoImages:
     def evict(self, key):
         return False
 
+    def store_for(self, key):
+        return None
+
 
 @pytest.fixture
 def thawd(tmp_path):

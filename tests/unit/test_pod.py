@@ -114,7 +114,7 @@ def test_differences_name_the_spec_field():
     b["process"]["capabilities"]["bounding"] = b["process"]["capabilities"]["bounding"] + ["CAP_NET_ADMIN"]
     assert pod.differences(identity(a), identity(b)) == ["capabilities"]
     c = member(image="thaw.dev/web:2")
-    assert pod.differences(identity(a), identity(c)) == ["workload key (image, args, cwd, key-env, GPUs)"]
+    assert pod.differences(identity(a), identity(c)) == ["workload key (image, args, cwd, key-env)"]
     assert pod.differences(identity(a), identity(member())) == []
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from control import config
 from control.lifecycle import pod as podmod
+from control.thawd.podtables import hint_of
 from control.thawd.service import RuntimeRef, Thawd
 from runsc_hooks import spec as specmod
 from control.errors import IdentityError, IntegrityError, NoSpace
@@ -95,9 +96,9 @@ def test_cold_pod_is_keyed_by_its_containers_and_checkpointed_once_all_started(e
     assert not d["sandbox"].restore and d["sandbox"].reason.startswith("no-image")
     assert [d[n].reason.split(":")[0] for n in ("app", "sidecar")] == ["pod-cold", "pod-cold"]
     lk = lookup(sandbox(), ["app", "sidecar"])
-    table = t.pods.tables.get(lk)
-    assert table["key"] == podmod.key(lk, {n: identity(member(n)) for n in ("app", "sidecar")})
-    assert checkpoints == [table["key"]]  # once, after the last declared container started
+    table = t.pods.tables.pick(lk, "")[0]
+    assert table.key == podmod.key(lk, {n: identity(member(n)) for n in ("app", "sidecar")})
+    assert checkpoints == [table.key]  # once, after the last declared container started
 
 
 def test_a_pod_whose_identity_cannot_be_told_starts_cold_and_is_never_keyed(env):
@@ -108,18 +109,18 @@ def test_a_pod_whose_identity_cannot_be_told_starts_cold_and_is_never_keyed(env)
     d = cold_pod(t, tmp)
     assert not d["sandbox"].restore and d["sandbox"].reason.startswith("identity-unknown: containerd did not")
     assert all(d[n].reason.startswith("pod-cold: identity-unknown") for n in ("app", "sidecar"))
-    assert t.pods.tables.get(lookup(sandbox(), ["app", "sidecar"])) is None and checkpoints == []
+    assert t.pods.tables.pick(lookup(sandbox(), ["app", "sidecar"]), "")[0] is None and checkpoints == []
     t.fake_ids.fail = {"s2-sidecar": IdentityError("no-image-digest", "no digest recorded")}
     d = cold_pod(t, tmp, sid="s2", uid="uid-2")
     assert d["app"].reason.startswith("pod-cold: no-image") and d["sidecar"].reason.startswith(
         "pod-cold: no-image-digest: no digest recorded (container 'sidecar')")
-    assert t.pods.tables.get(lookup(sandbox(), ["app", "sidecar"])) is None and checkpoints == []
+    assert t.pods.tables.pick(lookup(sandbox(), ["app", "sidecar"]), "")[0] is None and checkpoints == []
 
 
 def test_a_member_whose_identity_cannot_be_told_fails_a_restoring_pod(env):
     t, images, tmp, _ = env
     cold_pod(t, tmp)
-    images.available[t.pods.tables.get(lookup(sandbox(), ["app", "sidecar"]))["key"]] = True
+    images.available[t.pods.tables.pick(lookup(sandbox(), ["app", "sidecar"]), "")[0].key] = True
     box = rt_of(tmp, "s2", sandbox(uid="uid-2"))
     assert t.prepare_restore(box).restore
     t.fake_ids.fail["s2-app"] = IdentityError("image-moved", "the tag moved")
@@ -132,7 +133,7 @@ def test_a_member_whose_identity_cannot_be_told_fails_a_restoring_pod(env):
 def test_next_pod_restores_with_the_image_of_its_container_set(env):
     t, images, tmp, _ = env
     cold_pod(t, tmp)
-    key = t.pods.tables.get(lookup(sandbox(), ["app", "sidecar"]))["key"]
+    key = t.pods.tables.pick(lookup(sandbox(), ["app", "sidecar"]), "")[0].key
     images.available[key] = True
     box = rt_of(tmp, "s2", sandbox(uid="uid-2"))
     d = t.prepare_restore(box)
@@ -157,7 +158,7 @@ def streamed_pod(env, error=None):
     (thawd, tmp, key, the sandbox, its members)."""
     t, images, tmp, _ = env
     cold_pod(t, tmp)
-    key = t.pods.tables.get(lookup(sandbox(), ["app", "sidecar"]))["key"]
+    key = t.pods.tables.pick(lookup(sandbox(), ["app", "sidecar"]), "")[0].key
     images.pull = lambda k: PodStream(tmp / k, error)
     box = rt_of(tmp, "s2", sandbox(uid="uid-2"))
     d = t.prepare_restore(box)
@@ -226,7 +227,7 @@ def test_a_container_that_differs_fails_the_pod_and_its_next_sandbox_starts_cold
     t, images, tmp, _ = env
     cold_pod(t, tmp)
     lk = lookup(sandbox(), ["app", "sidecar"])
-    images.available[t.pods.tables.get(lk)["key"]] = True
+    images.available[t.pods.tables.pick(lk, "")[0].key] = True
     box = rt_of(tmp, "s2", sandbox(uid="uid-2"))
     assert t.prepare_restore(box).restore
     m = member("sidecar", image="thaw.dev/web:2")
@@ -235,7 +236,7 @@ def test_a_container_that_differs_fails_the_pod_and_its_next_sandbox_starts_cold
     assert not d.restore and d.reason.startswith("pod-failed: container-mismatch: container 'sidecar' differs")
     assert "workload key" in d.reason
     assert "delete --force s2" in (tmp / "bin" / "argv.log").read_text()   # the sandbox is removed
-    assert t.pods.tables.get(lk) is None                                # the node forgets that set
+    assert t.pods.tables.pick(lk, hint_of(sandbox()))[0] is None   # this node picks that set no more for its version
     # The kubelet's next sandbox for that pod (same uid) starts cold, and says why.
     again = t.prepare_restore(rt_of(tmp, "s3", sandbox(uid="uid-2")))
     assert not again.restore and again.reason.startswith("pod-failed-before")
@@ -244,7 +245,7 @@ def test_a_container_that_differs_fails_the_pod_and_its_next_sandbox_starts_cold
 def test_a_container_the_image_does_not_hold_fails_the_pod(env):
     t, images, tmp, _ = env
     cold_pod(t, tmp)
-    images.available[t.pods.tables.get(lookup(sandbox(), ["app", "sidecar"]))["key"]] = True
+    images.available[t.pods.tables.pick(lookup(sandbox(), ["app", "sidecar"]), "")[0].key] = True
     assert t.prepare_restore(rt_of(tmp, "s2", sandbox(uid="uid-2"))).restore
     m = member("other")
     m["annotations"]["io.kubernetes.cri.sandbox-id"] = "s2"
@@ -255,7 +256,7 @@ def test_a_container_the_image_does_not_hold_fails_the_pod(env):
 def test_another_declared_set_is_another_lookup_and_starts_cold(env):
     t, images, tmp, _ = env
     cold_pod(t, tmp)
-    images.available[t.pods.tables.get(lookup(sandbox(), ["app", "sidecar"]))["key"]] = True
+    images.available[t.pods.tables.pick(lookup(sandbox(), ["app", "sidecar"]), "")[0].key] = True
     ann = {k: v for k, v in POD_ANN.items() if "sidecar" not in k} | {"thaw.dev/ready.other": "running"}
     d = t.prepare_restore(rt_of(tmp, "s2", sandbox(ann, uid="uid-2")))
     assert not d.restore and d.reason.startswith("no-image")
@@ -310,7 +311,7 @@ def test_a_single_container_pod_with_a_pod_wide_probe_is_the_same_path(env):
 def test_a_pod_stopped_while_restoring_is_removed_and_a_running_one_is_not(env):
     t, images, tmp, _ = env
     cold_pod(t, tmp)
-    images.available[t.pods.tables.get(lookup(sandbox(), ["app", "sidecar"]))["key"]] = True
+    images.available[t.pods.tables.pick(lookup(sandbox(), ["app", "sidecar"]), "")[0].key] = True
     assert t.prepare_restore(rt_of(tmp, "s2", sandbox(uid="uid-2"))).restore
     m = member("app")
     m["annotations"]["io.kubernetes.cri.sandbox-id"] = "s2"
@@ -351,7 +352,7 @@ def test_a_pod_whose_standin_dies_before_committing_its_start_is_removed(env):
     import time
     t, images, tmp, _ = env
     cold_pod(t, tmp)
-    images.available[t.pods.tables.get(lookup(sandbox(), ["app", "sidecar"]))["key"]] = True
+    images.available[t.pods.tables.pick(lookup(sandbox(), ["app", "sidecar"]), "")[0].key] = True
     box = rt_of(tmp, "s2", sandbox(uid="uid-2"))
     assert t.prepare_restore(box).restore
     argv = tmp / "bin" / "argv.log"
@@ -383,3 +384,134 @@ def test_a_pod_whose_standin_dies_before_committing_its_start_is_removed(env):
         for p in procs:
             p.kill()
             p.wait()
+
+
+# -- GPU containers in pods (issue 28) ------------------------------------------------
+
+def gpu_member(name: str, minors=(0,), env: dict | None = None) -> dict:
+    """An app container of pod s2 holding the GPUs of `minors` (as containerd's CDI injection leaves them)."""
+    m = member(name, env=env)
+    m["annotations"]["io.kubernetes.cri.sandbox-id"] = "s2"
+    m.setdefault("linux", {})["devices"] = [
+        {"path": p, "type": "c", "major": 195, "minor": n}
+        for p, n in [("/dev/nvidiactl", 255), *((f"/dev/nvidia{i}", i) for i in minors)]]
+    return m
+
+
+@pytest.fixture
+def gpu_env(env):
+    """The test pod's thawd with the CUDA helper installed beside its (fake) runsc."""
+    t, images, tmp, checkpoints = env
+    helper = tmp / "bin" / "thaw-cuda-checkpoint"
+    helper.write_text("#!/bin/sh\nexit 0\n")
+    helper.chmod(0o755)
+    return env
+
+
+def test_a_gpu_container_of_a_pod_gets_the_cuda_helper_cold_or_restoring(gpu_env):
+    from nvproxy import helper
+    t, images, tmp, checkpoints = gpu_env
+    box = rt_of(tmp, "s2", sandbox(uid="uid-2"))
+    t.prepare_restore(box)
+    app = rt_of(tmp, "s2-app", gpu_member("app"))
+    d = t.prepare_restore(app)
+    assert not d.restore and d.reason.startswith("pod-cold")
+    saved = specmod.Bundle(app.bundle).load()
+    assert any(m["destination"] == helper.HELPER_DIR for m in saved["mounts"]), "config.json names the helper"
+    assert (app.bundle / "config.json.thaw-orig").is_file(), "the shim's own config is kept"
+
+
+def test_a_gpu_pod_is_checkpointed_with_the_helper_named_for_its_gpu_containers(gpu_env, monkeypatch):
+    """No longer refused: the pause container's checkpoint names the helper, which
+    every GPU container has at the same path (runsc runs it in each CUDA process's
+    own container), and the CPU sidecar goes along."""
+    from control.lifecycle.engine import Engine, Saved
+    t, images, tmp, checkpoints = gpu_env
+    asked = {}
+
+    def checkpoint(self, h, out, stop_after=False, timeout_s=None, hooks_on=None, cuda_on=None):
+        asked.update(id=h.id, cuda_on=[g.id for g in cuda_on or []])
+        out.mkdir()
+        return Saved(out, 0.1, {"checkpoint.img": 1}, bool(cuda_on))
+    monkeypatch.setattr(Engine, "checkpoint", checkpoint)
+    monkeypatch.setattr(Engine, "check", lambda self, h, probes, policy=None: type(
+        "R", (), {"healthy": True, "summary": lambda s: "ok"})())
+    box = rt_of(tmp, "s2", sandbox(uid="uid-2"))
+    t.report_outcome(box, "COLD_STARTED", t.prepare_restore(box).reason)
+    members = {"app": rt_of(tmp, "s2-app", gpu_member("app"))}
+    side = member("sidecar")
+    side["annotations"]["io.kubernetes.cri.sandbox-id"] = "s2"
+    members["sidecar"] = rt_of(tmp, "s2-sidecar", side)
+    for r in members.values():
+        t.prepare_restore(r)
+        t.report_outcome(r, "COLD_STARTED", "")
+    [key] = checkpoints
+    p = t.pods.pod_of(box, specmod.Bundle(box.bundle).load())
+    staged = []
+
+    class Staged:
+        def __init__(self, path):
+            self.path, self.key = path, key
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+    images.staged = lambda k: Staged(tmp / "staged")
+    images.publish = lambda image: staged.append(image.key) or True
+    res = t.pods._auto_checkpoint(p)
+    assert res["published"] and staged == [key]
+    assert asked == {"id": "s2", "cuda_on": ["s2-app"]}, "the sandbox saved, the GPU container named"
+
+
+def test_a_restoring_pod_whose_gpu_container_holds_another_gpu_count_fails_with_that_reason(gpu_env):
+    t, images, tmp, _ = gpu_env
+    box = rt_of(tmp, "s1", sandbox(uid="uid-1"))
+    t.report_outcome(box, "COLD_STARTED", t.prepare_restore(box).reason)
+    one = gpu_member("app")
+    one["annotations"]["io.kubernetes.cri.sandbox-id"] = "s1"
+    side = member("sidecar")
+    side["annotations"]["io.kubernetes.cri.sandbox-id"] = "s1"
+    for r in (rt_of(tmp, "s1-app", one), rt_of(tmp, "s1-sidecar", side)):
+        t.prepare_restore(r)
+    key = t.pods.tables.pick(lookup(sandbox(), ["app", "sidecar"]), "")[0].key
+    images.available[key] = True
+    box2 = rt_of(tmp, "s2", sandbox(uid="uid-2"))
+    assert t.prepare_restore(box2).restore
+    d = t.prepare_restore(rt_of(tmp, "s2-app", gpu_member("app", minors=(0, 1))))
+    assert not d.restore and "GPU count 1 (the image's) vs 2 (this container's)" in d.reason, d.reason
+    again = t.prepare_restore(rt_of(tmp, "s3", sandbox(uid="uid-2")))
+    assert not again.restore and again.reason.startswith("pod-failed-before") and "GPU count" in again.reason
+
+
+def test_nvidia_visible_devices_become_cdi_devices_of_this_node(gpu_env, monkeypatch):
+    """The device plugin's envvar strategy: thaw injects the GPUs it names through
+    the node's CDI registry (here a spec file of fake devices), as the NVIDIA
+    container runtime would, before the container's identity is taken."""
+    from control.lifecycle import gpus as gpumod
+    from nvproxy import cdi
+    t, images, tmp, _ = gpu_env
+    doc = {"cdiVersion": "0.6.0", "kind": "nvidia.com/gpu", "containerEdits": {
+        "deviceNodes": [{"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255}]},
+        "devices": [{"name": str(i), "containerEdits": {"deviceNodes": [
+            {"path": f"/dev/nvidia{i}", "type": "c", "major": 195, "minor": i}]}} for i in range(2)]}
+    reg = cdi.Registry()
+    reg.add(cdi.parse(doc))
+    from nvproxy.gpu import NodeGpus
+    monkeypatch.setattr(gpumod, "node_devices", lambda: gpumod.Devices(NodeGpus(), reg))
+    box = rt_of(tmp, "s2", sandbox(uid="uid-2"))
+    t.prepare_restore(box)
+    app = rt_of(tmp, "s2-app", member_env("app", {"NVIDIA_VISIBLE_DEVICES": "1"}))
+    t.prepare_restore(app)
+    devices = [d["path"] for d in specmod.Bundle(app.bundle).load()["linux"]["devices"]]
+    assert devices == ["/dev/nvidiactl", "/dev/nvidia1"]
+    bad = rt_of(tmp, "s2-sidecar", member_env("sidecar", {"NVIDIA_VISIBLE_DEVICES": "gpu-one"}))
+    d = t.prepare_restore(bad)
+    assert not d.restore and "NVIDIA_VISIBLE_DEVICES='gpu-one'" in d.reason, d.reason
+
+
+def member_env(name: str, env: dict) -> dict:
+    m = member(name, env=env)
+    m["annotations"]["io.kubernetes.cri.sandbox-id"] = "s2"
+    return m

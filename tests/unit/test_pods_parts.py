@@ -14,6 +14,7 @@ from control import config
 from control.lifecycle import pod as podmod
 from control.thawd.containers import Containers, Decision, RuntimeRef, State
 from control.thawd.metrics import Metrics
+from control.thawd.podtables import hint_of
 from control.thawd.pods import RESTORING, Pods
 from tests.unit.test_pod import identity, lookup, member, sandbox
 from tests.unit.test_pods import FAKE_RUNSC, FakePodIdentities
@@ -49,6 +50,9 @@ class FakePreparer:
 
     def restore_deadline_s(self, spec: dict) -> float:
         return 10.0
+
+    def mount_gpu_helper(self, rt: RuntimeRef, spec: dict, *, visible_devices: bool = False) -> None:
+        pass   # CPU containers: nothing to mount
 
 
 class FakeRestorer:
@@ -132,16 +136,16 @@ def test_a_cold_pod_asks_for_its_checkpoint_once_assembled_and_started(parts):
         assert pods.prepare_member(r, spec).reason.startswith("pod-cold")
     for r, spec in ms.values():
         pods.cold_started(r, spec)
-    table = pods.tables.get(lookup(sandbox(), ["app", "sidecar"]))
-    assert table["key"] == podmod.key(lookup(sandbox(), ["app", "sidecar"]),
+    table = pods.tables.pick(lookup(sandbox(), ["app", "sidecar"]), "")[0]
+    assert table.key == podmod.key(lookup(sandbox(), ["app", "sidecar"]),
                                       {n: identity(member(n)) for n in ("app", "sidecar")})
-    assert pods.autocheckpoint.asked == [table["key"]]
+    assert pods.autocheckpoint.asked == [table.key]
 
 
 def test_the_next_pod_leases_the_tables_image_and_a_differing_member_fails_it(parts):
     pods, tmp = parts
     test_a_cold_pod_asks_for_its_checkpoint_once_assembled_and_started(parts)
-    key = pods.tables.get(lookup(sandbox(), ["app", "sidecar"]))["key"]
+    key = pods.tables.pick(lookup(sandbox(), ["app", "sidecar"]), "")[0].key
     box_spec = sandbox(uid="uid-2")
     box = rt_of(tmp, "s2", box_spec, pods)
     d = pods.prepare_sandbox(box, box_spec)
@@ -151,5 +155,6 @@ def test_the_next_pod_leases_the_tables_image_and_a_differing_member_fails_it(pa
     dm = pods.prepare_member(rt_of(tmp, "s2-app", other, pods), other)
     assert not dm.restore and dm.reason.startswith("pod-failed: container-mismatch")
     assert pods.containers.lease_of(box) is None, "the failed pod's image lease went"
-    assert pods.tables.get(lookup(sandbox(), ["app", "sidecar"])) is None, "a table that no longer matches goes"
+    assert pods.tables.pick(lookup(sandbox(), ["app", "sidecar"]), hint_of(box_spec))[0] is None, \
+        "this node picks the table no more for pods of that version"
     assert "delete --force s2" in (tmp / "bin" / "argv.log").read_text(), "its sandbox was removed"

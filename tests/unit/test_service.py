@@ -62,6 +62,10 @@ class FakeImages:
     def has(self, key: str) -> bool:
         return key in self.available
 
+    def store_for(self, key: str):
+        """No store behind this fake: pod tables stay on the node (test_podtables.py has the store's)."""
+        return None
+
 
 IMAGE = "sha256:" + "a" * 64
 
