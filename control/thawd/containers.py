@@ -12,8 +12,8 @@ runsc took it over (for a cold start after a failed restore), what the shim
 gave it as stdio (for parking) and the parked sandbox it adopted.
 
 The states are the words of the Go stand-in's marker (preparing, restore,
-adopt, restored, cold, cold-fallback; twin: go/internal/standin/standin.go
-marker.Decision) plus the two only thawd sees: restoring (its Restore call is
+adopt, restored, cold, cold-fallback, satisfied; twin:
+go/internal/standin/standin.go marker.Decision) plus the two only thawd sees: restoring (its Restore call is
 running, the engine owns the gate) and released (the record is gone). A
 decision is *pending* while the record is in restore or adopt: it then ends
 in exactly one outcome, RESTORED, RESTORE_FAILED, or ABANDONED when the
@@ -92,6 +92,8 @@ class Decision:
     adopt_id: str = ""
     adopt_pid: int = 0
     relay_socket: str = ""
+    # SATISFIED: an init container of a restoring pod, answered as done (control/thawd/pods.py).
+    satisfied: bool = False
 
 
 class State(enum.Enum):
@@ -102,6 +104,7 @@ class State(enum.Enum):
     RESTORED = "restored"
     COLD = "cold"                    # answered cold, or started cold
     COLD_FALLBACK = "cold-fallback"  # its restore failed or was never tried: it starts cold
+    SATISFIED = "satisfied"          # an init container of a restoring pod, answered as done (pods.py)
     RELEASED = "released"            # deleted (or abandoned): the record is gone
 
 
@@ -111,7 +114,8 @@ class State(enum.Enum):
 TRANSITIONS: dict[State | None, frozenset[State]] = {
     None: frozenset({State.PREPARING, State.COLD, State.COLD_FALLBACK, State.RESTORED}),
     State.PREPARING: frozenset({State.PREPARING, State.RESTORE, State.ADOPT, State.COLD, State.COLD_FALLBACK,
-                                State.RELEASED}),
+                                State.SATISFIED, State.RELEASED}),
+    State.SATISFIED: frozenset({State.RELEASED}),
     State.RESTORE: frozenset({State.PREPARING, State.RESTORING, State.COLD_FALLBACK, State.RELEASED}),
     State.ADOPT: frozenset({State.PREPARING, State.RESTORING, State.COLD_FALLBACK, State.RELEASED}),
     State.RESTORING: frozenset({State.RESTORED, State.COLD_FALLBACK, State.RELEASED}),

@@ -67,7 +67,7 @@ from typing import TYPE_CHECKING
 from control.errors import IdentityError, ThawError
 from control.lifecycle import pod as podmod
 from control.lifecycle.engine import Engine, loads_after_return
-from control.thawd.containers import Containers, Decision, RuntimeRef
+from control.thawd.containers import Containers, Decision, RuntimeRef, State
 from control.thawd.podtables import PodTables, hint_of
 from control.thawd.restore import restore_failure, restore_options
 from control.thawd.standin import CONFIRM_TIMEOUT_S, Standin
@@ -92,6 +92,11 @@ POD_FAILED = "pod-failed"
 STOPPED_WHILE_RESTORING = "stopped-while-restoring"
 
 COLD, RESTORING, RESTORED, FAILED = "cold", "restoring", "restored", "failed"
+# The reason of an init container answered as done in a restoring pod (Decision.satisfied;
+# the stand-in's marker says "satisfied": go/internal/standin satisfied.go).
+INIT_SATISFIED = "init-satisfied"
+# An init container's identity in the pod's key: beside the app containers', named apart.
+INIT_KEY_PREFIX = "init/"
 
 
 @dataclass
@@ -116,6 +121,11 @@ class Pod:
     undeclared: list = field(default_factory=list)
     unkeyed: str = ""            # why a container's identity (so the pod's key) cannot be told: never checkpointed
     hint: str = ""               # which version of its workload the pod is (podtables.hint_of)
+    # Init containers: cold, those that ran and ended before the pod was assembled (name ->
+    # identity); restoring, those of the image's pod (its table's), answered as done.
+    init: dict = field(default_factory=dict)
+    table_init: dict = field(default_factory=dict)
+    bound_any: str = ""          # the container a thaw.dev/ready-alone declaration was bound to
     restored_at: float = 0.0
     timer: threading.Timer | None = None
 
@@ -163,7 +173,15 @@ class Pods:
         return p
 
     def forget(self, root: str, container_id: str) -> None:
-        """delete of a container: a sandbox's pod record goes, a member leaves its pod."""
+        """delete of a container: a sandbox's pod record goes, a member leaves its pod.
+
+        containerd's CRI deletes a container's task as soon as it exits
+        (internal/cri/server/events.go handleContainerExit: task.Delete), so the
+        delete of a member of a cold pod that is not assembled yet is an init
+        container's that ran to its end (the kubelet runs init containers, one
+        after the other, before any app container: kuberuntime SyncPod): it is
+        recorded as one, and is no container of the pod's image (runsc saves the
+        containers a sandbox holds, and this one is gone)."""
         with self._lock:
             p = self._pods.pop((root, container_id), None)
             if p is None:
@@ -171,8 +189,26 @@ class Pods:
                     for name, m in list(q.members.items()):
                         if m.rt.container_id == container_id and str(m.rt.runsc_root) == root:
                             del q.members[name]
+                            self._ended_locked(q, name, m)
         if p is not None and p.timer:
             p.timer.cancel()
+
+    @staticmethod
+    def _ended_locked(p: Pod, name: str, m: MemberState) -> None:
+        """Member `name` of `p` was deleted: an init container's end, while `p` is cold and
+        unassembled (forget says why); the lock is held."""
+        if p.state != COLD or p.key or not name:
+            return
+        if name in p.declared and name != p.bound_any:
+            return                    # a declared app container that ended: the kubelet restarts it
+        if name == p.bound_any:       # thaw.dev/ready was bound to what turned out an init container
+            d = p.declared.pop(name)
+            p.declared[podmod.ANY] = podmod.Member(podmod.ANY, d.ready, d.health)
+            p.bound_any = ""
+        if name in p.undeclared:
+            p.undeclared.remove(name)
+        p.init[name] = m.identity
+        log.info("%s: container %s ended before the pod was assembled: an init container", p.summary(), name)
 
     # -- the pause container ---------------------------------------------------
 
@@ -198,6 +234,7 @@ class Pods:
             p.reason = "no-image: no pod of this workload and container set assembled on this node or in the store"
             return Decision(False, p.reason, p.lookup)
         names = sorted(table.containers)
+        p.table_init = dict(table.init)
         if names != sorted(p.declared) and not (podmod.ANY in p.declared and len(names) == 1):
             # the lookup key covers the declared names: a table that disagrees is damaged
             self.tables.forget(p.lookup, table.key)
@@ -293,11 +330,14 @@ class Pods:
             ident, unkeyed = podmod.identity(spec, self.containers.workload(rt, spec).key), ""
         except IdentityError as e:
             ident, unkeyed = {}, f"{e} (container {name!r})"
-        self._bind(p, name)
+        if p.state != RESTORING or name in p.table:
+            self._bind(p, name)
         if p.state == RESTORING:
             if unkeyed:   # nobody can tell it is the image's container: the pod starts again, cold
                 self.fail(p, unkeyed)
                 return Decision(False, f"{POD_FAILED}: {p.reason}", p.key)
+            if name in p.table_init and name not in p.table:
+                return self._satisfy(p, rt, name, ident)
             problem = self._mismatch(p, name, ident)
             if problem:
                 self.fail(p, f"container-mismatch: {problem}", refuse_table=True)
@@ -324,10 +364,30 @@ class Pods:
 
     @staticmethod
     def _bind(p: Pod, name: str) -> None:
-        """A pod declared by thaw.dev/ready alone: its first container is the declared one."""
+        """A pod declared by thaw.dev/ready alone: its first container is the declared one
+        (unbound again if it ends as an init container: _ended_locked)."""
         if name and podmod.ANY in p.declared and name not in p.declared:
             m = p.declared.pop(podmod.ANY)
             p.declared[name] = podmod.Member(name, m.ready, m.health)
+            p.bound_any = name
+
+    def _satisfy(self, p: Pod, rt: RuntimeRef, name: str, ident: dict) -> Decision:
+        """An init container of a restoring pod: the image's pod ran it to its end before
+        it was saved, and what it left in memory comes back with the restore. The kubelet
+        runs init containers before any app container of a new sandbox, and at the pin
+        runsc cannot run a container in a sandbox that is restoring (a `runsc start` there
+        becomes a restore: boot/controller.go StartSubcontainer), so the stand-in answers it
+        as done (exit 0) without running it. One that differs from the image's (another
+        image, args, spec) fails the pod: its next sandbox starts cold and runs it."""
+        diff = podmod.differences(p.table_init[name], ident)
+        if diff:
+            self.fail(p, f"container-mismatch: init container {name!r} differs from the image's: "
+                         f"{', '.join(diff)}", refuse_table=True)
+            return Decision(False, f"{POD_FAILED}: {p.reason}", p.key)
+        log.info("%s: init container %s answered as done (the image holds what it did)", p.summary(), name)
+        self.containers.decide(rt, State.SATISFIED, p.key, reason=INIT_SATISFIED)
+        return Decision(False, f"{INIT_SATISFIED}: the image's pod ran it; its work is in the restored memory",
+                        p.key, satisfied=True)
 
     def _mismatch(self, p: Pod, name: str, ident: dict) -> str:
         if name not in p.table:
@@ -344,8 +404,8 @@ class Pods:
         if p.key or p.unkeyed or not p.lookup or set(p.members) != set(p.declared):
             return
         table = {n: m.identity for n, m in p.members.items()}
-        p.key = podmod.key(p.lookup, table)
-        t = self.tables.put(p.lookup, p.key, table, p.hint)
+        p.key = podmod.key(p.lookup, {**table, **{f"{INIT_KEY_PREFIX}{n}": i for n, i in p.init.items()}})
+        t = self.tables.put(p.lookup, p.key, table, p.hint, init=p.init)
         log.info("%s assembled: key %s (%s)", p.summary(), p.key, ", ".join(sorted(table)))
         # In the store too, so that a node which never assembled a pod of it restores its first.
         if self._pool is not None:

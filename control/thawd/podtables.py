@@ -74,10 +74,13 @@ class Table:
     # Hints of pods that failed on this table (another version): not picked for them
     # again on this node. Kept on the node, never published.
     refused: list[str] = field(default_factory=list)
+    # Its init containers (name -> identity): they ran to their end before the pod was
+    # saved, so the image holds none of them; a restoring pod answers them as done.
+    init: dict = field(default_factory=dict)
 
     def to_dict(self, local: bool = False) -> dict:
         d = {"schema": SCHEMA, "version": VERSION, "lookup": self.lookup, "key": self.key,
-             "containers": self.containers, "hints": self.hints, "time": self.time}
+             "containers": self.containers, "init": self.init, "hints": self.hints, "time": self.time}
         if local and self.refused:
             d["refused"] = self.refused
         return d
@@ -108,10 +111,13 @@ def parse(body: bytes, where: str, lookup: str, key: str) -> Table:
     if not isinstance(containers, dict) or not containers or not all(
             isinstance(n, str) and isinstance(i, dict) for n, i in containers.items()):
         raise TableError(where, "containers must map names to identities")
+    init = d.get("init") or {}
+    if not isinstance(init, dict) or not all(isinstance(n, str) and isinstance(i, dict) for n, i in init.items()):
+        raise TableError(where, "init must map names to identities")
     hints = [h for h in d.get("hints") or [] if isinstance(h, str)][:MAX_HINTS]
     refused = [h for h in d.get("refused") or [] if isinstance(h, str)][:MAX_HINTS]
     t = d.get("time")
-    return Table(lookup, key, containers, hints, float(t) if isinstance(t, (int, float)) else 0.0, refused)
+    return Table(lookup, key, containers, hints, float(t) if isinstance(t, (int, float)) else 0.0, refused, init)
 
 
 def _tag(d: dict, key: bytes) -> str:
@@ -215,14 +221,14 @@ class PodTables:
             return None, ""
         return both[0], "node" if any(m.key == both[0].key for m in mine) else "store"
 
-    def put(self, lookup: str, key: str, containers: dict, hint: str) -> Table:
+    def put(self, lookup: str, key: str, containers: dict, hint: str, init: dict | None = None) -> Table:
         """A pod of `lookup` was assembled with `containers` (its key `key`): its table,
         now the newest of its lookup key, with `hint` among its hints; the oldest tables
         beyond MAX_TABLES go."""
         old = next((t for t in self.local(lookup) if t.key == key), None)
         hints = ([hint] if hint else []) + [h for h in (old.hints if old else []) if h != hint]
         t = Table(lookup, key, containers, hints[:MAX_HINTS], time.time(),
-                  [h for h in (old.refused if old else []) if h != hint])
+                  [h for h in (old.refused if old else []) if h != hint], dict(init or {}))
         self._save(t)
         for stale in self.local(lookup)[MAX_TABLES:]:
             self._path(lookup, stale.key).unlink(missing_ok=True)

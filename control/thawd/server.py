@@ -92,7 +92,7 @@ class ThawdServicer(pbg.ThawdServicer):
             # and the answer goes nowhere. Its container's delete may already have been
             # and gone, so nothing else would ever end this decision.
             self.t.abandon(rt, "the stand-in was gone before thawd's answer reached it")
-        decision = pb.PrepareRestoreResponse.COLD
+        decision = pb.PrepareRestoreResponse.SATISFIED if d.satisfied else pb.PrepareRestoreResponse.COLD
         if d.restore:
             decision = pb.PrepareRestoreResponse.ADOPT if d.adopt_id else pb.PrepareRestoreResponse.RESTORE
         return pb.PrepareRestoreResponse(

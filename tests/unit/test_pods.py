@@ -515,3 +515,59 @@ def member_env(name: str, env: dict) -> dict:
     m = member(name, env=env)
     m["annotations"]["io.kubernetes.cri.sandbox-id"] = "s2"
     return m
+
+
+# -- init containers (issue 28) ---------------------------------------------------------
+
+def init_pod(t, tmp, sid: str, uid: str, init_image: str = "thaw.dev/init:1"):
+    """A pod the kubelet starts with an init container before its app and sidecar: the
+    init container is created, started, and deleted (CRI deletes an exited task) first."""
+    box = rt_of(tmp, sid, sandbox(uid=uid) | {"annotations": {**sandbox(uid=uid)["annotations"],
+                                                             "io.kubernetes.cri.sandbox-id": sid}})
+    decisions = {"sandbox": t.prepare_restore(box)}
+    t.report_outcome(box, "COLD_STARTED", decisions["sandbox"].reason)
+    m = member("fetch", image=init_image)
+    m["annotations"]["io.kubernetes.cri.sandbox-id"] = sid
+    r = rt_of(tmp, f"{sid}-fetch", m)
+    decisions["fetch"] = t.prepare_restore(r)
+    if not decisions["fetch"].satisfied:
+        t.report_outcome(r, "COLD_STARTED", decisions["fetch"].reason)
+    t.release(r.container_id, str(r.runsc_root))                 # it exited: CRI deleted its task
+    for name in ("app", "sidecar"):
+        mm = member(name)
+        mm["annotations"]["io.kubernetes.cri.sandbox-id"] = sid
+        rr = rt_of(tmp, f"{sid}-{name}", mm)
+        decisions[name] = t.prepare_restore(rr)
+        if not decisions[name].restore:
+            t.report_outcome(rr, "COLD_STARTED", decisions[name].reason)
+    return box, decisions
+
+
+def test_a_pod_with_an_init_container_is_checkpointed_and_its_init_container_is_in_the_key(env):
+    t, images, tmp, checkpoints = env
+    init_pod(t, tmp, "s1", "uid-1")
+    table = t.pods.tables.pick(lookup(sandbox(), ["app", "sidecar"]), "")[0]
+    assert sorted(table.containers) == ["app", "sidecar"] and sorted(table.init) == ["fetch"]
+    assert checkpoints == [table.key], "an init container that ended does not keep the pod from its checkpoint"
+    other_init = member("fetch", image="thaw.dev/init:2")
+    assert table.key != podmod.key(table.lookup, {**table.containers, "init/fetch": identity(other_init)})
+
+
+def test_a_restoring_pod_answers_its_init_containers_as_done(env):
+    t, images, tmp, _ = env
+    init_pod(t, tmp, "s1", "uid-1")
+    images.available[t.pods.tables.pick(lookup(sandbox(), ["app", "sidecar"]), "")[0].key] = True
+    box, d = init_pod(t, tmp, "s2", "uid-2")
+    assert d["sandbox"].restore
+    assert d["fetch"].satisfied and not d["fetch"].restore and d["fetch"].reason.startswith("init-satisfied")
+    assert d["app"].restore and d["sidecar"].restore, "the app containers restore after it"
+
+
+def test_a_restoring_pod_whose_init_container_changed_fails_and_starts_again_cold(env):
+    t, images, tmp, _ = env
+    init_pod(t, tmp, "s1", "uid-1")
+    images.available[t.pods.tables.pick(lookup(sandbox(), ["app", "sidecar"]), "")[0].key] = True
+    box, d = init_pod(t, tmp, "s2", "uid-2", init_image="thaw.dev/init:2")
+    assert not d["fetch"].satisfied and d["fetch"].reason.startswith("pod-failed: container-mismatch: init container")
+    again = t.prepare_restore(rt_of(tmp, "s3", sandbox(uid="uid-2")))
+    assert not again.restore and again.reason.startswith("pod-failed-before")

@@ -9,6 +9,8 @@
 // demand under an id of its own, docs/parking.md) has an alias in the runsc
 // root (runscargv.Alias): every call the shim makes for it goes to that
 // sandbox's id instead, at the cost of one readlink per call for all others.
+// An init container of a restoring pod that thaw answers as done (alias
+// runscargv.Satisfied) has every call handed to the hooks.
 package main
 
 import (
@@ -47,7 +49,12 @@ func main() {
 		}
 	default:
 		if i := a.TargetIndex(); i >= 0 {
-			if parked := runscargv.Alias(a.Root(), a.Args[i]); parked != "" {
+			parked := runscargv.Alias(a.Root(), a.Args[i])
+			if hooks := filepath.Join(dir, "thaw-runsc-hooks"); parked == runscargv.Satisfied && isExecutable(hooks) {
+				// An init container thaw answers as done: there is no container
+				// for runsc to ask; the hooks answer state, wait, events, ps.
+				target = hooks
+			} else if parked != "" {
 				args = a.WithTarget(parked).Words()
 				if a.Command == "state" {
 					os.Exit(stateAs(target, args, a.Args[i]))

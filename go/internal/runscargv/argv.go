@@ -229,6 +229,13 @@ func (a Argv) Root() string {
 // this name never matches. Twin: control/thawd/parking.py ALIAS_PREFIX.
 const AliasPrefix = "thaw-alias."
 
+// Satisfied is the alias target of a container thaw answers for itself: an init
+// container of a pod being restored, which ran to its end in the pod the image
+// was saved from, and which thaw reports as exited 0 without running it
+// (go/internal/standin/satisfied.go). No runsc id can be it: runsc ids have no
+// such prefix in thaw's roots (control/thawd/pods.py INIT_SATISFIED says why).
+const Satisfied = "thaw-satisfied"
+
 // Alias is the id of the sandbox that container id stands for in root, "" when
 // it stands for itself. One readlink: it runs on every runsc call the shim makes.
 func Alias(root, id string) string {

@@ -19,7 +19,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	pb "thaw.dev/thaw/go/gen/thawpb"
-	"thaw.dev/thaw/go/internal/relay"
 	"thaw.dev/thaw/go/internal/runscargv"
 )
 
@@ -50,7 +49,7 @@ type marker struct {
 	Root     string `json:"root"`
 	Bundle   string `json:"bundle"`
 	Key      string `json:"workload_key"`
-	Decision string `json:"decision"` // preparing | restore | adopt | restored | cold | cold-fallback
+	Decision string `json:"decision"` // preparing | restore | adopt | restored | cold | cold-fallback | satisfied
 	Reason   string `json:"reason,omitempty"`
 	// How long start may wait for thawd's Restore: thawd's own settings bound
 	// it (PrepareRestoreResponse.restore_timeout_ms), so no stand-in constant
@@ -66,6 +65,8 @@ type marker struct {
 	Created    float64 `json:"created"`
 	// The parked sandbox this container adopted (decision "adopt"): its runsc id.
 	AdoptID string `json:"adopt_id,omitempty"`
+	// Decision "satisfied": the pid its pid file names (its pod's sandbox process).
+	Pid int `json:"pid,omitempty"`
 }
 
 // Standin handles one invocation.
@@ -87,6 +88,9 @@ func Main(argv []string) int {
 	s := &Standin{cfg: cfg, cfgErr: cfgErr, argv: argv, a: runscargv.Parse(argv[1:])}
 	s.log = openDecisionLog(s.cfg.LogPath)
 	defer s.log.Close()
+	if id := s.target(); id != "" && runscargv.Alias(s.a.Root(), id) == runscargv.Satisfied {
+		return s.satisfiedCall(id)
+	}
 	switch s.a.Command {
 	case "create":
 		return s.create()
@@ -263,6 +267,8 @@ func (s *Standin) create() int {
 	case resp.Decision == pb.PrepareRestoreResponse_ADOPT && !m.Member && resp.AdoptId != "":
 		m.Decision, m.Key, m.RestoreTimeoutMs = "adopt", resp.WorkloadKey, resp.RestoreTimeoutMs
 		m.AdoptID = resp.AdoptId
+	case resp.Decision == pb.PrepareRestoreResponse_SATISFIED && m.Member:
+		m.Decision, m.Key, m.Reason = "satisfied", resp.WorkloadKey, resp.Reason
 	default:
 		m.Key, m.Reason = resp.WorkloadKey, resp.Reason
 	}
@@ -275,6 +281,9 @@ func (s *Standin) create() int {
 		// thawd removed the pod's sandbox: say why rather than let runsc
 		// report a sandbox that is gone. The kubelet re-creates the pod.
 		return s.fail("thaw: " + m.Reason)
+	}
+	if m.Decision == "satisfied" {
+		return s.satisfy(m, ann, t0)
 	}
 	if m.Decision == "adopt" {
 		if err := s.adopt(m, resp); err != nil {
@@ -579,81 +588,6 @@ func exitCode(err error) int {
 		return ee.ExitCode()
 	}
 	return 128
-}
-
-// aliasPath is the link that sends the shim's runsc calls for container id to
-// the parked sandbox it adopted (runscargv.Alias).
-func (s *Standin) aliasPath(id string) string {
-	return filepath.Join(s.a.Root(), runscargv.AliasPrefix+id)
-}
-
-func (s *Standin) removeAlias(id string) {
-	if id != "" && !strings.ContainsAny(id, "/\x00") {
-		os.Remove(s.aliasPath(id))
-	}
-}
-
-// adoptStdioTimeout bounds the hand-over of the container's stdio to the
-// parked sandbox's relay (a local socket: milliseconds).
-const adoptStdioTimeout = 5 * time.Second
-
-// adopt makes the container the parked sandbox thawd chose (docs/parking.md):
-// no `runsc create` runs. The shim's stdio for this container (this
-// process's 0, 1, 2: its pipes, or /dev/null) goes to the sandbox's stdio
-// relay, the shim's pid file gets the sandbox's pid, and the alias makes
-// every later runsc call for this id one for the sandbox. The alias is the
-// last step and the commit: until it exists, nothing the shim does reaches the
-// sandbox, and on any error the caller starts the container cold.
-func (s *Standin) adopt(m *marker, resp *pb.PrepareRestoreResponse) error {
-	if m.PidFile == "" || resp.AdoptPid <= 0 {
-		return fmt.Errorf("thawd's answer lacks the sandbox's pid (%d), or create has no --pid-file", resp.AdoptPid)
-	}
-	// No relay: the sandbox was parked with /dev/null for all three (as this
-	// container's are: thawd matched the kinds), and has nothing to hand over.
-	if resp.RelaySocket != "" {
-		if err := relay.Send(resp.RelaySocket, [3]*os.File{os.Stdin, os.Stdout, os.Stderr}, adoptStdioTimeout); err != nil {
-			return err
-		}
-	}
-	tmp := m.PidFile + ".thaw-tmp"
-	if err := os.WriteFile(tmp, []byte(fmt.Sprint(resp.AdoptPid)), 0o644); err != nil {
-		return fmt.Errorf("pid file %s: %w", m.PidFile, err)
-	}
-	if err := os.Rename(tmp, m.PidFile); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("pid file %s: %w", m.PidFile, err)
-	}
-	link := s.aliasPath(m.ID)
-	os.Remove(link + ".tmp")
-	if err := os.Symlink(m.AdoptID, link+".tmp"); err != nil {
-		return fmt.Errorf("alias %s: %w", link, err)
-	}
-	if err := os.Rename(link+".tmp", link); err != nil {
-		os.Remove(link + ".tmp")
-		return fmt.Errorf("alias %s: %w", link, err)
-	}
-	return nil
-}
-
-// deleteAdopted is delete of a container that adopted parked sandbox
-// `parked`: runsc deletes the sandbox, then the alias goes and thawd releases
-// what the sandbox held (its image lease, root filesystem, relay).
-func (s *Standin) deleteAdopted(id, parked string, t0 time.Time) int {
-	err := s.runRunsc(s.a.WithTarget(parked).Words()[len(s.a.Global):]...)
-	if err != nil && s.runRunscQuiet("state", parked) == nil {
-		// The sandbox is still there: keep the alias, so a retried delete
-		// (containerd retries) still reaches it.
-		return exitCode(err)
-	}
-	s.removeAlias(id)
-	m := s.loadMarker(id)
-	if m == nil {
-		m = &marker{ID: id, Root: s.a.Root(), AdoptID: parked}
-	}
-	s.release(id, m.Root)
-	os.Remove(s.markerPath(id))
-	s.log.Write("delete", m, "released", "adopted sandbox "+parked, t0)
-	return 0
 }
 
 // release tells thawd the container is gone (its lease, a parked sandbox's
