@@ -295,3 +295,49 @@ def test_pod_whose_containers_differ_from_the_image_starts_cold(cs, case, sideca
         assert cs.state(cid)[0] != saved[n][0], f"{n} started cold"
         assert decisions(cs, cid)[cid] == [("create", "cold"), ("start", "started-cold")]
     cs.cri.remove_pod(pod2)
+
+
+def run_with_init(cs: CriStack, name: str, workload: str, uid: str) -> tuple[str, str, dict[str, str]]:
+    """A pod as the kubelet starts one with an init container: RunPodSandbox, the init
+    container (it writes a file into the pod's /tmp and exits 0) created, started and
+    waited for until CRI reports it exited, then the app containers."""
+    cfg = cs.cri.pod_config(name, pod_annotations(workload), uid=uid)
+    pod = cs.cri.runp(cfg, "runsc-thaw")
+    init = cs.cri.create(pod, cs.cri.container_config(
+        f"{name}-0", "fetch", POD_IMAGE, command=["sh", "-c", "echo fetched > /tmp/fetched; exit 0"]), cfg)
+    cs.cri.start(init)
+    end = time.monotonic() + 60
+    while (st := cs.cri.json("inspect", init)["status"])["state"] != "CONTAINER_EXITED":
+        assert time.monotonic() < end, st
+        time.sleep(0.2)
+    assert st["exitCode"] == 0, st
+    ids = {"fetch": init}
+    for cname, env in POD_CONTAINERS.items():
+        ids[cname] = cs.cri.create(pod, cs.cri.container_config(f"{name}-0", cname, POD_IMAGE, env=env), cfg)
+        cs.cri.start(ids[cname])
+    return pod, cfg, ids
+
+
+def test_a_pod_with_an_init_container_restores_and_its_init_container_is_answered_as_done(cs):
+    """Issue 28: the kubelet runs a new pod's init containers before its app containers,
+    and CRI deletes an exited container's task, so the image holds the app containers
+    only; a restored pod's init container is answered as done (exit 0, nothing run), and
+    the app containers come back with their memory."""
+    w = "pods-init"
+    pod, _, ids = run_with_init(cs, f"{w}-seed", w, f"{w}-seed-uid")
+    saved = {n: cs.state(ids[n]) for n in POD_CONTAINERS}
+    entry = cs.wait_key(f"k8s-default.{w}.")
+    assert decisions(cs, ids["fetch"])[ids["fetch"]][:2] == [("create", "cold"), ("start", "started-cold")]
+    cs.cri.remove_pod(pod)
+    pod, _, ids = run_with_init(cs, f"{w}-b", w, f"{w}-b-uid")
+    d = decisions(cs, pod, *ids.values())
+    assert d[pod] == [("create", "restore"), ("start", "restored")], reason(cs, pod)
+    assert d[ids["fetch"]][0] == ("create", "satisfied"), d[ids["fetch"]]
+    assert reason(cs, ids["fetch"]).startswith("init-satisfied")
+    for n in POD_CONTAINERS:
+        assert d[ids[n]] == [("create", "restore"), ("start", "restored")], (n, d[ids[n]])
+        assert cs.state(ids[n])[0] == saved[n][0], f"{n} must come back with its own saved memory"
+    st = cs.cri.json("inspect", ids["fetch"])["status"]
+    assert (st["state"], st["exitCode"]) == ("CONTAINER_EXITED", 0), st
+    assert entry["key"].startswith(f"k8s-default.{w}.")
+    cs.cri.remove_pod(pod)

@@ -18,8 +18,9 @@ import (
 // into a restore). So the stand-in runs nothing for it: create writes the
 // shim's pid file (the pod's sandbox process) and the alias
 // runscargv.Satisfied, and every later call for the id comes here (thaw-runsc
-// sends it) and is answered as for a container that exited 0: start succeeds,
-// wait says exit status 0, state says stopped, delete releases it.
+// sends it) and is answered as for a container that exited 0 as soon as it
+// started: state says created until its start and stopped after it, wait says
+// exit status 0, delete releases it.
 
 // annotationSandboxID names a pod app container's sandbox (CRI; twin:
 // control/lifecycle/pod.py CRI_SANDBOX_ID).
@@ -45,7 +46,6 @@ func (s *Standin) satisfy(m *marker, ann map[string]string, t0 time.Time) int {
 		s.removeAlias(m.ID)
 		return s.execRunsc(s.argv[1:])
 	}
-	s.log.Write("create", m, "satisfied", m.Reason, t0)
 	return 0
 }
 
@@ -74,12 +74,26 @@ func (s *Standin) satisfiedCall(id string) int {
 		m = &marker{ID: id, Root: s.a.Root(), Decision: "satisfied"}
 	}
 	switch s.a.Command {
-	case "create", "start", "kill":
+	case "create", "kill":
+		return 0
+	case "start":
+		// From here on it has exited: gVisor's shim takes a container that reads
+		// "stopped" before its start for one whose start failed (proc/init_state.go
+		// createdState.State), and never starts it.
+		m.Started = true
+		if err := s.saveMarker(m); err != nil {
+			return s.fail(fmt.Sprintf("thaw: start of %s: %v", id, err))
+		}
+		s.log.Write("start", m, "satisfied", "answered as exited 0: nothing runs", time.Now())
 		return 0
 	case "wait":
 		return printJSON(map[string]any{"id": id, "exitStatus": 0})
 	case "state":
-		return printJSON(map[string]any{"ociVersion": "1.0.2", "id": id, "pid": m.Pid, "status": "stopped",
+		status := "created"
+		if m.Started {
+			status = "stopped"
+		}
+		return printJSON(map[string]any{"ociVersion": "1.0.2", "id": id, "pid": m.Pid, "status": status,
 			"bundle": m.Bundle, "created": time.Unix(0, int64(m.Created*1e9)).UTC().Format(time.RFC3339Nano)})
 	case "events":
 		return printJSON(map[string]any{"type": "stats", "id": id, "data": map[string]any{}})

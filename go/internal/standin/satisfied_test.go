@@ -55,6 +55,9 @@ func TestASatisfiedContainerReadsAsOneThatExitedZero(t *testing.T) {
 	if got := runscargv.Alias(root, "init-1"); got != runscargv.Satisfied {
 		t.Fatalf("alias %q", got)
 	}
+	if rc, v := call("state", "init-1"); rc != 0 || v["status"] != "created" {
+		t.Fatalf("state before start: %d %v", rc, v)
+	}
 	if rc, _ := call("start", "init-1"); rc != 0 {
 		t.Fatalf("start: %d", rc)
 	}

@@ -65,8 +65,10 @@ type marker struct {
 	Created    float64 `json:"created"`
 	// The parked sandbox this container adopted (decision "adopt"): its runsc id.
 	AdoptID string `json:"adopt_id,omitempty"`
-	// Decision "satisfied": the pid its pid file names (its pod's sandbox process).
-	Pid int `json:"pid,omitempty"`
+	// Decision "satisfied": the pid its pid file names (its pod's sandbox process),
+	// and whether the shim has started it (from then on it has exited).
+	Pid     int  `json:"pid,omitempty"`
+	Started bool `json:"started,omitempty"`
 }
 
 // Standin handles one invocation.
