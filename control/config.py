@@ -15,6 +15,7 @@ naming the key and where the value came from. No other module reads os.environ.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import tomllib
 from dataclasses import dataclass
@@ -341,7 +342,61 @@ def _unknown(name: str, where: str = "") -> str:
     new = RENAMED.get(name)
     if new:
         return f"renamed to {new}" + (f" (found in {where})" if where else "")
-    return "unknown key" + (f" in {where}" if where else "")
+    near = difflib.get_close_matches(name, _BY_NAME, n=1, cutoff=0.8)
+    return ("unknown key" + (f" in {where}" if where else "")
+            + (f" (did you mean {near[0]}?)" if near else ""))
+
+
+# THAW_* variables that are not settings: each is read by one tool of thaw's own,
+# never by load(). Every other THAW_* variable in load()'s environment is refused
+# as an unknown key in a file is (issue 33): a misspelt THAW_STORE_ENDPOINT would
+# otherwise leave the default in force without a word. tests/unit/test_config.py
+# checks that every THAW_* name the repository spells is a key's or is here.
+ENV_NOT_KEYS: dict[str, str] = {
+    "THAW_CONFIG": "the config file (load)",
+    "THAW_REAL_RUNSC": "the runsc the stand-in runs, for test harnesses (go/internal/standin/config.go)",
+    "THAW_BUILD_DIR": "where ci/*.sh and the tests find the build",
+    "THAW_LIBCUDA": "the libcuda the CUDA helper loads, for tests (nvproxy/helper.py)",
+    "THAW_CUDA_CHECKPOINT_TIMING": "the CUDA helper's timing file (nvproxy/cuda_checkpoint)",
+    "THAW_DEMO_MODEL_MB": "the demo workload's model size (control/dev/workloads/demo_server.py)",
+    "THAW_CRI_SUBNET": "ci/cri.sh's pod subnet",
+    "THAW_FAULTS_OUT": "fault tests' results file (tests/integration/faults)",
+    "THAW_FAULTS_KILLS": "fault tests' kill count (tests/integration/faults)",
+    "THAW_FAULTS_SEED": "fault tests' seed (tests/integration/faults)",
+    "THAW_NODE_AGAIN": "bench/gpu/node.sh", "THAW_NODE_DRIVER": "bench/gpu/node.sh",
+    "THAW_NODE_LIST": "bench/gpu/node.sh", "THAW_NODE_PARTS": "bench/gpu/node.sh",
+    "THAW_NODE_SITE": "bench/gpu/node.sh", "THAW_NODE_STATE": "bench/gpu/node.sh",
+    "THAW_NODE_WAIT_S": "bench/gpu/node.sh",
+    "THAW_BENCH_BUDGET_S": "bench/gpu/run-*.sh", "THAW_BENCH_WORK": "bench/gpu/run-*.sh",
+    "THAW_LIFECYCLE_WORK": "bench/gpu/lifecycle.sh",
+    "THAW_SPEED_MODELS": "bench/gpu/run-speed.sh", "THAW_SPEED_VARIANTS": "bench/gpu/run-speed.sh",
+    "THAW_SPEED_8B_VARIANTS": "bench/gpu/run-speed.sh", "THAW_SPEED_BUDGET_S": "bench/gpu/run-speed.sh",
+    "THAW_SPEED_DROP_CACHES": "bench/gpu/run-speed.sh",
+    "THAW_FETCH": "bench/fetch_check_cost.py",
+}
+
+
+def _env_key(var: str) -> str:
+    """The dotted key an environment variable would set, THAW_<SECTION>_<NAME> -> section.name
+    (the section is the longest known one its name starts with), else the variable itself."""
+    rest = var[len("THAW_"):].lower()
+    for sec in sorted({k.name.split(".", 1)[0] for k in KEYS}, key=len, reverse=True):
+        if rest.startswith(sec + "_") and len(rest) > len(sec) + 1:
+            return f"{sec}.{rest[len(sec) + 1:]}"
+    return var
+
+
+def check_env(environ: Mapping[str, str]) -> None:
+    """ConfigError for the first THAW_* variable that names no key (nor one of
+    ENV_NOT_KEYS), worded as an unknown key in a file is: "config cache.dirs:
+    unknown key in env <its name> (did you mean cache.dir?)"."""
+    known = {k.env for k in KEYS} | set(ENV_NOT_KEYS)
+    for var in sorted(environ):
+        if var.startswith("THAW_") and var not in known:
+            name = _env_key(var)
+            if name in RENAMED:
+                continue   # load() says where it went
+            raise ConfigError(name, _unknown(name, f"env {var}"))
 
 
 # -- Settings: made from KEYS ----------------------------------------------------------
@@ -448,6 +503,7 @@ def load(overrides: Mapping[str, Any] | None = None,
         old_env = "THAW_" + old.replace(".", "_").upper()
         if old_env in environ:
             raise ConfigError(old, f"renamed to {new}: set {key(new).env} instead of {old_env}")
+    check_env(environ)
     for k in KEYS:
         if k.env in environ:
             found[k.name] = k.parse(environ[k.env], f"env {k.env}")
