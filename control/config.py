@@ -223,6 +223,18 @@ KEYS: tuple[Key, ...] = (
     Key("store.tenant_keys_dir", OPT_PATH, None,
         "Directory of tenant keys: one file per tenant, named after the tenant id, holding 32 random bytes "
         "(raw or 64 hex digits), mode 0400 or 0600."),
+    # The store's lifecycle (control/images/gc.py, docs/operate.md): one grace for every node,
+    # since a publish on one node is protected from a GC run on another by it.
+    Key("store.gc_grace_s", SECONDS, 6 * 3600.0,
+        "Store GC waits this long before it condemns an unreferenced pack and as long again before it "
+        "deletes it; a publish that takes longer than this from its first probe to its manifest is refused "
+        "(it could name a pack a GC has condemned). Set the same value on every node.", range=(1, 30 * _DAY)),
+    Key("store.retain_max_age_s", SECONDS, 0.0,
+        "`thaw gc --store` removes images published longer ago than this; 0: no age limit.",
+        range=(0, 3650 * _DAY)),
+    Key("store.retain_keep", INT, 0,
+        "`thaw gc --store` keeps this many of the newest images of each workload and node tuple and removes "
+        "older ones; 0: no count limit.", range=(0, 100000)),
     Key("store.manifest_key_file", OPT_PATH, None,
         "The cluster's manifest key (32 random bytes, raw or hex; every node shares it): manifests are "
         "published with its HMAC-SHA256 tag and refused without a valid one. Empty: manifests are neither "

@@ -29,6 +29,7 @@ import dataclasses
 import logging
 import os
 import shutil
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +42,7 @@ from control.images.cache import Cache, Lease
 from control.node.compat import CompatTuple, check
 from control.config import Settings
 from control.errors import (CacheFull, ImageError, KeyMissing, ManifestError, ManifestRefused, NoSpace, NotFound,
-                            ThawError, TupleMismatch, UserError)
+                            StoreError, ThawError, TupleMismatch, UserError)
 from control.files import fsync_path
 from control.images import keys as keysmod
 from control.images.manifest import Manifest
@@ -147,6 +148,13 @@ def _checked(body: bytes, source: str, key: str, store: Store | None = None) -> 
         raise ManifestRefused(source, f"its chunks are sealed as {m.encryption or 'plaintext'!r}, this store's as "
                               f"{getattr(store, 'encryption', '') or 'plaintext'!r}")
     return m
+
+
+def read_manifest(store: Store, key: str, tuple_hash: str) -> Manifest | None:
+    """The store's manifest of `key` for `tuple_hash`, opened and verified as a pull
+    would (ManifestError, ManifestRefused, KeyMissing); None when there is none."""
+    body = store.get_manifest(key, tuple_hash)
+    return None if body is None else _checked(body, store.manifest_name(key, tuple_hash), key, store)
 
 
 def _published_body(store: Store, m: Manifest) -> bytes:
@@ -366,10 +374,12 @@ def _publish(store: Store, directory: Path, key: str, node: CompatTuple, *, chun
     if on_total:
         on_total(sum(layout.unique_chunks().values()))   # what the upload progress counts
     store.ensure_bucket()
+    probed = time.monotonic()   # the upload's first pointer probe: where it may learn an old pack's name
     locations, up = transfer.upload(layout, directory, store, workers=workers, progress=progress)
     # The upload trusted thaw-chunk's names; this is what makes that safe.
     if chunk.file_state(files) != before:
         raise ImageError(str(directory), "files changed while being published (nothing was published)")
+    check_publish_time(store, store.manifest_name(key, layout.tuple_hash), time.monotonic() - probed)
     m = dataclasses.replace(layout, locations=locations, tenant=_tenant(store),
                             encryption=getattr(store, "encryption", ""))
     won = store.put_manifest_if_absent(key, m.tuple_hash, _published_body(store, m))
@@ -382,6 +392,19 @@ def _publish(store: Store, directory: Path, key: str, node: CompatTuple, *, chun
         final = _checked(body, store.manifest_name(key, m.tuple_hash), key, store)
         log.info("push %s: another writer published first (%s)", key, final.creator)
     return m, up, won, final
+
+
+def check_publish_time(store: Store, manifest: str, seconds: float) -> None:
+    """A publish may put its manifest only within store.gc_grace_s of its first pointer
+    probe: a store GC deletes a pack no sooner than that long after its last pointer
+    went (control/images/gc.py), so a pack this publish learned from a pointer still
+    exists now. StoreError (nothing published) past it; a store without a grace (the
+    unit tests' fake) has no bound."""
+    grace = getattr(store, "gc_grace_s", None)
+    if grace is not None and seconds >= grace:
+        raise StoreError("publish", store.uri(manifest), f"the upload took {seconds:.0f} s, at least "
+                         f"store.gc_grace_s ({grace:g} s): a store GC may have removed a pack it reuses; nothing "
+                         "was published (raise store.gc_grace_s on every node, or publish again)", store.endpoint)
 
 
 def _install(cache: Cache, store: Store, st: Staged, ours: Manifest, final: Manifest, workers: int) -> str:
