@@ -41,6 +41,7 @@ from typing import Callable, Iterable, Iterator
 from filelock import FileLock
 from filelock import Timeout as LockTimeout
 
+from control import metrics
 from control.images import manifest as manifestmod
 from control.images import chunk
 from control.node.compat import CompatTuple, check
@@ -380,6 +381,7 @@ class Cache:
         leased one; the key's own entries go last (they may serve as sources).
         """
         if need > self.budget:
+            metrics.inc("thaw_cache_full_total")
             raise CacheFull(key, need, self.budget, 0, "the image is larger than the whole cache budget")
         victims: list[str] = []
         with self._tx() as db:
@@ -398,6 +400,7 @@ class Cache:
                 victims.append(eid)
                 used -= size
             if used + need > self.budget:
+                metrics.inc("thaw_cache_full_total")
                 raise CacheFull(key, need, self.budget, in_use,
                                 "entries in use (leased) or downloads in progress hold the rest")
             for eid in victims:

@@ -33,26 +33,18 @@ a marker whose pack is gone (removed next run).
 from __future__ import annotations
 
 import logging
-import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from control.errors import NotFound, PreconditionError, ThawError, UserError
 from control.images import manifest as manifestmod
 from control.images.store import Obj, Store
+from control.lifecycle.workload import workload_of
 
 log = logging.getLogger(__name__)
 
 SLACK_S = 1.0          # S3 LastModified has whole seconds (SeaweedFS, and AWS listings)
 MARKERS = "gc/condemned/"
-_DIGEST_TAIL = re.compile(r"\.[0-9a-f]{16}$")   # lifecycle/workload.py workload_key's last field
-
-
-def workload_of(key: str) -> str:
-    """The workload a key is an image of: the key less its identity digest
-    (`<tenant>.<name>.<16 hex>`, control/lifecycle/workload.py); a key without one
-    (the CLI's `user-root.myapp`) is its own workload."""
-    return _DIGEST_TAIL.sub("", key)
 
 
 @dataclass

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from control import metrics
 from control.images import chunk
 from control.images import manifest as manifestmod
 from control.images import transfer
@@ -201,6 +202,8 @@ def pull(cache: Cache, store: Store | None, key: str, node: CompatTuple, *, work
         entry_id, stats = _fill_and_install(cache, store, m,
                                             cache.sources(m.unique_chunks(), tenant=_tenant(store)),
                                             workers=workers, progress=progress)
+        metrics.inc("thaw_store_fetched_bytes_total", stats.fetched_bytes)
+        metrics.inc("thaw_store_retries_total", stats.retries)
         for e in cache.entries(key):
             if e.state == "corrupt" and cache.evict(e.id):
                 notes.append(f"evicted corrupt entry {e.id}")

@@ -41,6 +41,7 @@ import botocore.session
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
+from control import metrics
 from control.config import TENANT_PATTERN, Settings
 from control.errors import StoreError, UserError
 from control.images import keys as keysmod
@@ -155,6 +156,7 @@ class Store:
         else:
             problem = f"{type(e).__name__}: {e}"
         note = getattr(e, "retry_note", "")
+        metrics.inc("thaw_store_errors_total", op=op)
         return StoreError(op, f"s3://{self.bucket}/{obj}", f"{problem}; {note}" if note else problem, self.endpoint)
 
     # -- bucket --------------------------------------------------------------

@@ -48,6 +48,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
+from control import metrics
 from control.config import Settings
 from control.errors import IntegrityError, PreconditionError, StoreError, ThawError
 from control.files import Owner, write_bytes_atomic
@@ -309,7 +310,11 @@ class _Job:
                 try:
                     eid, partial = self.cache.new_partial(manifest.key, manifest.tuple_hash)
                     try:
-                        faults = self._stream(manifest, eid, partial)
+                        metrics.add("thaw_streams_in_flight", 1)
+                        try:
+                            faults = self._stream(manifest, eid, partial)
+                        finally:
+                            metrics.add("thaw_streams_in_flight", -1)
                         self.cache.install_locked(eid, partial, manifest)
                     except BaseException:
                         shutil.rmtree(partial, ignore_errors=True)
@@ -387,6 +392,8 @@ class _Job:
             if sockdir is not None:
                 shutil.rmtree(sockdir, ignore_errors=True)
         self.stream.stats = result.get("stats", {})
+        metrics.inc("thaw_store_fetched_bytes_total", self.stream.stats.get("fetched_bytes", 0))
+        metrics.inc("thaw_store_retries_total", self.stream.stats.get("retries", 0))
         return self.stream.faults
 
     def _log_path(self, eid: str) -> Path:
@@ -440,6 +447,7 @@ class _Job:
         if e and e.get("kind") == "integrity":
             raise IntegrityError("store", e.get("chunk", ""), e["detail"])
         if e and e.get("kind") == "store":
+            metrics.inc("thaw_store_errors_total", op="get")
             raise StoreError("get", f"{self.store.uri(e.get('object', ''))} bytes {e.get('offset')}+{e.get('length')}",
                              e["detail"], self.store.endpoint)
         if e:

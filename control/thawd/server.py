@@ -26,7 +26,8 @@ from pathlib import Path
 import grpc
 
 from control import errors as errmod
-from control.config import Settings
+from control.config import RUNSC_VERSION_LABEL, Settings
+from control.metrics import cache_gauges
 from control.errors import ConfigError, PreconditionError, ThawError
 from control.thawd.exits import ExitWatch
 from control.thawd.metrics import Metrics, serve as serve_metrics
@@ -249,7 +250,11 @@ def prepare_socket(path: Path) -> None:
 def build(settings: Settings, images, tuple_hash: str) -> tuple[grpc.Server, Thawd, Metrics]:
     lock_node(settings)
     prepare_socket(settings.thawd_socket)
-    metrics = Metrics()
+    metrics = Metrics().install()   # the image path's series (bytes fetched, retries, ...) land here too
+    metrics.set("thaw_build_info", 1, version=VERSION, runsc=RUNSC_VERSION_LABEL)
+    cache = getattr(images, "cache", None)
+    if cache is not None:
+        metrics.on_scrape(cache_gauges(cache))
     exits = ExitWatch().start()
     if not exits.available:
         log.warning("process exit events unavailable (%s): a stand-in killed after committing a restore "
