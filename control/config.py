@@ -263,6 +263,9 @@ KEYS: tuple[Key, ...] = (
     Key("cache.min_free_bytes", SIZE, 10 * _G,
         "provision and doctor fail when the cache file system has less free space.", range=(0, 1024 * _T)),
     # [thawd]
+    Key("thawd.decisions_kept", INT, 256,
+        "How many of thawd's last decisions (restore, adopt or cold, and why; a restore's result) "
+        "`thaw stats --decisions` can show; each is also a log line.", range=(1, 100000)),
     Key("thawd.socket", ABS_PATH, Path("/run/thaw/thawd.sock"),
         "thawd's gRPC Unix socket (root-only directory); the stand-in dials it.", standin=True),
     Key("thawd.metrics_addr", STR, "127.0.0.1:9464", "host:port of thawd's Prometheus /metrics endpoint; empty: off."),

@@ -163,7 +163,8 @@ def pull_cmd(obj: Context, key: str) -> None:
 @click.pass_obj
 @handle_errors
 def ls_cmd(obj: Context, local_only: bool) -> None:
-    """Images in this node's cache and in the store, with sizes and whether this node can restore them."""
+    """Images in this node's cache and in the store: size, age, last use (cached ones), tenant,
+    whether this node can restore them (and why not), and who holds the cached ones."""
     from control.images import image as images
     s = obj.settings
     d = images.listing(images.open_cache(s), None if local_only else _store(obj), _node(obj))
@@ -174,14 +175,18 @@ def ls_cmd(obj: Context, local_only: bool) -> None:
 
     def human(d: dict) -> str:
         lines = [f"node tuple {d['node_tuple_hash'][:12]}; cache {_size(d['cache_used_bytes'])} of "
-                 f"{_size(d['cache_budget_bytes'])}", "LOCAL"]
-        lines += [f"  {e['key']:<32} {e['tuple_hash'][:12]} {_size(e['size']):>11} {e['state']:<8} "
-                  f"leases={e['leases']} {'match' if e['match'] else 'MISMATCH: ' + '; '.join(e['reasons'])}"
+                 f"{_size(d['cache_budget_bytes'])}",
+                 f"LOCAL  {'KEY':<32} {'TUPLE':<12} {'SIZE':>11} {'AGE':>5} {'USED':>5} {'TENANT':<20} STATE"]
+        lines += [f"  {e['key']:<37} {e['tuple_hash'][:12]} {_size(e['size']):>11} {_ago(e['age_s']):>5} "
+                  f"{_ago(e['last_used_s']):>5} {e['tenant']:<20} {e['state']:<8} "
+                  f"{'match' if e['match'] else 'MISMATCH: ' + '; '.join(e['reasons'])}"
                   + (f" QUARANTINED: {e['quarantined']}" if e["quarantined"] else "")
+                  + "".join(f"\n      held by {h}" for h in e["held_by"])
                   for e in d["local"]] or ["  (none)"]
         if not local_only:
-            lines.append("REMOTE")
-            lines += [f"  {e['key']:<32} {e['tuple_hash'][:12]} {_size(e.get('size', 0)):>11} "
+            lines.append(f"REMOTE {'KEY':<32} {'TUPLE':<12} {'SIZE':>11} {'AGE':>5} {'':>5} {'TENANT':<20}")
+            lines += [f"  {e['key']:<37} {e['tuple_hash'][:12]} {_size(e.get('size', 0)):>11} "
+                      f"{_ago(e.get('age_s')):>5} {'':>5} {e['tenant']:<20} "
                       f"{'match' if e['match'] else 'MISMATCH: ' + '; '.join(e['reasons'])}"
                       for e in d["remote"]] or ["  (none)"]
         return "\n".join(lines)
@@ -201,6 +206,16 @@ def _duration(value: str | None, option: str) -> float | None:
         return float(v[:-1]) * _UNITS[v[-1]] if v and v[-1] in _UNITS else float(v)
     except ValueError:
         raise UserError(f"{option} {value!r}: expected seconds, or a number with s, m, h or d", field=option) from None
+
+
+def _ago(seconds: float | None) -> str:
+    """90 -> "1m", 7200 -> "2h": the largest whole unit ("-" when unknown)."""
+    if seconds is None:
+        return "-"
+    for unit, n in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= n:
+            return f"{int(seconds // n)}{unit}"
+    return f"{max(0, int(seconds))}s"
 
 
 @click.command("gc")

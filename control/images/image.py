@@ -446,18 +446,33 @@ def _install(cache: Cache, store: Store, st: Staged, ours: Manifest, final: Mani
 
 
 def listing(cache: Cache, store: Store | None, node: CompatTuple) -> dict:
-    """Local entries and stored manifests, each with size and whether this node can restore it."""
+    """Local entries and stored manifests, each with size, age, tenant and whether this
+    node can restore it (and why not); local ones also when they were last used and
+    who holds them (leases)."""
+    from control.lifecycle.tenant import store_tenant
+    now = time.time()
     local = []
     for e in cache.entries():
         bad = check(e.tuple, node)
-        local.append({**e.to_dict(), "match": not bad, "reasons": [str(b) for b in bad]})
+        local.append({**e.to_dict(), "match": not bad, "reasons": [str(b) for b in bad],
+                      "tenant": store_tenant(e.key), "age_s": round(now - e.created),
+                      "last_used_s": round(now - e.last_used),
+                      "held_by": cache.lease_holders(e.id) if e.leases else []})
     remote: list[dict] = []
     out: dict = {"node_tuple_hash": node.hash(), "local": local, "remote": remote,
                  "cache_used_bytes": cache.used_bytes(), "cache_budget_bytes": cache.budget}
     if store is None:
         return out
+    published: dict[tuple[str, str], float] = {}
+    if hasattr(store, "list_objects"):   # the store's LastModified: when each image was published
+        for o in store.list_objects("manifests/"):
+            k, _, leaf = o.name[len("manifests/"):].partition("/")
+            if leaf.endswith(".json"):
+                published[(k, leaf[:-len(".json")])] = o.mtime
     for key, th, nbytes in store.list_manifests():
-        row: dict = {"key": key, "tuple_hash": th, "manifest_bytes": nbytes}
+        row: dict = {"key": key, "tuple_hash": th, "manifest_bytes": nbytes, "tenant": store_tenant(key)}
+        if (key, th) in published:
+            row["age_s"] = round(now - published[(key, th)])
         body = store.get_manifest(key, th)
         try:
             m = _checked(body or b"", store.manifest_name(key, th), key, store)
