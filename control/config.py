@@ -118,7 +118,7 @@ KEYS: tuple[Key, ...] = (
     Key("node.log_dir", ABS_PATH, Path("/var/log/thaw"),
         "runsc and shim logs (the shim writes <log_dir>/shim/runsc-shim-<id>.log); the workload logs and "
         "exit status of `thaw run`/`thaw restore` sandboxes (<log_dir>/sandboxes/<id>/, `thaw logs`).",
-        field="log_dir"),
+        field="log_dir", standin=True),
     # The lower bound's twins: go/cmd/thaw-monitor/log.go minMaxBytes, control/lifecycle/logs.py MIN_MAX_BYTES.
     Key("node.log_max_bytes", SIZE, 8 * _M,
         "A `thaw run`/`thaw restore` sandbox's workload log (stdout and stderr, "
@@ -326,6 +326,20 @@ KEYS: tuple[Key, ...] = (
         standin=True),
     Key("standin.log", ABS_PATH, Path("/var/log/thaw/standin.log"),
         "The stand-in's decision log: one JSON line per create/start/delete decision.", standin=True),
+    # Bounded logs (issue 33): the stand-in rotates its own log, and at each container's delete
+    # bounds the shim's per-container logs (go/internal/standin/logrotate.go).
+    Key("standin.log_max_bytes", SIZE, 16 * _M,
+        "standin.log is rotated (to standin.log.1, .2, ...) once it reaches this size.", range=(64 * _K, 1 * _G),
+        standin=True),
+    Key("standin.log_keep", INT, 3, "How many rotated stand-in logs are kept (standin.log.1 .. .N).",
+        range=(1, 100), standin=True),
+    Key("standin.shim_logs_keep", INT, 500,
+        "How many deleted containers' shim logs (<node.log_dir>/shim/runsc-shim-<id>.log) are kept; at each "
+        "container's delete the stand-in removes the oldest beyond this. A running container's is never removed.",
+        range=(1, 1_000_000), standin=True),
+    Key("standin.shim_log_max_bytes", SIZE, 8 * _M,
+        "A deleted container's shim log larger than this is cut to its last this many bytes.",
+        range=(64 * _K, 1 * _G), standin=True),
     # [checkpoint]
     Key("checkpoint.compression", one_of("none", "flate-best-speed"), "none", "runsc checkpoint --compression."),
     # On by default since 2026-12-01: an ~8B GPU restore answered in 6.2 s without it and

@@ -27,7 +27,7 @@ from typing import Any
 
 _RESERVED = ("time", "level", "logger", "msg", "exc")
 # thaw's own loggers: -vv makes these debug, and leaves boto's, urllib3's and grpc's alone.
-THAW_LOGGERS = ("thaw", "thawd", "control", "runsc_hooks", "nvproxy")
+OWN_LOGGERS = ("thaw", "thawd", "control", "runsc_hooks", "nvproxy")
 
 
 def fields(**kw: Any) -> dict:
@@ -106,5 +106,5 @@ def configure(verbose: int, *, json_lines: bool = False, daemon: bool = False, s
     root.handlers[:] = [handler]
     level = level_of(verbose, daemon)
     root.setLevel(level if verbose >= 3 else max(level, logging.INFO))
-    for name in THAW_LOGGERS:
+    for name in OWN_LOGGERS:
         logging.getLogger(name).setLevel(level)
