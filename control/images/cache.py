@@ -49,6 +49,7 @@ from control.errors import CacheFull, NotFound, Timeout
 from control.images.manifest import Manifest
 from control.images.transfer import LocalCopy, Sources, read_local
 from control.files import Owner, fsync_path, process_start
+from control.logfields import fields
 
 log = logging.getLogger(__name__)
 
@@ -344,7 +345,8 @@ class Cache:
     def mark_corrupt(self, entry_id: str) -> None:
         with self._tx() as db:
             db.execute("UPDATE entries SET state = 'corrupt' WHERE id = ? AND state = 'ready'", (entry_id,))
-        log.warning("cache entry %s marked corrupt", entry_id)
+        log.warning("cache entry %s marked corrupt", entry_id,
+                    extra=fields(entry=entry_id, key=entry_id.split("@", 1)[0], decision="corrupt"))
 
     # -- sources for dedup ---------------------------------------------------------------
 

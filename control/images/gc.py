@@ -40,6 +40,7 @@ from control.errors import NotFound, PreconditionError, ThawError, UserError
 from control.images import manifest as manifestmod
 from control.images.store import Obj, Store
 from control.lifecycle.workload import workload_of
+from control.logfields import fields
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +119,7 @@ def remove(store: Store, key: str, tuple_hash: str | None = None, dry_run: bool 
     names = [manifests[kt].name for kt in pick] + [orders[kt].name for kt in pick if kt in orders]
     if not dry_run:
         store.delete(names)
-        log.info("rm %s: deleted %s", key, ", ".join(names))
+        log.info("rm %s: deleted %s", key, ", ".join(names), extra=fields(key=key, tenant=tenant, decision="removed"))
     return names
 
 
@@ -181,7 +182,8 @@ def collect(store: Store, *, grace_s: float, max_age_s: float = 0.0, keep: int =
     gone = [(r["key"], r["tuple_hash"]) for r in rep.removed_manifests]
     if gone and not dry_run:
         store.delete([manifests[kt].name for kt in gone] + [orders[kt].name for kt in gone if kt in orders])
-        log.info("gc %s: removed %d images by retention", store.tenant, len(gone))
+        log.info("gc %s: removed %d images by retention", store.tenant, len(gone),
+                 extra=fields(tenant=store.tenant, decision="retention", count=len(gone)))
     for kt in gone:
         manifests.pop(kt)
         orders.pop(kt, None)
@@ -214,7 +216,8 @@ def collect(store: Store, *, grace_s: float, max_age_s: float = 0.0, keep: int =
     if drop and not dry_run:
         for i in range(0, len(drop), 500):   # in steps, each logged: a kill leaves a clear trace
             store.delete(drop[i:i + 500])
-            log.info("gc %s: deleted %d chunk pointers", store.tenant, len(drop[i:i + 500]))
+            log.info("gc %s: deleted %d chunk pointers", store.tenant, len(drop[i:i + 500]),
+                     extra=fields(tenant=store.tenant, decision="deleted-pointers", count=len(drop[i:i + 500])))
 
     # Packs, after the pointers: a marker is written only once no pointer names its pack.
     condemn: list[str] = []
@@ -240,7 +243,8 @@ def collect(store: Store, *, grace_s: float, max_age_s: float = 0.0, keep: int =
         for name in condemn:
             store.put_empty(MARKERS + name)
         if condemn:
-            log.info("gc %s: condemned %d packs", store.tenant, len(condemn))
+            log.info("gc %s: condemned %d packs", store.tenant, len(condemn),
+                     extra=fields(tenant=store.tenant, decision="condemned", count=len(condemn)))
     for name, o in delete:
         if not dry_run:
             now_o = store.head("packs/" + name)
@@ -248,7 +252,8 @@ def collect(store: Store, *, grace_s: float, max_age_s: float = 0.0, keep: int =
                 continue                  # changed since the listing: a later run decides again
             store.delete(["packs/" + name])
             store.delete([MARKERS + name])
-            log.info("gc %s: deleted pack %s (%d bytes)", store.tenant, name, o.size)
+            log.info("gc %s: deleted pack %s (%d bytes)", store.tenant, name, o.size,
+                     extra=fields(tenant=store.tenant, decision="deleted-pack", pack=name, bytes=o.size))
         rep.deleted_packs.append(name)
         rep.deleted_bytes += o.size
     rep.removed_markers = sorted(set(unmark))
@@ -260,5 +265,5 @@ def collect(store: Store, *, grace_s: float, max_age_s: float = 0.0, keep: int =
     rep.removed_orders = stale
     if stale and not dry_run:
         store.delete(stale)
-    log.info("gc %s: %s", store.tenant, rep.summary())
+    log.info("gc %s: %s", store.tenant, rep.summary(), extra=fields(tenant=store.tenant, dry_run=dry_run))
     return rep

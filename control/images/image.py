@@ -49,6 +49,7 @@ from control.images import keys as keysmod
 from control.images.manifest import Manifest
 from control.images.store import Store
 from control.images.transfer import Progress
+from control.logfields import fields
 
 log = logging.getLogger(__name__)
 
@@ -393,7 +394,8 @@ def _publish(store: Store, directory: Path, key: str, node: CompatTuple, *, chun
             raise NotFound("manifest", store.manifest_name(key, m.tuple_hash),
                            "the conditional put lost, but the winner's manifest is not readable")
         final = _checked(body, store.manifest_name(key, m.tuple_hash), key, store)
-        log.info("push %s: another writer published first (%s)", key, final.creator)
+        log.info("push %s: another writer published first (%s)", key, final.creator,
+                 extra=fields(key=key, tenant=_tenant(store) or None, reason="lost the publish race"))
     return m, up, won, final
 
 

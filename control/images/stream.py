@@ -61,6 +61,7 @@ from control.images.cache import Cache, Lease
 from control.images.manifest import Manifest
 from control.images.store import Store
 from control.node.compat import CompatTuple
+from control.logfields import fields
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +202,7 @@ class Stream:
             try:
                 fn(self)
             except Exception:  # noqa: BLE001 - a caller's bookkeeping must not break the stream
-                log.exception("stream %s: done callback", self.key)
+                log.exception("stream %s: done callback", self.key, extra=fields(key=self.key))
 
     def to_dict(self) -> dict:
         return {"key": self.key, "path": str(self.path), "entry": self.entry_id, "done": self.done,
@@ -291,7 +292,7 @@ class _Job:
         try:
             with self.cache.key_lock(self.key, self.lock_timeout_s):
                 for p in self.cache.recover_locked(self.key):
-                    log.info("stream %s: recovered: removed %s", self.key, p)
+                    log.info("stream %s: recovered: removed %s", self.key, p, extra=fields(key=self.key, path=str(p)))
                 remove_leftovers(self.cache)
                 entry, reasons = self.cache.find_locked(self.key, self.node)
                 if entry is not None:
@@ -303,7 +304,8 @@ class _Job:
                             self.ready.set()
                             return
                     else:
-                        log.warning("stream %s: cached entry %s is corrupt (%s): streaming", self.key, entry.id, why)
+                        log.warning("stream %s: cached entry %s is corrupt (%s): streaming", self.key, entry.id, why,
+                                    extra=fields(key=self.key, entry=entry.id, reason=why))
                         self.cache.mark_corrupt(entry.id)
                 manifest = images.remote_manifest(self.store, self.key, self.node, reasons)
                 rid = self.cache.reserve(self.key, manifest.size)
@@ -344,7 +346,8 @@ class _Job:
             self.stream.error = e if isinstance(e, ThawError) else ThawError(f"{type(e).__name__}: {e}")
             # Said once, by whoever waits for it: thawd's image source logs it, the CLI
             # raises it (one line, as for a pull).
-            log.info("stream %s failed: %s", self.key, self.stream.error)
+            log.info("stream %s failed: %s", self.key, self.stream.error,
+                     extra=fields(key=self.key, decision="stream-failed", reason=str(self.stream.error)))
         finally:
             if self.stream is not None:
                 self.stream._finish(lease)
@@ -352,7 +355,7 @@ class _Job:
             try:
                 record_order(self.store, manifest, faults)
             except ThawError as e:  # a hint: the next restore only loses its head start
-                log.warning("stream %s: recording the learned order: %s", self.key, e)
+                log.warning("stream %s: recording the learned order: %s", self.key, e, extra=fields(key=self.key, reason=str(e)))
 
     def _stream(self, m: Manifest, eid: str, partial: Path) -> dict[str, list[list[int]]]:
         """Fill `partial` through thaw-gofer stream; hand the Stream to the caller
@@ -568,7 +571,7 @@ def read_order(store: Store, m: Manifest) -> dict[str, list[list[int]]]:
     try:
         body = store.get_order(m.key, m.tuple_hash)
     except StoreError as e:
-        log.info("stream %s: no learned order (%s)", m.key, e)
+        log.info("stream %s: no learned order (%s)", m.key, e, extra=fields(key=m.key, reason=str(e)))
         return {}
     if body is None:
         return {}
@@ -577,7 +580,7 @@ def read_order(store: Store, m: Manifest) -> dict[str, list[list[int]]]:
         try:
             body = keysmod.open_order(tenant_key, store.tenant, m.key, m.tuple_hash, body)
         except ValueError as e:
-            log.warning("stream %s: ignoring the learned order: %s", m.key, e)
+            log.warning("stream %s: ignoring the learned order: %s", m.key, e, extra=fields(key=m.key, reason=str(e)))
             return {}
     try:
         doc = json.loads(body)
@@ -592,7 +595,7 @@ def read_order(store: Store, m: Manifest) -> dict[str, list[list[int]]]:
                          if 0 <= int(o) and 0 < int(n) and int(o) + int(n) <= sizes[name]]
         return out
     except (ValueError, TypeError, AttributeError) as e:
-        log.warning("stream %s: ignoring an unreadable order object: %s", m.key, e)
+        log.warning("stream %s: ignoring an unreadable order object: %s", m.key, e, extra=fields(key=m.key, reason=str(e)))
         return {}
 
 
