@@ -146,6 +146,7 @@ class Stream:
         self._mu = threading.Lock()
         self._released = False
         self._lease: Lease | None = None
+        self._holder = ""                   # describe(): said to the lease once installed
         self._callbacks: list[Callable[[Stream], None]] = []
 
     def env(self) -> dict[str, str]:
@@ -186,18 +187,30 @@ class Stream:
         if ended:
             shutil.rmtree(self.path, ignore_errors=True)
 
+    def describe(self, holder: str) -> None:
+        """Who holds this image (Lease.describe): said to the cache lease the stream
+        installs, now if it is in already, else when it is."""
+        with self._mu:
+            self._holder = holder
+            lease = self._lease
+        if lease is not None:
+            lease.describe(holder)
+
     def _finish(self, lease: Lease | None) -> None:
         with self._mu:
             self.seconds = time.monotonic() - self.started
             released = self._released
             if not released:
                 self._lease = lease
+            holder = self._holder
             self._done.set()
             callbacks, self._callbacks = self._callbacks, []
         if released:
             if lease is not None:
                 lease.release()
             shutil.rmtree(self.path, ignore_errors=True)
+        elif lease is not None and holder:
+            lease.describe(holder)
         for fn in callbacks:
             try:
                 fn(self)
