@@ -24,7 +24,8 @@ FILES = (REPO / "docs/configuration.md", REPO / "README.md")
 GO_KEYS = REPO / "go/internal/standin/config_keys.go"
 
 # The kinds the stand-in knows how to read (go/internal/standin/config.go).
-_GO_KINDS = {config.ABS_PATH: "kindAbsPath", config.SECONDS: "kindSeconds"}
+_GO_KINDS = {config.ABS_PATH: "kindAbsPath", config.SECONDS: "kindSeconds", config.SIZE: "kindSize",
+             config.INT: "kindInt"}
 
 
 def render(text: str) -> str:

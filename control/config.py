@@ -15,6 +15,7 @@ naming the key and where the value came from. No other module reads os.environ.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import tomllib
 from dataclasses import dataclass
@@ -117,7 +118,7 @@ KEYS: tuple[Key, ...] = (
     Key("node.log_dir", ABS_PATH, Path("/var/log/thaw"),
         "runsc and shim logs (the shim writes <log_dir>/shim/runsc-shim-<id>.log); the workload logs and "
         "exit status of `thaw run`/`thaw restore` sandboxes (<log_dir>/sandboxes/<id>/, `thaw logs`).",
-        field="log_dir"),
+        field="log_dir", standin=True),
     # The lower bound's twins: go/cmd/thaw-monitor/log.go minMaxBytes, control/lifecycle/logs.py MIN_MAX_BYTES.
     Key("node.log_max_bytes", SIZE, 8 * _M,
         "A `thaw run`/`thaw restore` sandbox's workload log (stdout and stderr, "
@@ -222,6 +223,18 @@ KEYS: tuple[Key, ...] = (
     Key("store.tenant_keys_dir", OPT_PATH, None,
         "Directory of tenant keys: one file per tenant, named after the tenant id, holding 32 random bytes "
         "(raw or 64 hex digits), mode 0400 or 0600."),
+    # The store's lifecycle (control/images/gc.py, docs/operate.md): one grace for every node,
+    # since a publish on one node is protected from a GC run on another by it.
+    Key("store.gc_grace_s", SECONDS, 6 * 3600.0,
+        "Store GC waits this long before it condemns an unreferenced pack and as long again before it "
+        "deletes it; a publish that takes longer than this from its first probe to its manifest is refused "
+        "(it could name a pack a GC has condemned). Set the same value on every node.", range=(1, 30 * _DAY)),
+    Key("store.retain_max_age_s", SECONDS, 0.0,
+        "`thaw gc --store` removes images published longer ago than this; 0: no age limit.",
+        range=(0, 3650 * _DAY)),
+    Key("store.retain_keep", INT, 0,
+        "`thaw gc --store` keeps this many of the newest images of each workload and node tuple and removes "
+        "older ones; 0: no count limit.", range=(0, 100000)),
     Key("store.manifest_key_file", OPT_PATH, None,
         "The cluster's manifest key (32 random bytes, raw or hex; every node shares it): manifests are "
         "published with its HMAC-SHA256 tag and refused without a valid one. Empty: manifests are neither "
@@ -250,6 +263,9 @@ KEYS: tuple[Key, ...] = (
     Key("cache.min_free_bytes", SIZE, 10 * _G,
         "provision and doctor fail when the cache file system has less free space.", range=(0, 1024 * _T)),
     # [thawd]
+    Key("thawd.decisions_kept", INT, 256,
+        "How many of thawd's last decisions (restore, adopt or cold, and why; a restore's result) "
+        "`thaw stats --decisions` can show; each is also a log line.", range=(1, 100000)),
     Key("thawd.socket", ABS_PATH, Path("/run/thaw/thawd.sock"),
         "thawd's gRPC Unix socket (root-only directory); the stand-in dials it.", standin=True),
     Key("thawd.metrics_addr", STR, "127.0.0.1:9464", "host:port of thawd's Prometheus /metrics endpoint; empty: off."),
@@ -310,6 +326,20 @@ KEYS: tuple[Key, ...] = (
         standin=True),
     Key("standin.log", ABS_PATH, Path("/var/log/thaw/standin.log"),
         "The stand-in's decision log: one JSON line per create/start/delete decision.", standin=True),
+    # Bounded logs (issue 33): the stand-in rotates its own log, and at each container's delete
+    # bounds the shim's per-container logs (go/internal/standin/logrotate.go).
+    Key("standin.log_max_bytes", SIZE, 16 * _M,
+        "standin.log is rotated (to standin.log.1, .2, ...) once it reaches this size.", range=(64 * _K, 1 * _G),
+        standin=True),
+    Key("standin.log_keep", INT, 3, "How many rotated stand-in logs are kept (standin.log.1 .. .N).",
+        range=(1, 100), standin=True),
+    Key("standin.shim_logs_keep", INT, 500,
+        "How many deleted containers' shim logs (<node.log_dir>/shim/runsc-shim-<id>.log) are kept; at each "
+        "container's delete the stand-in removes the oldest beyond this. A running container's is never removed.",
+        range=(1, 1_000_000), standin=True),
+    Key("standin.shim_log_max_bytes", SIZE, 8 * _M,
+        "A deleted container's shim log larger than this is cut to its last this many bytes.",
+        range=(64 * _K, 1 * _G), standin=True),
     # [checkpoint]
     Key("checkpoint.compression", one_of("none", "flate-best-speed"), "none", "runsc checkpoint --compression."),
     # On by default since 2026-12-01: an ~8B GPU restore answered in 6.2 s without it and
@@ -341,7 +371,61 @@ def _unknown(name: str, where: str = "") -> str:
     new = RENAMED.get(name)
     if new:
         return f"renamed to {new}" + (f" (found in {where})" if where else "")
-    return "unknown key" + (f" in {where}" if where else "")
+    near = difflib.get_close_matches(name, _BY_NAME, n=1, cutoff=0.8)
+    return ("unknown key" + (f" in {where}" if where else "")
+            + (f" (did you mean {near[0]}?)" if near else ""))
+
+
+# THAW_* variables that are not settings: each is read by one tool of thaw's own,
+# never by load(). Every other THAW_* variable in load()'s environment is refused
+# as an unknown key in a file is (issue 33): a misspelt THAW_STORE_ENDPOINT would
+# otherwise leave the default in force without a word. tests/unit/test_config.py
+# checks that every THAW_* name the repository spells is a key's or is here.
+ENV_NOT_KEYS: dict[str, str] = {
+    "THAW_CONFIG": "the config file (load)",
+    "THAW_REAL_RUNSC": "the runsc the stand-in runs, for test harnesses (go/internal/standin/config.go)",
+    "THAW_BUILD_DIR": "where ci/*.sh and the tests find the build",
+    "THAW_LIBCUDA": "the libcuda the CUDA helper loads, for tests (nvproxy/helper.py)",
+    "THAW_CUDA_CHECKPOINT_TIMING": "the CUDA helper's timing file (nvproxy/cuda_checkpoint)",
+    "THAW_DEMO_MODEL_MB": "the demo workload's model size (control/dev/workloads/demo_server.py)",
+    "THAW_CRI_SUBNET": "ci/cri.sh's pod subnet",
+    "THAW_FAULTS_OUT": "fault tests' results file (tests/integration/faults)",
+    "THAW_FAULTS_KILLS": "fault tests' kill count (tests/integration/faults)",
+    "THAW_FAULTS_SEED": "fault tests' seed (tests/integration/faults)",
+    "THAW_NODE_AGAIN": "bench/gpu/node.sh", "THAW_NODE_DRIVER": "bench/gpu/node.sh",
+    "THAW_NODE_LIST": "bench/gpu/node.sh", "THAW_NODE_PARTS": "bench/gpu/node.sh",
+    "THAW_NODE_SITE": "bench/gpu/node.sh", "THAW_NODE_STATE": "bench/gpu/node.sh",
+    "THAW_NODE_WAIT_S": "bench/gpu/node.sh",
+    "THAW_BENCH_BUDGET_S": "bench/gpu/run-*.sh", "THAW_BENCH_WORK": "bench/gpu/run-*.sh",
+    "THAW_LIFECYCLE_WORK": "bench/gpu/lifecycle.sh",
+    "THAW_SPEED_MODELS": "bench/gpu/run-speed.sh", "THAW_SPEED_VARIANTS": "bench/gpu/run-speed.sh",
+    "THAW_SPEED_8B_VARIANTS": "bench/gpu/run-speed.sh", "THAW_SPEED_BUDGET_S": "bench/gpu/run-speed.sh",
+    "THAW_SPEED_DROP_CACHES": "bench/gpu/run-speed.sh",
+    "THAW_FETCH": "bench/fetch_check_cost.py",
+}
+
+
+def _env_key(var: str) -> str:
+    """The dotted key an environment variable would set, THAW_<SECTION>_<NAME> -> section.name
+    (the section is the longest known one its name starts with), else the variable itself."""
+    rest = var[len("THAW_"):].lower()
+    for sec in sorted({k.name.split(".", 1)[0] for k in KEYS}, key=len, reverse=True):
+        if rest.startswith(sec + "_") and len(rest) > len(sec) + 1:
+            return f"{sec}.{rest[len(sec) + 1:]}"
+    return var
+
+
+def check_env(environ: Mapping[str, str]) -> None:
+    """ConfigError for the first THAW_* variable that names no key (nor one of
+    ENV_NOT_KEYS), worded as an unknown key in a file is: "config cache.dirs:
+    unknown key in env <its name> (did you mean cache.dir?)"."""
+    known = {k.env for k in KEYS} | set(ENV_NOT_KEYS)
+    for var in sorted(environ):
+        if var.startswith("THAW_") and var not in known:
+            name = _env_key(var)
+            if name in RENAMED:
+                continue   # load() says where it went
+            raise ConfigError(name, _unknown(name, f"env {var}"))
 
 
 # -- Settings: made from KEYS ----------------------------------------------------------
@@ -448,6 +532,7 @@ def load(overrides: Mapping[str, Any] | None = None,
         old_env = "THAW_" + old.replace(".", "_").upper()
         if old_env in environ:
             raise ConfigError(old, f"renamed to {new}: set {key(new).env} instead of {old_env}")
+    check_env(environ)
     for k in KEYS:
         if k.env in environ:
             found[k.name] = k.parse(environ[k.env], f"env {k.env}")

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from runsc_hooks import network as netmod
 from runsc_hooks import nft
+from control.logfields import fields
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +51,11 @@ def _rules(name: str) -> list[nft.Rule]:
 def close(name: str, probe_mark: int, reason: str = "") -> bool:
     """Close the gate of sandbox `name`; True when this call closed it."""
     if _rules(name):
-        log.info("gate %s already closed%s", name, f" ({reason})" if reason else "")
+        log.info("gate %s already closed%s", name, f" ({reason})" if reason else "", extra=fields(gate=name, reason=reason or None))
         return False
     exprs = nft.match_oifname(netmod.host_if_name(name)) + nft.match_mark_not(probe_mark) + nft.counter() + nft.drop()
     nft.add_rule(CHAIN, nft.tag(KIND, name), exprs)
-    log.info("gate %s closed%s", name, f" ({reason})" if reason else "")
+    log.info("gate %s closed%s", name, f" ({reason})" if reason else "", extra=fields(gate=name, reason=reason or None))
     return True
 
 
@@ -62,11 +63,12 @@ def open(name: str, reason: str = "") -> int | None:  # noqa: A001 - the gate's 
     """Open the gate of sandbox `name`; packets it dropped while closed, None when it was open."""
     gone = nft.delete_rules(rule_tag=nft.tag(KIND, name))
     if not gone:
-        log.info("gate %s already open%s", name, f" ({reason})" if reason else "")
+        log.info("gate %s already open%s", name, f" ({reason})" if reason else "", extra=fields(gate=name, reason=reason or None))
         return None
     # The count is read just before the delete: packets in the last instant may be missed.
     dropped = sum(r.packets for r in gone)
-    log.info("gate %s opened%s; it dropped %d packets while closed", name, f" ({reason})" if reason else "", dropped)
+    log.info("gate %s opened%s; it dropped %d packets while closed", name, f" ({reason})" if reason else "", dropped,
+             extra=fields(gate=name, reason=reason or None, dropped=dropped))
     return dropped
 
 

@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from control.errors import PreconditionError, ThawError, UserError
+from control.logfields import fields
 from runsc_hooks import nft
 
 log = logging.getLogger(__name__)
@@ -442,7 +443,8 @@ def plumb(name: str, host_ip: str, sandbox_ip: str, prefixlen: int = 30, subnet:
             raise
         raise ThawError(f"network plumbing for {name!r} failed: {e}", name=name) from e
     log.info("plumbed %s: netns %s, %s(%s) <-> %s(%s)%s", name, ns, host_if, host_ip, SANDBOX_IF, sandbox_ip,
-             "".join(f", {publish_address}:{p.node}->{p.sandbox}" for p in ports))
+             "".join(f", {publish_address}:{p.node}->{p.sandbox}" for p in ports),
+             extra=fields(container=name, netns=str(ns), address=str(sandbox_ip)))
     return net
 
 

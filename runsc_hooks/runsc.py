@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Sequence
 
 from control.errors import NotFound, PreconditionError, RunscError
+from control.logfields import fields
 
 log = logging.getLogger(__name__)
 
@@ -240,12 +241,13 @@ class Runsc:
                 timer.cancel()
             dt = time.monotonic() - t0
             if rc == -_signal.SIGKILL and dt >= deadline:
-                log.warning("runsc timed out after %.1fs: %s", dt, shlex.join(argv))
+                log.warning("runsc timed out after %.1fs: %s", dt, shlex.join(argv), extra=fields(duration_s=round(dt, 3), argv=shlex.join(argv)))
                 raise RunscError(argv, None, _read(err), f"no answer within {deadline:g} s", dt,
                                  subcommand=args[0])
             proc = subprocess.CompletedProcess(argv, rc, _read(out), _read(err))
         dt = time.monotonic() - t0
-        log.debug("runsc exit=%d %.3fs: %s", proc.returncode, dt, shlex.join(argv))
+        log.debug("runsc exit=%d %.3fs: %s", proc.returncode, dt, shlex.join(argv),
+                  extra=fields(exit=proc.returncode, duration_s=round(dt, 4), argv=shlex.join(argv)))
         if proc.returncode != 0:
             message = self._error_message(proc.stderr)
             if check_id is not None and _is_not_found(message, check_id):

@@ -163,7 +163,8 @@ def pull_cmd(obj: Context, key: str) -> None:
 @click.pass_obj
 @handle_errors
 def ls_cmd(obj: Context, local_only: bool) -> None:
-    """Images in this node's cache and in the store, with sizes and whether this node can restore them."""
+    """Images in this node's cache and in the store: size, age, last use (cached ones), tenant,
+    whether this node can restore them (and why not), and who holds the cached ones."""
     from control.images import image as images
     s = obj.settings
     d = images.listing(images.open_cache(s), None if local_only else _store(obj), _node(obj))
@@ -174,34 +175,162 @@ def ls_cmd(obj: Context, local_only: bool) -> None:
 
     def human(d: dict) -> str:
         lines = [f"node tuple {d['node_tuple_hash'][:12]}; cache {_size(d['cache_used_bytes'])} of "
-                 f"{_size(d['cache_budget_bytes'])}", "LOCAL"]
-        lines += [f"  {e['key']:<32} {e['tuple_hash'][:12]} {_size(e['size']):>11} {e['state']:<8} "
-                  f"leases={e['leases']} {'match' if e['match'] else 'MISMATCH: ' + '; '.join(e['reasons'])}"
+                 f"{_size(d['cache_budget_bytes'])}",
+                 f"LOCAL  {'KEY':<32} {'TUPLE':<12} {'SIZE':>11} {'AGE':>5} {'USED':>5} {'TENANT':<20} STATE"]
+        lines += [f"  {e['key']:<37} {e['tuple_hash'][:12]} {_size(e['size']):>11} {_ago(e['age_s']):>5} "
+                  f"{_ago(e['last_used_s']):>5} {e['tenant']:<20} {e['state']:<8} "
+                  f"{'match' if e['match'] else 'MISMATCH: ' + '; '.join(e['reasons'])}"
                   + (f" QUARANTINED: {e['quarantined']}" if e["quarantined"] else "")
+                  + "".join(f"\n      held by {h}" for h in e["held_by"])
                   for e in d["local"]] or ["  (none)"]
         if not local_only:
-            lines.append("REMOTE")
-            lines += [f"  {e['key']:<32} {e['tuple_hash'][:12]} {_size(e.get('size', 0)):>11} "
+            lines.append(f"REMOTE {'KEY':<32} {'TUPLE':<12} {'SIZE':>11} {'AGE':>5} {'':>5} {'TENANT':<20}")
+            lines += [f"  {e['key']:<37} {e['tuple_hash'][:12]} {_size(e.get('size', 0)):>11} "
+                      f"{_ago(e.get('age_s')):>5} {'':>5} {e['tenant']:<20} "
                       f"{'match' if e['match'] else 'MISMATCH: ' + '; '.join(e['reasons'])}"
                       for e in d["remote"]] or ["  (none)"]
         return "\n".join(lines)
     obj.emit(d, human)
 
 
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _duration(value: str | None, option: str) -> float | None:
+    """Seconds of "90", "90s", "12h", "30d"; None for None."""
+    if value is None:
+        return None
+    from control.errors import UserError
+    v = value.strip().lower()
+    try:
+        return float(v[:-1]) * _UNITS[v[-1]] if v and v[-1] in _UNITS else float(v)
+    except ValueError:
+        raise UserError(f"{option} {value!r}: expected seconds, or a number with s, m, h or d", field=option) from None
+
+
+def _ago(seconds: float | None) -> str:
+    """90 -> "1m", 7200 -> "2h": the largest whole unit ("-" when unknown)."""
+    if seconds is None:
+        return "-"
+    for unit, n in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= n:
+            return f"{int(seconds // n)}{unit}"
+    return f"{max(0, int(seconds))}s"
+
+
 @click.command("gc")
+@click.option("--store", "with_store", is_flag=True,
+              help="Also collect the tenant's store: retention, then packs and chunk pointers no live image "
+                   "needs (two runs at least store.gc_grace_s apart; docs/operate.md).")
+@click.option("--dry-run", is_flag=True, help="With --store: say what would go, delete nothing.")
+@click.option("--max-age", default=None, help="With --store: remove images published longer ago than this "
+              "(90s, 12h, 30d) [store.retain_max_age_s].")
+@click.option("--keep", type=click.IntRange(min=0), default=None,
+              help="With --store: keep this many newest images per workload and tuple [store.retain_keep].")
+@click.option("--all-tenants", is_flag=True, help="With --store, as root: every tenant of the store, one by one.")
 @store_options
 @json_option
 @click.pass_obj
 @handle_errors
-def gc_cmd(obj: Context) -> None:
-    """Remove crash leftovers and corrupt entries; evict least recently used entries over budget."""
+def gc_cmd(obj: Context, with_store: bool, dry_run: bool, max_age: str | None, keep: int | None,
+           all_tenants: bool) -> None:
+    """Remove crash leftovers and corrupt entries; evict least recently used entries over budget.
+    With --store, also the tenant's store garbage (dry run: --dry-run)."""
+    from control.errors import UserError
     from control.images import image as images
+    if (dry_run or max_age or keep is not None or all_tenants) and not with_store:
+        raise UserError("--dry-run, --max-age, --keep and --all-tenants are options of the store GC: add --store")
+    s = obj.settings
+    out: dict = {}
+    if not dry_run:
+        cache = images.open_cache(s)
+        busy: list[str] = []
+        out = cache.gc(on_busy=busy.append)
+        out["busy_keys"] = busy
+    if with_store:
+        out["store"] = _store_gc(obj, dry_run, _duration(max_age, "--max-age"), keep, all_tenants)
+
+    def human(d: dict) -> str:
+        lines = []
+        if "evicted" in d:
+            lines.append(f"removed {len(d['removed_partial_or_orphan'])} leftovers, evicted {len(d['evicted'])} "
+                         f"entries; cache {_size(d['used_bytes'])} of {_size(d['budget_bytes'])}")
+        for t in d.get("store", []):
+            lines.append(t["summary"] if "summary" in t else f"tenant {t['tenant']}: error: {t['error']}")
+            lines += [f"  {'would remove' if dry_run else 'removed'} {r['key']} ({r['tuple_hash'][:12]}): {r['why']}"
+                      for r in t.get("removed_manifests", [])]
+        return "\n".join(lines)
+    obj.emit(out, human)
+    if any("error" in t for t in out.get("store", [])):
+        sys.exit(69)
+
+
+def _store_gc(obj: Context, dry_run: bool, max_age_s: float | None, keep: int | None,
+              all_tenants: bool) -> list[dict]:
+    from control.errors import PreconditionError, ThawError
+    from control.images import gc
+    from control.images.keys import Keyring
+    from control.images.store import Store
+    s = obj.settings
+    age = s.store_retain_max_age_s if max_age_s is None else max_age_s
+    keep = s.store_retain_keep if keep is None else keep
+    if all_tenants:
+        if os.geteuid() != 0:
+            raise PreconditionError("`thaw gc --store --all-tenants` needs root: it reads every tenant's images")
+        root, ring = Store(s), Keyring.from_settings(s)
+        views = [(t, lambda t=t: root.for_tenant(t, ring)) for t in root.list_dirs("tenants/")]
+    else:
+        views = [(None, lambda: _store(obj))]
+    out = []
+    for tenant, view in views:
+        try:
+            st = view()
+            r = gc.collect(st, grace_s=s.store_gc_grace_s, max_age_s=age, keep=keep, dry_run=dry_run,
+                           workers=s.store_workers)
+        except ThawError as e:
+            if not all_tenants:
+                raise
+            out.append({"tenant": tenant, "error": str(e)})   # the others are still collected
+            continue
+        out.append({**r.to_dict(), "summary": r.summary()})
+    return out
+
+
+@click.command("rm")
+@click.argument("key")
+@click.option("--tuple", "tuple_hash", default=None, help="Only the image of this tuple hash (or its prefix).")
+@click.option("--dry-run", is_flag=True, help="Say what would go, delete nothing.")
+@store_options
+@json_option
+@click.pass_obj
+@handle_errors
+def rm_cmd(obj: Context, key: str, tuple_hash: str | None, dry_run: bool) -> None:
+    """Remove KEY's image from the store (its manifests; the packs go with the next store GCs)
+    and from this node's cache. Other nodes' caches keep their copies until evicted."""
+    from control.images import gc
+    from control.images import image as images
+    removed = gc.remove(_store(obj), key, tuple_hash, dry_run=dry_run)
     cache = images.open_cache(obj.settings)
-    busy: list[str] = []
-    r = cache.gc(on_busy=busy.append)
-    r["busy_keys"] = busy
-    obj.emit(r, lambda d: (f"removed {len(d['removed_partial_or_orphan'])} leftovers, evicted "
-                           f"{len(d['evicted'])} entries; cache {_size(d['used_bytes'])} of {_size(d['budget_bytes'])}"))
+    entries = [e for e in cache.entries(key) if tuple_hash is None or e.tuple.hash().startswith(tuple_hash)]
+    evicted, kept = [], []
+    for e in entries:
+        if dry_run:
+            evicted.append(e.id)
+        elif cache.evict(e.id):
+            evicted.append(e.id)
+        else:
+            kept.append({"id": e.id, "why": _lease_why(cache, e.id)})
+    d = {"key": key, "removed": removed, "evicted": evicted, "kept": kept, "dry_run": dry_run}
+    verb = "would remove" if dry_run else "removed"
+    obj.emit(d, lambda d: "\n".join([f"{key}: {verb} {len(removed)} store objects, "
+                                      f"{'would evict' if dry_run else 'evicted'} {len(evicted)} cache entries"]
+                                     + [f"  kept {k['id']}: {k['why']}" for k in kept]))
+
+
+def _lease_why(cache, entry_id: str) -> str:
+    holders = getattr(cache, "lease_holders", None)
+    who = holders(entry_id) if holders else []
+    return "leased by " + ", ".join(who) if who else "leased"
 
 
 @click.command("verify")
@@ -223,4 +352,4 @@ def verify_cmd(obj: Context, key: str | None) -> None:
         sys.exit(65)
 
 
-COMMANDS = [push_cmd, pull_cmd, ls_cmd, gc_cmd, verify_cmd]
+COMMANDS = [push_cmd, pull_cmd, ls_cmd, gc_cmd, rm_cmd, verify_cmd]

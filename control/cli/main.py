@@ -11,12 +11,12 @@ pyroute2, pynvml) inside the commands that use them, so `thaw --help` and
 
 from __future__ import annotations
 
-import logging
 import sys
 
 import click
 
 from control import config as configmod
+from control import logfields
 from control.cli import images, node, sandbox, thawd
 from control.cli.common import Context, fail, handle_errors, json_option, one_line
 from control.errors import EXIT_INTERRUPTED, EXIT_STATUSES
@@ -64,8 +64,7 @@ class ThawGroup(click.Group):
 def main(ctx: click.Context, config_file: str | None, runsc_path: str | None, runsc_root: str | None,
          json_out: bool, verbose: int) -> None:
     """thaw: start GPU containers warm by restoring checkpointed gVisor sandboxes."""
-    logging.basicConfig(level=[logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)],
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logfields.configure(verbose)   # `thaw serve` switches to JSON lines at its own default level
     ctx.obj = Context({"runsc.path": runsc_path, "runsc.root": runsc_root}, json_out, verbose, config_file)
 
 

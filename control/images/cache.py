@@ -41,6 +41,7 @@ from typing import Callable, Iterable, Iterator
 from filelock import FileLock
 from filelock import Timeout as LockTimeout
 
+from control import metrics
 from control.images import manifest as manifestmod
 from control.images import chunk
 from control.node.compat import CompatTuple, check
@@ -48,11 +49,25 @@ from control.errors import CacheFull, NotFound, Timeout
 from control.images.manifest import Manifest
 from control.images.transfer import LocalCopy, Sources, read_local
 from control.files import Owner, fsync_path, process_start
+from control.logfields import fields
 
 log = logging.getLogger(__name__)
 
 MANIFEST_FILE = ".thaw-manifest.json"   # a dot-name: no image file can be called that
 _PARTIAL = ".partial"
+
+
+def _command(pid: int) -> str:
+    """A process's command line, short ("thaw serve"), for lease_holders."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return "?"
+    words = [os.path.basename(a.decode(errors="replace")) if i == 0 else a.decode(errors="replace")
+             for i, a in enumerate(argv[:3]) if a]
+    if len(words) > 1 and words[0].startswith("python"):
+        words = [os.path.basename(words[1])] + words[2:]
+    return " ".join(words)[:80] or "?"
 
 
 def partial_owner(path: Path) -> Owner | None:
@@ -76,7 +91,7 @@ CREATE TABLE IF NOT EXISTS chunks (hash TEXT NOT NULL, entry TEXT NOT NULL, file
 CREATE INDEX IF NOT EXISTS chunks_hash ON chunks(hash);
 CREATE INDEX IF NOT EXISTS chunks_entry ON chunks(entry);
 CREATE TABLE IF NOT EXISTS leases (id INTEGER PRIMARY KEY AUTOINCREMENT, entry TEXT NOT NULL,
-    pid INTEGER NOT NULL, pid_start TEXT NOT NULL, created REAL NOT NULL);
+    pid INTEGER NOT NULL, pid_start TEXT NOT NULL, created REAL NOT NULL, holder TEXT NOT NULL DEFAULT '');
 CREATE TABLE IF NOT EXISTS reservations (id INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT NOT NULL,
     bytes INTEGER NOT NULL, pid INTEGER NOT NULL, pid_start TEXT NOT NULL);
 """
@@ -127,6 +142,12 @@ class Lease:
     def verdict(self, wait_s: float = 0.0) -> None:
         return None
 
+    def describe(self, holder: str) -> None:
+        """Say who holds this lease ("container <id>", "parked sandbox <id>"): what
+        `Cache.lease_holders` and so `thaw evict` and `thaw ls` report."""
+        with self._cache._tx() as db:
+            db.execute("UPDATE leases SET holder = ? WHERE id = ?", (holder[:200], self.id))
+
     def release(self) -> None:
         if not self.released:
             with self._cache._tx() as db:
@@ -161,6 +182,10 @@ class Cache:
             try:
                 db.execute("PRAGMA journal_mode=WAL")
                 db.executescript(_SCHEMA)
+                # Who holds a lease, in words (issue 33: `thaw evict` says why it refuses): a
+                # column an index written before it lacks; older thaw leaves it ''.
+                if "holder" not in {r[1] for r in db.execute("PRAGMA table_info(leases)")}:
+                    db.execute("ALTER TABLE leases ADD COLUMN holder TEXT NOT NULL DEFAULT ''")
             finally:
                 db.close()
 
@@ -257,17 +282,29 @@ class Cache:
                 best = e
         return best, reasons
 
-    def lease(self, entry_id: str, hit: bool = False) -> Lease | None:
+    def lease_holders(self, entry_id: str) -> list[str]:
+        """Who holds live leases on an entry, one line each: "pid 812 (thaw serve): parked
+        sandbox p-1" (the process's command line, then what it said with Lease.describe)."""
+        db = self._connect()
+        try:
+            rows = db.execute("SELECT pid, pid_start, holder FROM leases WHERE entry = ? ORDER BY id",
+                              (entry_id,)).fetchall()
+        finally:
+            db.close()
+        return [f"pid {pid} ({_command(pid)})" + (f": {holder}" if holder else "")
+                for pid, start, holder in rows if Owner(pid, start).alive()]
+
+    def lease(self, entry_id: str, hit: bool = False, holder: str = "") -> Lease | None:
         """Pin a ready entry; None if it is not ready (any more). `hit`: the entry was in
-        the cache already when its image was asked for (Lease.hit)."""
+        the cache already when its image was asked for (Lease.hit). `holder`: who, in words."""
         with self._tx() as db:
             row = db.execute(f"SELECT {self._COLS} FROM entries WHERE id = ? AND state = 'ready'",
                              (entry_id,)).fetchone()
             if row is None:
                 return None
             now = time.time()
-            cur = db.execute("INSERT INTO leases (entry, pid, pid_start, created) VALUES (?, ?, ?, ?)",
-                             (entry_id, os.getpid(), Owner.me().start, now))
+            cur = db.execute("INSERT INTO leases (entry, pid, pid_start, created, holder) VALUES (?, ?, ?, ?, ?)",
+                             (entry_id, os.getpid(), Owner.me().start, now, holder[:200]))
             db.execute("UPDATE entries SET last_used = ? WHERE id = ?", (now, entry_id))
             lease_id = cur.lastrowid
         return Lease(self, lease_id, self._row_entry(row, 1), hit)
@@ -308,7 +345,8 @@ class Cache:
     def mark_corrupt(self, entry_id: str) -> None:
         with self._tx() as db:
             db.execute("UPDATE entries SET state = 'corrupt' WHERE id = ? AND state = 'ready'", (entry_id,))
-        log.warning("cache entry %s marked corrupt", entry_id)
+        log.warning("cache entry %s marked corrupt", entry_id,
+                    extra=fields(entry=entry_id, key=entry_id.split("@", 1)[0], decision="corrupt"))
 
     # -- sources for dedup ---------------------------------------------------------------
 
@@ -345,6 +383,7 @@ class Cache:
         leased one; the key's own entries go last (they may serve as sources).
         """
         if need > self.budget:
+            metrics.inc("thaw_cache_full_total")
             raise CacheFull(key, need, self.budget, 0, "the image is larger than the whole cache budget")
         victims: list[str] = []
         with self._tx() as db:
@@ -363,6 +402,7 @@ class Cache:
                 victims.append(eid)
                 used -= size
             if used + need > self.budget:
+                metrics.inc("thaw_cache_full_total")
                 raise CacheFull(key, need, self.budget, in_use,
                                 "entries in use (leased) or downloads in progress hold the rest")
             for eid in victims:

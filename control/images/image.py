@@ -29,11 +29,13 @@ import dataclasses
 import logging
 import os
 import shutil
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from control import metrics
 from control.images import chunk
 from control.images import manifest as manifestmod
 from control.images import transfer
@@ -41,12 +43,13 @@ from control.images.cache import Cache, Lease
 from control.node.compat import CompatTuple, check
 from control.config import Settings
 from control.errors import (CacheFull, ImageError, KeyMissing, ManifestError, ManifestRefused, NoSpace, NotFound,
-                            ThawError, TupleMismatch, UserError)
+                            StoreError, ThawError, TupleMismatch, UserError)
 from control.files import fsync_path
 from control.images import keys as keysmod
 from control.images.manifest import Manifest
 from control.images.store import Store
 from control.images.transfer import Progress
+from control.logfields import fields
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +152,13 @@ def _checked(body: bytes, source: str, key: str, store: Store | None = None) -> 
     return m
 
 
+def read_manifest(store: Store, key: str, tuple_hash: str) -> Manifest | None:
+    """The store's manifest of `key` for `tuple_hash`, opened and verified as a pull
+    would (ManifestError, ManifestRefused, KeyMissing); None when there is none."""
+    body = store.get_manifest(key, tuple_hash)
+    return None if body is None else _checked(body, store.manifest_name(key, tuple_hash), key, store)
+
+
 def _published_body(store: Store, m: Manifest) -> bytes:
     """A manifest as it goes to the store: signed, then sealed, as the tenant's settings say."""
     body = m.to_json()
@@ -193,6 +203,8 @@ def pull(cache: Cache, store: Store | None, key: str, node: CompatTuple, *, work
         entry_id, stats = _fill_and_install(cache, store, m,
                                             cache.sources(m.unique_chunks(), tenant=_tenant(store)),
                                             workers=workers, progress=progress)
+        metrics.inc("thaw_store_fetched_bytes_total", stats.fetched_bytes)
+        metrics.inc("thaw_store_retries_total", stats.retries)
         for e in cache.entries(key):
             if e.state == "corrupt" and cache.evict(e.id):
                 notes.append(f"evicted corrupt entry {e.id}")
@@ -366,10 +378,12 @@ def _publish(store: Store, directory: Path, key: str, node: CompatTuple, *, chun
     if on_total:
         on_total(sum(layout.unique_chunks().values()))   # what the upload progress counts
     store.ensure_bucket()
+    probed = time.monotonic()   # the upload's first pointer probe: where it may learn an old pack's name
     locations, up = transfer.upload(layout, directory, store, workers=workers, progress=progress)
     # The upload trusted thaw-chunk's names; this is what makes that safe.
     if chunk.file_state(files) != before:
         raise ImageError(str(directory), "files changed while being published (nothing was published)")
+    check_publish_time(store, store.manifest_name(key, layout.tuple_hash), time.monotonic() - probed)
     m = dataclasses.replace(layout, locations=locations, tenant=_tenant(store),
                             encryption=getattr(store, "encryption", ""))
     won = store.put_manifest_if_absent(key, m.tuple_hash, _published_body(store, m))
@@ -380,8 +394,22 @@ def _publish(store: Store, directory: Path, key: str, node: CompatTuple, *, chun
             raise NotFound("manifest", store.manifest_name(key, m.tuple_hash),
                            "the conditional put lost, but the winner's manifest is not readable")
         final = _checked(body, store.manifest_name(key, m.tuple_hash), key, store)
-        log.info("push %s: another writer published first (%s)", key, final.creator)
+        log.info("push %s: another writer published first (%s)", key, final.creator,
+                 extra=fields(key=key, tenant=_tenant(store) or None, reason="lost the publish race"))
     return m, up, won, final
+
+
+def check_publish_time(store: Store, manifest: str, seconds: float) -> None:
+    """A publish may put its manifest only within store.gc_grace_s of its first pointer
+    probe: a store GC deletes a pack no sooner than that long after its last pointer
+    went (control/images/gc.py), so a pack this publish learned from a pointer still
+    exists now. StoreError (nothing published) past it; a store without a grace (the
+    unit tests' fake) has no bound."""
+    grace = getattr(store, "gc_grace_s", None)
+    if grace is not None and seconds >= grace:
+        raise StoreError("publish", store.uri(manifest), f"the upload took {seconds:.0f} s, at least "
+                         f"store.gc_grace_s ({grace:g} s): a store GC may have removed a pack it reuses; nothing "
+                         "was published (raise store.gc_grace_s on every node, or publish again)", store.endpoint)
 
 
 def _install(cache: Cache, store: Store, st: Staged, ours: Manifest, final: Manifest, workers: int) -> str:
@@ -420,18 +448,33 @@ def _install(cache: Cache, store: Store, st: Staged, ours: Manifest, final: Mani
 
 
 def listing(cache: Cache, store: Store | None, node: CompatTuple) -> dict:
-    """Local entries and stored manifests, each with size and whether this node can restore it."""
+    """Local entries and stored manifests, each with size, age, tenant and whether this
+    node can restore it (and why not); local ones also when they were last used and
+    who holds them (leases)."""
+    from control.lifecycle.tenant import store_tenant
+    now = time.time()
     local = []
     for e in cache.entries():
         bad = check(e.tuple, node)
-        local.append({**e.to_dict(), "match": not bad, "reasons": [str(b) for b in bad]})
+        local.append({**e.to_dict(), "match": not bad, "reasons": [str(b) for b in bad],
+                      "tenant": store_tenant(e.key), "age_s": round(now - e.created),
+                      "last_used_s": round(now - e.last_used),
+                      "held_by": cache.lease_holders(e.id) if e.leases else []})
     remote: list[dict] = []
     out: dict = {"node_tuple_hash": node.hash(), "local": local, "remote": remote,
                  "cache_used_bytes": cache.used_bytes(), "cache_budget_bytes": cache.budget}
     if store is None:
         return out
+    published: dict[tuple[str, str], float] = {}
+    if hasattr(store, "list_objects"):   # the store's LastModified: when each image was published
+        for o in store.list_objects("manifests/"):
+            k, _, leaf = o.name[len("manifests/"):].partition("/")
+            if leaf.endswith(".json"):
+                published[(k, leaf[:-len(".json")])] = o.mtime
     for key, th, nbytes in store.list_manifests():
-        row: dict = {"key": key, "tuple_hash": th, "manifest_bytes": nbytes}
+        row: dict = {"key": key, "tuple_hash": th, "manifest_bytes": nbytes, "tenant": store_tenant(key)}
+        if (key, th) in published:
+            row["age_s"] = round(now - published[(key, th)])
         body = store.get_manifest(key, th)
         try:
             m = _checked(body or b"", store.manifest_name(key, th), key, store)

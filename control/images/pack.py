@@ -17,6 +17,15 @@ at the same offset and length and decodes to the same bytes (checked on every
 fetch), so either body serves every manifest that names the pack, even where
 two zlib builds encode a chunk differently.
 
+Every pack a publish builds also takes 16 random bytes into its name (`salt`,
+issue 33): a pack name is then never written twice, so the store GC
+(control/images/gc.py) can delete an old unreferenced pack knowing that no
+publish in flight is re-uploading an object of that very name (a re-put landing
+between the GC's last look and its delete would otherwise be lost under a
+manifest that names it). What dedup loses is nothing it had: two writers of the
+same table used to write one object, now two, of which the store keeps the one a
+manifest names and the GC removes the other.
+
 A tenant that encrypts (issue 13, control/images/keys.py) seals each encoded
 chunk with its own key (`chunk_key(h)`), and its packs are named by an HMAC of
 the table under the tenant's key (`name_key`): a pack name computed from chunk
@@ -28,6 +37,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import secrets
 import zlib
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -52,6 +62,7 @@ _SAMPLE = 16 << 10
 ZLIB_LEVEL = 1
 _NAME_DOMAIN = b"thaw-pack-v1\n"
 _SEALED_NAME_DOMAIN = b"thaw/pack-name/v1\0"
+SALT_BYTES = 16
 
 
 def encode(raw: bytes | memoryview, key: bytes | None = None, h: str = "") -> tuple[str, bytes | memoryview]:
@@ -123,20 +134,25 @@ class Pack:
         return sum(n for _, _, n in self.chunks)
 
 
-def name(table: Sequence[tuple[str, str, int]], key: bytes | None = None) -> str:
-    """A pack's name from its table of contents: (chunk SHA-256, codec, stored length) in order;
-    with an encrypting tenant's key, an HMAC of it under that key."""
+def name(table: Sequence[tuple[str, str, int]], key: bytes | None = None, salt: bytes = b"") -> str:
+    """A pack's name from its table of contents: (chunk SHA-256, codec, stored length) in order,
+    after `salt`; with an encrypting tenant's key, an HMAC of it under that key."""
     h = hmac.new(key, _SEALED_NAME_DOMAIN, hashlib.sha256) if key is not None else hashlib.sha256(_NAME_DOMAIN)
+    if salt:
+        h.update(b"salt " + salt.hex().encode() + b"\n")
     for c, codec, stored in table:
         h.update(f"{c} {codec} {stored}\n".encode())
     return h.hexdigest()
 
 
 def build(chunks: Sequence[tuple[str, bytes | memoryview]],
-          chunk_key: Callable[[str], bytes | None] = lambda h: None, name_key: bytes | None = None) -> Pack:
+          chunk_key: Callable[[str], bytes | None] = lambda h: None, name_key: bytes | None = None,
+          salt: bytes | None = None) -> Pack:
     """A pack of (hash, raw bytes) chunks, each encoded (and sealed with `chunk_key(hash)`
     where that is not None). The hashes are trusted: the caller got them from
-    thaw-chunk's pass over the same bytes."""
+    thaw-chunk's pass over the same bytes. `salt` (default: SALT_BYTES random
+    bytes) goes into the name, so no two builds share one."""
+    salt = secrets.token_bytes(SALT_BYTES) if salt is None else salt
     parts: list[bytes | memoryview] = []
     table: list[tuple[str, str, int]] = []
     raw_len: list[int] = []
@@ -146,7 +162,7 @@ def build(chunks: Sequence[tuple[str, bytes | memoryview]],
         table.append((h, codec, len(payload)))
         raw_len.append(len(raw))
     body = b"".join(parts)
-    pname = name(table, name_key)
+    pname = name(table, name_key, salt)
     placed, off = [], 0
     for (h, codec, stored), n in zip(table, raw_len):
         placed.append((h, Location(pname, off, stored, codec), n))

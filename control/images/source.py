@@ -33,6 +33,7 @@ from control.images.keys import Keyring
 from control.images.store import Store
 from control.lifecycle.tenant import store_tenant
 from control.node.compat import CompatTuple, node_tuple
+from control.logfields import fields
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,8 @@ class Restorable(Protocol):
     def env(self) -> dict[str, str]: ...
 
     def verdict(self, wait_s: float = ...) -> ThawError | None: ...
+
+    def describe(self, holder: str) -> None: ...   # who holds it (Cache.lease_holders, `thaw evict`)
 
     def release(self) -> None: ...
 
@@ -118,7 +121,8 @@ class ImageSource:
             src.add_done_callback(lambda st: self._stream_done(key, st))
             return src
         if why and self.s.store_stream:   # on, but not for this image: say why (docs/store.md "Streaming restore")
-            (log.warning if "thaw-gofer" in why else log.info)("pull %s: pulled whole, not streamed: %s", key, why)
+            (log.warning if "thaw-gofer" in why else log.info)("pull %s: pulled whole, not streamed: %s", key, why,
+                                                               extra=fields(key=key, reason=why))
         if r is not None:
             for note in r.notes:
                 log.info("pull %s: %s", key, note)
@@ -127,14 +131,19 @@ class ImageSource:
                 log.info("pull %s: fetched %d bytes (%d raw, %d chunks) from the store, %d bytes from local "
                          "chunks, %d zero; image %d bytes in %.3fs (fill %.3fs, %s, %d bytes O_DIRECT)",
                          key, f.fetched_bytes, f.fetched_raw_bytes, f.fetched_chunks, f.local_bytes, f.zero_bytes,
-                         r.manifest_size, time.monotonic() - t0, f.seconds, f.engine or "?", f.direct_bytes)
+                         r.manifest_size, time.monotonic() - t0, f.seconds, f.engine or "?", f.direct_bytes,
+                         extra=fields(key=key, decision="pulled", bytes=f.fetched_bytes,
+                                      duration_s=round(time.monotonic() - t0, 3)))
         return src
 
     def _stream_done(self, key: str, st) -> None:
         if st.error is None:
-            log.info("stream %s: in the cache as %s (%.2fs; %s)", key, st.entry_id, st.seconds, st.stats)
+            log.info("stream %s: in the cache as %s (%.2fs; %s)", key, st.entry_id, st.seconds, st.stats,
+                     extra=fields(key=key, decision="streamed", duration_s=round(st.seconds, 3)))
         else:
-            log.warning("stream %s failed after %.2fs: %s", key, st.seconds, st.error)
+            log.warning("stream %s failed after %.2fs: %s", key, st.seconds, st.error,
+                        extra=fields(key=key, decision="stream-failed", reason=str(st.error),
+                                     duration_s=round(st.seconds, 3)))
 
     def has(self, key: str) -> bool:
         """Whether an image of `key` for this node exists (in the cache or the store)."""
@@ -163,7 +172,9 @@ class ImageSource:
         log.info("publish %s: image %d bytes, uploaded %d bytes (%d raw, %d of %d chunks, %d packs) in "
                  "%.3fs (upload %.3fs), %s", st.key, r.size, u.uploaded_bytes, u.uploaded_raw_bytes,
                  u.uploaded_chunks, u.chunks, u.packs, time.monotonic() - t0, u.seconds,
-                 "published" if r.published else "another writer published first")
+                 "published" if r.published else "another writer published first",
+                 extra=fields(key=st.key, decision="published" if r.published else "lost-race", bytes=r.size,
+                              duration_s=round(time.monotonic() - t0, 3)))
         return r.published
 
     def store_for(self, key: str) -> Store:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import copy
 import logging
 import re
+from dataclasses import dataclass
 from typing import Iterator
 
 import boto3
@@ -40,6 +41,7 @@ import botocore.session
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
+from control import metrics
 from control.config import TENANT_PATTERN, Settings
 from control.errors import StoreError, UserError
 from control.images import keys as keysmod
@@ -49,6 +51,17 @@ from control.images.retry import RetryPolicy
 log = logging.getLogger(__name__)
 
 _NOT_FOUND = {"404", "NoSuchKey", "NotFound"}
+
+
+@dataclass(frozen=True)
+class Obj:
+    """One object as a listing or a HEAD shows it: its name under the store's prefix,
+    size, the store's LastModified (seconds since the epoch, the store's clock) and,
+    from a HEAD only, its user metadata."""
+    name: str
+    size: int
+    mtime: float
+    meta: dict | None = None
 
 
 class Store:
@@ -88,6 +101,7 @@ class Store:
         self.retries = settings.store_retries
         self.presign_expires_s = settings.store_presign_expires_s
         self.retry_budget_s = settings.store_retry_budget_s
+        self.gc_grace_s = settings.store_gc_grace_s   # a publish longer than this is refused (gc.py)
         self.tenant = ""                        # set by for_tenant
         self.tenant_key: bytes | None = None    # the tenant's key when it encrypts (never logged)
         self.manifest_key: bytes | None = None  # the cluster's manifest key, when configured
@@ -142,6 +156,7 @@ class Store:
         else:
             problem = f"{type(e).__name__}: {e}"
         note = getattr(e, "retry_note", "")
+        metrics.inc("thaw_store_errors_total", op=op)
         return StoreError(op, f"s3://{self.bucket}/{obj}", f"{problem}; {note}" if note else problem, self.endpoint)
 
     # -- bucket --------------------------------------------------------------
@@ -397,3 +412,71 @@ class Store:
         except (ClientError, BotoCoreError) as e:
             raise self._fail("delete", base, e) from None
         return n
+
+    # -- lifecycle: what control/images/gc.py lists, looks at and removes --------------
+
+    def list_objects(self, under: str) -> Iterator[Obj]:
+        """Every object under `under` (relative to the store prefix), with LastModified."""
+        base = self.prefix + under
+        try:
+            pages = self.policy.call(lambda: list(self.reader.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=base)))
+        except (ClientError, BotoCoreError) as e:
+            raise self._fail("list", base, e) from None
+        for page in pages:
+            for o in page.get("Contents", []):
+                yield Obj(o["Key"][len(self.prefix):], int(o["Size"]), o["LastModified"].timestamp())
+
+    def list_dirs(self, under: str) -> list[str]:
+        """The names one level below `under` (S3 common prefixes), e.g. the tenants."""
+        base = self.prefix + under
+        try:
+            pages = self.policy.call(lambda: list(self.reader.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=base, Delimiter="/")))
+        except (ClientError, BotoCoreError) as e:
+            raise self._fail("list", base, e) from None
+        return sorted(p["Prefix"][len(base):].rstrip("/") for page in pages for p in page.get("CommonPrefixes", []))
+
+    def head(self, name: str) -> Obj | None:
+        """An object under the store prefix with its metadata; None if it is not there."""
+        full = self.prefix + name
+        try:
+            r = self.policy.call(lambda: self.reader.head_object(Bucket=self.bucket, Key=full))
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in _NOT_FOUND:
+                return None
+            raise self._fail("head", full, e) from None
+        except BotoCoreError as e:
+            raise self._fail("head", full, e) from None
+        return Obj(name, int(r.get("ContentLength", 0)), r["LastModified"].timestamp(), r.get("Metadata", {}))
+
+    def put_empty(self, name: str) -> None:
+        full = self.prefix + name
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=full, Body=b"")
+        except (ClientError, BotoCoreError) as e:
+            raise self._fail("put", full, e) from None
+
+    def delete(self, names: list[str]) -> None:
+        """Delete objects (names under the store prefix), up to 1000 a request; StoreError
+        naming the first one the store refused. Deleting an absent object is no error (S3)."""
+        for i in range(0, len(names), 1000):
+            part = [{"Key": self.prefix + n} for n in names[i:i + 1000]]
+            try:
+                r = self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": part, "Quiet": True})
+            except (ClientError, BotoCoreError) as e:
+                raise self._fail("delete", part[0]["Key"], e) from None
+            errs = r.get("Errors") or []
+            if errs:
+                raise StoreError("delete", self.uri(errs[0].get("Key", "")),
+                                 f"{errs[0].get('Code', '?')}: {errs[0].get('Message', '')} "
+                                 f"({len(errs)} of {len(part)} refused)", self.endpoint)
+
+    def clock(self) -> float:
+        """The store's time now (its LastModified of an object written now: every age the GC
+        compares is then in the store's clock, never this node's)."""
+        self.put_empty("gc/clock")
+        o = self.head("gc/clock")
+        if o is None:
+            raise StoreError("head", self.uri(self.prefix + "gc/clock"), "just written, yet absent", self.endpoint)
+        return o.mtime

@@ -48,6 +48,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
+from control import metrics
 from control.config import Settings
 from control.errors import IntegrityError, PreconditionError, StoreError, ThawError
 from control.files import Owner, write_bytes_atomic
@@ -60,6 +61,7 @@ from control.images.cache import Cache, Lease
 from control.images.manifest import Manifest
 from control.images.store import Store
 from control.node.compat import CompatTuple
+from control.logfields import fields
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +146,7 @@ class Stream:
         self._mu = threading.Lock()
         self._released = False
         self._lease: Lease | None = None
+        self._holder = ""                   # describe(): said to the lease once installed
         self._callbacks: list[Callable[[Stream], None]] = []
 
     def env(self) -> dict[str, str]:
@@ -184,23 +187,35 @@ class Stream:
         if ended:
             shutil.rmtree(self.path, ignore_errors=True)
 
+    def describe(self, holder: str) -> None:
+        """Who holds this image (Lease.describe): said to the cache lease the stream
+        installs, now if it is in already, else when it is."""
+        with self._mu:
+            self._holder = holder
+            lease = self._lease
+        if lease is not None:
+            lease.describe(holder)
+
     def _finish(self, lease: Lease | None) -> None:
         with self._mu:
             self.seconds = time.monotonic() - self.started
             released = self._released
             if not released:
                 self._lease = lease
+            holder = self._holder
             self._done.set()
             callbacks, self._callbacks = self._callbacks, []
         if released:
             if lease is not None:
                 lease.release()
             shutil.rmtree(self.path, ignore_errors=True)
+        elif lease is not None and holder:
+            lease.describe(holder)
         for fn in callbacks:
             try:
                 fn(self)
             except Exception:  # noqa: BLE001 - a caller's bookkeeping must not break the stream
-                log.exception("stream %s: done callback", self.key)
+                log.exception("stream %s: done callback", self.key, extra=fields(key=self.key))
 
     def to_dict(self) -> dict:
         return {"key": self.key, "path": str(self.path), "entry": self.entry_id, "done": self.done,
@@ -290,7 +305,7 @@ class _Job:
         try:
             with self.cache.key_lock(self.key, self.lock_timeout_s):
                 for p in self.cache.recover_locked(self.key):
-                    log.info("stream %s: recovered: removed %s", self.key, p)
+                    log.info("stream %s: recovered: removed %s", self.key, p, extra=fields(key=self.key, path=str(p)))
                 remove_leftovers(self.cache)
                 entry, reasons = self.cache.find_locked(self.key, self.node)
                 if entry is not None:
@@ -302,14 +317,19 @@ class _Job:
                             self.ready.set()
                             return
                     else:
-                        log.warning("stream %s: cached entry %s is corrupt (%s): streaming", self.key, entry.id, why)
+                        log.warning("stream %s: cached entry %s is corrupt (%s): streaming", self.key, entry.id, why,
+                                    extra=fields(key=self.key, entry=entry.id, reason=why))
                         self.cache.mark_corrupt(entry.id)
                 manifest = images.remote_manifest(self.store, self.key, self.node, reasons)
                 rid = self.cache.reserve(self.key, manifest.size)
                 try:
                     eid, partial = self.cache.new_partial(manifest.key, manifest.tuple_hash)
                     try:
-                        faults = self._stream(manifest, eid, partial)
+                        metrics.add("thaw_streams_in_flight", 1)
+                        try:
+                            faults = self._stream(manifest, eid, partial)
+                        finally:
+                            metrics.add("thaw_streams_in_flight", -1)
                         self.cache.install_locked(eid, partial, manifest)
                     except BaseException:
                         shutil.rmtree(partial, ignore_errors=True)
@@ -339,7 +359,8 @@ class _Job:
             self.stream.error = e if isinstance(e, ThawError) else ThawError(f"{type(e).__name__}: {e}")
             # Said once, by whoever waits for it: thawd's image source logs it, the CLI
             # raises it (one line, as for a pull).
-            log.info("stream %s failed: %s", self.key, self.stream.error)
+            log.info("stream %s failed: %s", self.key, self.stream.error,
+                     extra=fields(key=self.key, decision="stream-failed", reason=str(self.stream.error)))
         finally:
             if self.stream is not None:
                 self.stream._finish(lease)
@@ -347,7 +368,7 @@ class _Job:
             try:
                 record_order(self.store, manifest, faults)
             except ThawError as e:  # a hint: the next restore only loses its head start
-                log.warning("stream %s: recording the learned order: %s", self.key, e)
+                log.warning("stream %s: recording the learned order: %s", self.key, e, extra=fields(key=self.key, reason=str(e)))
 
     def _stream(self, m: Manifest, eid: str, partial: Path) -> dict[str, list[list[int]]]:
         """Fill `partial` through thaw-gofer stream; hand the Stream to the caller
@@ -387,6 +408,8 @@ class _Job:
             if sockdir is not None:
                 shutil.rmtree(sockdir, ignore_errors=True)
         self.stream.stats = result.get("stats", {})
+        metrics.inc("thaw_store_fetched_bytes_total", self.stream.stats.get("fetched_bytes", 0))
+        metrics.inc("thaw_store_retries_total", self.stream.stats.get("retries", 0))
         return self.stream.faults
 
     def _log_path(self, eid: str) -> Path:
@@ -440,6 +463,7 @@ class _Job:
         if e and e.get("kind") == "integrity":
             raise IntegrityError("store", e.get("chunk", ""), e["detail"])
         if e and e.get("kind") == "store":
+            metrics.inc("thaw_store_errors_total", op="get")
             raise StoreError("get", f"{self.store.uri(e.get('object', ''))} bytes {e.get('offset')}+{e.get('length')}",
                              e["detail"], self.store.endpoint)
         if e:
@@ -560,7 +584,7 @@ def read_order(store: Store, m: Manifest) -> dict[str, list[list[int]]]:
     try:
         body = store.get_order(m.key, m.tuple_hash)
     except StoreError as e:
-        log.info("stream %s: no learned order (%s)", m.key, e)
+        log.info("stream %s: no learned order (%s)", m.key, e, extra=fields(key=m.key, reason=str(e)))
         return {}
     if body is None:
         return {}
@@ -569,7 +593,7 @@ def read_order(store: Store, m: Manifest) -> dict[str, list[list[int]]]:
         try:
             body = keysmod.open_order(tenant_key, store.tenant, m.key, m.tuple_hash, body)
         except ValueError as e:
-            log.warning("stream %s: ignoring the learned order: %s", m.key, e)
+            log.warning("stream %s: ignoring the learned order: %s", m.key, e, extra=fields(key=m.key, reason=str(e)))
             return {}
     try:
         doc = json.loads(body)
@@ -584,7 +608,7 @@ def read_order(store: Store, m: Manifest) -> dict[str, list[list[int]]]:
                          if 0 <= int(o) and 0 < int(n) and int(o) + int(n) <= sizes[name]]
         return out
     except (ValueError, TypeError, AttributeError) as e:
-        log.warning("stream %s: ignoring an unreadable order object: %s", m.key, e)
+        log.warning("stream %s: ignoring an unreadable order object: %s", m.key, e, extra=fields(key=m.key, reason=str(e)))
         return {}
 
 

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from control import metrics
 from control.images import chunk
 from control.images import pack
 from control.errors import ImageError, IntegrityError, PreconditionError, StoreError, ThawError
@@ -567,6 +568,7 @@ def _fetch_with(fetcher: Path, store: Store, ranges: list[_Range], files: list[s
     if e and e.get("kind") == "integrity":
         raise IntegrityError("store", e["chunk"], e["detail"])
     if e and e.get("kind") == "store":
+        metrics.inc("thaw_store_errors_total", op="get")
         raise StoreError("get", f"{store.uri(e['object'])} bytes {e['offset']}+{e['length']}", e["detail"],
                          store.endpoint)
     if e:

@@ -41,6 +41,7 @@ from runsc_hooks import gate as gatemod
 from runsc_hooks import probe as probemod
 from runsc_hooks import spec as specmod
 from runsc_hooks.runsc import IMAGE_FILES, CheckpointOptions, RestoreOptions, Runsc
+from control.logfields import fields
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +156,8 @@ class Engine:
         if not profile.hooks(phase):
             return []
         records = profiles.run_hooks(profile, phase, self.target(h))
-        log.info("%s hooks of %s (%s): %s", phase, h.id, profile.name, records)
+        log.info("%s hooks of %s (%s): %s", phase, h.id, profile.name, records,
+                 extra=fields(container=h.id, phase=phase, profile=profile.name))
         return records
 
     # -- checkpoint ------------------------------------------------------------
@@ -214,7 +216,9 @@ class Engine:
             # info, not warning: the caller reports CheckpointFailed (thawd logs it, the CLI prints
             # it as its one error line); the argv and timings are here for -v.
             log.info("checkpoint of %s failed after %.2fs (workload %s, %s packets held off): %s",
-                     h.id, time.monotonic() - t0, st, dropped, reason)
+                     h.id, time.monotonic() - t0, st, dropped, reason,
+                     extra=fields(container=h.id, decision="checkpoint-failed", reason=reason,
+                                  duration_s=round(time.monotonic() - t0, 3)))
             if no_space(e):  # exit 4 (no room) rather than 73; runsc's own words stay in the line
                 raise CheckpointNoSpace(h.id, f"no space left on the file system of {out.parent}: {reason}",
                                         st) from e
@@ -227,7 +231,9 @@ class Engine:
         elif gated:
             dropped = gatemod.open(h.gate, "image written")
         log.info("checkpoint of %s: %d bytes in %.2fs%s", h.id, sum(files.values()), seconds,
-                 " (GPU, CUDA helper)" if cuda else "")
+                 " (GPU, CUDA helper)" if cuda else "",
+                 extra=fields(container=h.id, decision="checkpointed", bytes=sum(files.values()),
+                              duration_s=round(seconds, 3), gpu=cuda is not None))
         return Saved(out, seconds, files, cuda is not None, hooks, dropped)
 
     # -- restore ---------------------------------------------------------------
@@ -318,7 +324,7 @@ def _stop(h: Handle) -> None:
     try:
         h.runsc.kill(h.id, signal.SIGKILL, all_processes=True)
     except ThawError as e:
-        log.warning("stopping %s after its checkpoint: %s", h.id, e)
+        log.warning("stopping %s after its checkpoint: %s", h.id, e, extra=fields(container=h.id, reason=str(e)))
 
 
 def _remove_tree(p: Path) -> None:

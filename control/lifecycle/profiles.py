@@ -57,6 +57,7 @@ from typing import Mapping, Union
 
 from control.errors import HookError, NotFound, SpecError
 from runsc_hooks import probe as probemod
+from control.logfields import fields
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +193,7 @@ def run_hooks(profile: Profile, phase: str, target: probemod.Target) -> list[dic
             rec = {"hook": hook.describe(), "exit": rc}
         rec["seconds"] = round(time.monotonic() - t0, 4)
         rec["output"] = text.strip()[-500:]
-        log.info("hook %s: %.3fs", name, rec["seconds"])
+        log.info("hook %s: %.3fs", name, rec["seconds"], extra=fields(hook=name, duration_s=rec["seconds"]))
         records.append(rec)
     return records
 

@@ -51,6 +51,7 @@ from runsc_hooks import probe as probemod
 from runsc_hooks import network as netmod
 from runsc_hooks import spec as specmod
 from runsc_hooks.runsc import CreateOptions, GlobalOptions, RestoreOptions, Runsc
+from control.logfields import fields
 
 log = logging.getLogger(__name__)
 
@@ -326,7 +327,9 @@ class Sandboxes:
             self._undo(r, rec)
             raise
         log.info("restored %s from %s in %.3fs (runsc %.3fs%s)", sid, image, ready_at - t0, done.runsc_s,
-                 f", health {done.health.seconds:.3f}s" if done.health else "")
+                 f", health {done.health.seconds:.3f}s" if done.health else "",
+                 extra=fields(container=sid, path=str(image), decision="restored", duration_s=round(ready_at - t0, 4),
+                              runsc_s=round(done.runsc_s, 4)))
         return RestoreResult(sid, ready_at - t0, net.sandbox_ip if net else None, done.runsc_s, done.health,
                              ready_at, done.gate_dropped, loaded_at - t0 if done.loaded_s is not None else None)
 
@@ -345,7 +348,8 @@ class Sandboxes:
             raise
         except ThawError as e:
             reason = f"{type(e).__name__}: {e.message}"
-            log.warning("restore of %s as %s failed, starting cold: %s", image, sid, reason)
+            log.warning("restore of %s as %s failed, starting cold: %s", image, sid, reason,
+                        extra=fields(container=sid, path=str(image), decision="cold-fallback", reason=reason))
             try:
                 # A cold start needs the spec, not the memory (a failed stream's image
                 # directory keeps thaw.json only: control/images/stream.py).
@@ -495,7 +499,8 @@ class Sandboxes:
                 reason = ""
             status = _status(r, runsc_id(rec.id))
             if status.startswith("unknown"):
-                log.warning("recover: leaving %s alone: runsc cannot tell its state (%s)", rec.id, status)
+                log.warning("recover: leaving %s alone: runsc cannot tell its state (%s)", rec.id, status,
+                            extra=fields(container=rec.id, reason=str(status)))
                 continue
             if rec.state in (State.RUNNING, State.STOPPED) and status in ("running", "paused", "stopped"):
                 continue
@@ -514,7 +519,8 @@ class Sandboxes:
             for what in netmod.cleanup_leftovers(keep, prefix):
                 actions.append({"id": what, "action": "removed", "reason": "no sandbox record on this node"})
         for a in actions:
-            log.info("recover: %s %s (%s)", a["action"], a["id"], a["reason"])
+            log.info("recover: %s %s (%s)", a["action"], a["id"], a["reason"],
+                     extra=fields(container=a["id"], decision=a["action"], reason=a["reason"]))
         return actions
 
     def address(self, sid: str) -> str:
@@ -538,7 +544,7 @@ class Sandboxes:
             if r.exists(runsc_id(rec.id)):
                 r.delete(runsc_id(rec.id), force=True)
         except ThawError as e:
-            log.warning("runsc delete %s during cleanup: %s", rec.id, e)
+            log.warning("runsc delete %s during cleanup: %s", rec.id, e, extra=fields(container=rec.id, reason=str(e)))
         netmod.unplumb(rec.id)  # whatever of it exists; a gate closed before plumbing too
         # The sandbox is gone, so its log pipe closes: the monitor drains it and exits.
         logsmod.stop_monitor(rec.monitor)
@@ -577,4 +583,5 @@ def _wait_runsc_idle(settings: Settings, sid: str, timeout_s: float | None = Non
         if not busy:
             return
         time.sleep(0.05)
-    log.warning("runsc is still working on %s after %.0fs; recovering anyway", sid, settings.runsc_timeout_s)
+    log.warning("runsc is still working on %s after %.0fs; recovering anyway", sid, settings.runsc_timeout_s,
+                extra=fields(container=sid, duration_s=settings.runsc_timeout_s))

@@ -113,6 +113,18 @@ def from_spec(spec: dict, tenant: str, image: str) -> Workload | None:
                     health=health)
 
 
+_DIGEST_TAIL = re.compile(r"\.[0-9a-f]{16}$")   # workload_key's last field
+
+
+def workload_of(key: str) -> str:
+    """The workload a key is an image of: the key less its identity digest
+    (`<tenant>.<name>.<16 hex>`, workload_key); a key without one (the CLI's
+    `user-root.myapp`) is its own workload. Retention counts images per
+    workload (control/images/gc.py) and the per-workload histograms use it as
+    their label (control/metrics.py): bounded by the workloads, not the keys."""
+    return _DIGEST_TAIL.sub("", key)
+
+
 def workload_key(spec: dict, tenant: str, image: str) -> str:
     """<tenant>.<name>.<16 hex of the identity hash>: readable, and stable for equal
     inputs. The tenant (at most one '.', before a sub-tenant) comes first: the

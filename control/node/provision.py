@@ -147,6 +147,11 @@ def steps(settings: Settings, opts: Options, gpu: bool, gpus: NodeGpus = NodeGpu
             MakeDir("cache dir", lay, settings.cache_dir, 0o700),
             MakeDir("log dir", lay, settings.log_dir, 0o750),
             MakeDir("shim log dir", lay, settings.log_dir / "shim", 0o750)]
+    # The stand-in's log, rotated by the stand-in itself (standin.log_max_bytes, standin.log_keep);
+    # the shim's logs are bounded by it at each delete (standin.shim_logs_keep, standin.shim_log_max_bytes).
+    # Both settings reach it through the seeded config file above (seed_config).
+    if settings.standin_log.parent not in (settings.log_dir, settings.log_dir / "shim"):
+        out.append(MakeDir("stand-in log dir", lay, settings.standin_log.parent, 0o750))
 
     if opts.systemd:
         out.append(WriteFile("thawd unit", lay, UNIT, 0o644, content=thawd_unit(opts.thaw_command)))

@@ -24,6 +24,8 @@ from control.lifecycle import workload as workloadmod
 from control.lifecycle.engine import Engine
 from control.thawd.containers import Containers, RuntimeRef
 from runsc_hooks import spec as specmod
+from control.logfields import fields
+from control.lifecycle.workload import workload_of
 
 log = logging.getLogger("thawd")
 
@@ -67,10 +69,13 @@ class AutoCheckpointer:
             res = job()
             if res is not None:
                 log.info("auto-checkpoint of %s published %s (%d bytes, %.2fs)", what, key,
-                         res["image_bytes"], res["seconds"])
+                         res["image_bytes"], res["seconds"],
+                         extra=fields(container=what, key=key, decision="checkpointed", bytes=res["image_bytes"],
+                                      duration_s=round(res["seconds"], 3)))
                 self.metrics.inc("thaw_auto_checkpoints_total", result="ok")
         except Exception as e:  # noqa: BLE001 - a failed auto-checkpoint must not hurt the container
-            log.warning("auto-checkpoint of %s failed: %s", what, e)
+            log.warning("auto-checkpoint of %s failed: %s", what, e,
+                        extra=fields(container=what, key=key, decision="checkpoint-failed", reason=str(e)))
             self.metrics.inc("thaw_auto_checkpoints_total", result="error")
         finally:
             with self._lock:
@@ -93,7 +98,8 @@ class AutoCheckpointer:
         h = self.containers.handle(rt, spec)
         ready = engine.check(h, [wl.ready], engine.policy(self.s.thawd_ready_timeout_s))
         if not ready.healthy:
-            log.warning("auto-checkpoint of %s skipped: never ready (%s)", rt.container_id, ready.summary())
+            log.warning("auto-checkpoint of %s skipped: never ready (%s)", rt.container_id, ready.summary(),
+                        extra=fields(container=rt.container_id, key=key, decision="not-ready", reason=ready.summary()))
             self.metrics.inc("thaw_auto_checkpoints_total", result="not-ready")
             return None
         res = self.checkpoint(rt, leave_running=self.s.thawd_leave_running)
@@ -125,6 +131,6 @@ class AutoCheckpointer:
                              image_meta.gpu_needs(spec), saved.seconds)
             published = self.images.publish(image)
         self.metrics.inc("thaw_checkpoints_total")
-        self.metrics.observe("thaw_checkpoint_seconds", saved.seconds)
+        self.metrics.observe("thaw_checkpoint_seconds", saved.seconds, workload=workload_of(key))
         return {"workload_key": key, "image_bytes": saved.bytes, "seconds": saved.seconds,
                 "published": published}

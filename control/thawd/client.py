@@ -62,14 +62,21 @@ class Client:
         except self._grpc.RpcError as e:
             raise error_from_status(e.code().name, e.details() or "") from None
 
-    def stats(self) -> dict:
-        r = self.call("Stats", self.pb.StatsRequest(), 10)
+    def stats(self, decisions: int = 0, container: str = "") -> dict:
+        r = self.call("Stats", self.pb.StatsRequest(decisions=decisions, container_id=container), 10)
         return {"counters": dict(r.counters), "entries": [
             {"key": e.workload_key, "tuple_hash": e.tuple_hash, "bytes": e.bytes, "leases": e.leases,
-             "state": e.state, "reason": e.reason} for e in r.entries]}
+             "state": e.state, "reason": e.reason} for e in r.entries], "decisions": [
+            {"time": d.time, "container": d.container_id, "decision": d.decision, "reason": d.reason,
+             "key": d.workload_key, "tenant": d.tenant, "seconds": d.seconds} for d in r.decisions]}
 
     def evict(self, key: str) -> bool:
-        return self.call("Evict", self.pb.EvictRequest(workload_key=key), 30).evicted
+        return self.evict_why(key)["evicted"]
+
+    def evict_why(self, key: str) -> dict:
+        """{"evicted", "reason", "held_by"}: what went, and why the rest did not."""
+        r = self.call("Evict", self.pb.EvictRequest(workload_key=key), 30)
+        return {"evicted": r.evicted, "reason": r.reason, "held_by": list(r.held_by)}
 
     def health(self) -> dict:
         r = self.call("Health", self.pb.HealthRequest(), 10)

@@ -40,6 +40,7 @@ from runsc_hooks import gate as gatemod
 from runsc_hooks import network as netmod
 from runsc_hooks import spec as specmod
 from runsc_hooks.runsc import GlobalOptions, Runsc
+from control.logfields import fields
 
 log = logging.getLogger("thawd")
 
@@ -320,6 +321,7 @@ class Containers:
             old, c.image = c.image, lease
         if old is not None and old is not lease:
             old.release()
+        lease.describe(f"container {rt.container_id}")   # what `thaw evict` names when it refuses
         return True
 
     def decide(self, rt: RuntimeRef, wanted: State, key: str, *, gate: str | None = None, adopted: str = "",
@@ -336,6 +338,8 @@ class Containers:
             self._move_locked(rt, wanted, **fields)
         if old is not None and old is not image:
             old.release()
+        if image is not _KEEP and image is not None and adopted:
+            image.describe(f"container {rt.container_id} (adopted parked sandbox {adopted})")
 
     def start_restore(self, rt: RuntimeRef) -> tuple[str, str | None]:
         """Its Restore begins: the pending decision's (key, gate); from here the engine
@@ -368,7 +372,8 @@ class Containers:
             if fits:
                 self._move_locked(rt, wanted, reason=reason)
         if not fits:   # a late or repeated report (the stand-in's): what thawd holds stays
-            log.warning("outcome %s of %s ignored: its record is %s", outcome, rt.container_id, c.state.value)
+            log.warning("outcome %s of %s ignored: its record is %s", outcome, rt.container_id, c.state.value,
+                        extra=fields(container=rt.container_id, decision=outcome, reason=f"record is {c.state.value}"))
         if gate is not None:   # the restore was never tried: open its gate
             gatemod.open(gate, f"restore of {rt.container_id} not tried: {outcome}")
 
@@ -384,7 +389,8 @@ class Containers:
             c.state = State.PREPARING   # no decision now (PREPARING allows every next one)
         if gate is not None:
             gatemod.open(gate, f"restore of {rt.container_id} abandoned")
-        log.info("outcome %s key=%s ABANDONED %s", rt.container_id, key, why)
+        log.info("outcome %s key=%s ABANDONED %s", rt.container_id, key, why,
+                 extra=fields(container=rt.container_id, key=key or None, decision="ABANDONED", reason=why))
         self.metrics.inc("thaw_restores_abandoned_total")
 
     def drop_image(self, rt: RuntimeRef) -> Container | None:

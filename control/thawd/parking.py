@@ -70,6 +70,7 @@ from control.thawd.parked import (ADOPTED, ADOPTING, ALIAS_PREFIX, CLOSE_TIMEOUT
 from nvproxy import cuda as cudamod
 from runsc_hooks import spec as specmod
 from runsc_hooks.runsc import CreateOptions, GlobalOptions, RestoreOptions, Runsc, cgroup_dirs, remove_cgroups
+from control.logfields import fields
 
 log = logging.getLogger("thawd")
 
@@ -156,7 +157,8 @@ class Parking:
         elif not why and any(k not in PARKABLE_STDIO for k in stdio.split(",")):
             why = f"its stdio ({stdio}) is not /dev/null or pipes"
         if why:
-            log.info("park: %s (%s) is not parked: %s", key, rt.container_id, why)
+            log.info("park: %s (%s) is not parked: %s", key, rt.container_id, why,
+                 extra=fields(key=key, container=rt.container_id, decision="not-parked", reason=why))
             return
         now = time.time()
         with self._lock:
@@ -243,6 +245,7 @@ class Parking:
             raise ParkError(f"{estimate} bytes do not fit park.memory_budget_bytes "
                             f"({self.s.park_memory_budget_bytes}) beside more recently started workloads")
         pid = ID_PREFIX + hashlib.sha256(tpl.key.encode()).hexdigest()[:8] + "-" + secrets.token_hex(4)
+        lease.describe(f"parked sandbox {pid}")   # what `thaw evict` names when it refuses (issue 33)
         d = self.dir / pid
         d.mkdir(parents=True, mode=0o700)
         p = Parked(pid, tpl.key, tpl.root, list(tpl.flags), str(d), fingerprint(tpl.spec), estimate_bytes=estimate,
@@ -303,7 +306,9 @@ class Parking:
         self.metrics.inc("thaw_parks_total", result="parked")
         self.metrics.observe("thaw_park_seconds", p.parked_s)
         log.info("park %s key=%s: parked in %.2fs, %d bytes of host memory, CUDA pids %s", pid, tpl.key,
-                 p.parked_s, p.host_bytes, p.cuda_pids or "none")
+                 p.parked_s, p.host_bytes, p.cuda_pids or "none",
+                 extra=fields(parked=pid, key=tpl.key, decision="parked", duration_s=round(p.parked_s, 3),
+                              bytes=p.host_bytes))
         self._gauges()
         return p
 
@@ -396,7 +401,8 @@ class Parking:
                 why.append("spec: " + "; ".join(spec_differences(spec, parked_spec)))
             except Exception as e:  # noqa: BLE001 - only a log line
                 why.append(f"spec (the parked one unreadable: {e})")
-        log.info("park: %s restores instead of adopting %s: %s", rt.container_id, p.id, "; ".join(why))
+        log.info("park: %s restores instead of adopting %s: %s", rt.container_id, p.id, "; ".join(why),
+                 extra=fields(container=rt.container_id, parked=p.id, decision="not-adopted", reason="; ".join(why)))
 
     def _drop_dead(self, key: str) -> None:
         """Parked sandboxes of `key` whose sandbox process is gone (the workload exited or
@@ -467,7 +473,8 @@ class Parking:
 
     def _destroy(self, p: Parked, why: str, relay: subprocess.Popen | None = None,
                  timeout_s: float | None = None) -> None:
-        log.info("park %s key=%s removed: %s", p.id, p.key, why)
+        log.info("park %s key=%s removed: %s", p.id, p.key, why,
+                 extra=fields(parked=p.id, key=p.key, decision="unparked", reason=why))
         runsc = self.runsc(p)
         try:
             if runsc.exists(p.id):

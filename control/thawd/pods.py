@@ -73,6 +73,7 @@ from control.thawd.restore import restore_failure, restore_options
 from control.thawd.standin import CONFIRM_TIMEOUT_S, Standin
 from nvproxy.cuda import uses_gpu
 from runsc_hooks import spec as specmod
+from control.logfields import fields
 
 if TYPE_CHECKING:
     from control.thawd.autocheckpoint import AutoCheckpointer
@@ -267,7 +268,8 @@ class Pods:
         if lease is None:
             return False, "thawd holds no restore decision for this container (thawd restarted?)", 0.0
         key, _ = self.containers.start_restore(rt)   # the engine opens the gate once registered
-        log.info("restore %s key=%s starting", rt.container_id, key)
+        log.info("restore %s key=%s starting", rt.container_id, key,
+                 extra=fields(container=rt.container_id, key=key, decision="restoring", role="pod-sandbox"))
         p = self._get(rt.runsc_root, rt.container_id)
         if p is None or p.state != RESTORING:
             return False, "thawd holds no restoring pod for this sandbox (thawd restarted?)", 0.0
@@ -467,7 +469,9 @@ class Pods:
         p.state, p.restored_at = RESTORED, time.time()
         secs = time.monotonic() - t0
         log.info("outcome %s key=%s RESTORED (pod of %d containers; health %.3fs: %s)", p.sandbox.container_id,
-                 p.key, len(p.table), secs, "; ".join(results))
+                 p.key, len(p.table), secs, "; ".join(results),
+                 extra=fields(container=p.sandbox.container_id, key=p.key, decision="RESTORED", pod=True,
+                              duration_s=round(secs, 4)))
         self.metrics.inc("thaw_restores_total")
         self.metrics.observe("thaw_health_seconds", secs)
         self.quarantine.succeeded(p.key)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from control.config import Settings
 from control.files import write_json_atomic
+from control.logfields import fields
 
 log = logging.getLogger("thawd")
 
@@ -32,7 +33,8 @@ def read_quarantine(settings: Settings) -> dict[str, str]:
     except FileNotFoundError:
         return {}
     except (ValueError, AttributeError) as e:
-        log.warning("quarantine list %s unreadable (%s); treating it as empty", quarantine_path(settings), e)
+        log.warning("quarantine list %s unreadable (%s); treating it as empty", quarantine_path(settings), e,
+                    extra=fields(path=str(quarantine_path(settings)), reason=str(e)))
         return {}
 
 
@@ -67,7 +69,8 @@ class Quarantine:
                 return False
             self._keys[key] = f"{n} restores in a row failed; last: {reason}"
             self._save_locked()
-        log.warning("quarantined %s: %s", key, self._keys[key])
+        log.warning("quarantined %s: %s", key, self._keys[key],
+                    extra=fields(key=key, decision="quarantined", reason=self._keys[key]))
         return True
 
     def lift(self, key: str) -> bool:

@@ -28,6 +28,8 @@ from control.thawd.standin import CONFIRM_TIMEOUT_S, Standin
 from runsc_hooks import gate as gatemod
 from runsc_hooks import network as netmod
 from runsc_hooks.runsc import RestoreOptions
+from control.logfields import fields
+from control.lifecycle.workload import workload_of
 
 log = logging.getLogger("thawd")
 
@@ -74,7 +76,8 @@ class Restorer:
         if lease is None:
             return False, "thawd holds no restore decision for this container (thawd restarted?)", 0.0
         key, gate = self.containers.start_restore(rt)   # from here, the engine and undo_restore own the gate
-        log.info("restore %s key=%s starting", rt.container_id, key)
+        log.info("restore %s key=%s starting", rt.container_id, key,
+                 extra=fields(container=rt.container_id, key=key, decision="restoring"))
         if spec is None:
             return self._not_tried(rt, key, gate, unreadable, t0)
         try:
@@ -130,7 +133,9 @@ class Restorer:
             return False, "cancelled", time.monotonic() - t0
         secs = time.monotonic() - t0
         done = Restored(secs, 0.0, health, hooks)
-        log.info("outcome %s key=%s adopted parked %s: CUDA %.4fs", rt.container_id, key, parked.id, cuda_s)
+        log.info("outcome %s key=%s adopted parked %s: CUDA %.4fs", rt.container_id, key, parked.id, cuda_s,
+                 extra=fields(container=rt.container_id, key=key, decision="adopted", parked=parked.id,
+                              duration_s=round(secs, 4)))
         self.metrics.inc("thaw_adoptions_total")
         self.metrics.observe("thaw_adopt_seconds", secs)
         if standin is None:
@@ -180,7 +185,8 @@ class Restorer:
         stand-in's report): counted, its image lease and any parked sandbox it adopted
         released, towards the key's quarantine unless `quarantine` is False."""
         self.containers.end(rt, "RESTORE_FAILED", reason)
-        log.info("outcome %s key=%s RESTORE_FAILED %s", rt.container_id, key, reason)
+        log.info("outcome %s key=%s RESTORE_FAILED %s", rt.container_id, key, reason,
+                 extra=fields(container=rt.container_id, key=key or None, decision="RESTORE_FAILED", reason=reason))
         self.metrics.inc("thaw_fallbacks_total", reason=reason.split(":")[0])
         c = self.containers.drop_image(rt)
         if c is not None and c.adopted:
@@ -200,9 +206,11 @@ class Restorer:
         self.containers.restored(rt)
         # Four decimals: the flood benchmark's containerd door reads its runsc and health split from here.
         log.info("outcome %s key=%s RESTORED %.4fs (runsc %.4fs, health %s)", rt.container_id, key, secs,
-                 done.runsc_s, f"{done.health.seconds:.4f}s: {done.health.summary()}" if done.health else "off")
+                 done.runsc_s, f"{done.health.seconds:.4f}s: {done.health.summary()}" if done.health else "off",
+                 extra=fields(container=rt.container_id, key=key, decision="RESTORED", duration_s=round(secs, 4),
+                              runsc_s=round(done.runsc_s, 4)))
         self.metrics.inc("thaw_restores_total")
-        self.metrics.observe("thaw_restore_seconds", secs)
+        self.metrics.observe("thaw_restore_seconds", secs, workload=workload_of(key))
         self.metrics.observe("thaw_health_seconds", done.health.seconds if done.health else 0.0)
         self.quarantine.succeeded(key)
 

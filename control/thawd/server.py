@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import fcntl
 import functools
-import json
 import logging
 import os
 import signal
 import socket
 import stat
-import sys
 import threading
 import time
 from concurrent import futures
@@ -26,8 +24,11 @@ from pathlib import Path
 import grpc
 
 from control import errors as errmod
-from control.config import Settings
+from control.config import RUNSC_VERSION_LABEL, Settings
+from control.metrics import cache_gauges
 from control.errors import ConfigError, PreconditionError, ThawError
+from control.logfields import JsonFormatter, configure as configure_logs, fields  # noqa: F401 - JsonFormatter: its old home
+from control.thawd.decisions import Decisions
 from control.thawd.exits import ExitWatch
 from control.thawd.metrics import Metrics, serve as serve_metrics
 from control.thawd.rpc import thawd_pb2 as pb
@@ -36,20 +37,6 @@ from control.thawd.service import RuntimeRef, Standin, Thawd
 
 log = logging.getLogger("thawd")
 VERSION = "0.1.0"
-
-
-class JsonFormatter(logging.Formatter):
-    """Structured logs: one JSON object per line."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        # Microseconds (RFC 3339 allows any fraction): the flood benchmark's containerd door
-        # times "gate ... opened" from this field, and answers come within a few ms of it.
-        d = {"time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-             + f".{int(record.created % 1 * 1e6):06d}Z",
-             "level": record.levelname.lower(), "logger": record.name, "msg": record.getMessage()}
-        if record.exc_info:
-            d["exc"] = self.formatException(record.exc_info)
-        return json.dumps(d)
 
 
 def _status_of(err: ThawError) -> grpc.StatusCode:
@@ -66,10 +53,11 @@ def _rpc(f):
         try:
             return f(self, request, context)
         except ThawError as e:
-            log.info("%s rejected: %s", f.__name__, e)
+            log.info("%s rejected: %s", f.__name__, e,
+                     extra=fields(rpc=f.__name__, reason=f"{type(e).__name__}: {e}"))
             context.abort(_status_of(e), f"{type(e).__name__}: {e}")
         except Exception as e:  # noqa: BLE001 - one bad request must not take the server down
-            log.exception("%s failed", f.__name__)
+            log.exception("%s failed", f.__name__, extra=fields(rpc=f.__name__, reason=type(e).__name__))
             context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(e).__name__}: {e}")
     return wrapper
 
@@ -79,14 +67,21 @@ def _rt(m: pb.Runtime) -> RuntimeRef:
 
 
 class ThawdServicer(pbg.ThawdServicer):
-    def __init__(self, thawd: Thawd, tuple_hash: str) -> None:
+    """The RPCs. Every answer that decides a container's start is also kept in
+    `decisions` (`thaw stats --decisions`): thawd's decisions all cross this boundary."""
+
+    def __init__(self, thawd: Thawd, tuple_hash: str, decisions: Decisions | None = None) -> None:
         self.t = thawd
         self.tuple_hash = tuple_hash
+        self.decisions = decisions or Decisions()
 
     @_rpc
     def PrepareRestore(self, request, context):
         rt = _rt(request.runtime)
+        t0 = time.monotonic()
         d = self.t.prepare_restore(rt, stdio=request.stdio)
+        self.decisions.record(rt.container_id, ("adopt" if d.adopt_id else "restore") if d.restore else "cold",
+                              d.reason, key=d.key, seconds=time.monotonic() - t0)
         if d.restore and not context.is_active():
             # The stand-in died (or gave up) while thawd decided: the RPC is cancelled
             # and the answer goes nowhere. Its container's delete may already have been
@@ -107,8 +102,11 @@ class ThawdServicer(pbg.ThawdServicer):
         # report to containerd must not keep running (issue 14: the task and
         # containerd's view must agree).
         standin = Standin.validate(request.standin_pid, request.standin_marker, exits=self.t.exits)
-        ok, detail, secs = self.t.restore(_rt(request.runtime), cancelled=lambda: not context.is_active(),
+        rt = _rt(request.runtime)
+        ok, detail, secs = self.t.restore(rt, cancelled=lambda: not context.is_active(),
                                           standin=standin, subcontainer_restored=request.subcontainer_restored)
+        # Failed: thawd removed the sandbox and the stand-in starts the container cold.
+        self.decisions.record(rt.container_id, "restored" if ok else "restore-failed", detail, seconds=secs)
         return pb.RestoreResponse(restored=ok, detail=detail, seconds=secs)
 
     @_rpc
@@ -117,7 +115,9 @@ class ThawdServicer(pbg.ThawdServicer):
         outcome = names.get(request.outcome, str(request.outcome))
         if len(request.reason) > 4096:
             raise errmod.UserError("reason is longer than 4096 bytes", field="reason")
-        self.t.report_outcome(_rt(request.runtime), outcome, request.reason)
+        rt = _rt(request.runtime)
+        self.t.report_outcome(rt, outcome, request.reason)
+        self.decisions.record(rt.container_id, outcome.lower().replace("_", "-"), request.reason)
         return pb.ReportOutcomeResponse()
 
     @_rpc
@@ -127,14 +127,30 @@ class ThawdServicer(pbg.ThawdServicer):
     @_rpc
     def Stats(self, request, context):
         s = self.t.stats()
+        if len(request.container_id) > 256:
+            raise errmod.UserError("container_id is longer than 256 bytes", field="container_id")
         return pb.StatsResponse(counters=s["counters"], entries=[
             pb.CacheEntry(workload_key=e["key"], tuple_hash=e.get("tuple_hash", ""), bytes=e.get("bytes", 0),
                           leases=e.get("leases", 0), state=e.get("state", ""), reason=e.get("reason", ""))
-            for e in s["entries"]])
+            for e in s["entries"]], decisions=[
+            pb.DecisionRecord(time=r.time, container_id=r.container, decision=r.decision, reason=r.reason,
+                              workload_key=r.key, tenant=r.tenant, seconds=r.seconds)
+            for r in self.decisions.last(min(request.decisions, 10_000), request.container_id)])
 
     @_rpc
     def Evict(self, request, context):
-        return pb.EvictResponse(evicted=self.t.evict(request.workload_key))
+        evicted = self.t.evict(request.workload_key)
+        reason, held = "", []
+        cache = getattr(getattr(self.t, "images", None), "cache", None)
+        if cache is not None:
+            left = [e for e in cache.entries(request.workload_key) if e.state != "evicting"]
+            held = [h for e in left for h in cache.lease_holders(e.id)]
+            if left:
+                reason = (f"{len(left)} cache entries of it are in use (leased) and stay: " + "; ".join(held)
+                          if held else f"{len(left)} cache entries of it stay")
+            elif not evicted:
+                reason = "this node's cache holds no entry of it"
+        return pb.EvictResponse(evicted=evicted, reason=reason, held_by=held)
 
     @_rpc
     def Health(self, request, context):
@@ -249,7 +265,11 @@ def prepare_socket(path: Path) -> None:
 def build(settings: Settings, images, tuple_hash: str) -> tuple[grpc.Server, Thawd, Metrics]:
     lock_node(settings)
     prepare_socket(settings.thawd_socket)
-    metrics = Metrics()
+    metrics = Metrics().install()   # the image path's series (bytes fetched, retries, ...) land here too
+    metrics.set("thaw_build_info", 1, version=VERSION, runsc=RUNSC_VERSION_LABEL)
+    cache = getattr(images, "cache", None)
+    if cache is not None:
+        metrics.on_scrape(cache_gauges(cache))
     exits = ExitWatch().start()
     if not exits.available:
         log.warning("process exit events unavailable (%s): a stand-in killed after committing a restore "
@@ -260,7 +280,8 @@ def build(settings: Settings, images, tuple_hash: str) -> tuple[grpc.Server, Tha
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.thawd_rpc_workers, thread_name_prefix="rpc"),
                          options=[("grpc.max_receive_message_length", MAX_REQUEST_BYTES)],
                          maximum_concurrent_rpcs=max(MAX_CONCURRENT_RPCS, 4 * settings.thawd_rpc_workers))
-    pbg.add_ThawdServicer_to_server(ThawdServicer(thawd, tuple_hash), server)
+    pbg.add_ThawdServicer_to_server(ThawdServicer(thawd, tuple_hash, Decisions(settings.thawd_decisions_kept)),
+                                    server)
     old = os.umask(0o177)  # the socket is born 0600: not one moment open to other users
     try:
         server.add_insecure_port(f"unix:{settings.thawd_socket}")
@@ -269,18 +290,18 @@ def build(settings: Settings, images, tuple_hash: str) -> tuple[grpc.Server, Tha
     return server, thawd, metrics
 
 
-def serve(settings: Settings, images, tuple_hash: str, ready: threading.Event | None = None) -> None:
-    """Run thawd until SIGTERM/SIGINT."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
-    logging.getLogger().handlers[:] = [handler]
-    logging.getLogger().setLevel(logging.INFO)
+def serve(settings: Settings, images, tuple_hash: str, ready: threading.Event | None = None,
+          verbose: int = 0) -> None:
+    """Run thawd until SIGTERM/SIGINT; JSON log lines on stderr at the level `thaw -v`
+    asks for (info by default, -vv debug)."""
+    configure_logs(verbose, json_lines=True, daemon=True)
     server, thawd, metrics = build(settings, images, tuple_hash)
     server.start()
     os.chmod(settings.thawd_socket, 0o600)
     msrv = serve_metrics(metrics, settings.thawd_metrics_addr) if settings.thawd_metrics_addr else None
     log.info("thawd %s serving on %s (metrics %s, tuple %s)", VERSION, settings.thawd_socket,
-             settings.thawd_metrics_addr or "off", tuple_hash)
+             settings.thawd_metrics_addr or "off", tuple_hash,
+             extra=fields(version=VERSION, socket=str(settings.thawd_socket), tuple_hash=tuple_hash))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -38,6 +38,8 @@ from control.thawd.quarantine import Quarantine
 from control.thawd.restore import Restorer
 from control.thawd.standin import Standin
 from runsc_hooks import spec as specmod
+from control.logfields import fields
+from control.lifecycle.tenant import store_tenant
 
 log = logging.getLogger("thawd")
 
@@ -90,7 +92,10 @@ class Thawd:
             self.metrics.inc("thaw_restore_decisions_total")
         else:
             self.metrics.inc("thaw_cold_decisions_total", reason=d.reason.split(":")[0])
-        log.info("prepare %s key=%s -> %s %s", rt.container_id, d.key, "restore" if d.restore else "cold", d.reason)
+        log.info("prepare %s key=%s -> %s %s", rt.container_id, d.key, "restore" if d.restore else "cold", d.reason,
+                 extra=fields(container=rt.container_id, key=d.key or None, tenant=store_tenant(d.key) if d.key else None,
+                              decision=("adopt" if d.adopt_id else "restore") if d.restore else "cold",
+                              reason=d.reason or None))
         return d
 
     def _decide(self, rt: RuntimeRef, t0: float) -> Decision:
@@ -143,7 +148,8 @@ class Thawd:
             spec = specmod.Bundle(rt.bundle).load()
             role = podmod.role(spec)
             if role != podmod.LONE:
-                log.info("outcome %s (pod %s) %s %s", rt.container_id, role, outcome, reason)
+                log.info("outcome %s (pod %s) %s %s", rt.container_id, role, outcome, reason,
+                         extra=fields(container=rt.container_id, role=role, decision=outcome, reason=reason or None))
                 self.containers.end(rt, outcome, reason)   # a pod's sandbox whose create failed
                 if outcome == "RESTORE_FAILED":
                     self.pods.restore_failed(rt, spec, reason)
@@ -156,7 +162,8 @@ class Thawd:
             self.restorer.failed(rt, key, reason)
             return
         self.containers.end(rt, outcome, reason)
-        log.info("outcome %s key=%s %s %s", rt.container_id, key, outcome, reason)
+        log.info("outcome %s key=%s %s %s", rt.container_id, key, outcome, reason,
+                 extra=fields(container=rt.container_id, key=key or None, decision=outcome, reason=reason or None))
         self.metrics.inc("thaw_cold_starts_total")
         self.autocheckpoint.lone(rt, key)
 

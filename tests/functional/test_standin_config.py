@@ -135,8 +135,21 @@ def test_missing_config_file_is_an_error_in_both(tmp_path):
     assert rc == 78 and "does not exist" in go["error"]
 
 
-def test_unknown_env_is_ignored_by_both(tmp_path):
-    f = tmp_path / "empty.toml"
+def test_unknown_names_are_refused_by_thaw_and_ignored_by_the_stand_in_in_file_and_env(tmp_path):
+    """Each treats a THAW_* variable that names no key as it treats an unknown key in
+    the file (issue 33): thaw refuses both (ConfigError naming it); the stand-in reads
+    only its own keys and ignores both, since refusing would start every container cold."""
+    f = tmp_path / "c.toml"
+    f.write_text("[thawd]\nsockett = \"/x.sock\"\n")
+    with pytest.raises(ConfigError, match=r"config thawd.sockett: unknown key in .*c.toml"):
+        config.load(environ={"THAW_CONFIG": str(f)})
+    rc, go = go_view({"THAW_CONFIG": str(f)})
+    assert rc == 0 and "error" not in go, go
     f.write_text("")
-    same({"THAW_CONFIG": str(f), "THAW_SOCKET": "/old/name.sock", "THAW_STANDIN_STATE": "/old"})
+    env = {"THAW_CONFIG": str(f), "THAW_SOCKET": "/old/name.sock", "THAW_STANDIN_STATE": "/old"}
+    with pytest.raises(ConfigError, match="config THAW_SOCKET: unknown key in env THAW_SOCKET"):
+        config.load(environ=env)
+    rc, go = go_view(env)
+    assert rc == 0 and "error" not in go, go
+    assert go["keys"] == python_view({"THAW_CONFIG": str(f)})
 

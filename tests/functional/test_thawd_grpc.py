@@ -118,3 +118,69 @@ def test_subcontainer_restored_is_only_for_a_pods_app_container(thawd):
     assert not r.restored and "no restoring pod" in r.detail
     p = stub.PrepareRestore(pb.PrepareRestoreRequest(runtime=rt), timeout=5)
     assert p.decision == pb.PrepareRestoreResponse.COLD and p.reason.startswith("pod-unknown")
+
+
+def test_stats_answers_what_each_container_decided_and_why(thawd):
+    stub, _, tmp = thawd
+    plain = specmod.Bundle(tmp / "plain")
+    plain.write(specmod.command_spec(["/bin/true"], rootfs="rootfs"))
+    for cid in ("d1", "d2", "d1"):
+        stub.PrepareRestore(pb.PrepareRestoreRequest(runtime=pb.Runtime(
+            container_id=cid, bundle=str(plain.path), runsc_root="/r")), timeout=5)
+    assert list(stub.Stats(pb.StatsRequest(), timeout=5).decisions) == []     # only when asked
+    rows = stub.Stats(pb.StatsRequest(decisions=10), timeout=5).decisions
+    assert [(r.container_id, r.decision, r.reason) for r in rows] == [
+        ("d1", "cold", "not-opted-in"), ("d2", "cold", "not-opted-in"), ("d1", "cold", "not-opted-in")]
+    assert all(r.time > 0 and r.seconds >= 0 for r in rows)
+    mine = stub.Stats(pb.StatsRequest(decisions=1, container_id="d1"), timeout=5).decisions
+    assert [r.container_id for r in mine] == ["d1"]
+    from control.thawd.client import Client
+    _, s, _ = thawd
+    with Client(s) as c:
+        d = c.stats(decisions=5, container="d2")
+    assert [(r["container"], r["decision"]) for r in d["decisions"]] == [("d2", "cold")]
+
+
+class CachedImages(NoImages):
+    """An image source over a real node cache holding one entry, leased by a parked sandbox."""
+
+    def __init__(self, root) -> None:
+        from control.images import image as images
+        from control.images.cache import Cache
+        from tests.unit.fakes import FakeStore
+        from tests.unit.fakes import TUPLE
+        from tests.unit.test_cache import image, publish
+        self.cache = Cache(root / "cache", 1 << 30)
+        store = FakeStore()
+        publish(store, root, "ctr-t.w.0123456789abcdef", image(5))
+        self.lease = images.pull(self.cache, store, "ctr-t.w.0123456789abcdef", TUPLE, workers=2).lease
+        self.lease.describe("parked sandbox p-1")
+
+    def evict(self, key):
+        return any([self.cache.evict(e.id) for e in self.cache.entries(key)])
+
+
+def test_evict_says_why_it_refuses_and_who_holds_the_entry(tmp_path):
+    if os.geteuid() != 0:
+        pytest.fail("thawd's socket directory is root-only: run the tests as root", pytrace=False)
+    (tmp_path / "empty.toml").write_text("")
+    s = config.load(environ={"THAW_NODE_STATE_DIR": str(tmp_path / "state"),
+                             "THAW_THAWD_SOCKET": str(tmp_path / "run" / "thawd.sock"),
+                             "THAW_THAWD_METRICS_ADDR": ""}, config_file=tmp_path / "empty.toml")
+    imgs = CachedImages(tmp_path)
+    server, t, _ = daemon.build(s, imgs, "tuplehash")
+    server.start()
+    try:
+        from control.thawd.client import Client
+        with Client(s) as c:
+            r = c.evict_why("ctr-t.w.0123456789abcdef")
+            assert r["evicted"] is False
+            assert "in use (leased)" in r["reason"] and "parked sandbox p-1" in r["reason"]
+            assert r["held_by"] == [f"pid {os.getpid()} ({r['held_by'][0].split('(')[1].split(')')[0]}): "
+                                    "parked sandbox p-1"]
+            imgs.lease.release()
+            assert c.evict_why("ctr-t.w.0123456789abcdef") == {"evicted": True, "reason": "", "held_by": []}
+            assert c.evict_why("ctr-t.w.0123456789abcdef")["reason"] == "this node's cache holds no entry of it"
+    finally:
+        server.stop(0)
+        t.close()

@@ -153,6 +153,16 @@ def test_failed_restores_fall_back_cold_and_quarantine(name, runsc_bin):
         assert boot2 != boot1, "the failed restore must end in a working cold container"
         d = [x["decision"] for x in s.decisions() if x["id"] == "victim"]
         assert d == ["restore", "restore-failed", "started-cold-after-failed-restore"], d
+        # thawd answers "did victim restore or start cold, and why" (issue 33), and its log
+        # lines carry the facts as fields.
+        why = s.thaw("stats", "--decisions", "10", "--container", "victim", "--json")
+        assert why.returncode == 0, why.stderr
+        mine = json.loads(why.stdout)["decisions"]
+        assert [r["decision"] for r in mine][:2] == ["restore", "restore-failed"], mine
+        assert mine[1]["reason"] and mine[0]["key"] == key and mine[0]["tenant"] == key.split(".")[0]
+        lines = [json.loads(x) for x in (base / "thawd.log").read_text().splitlines() if x.startswith("{")]
+        failed = [x for x in lines if x.get("container") == "victim" and x.get("decision") == "RESTORE_FAILED"]
+        assert failed and failed[0]["key"] == key and failed[0]["reason"], lines[-5:]
         entry = next(e for e in s.stats()["entries"] if e["key"] == key)
         assert entry["state"] == "quarantined" and "restores in a row failed" in entry["reason"]
         ls = s.thaw("ls", "--local", "--json")

@@ -24,6 +24,9 @@ class FakeLease:
     def __init__(self, name: str) -> None:
         self.name, self.released = name, 0
 
+    def describe(self, holder: str) -> None:   # Restorable: who holds it (`thaw evict`)
+        self.holder = holder
+
     def release(self) -> None:
         self.released += 1
 
@@ -168,3 +171,15 @@ def test_an_adoption_a_previous_thawd_made_is_released_with_its_container(box):
     box.recover_adoption(r, "thaw-parked-7")
     assert box.adopted(r) == "thaw-parked-7" and box.state_of(r) == State.RESTORED
     assert box.release(r).adopted == "thaw-parked-7"
+
+
+def test_a_claimed_or_adopted_image_says_which_container_holds_it(box):
+    """`thaw evict` names who holds what it could not evict (issue 33): the lease says so."""
+    c = box
+    lease = FakeLease("a")
+    assert c.claim(rt("c1"), lease)
+    assert lease.holder == "container c1"
+    parked = FakeLease("p")
+    c.begin(rt("c2"))
+    c.decide(rt("c2"), State.ADOPT, "ctr-a.w", adopted="park-1", image=parked)
+    assert parked.holder == "container c2 (adopted parked sandbox park-1)"

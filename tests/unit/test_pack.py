@@ -67,14 +67,26 @@ def test_groups_keep_file_order_and_fill_packs():
 
 def test_build_places_encoded_chunks_and_names_the_pack_by_its_table():
     a, b = os.urandom(50_000), b"heap\0\0\0\0" * 10_000
-    p = pack.build([("ha", a), ("hb", memoryview(b))])
+    salt = b"s" * pack.SALT_BYTES
+    p = pack.build([("ha", a), ("hb", memoryview(b))], salt=salt)
     (ha, la, na), (hb, lb, nb) = p.chunks
     assert (ha, la.codec, la.offset, la.stored, na) == ("ha", pack.CODEC_NONE, 0, len(a), len(a))
     assert (hb, lb.codec, lb.offset, nb) == ("hb", pack.CODEC_ZLIB, len(a), len(b))
     assert len(p.body) == la.stored + lb.stored and p.raw_bytes == len(a) + len(b)
     assert pack.decode(lb.codec, p.body[lb.offset:lb.offset + lb.stored], nb) == b
     assert bytes(p.body[:la.stored]) == a
-    assert la.pack == lb.pack == p.name == pack.name([("ha", "none", len(a)), ("hb", "zlib", lb.stored)])
-    # The name depends on the table only: the same chunks in another order, or another codec, differ.
-    assert pack.build([("hb", b), ("ha", a)]).name != p.name
-    assert pack.name([("ha", "zlib", len(a)), ("hb", "zlib", lb.stored)]) != p.name
+    table = [("ha", "none", len(a)), ("hb", "zlib", lb.stored)]
+    assert la.pack == lb.pack == p.name == pack.name(table, salt=salt)
+    # The name depends on the table and the salt only: the same chunks in another order,
+    # or another codec, differ.
+    assert pack.build([("hb", b), ("ha", a)], salt=salt).name != p.name
+    assert pack.name([("ha", "zlib", len(a)), ("hb", "zlib", lb.stored)], salt=salt) != p.name
+    # Unsalted (packs written before issue 33) it is the table's hash alone.
+    assert pack.name(table) not in (p.name, pack.name(table, salt=b"t" * pack.SALT_BYTES))
+
+
+def test_no_two_builds_share_a_name():
+    """The store GC relies on it: a publish never re-puts an object an old pack had (issue 33)."""
+    chunks = [("ha", b"x" * 1000)]
+    names = {pack.build(chunks).name for _ in range(50)}
+    assert len(names) == 50

@@ -32,6 +32,9 @@ class FakeLease:
     def verdict(self, wait_s: float = 0):
         return None
 
+    def describe(self, holder: str) -> None:   # Restorable: who holds it (`thaw evict`)
+        self.holder = holder
+
     def release(self) -> None:
         self.released = True
 

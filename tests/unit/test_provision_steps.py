@@ -333,3 +333,18 @@ def test_thp_selected_reads_the_bracketed_word():
     assert prov.thp_selected("always defer defer+madvise [madvise] never\n") == "madvise"
     assert prov.thp_selected("advise\n") == "advise"
     assert prov.thp_selected("") == ""
+
+
+def test_provision_makes_the_stand_ins_log_dir_and_seeds_its_log_bounds(tmp_path):
+    """issue 33: the stand-in rotates its log and bounds the shim's; it reads the bounds from
+    the node's config file, which provision seeds with every value it ran with."""
+    from control import config
+    from control.node import provision
+    s = config.load(environ={"THAW_STANDIN_LOG": "/var/log/thaw-standin/standin.log",
+                             "THAW_STANDIN_LOG_MAX_BYTES": "4m", "THAW_STANDIN_SHIM_LOGS_KEEP": "50"},
+                    default_file=tmp_path / "absent.toml")
+    seeded = provision.seed_config(s)
+    assert "log_max_bytes = 4194304" in seeded and "shim_logs_keep = 50" in seeded
+    names = [st.name for st in provision.steps(s, provision.Options(source_dir=tmp_path, root=tmp_path,
+                                                                    systemd=False), gpu=False)]
+    assert "stand-in log dir" in names and "shim log dir" in names

@@ -37,6 +37,9 @@ class FakeLease:
     def verdict(self, wait_s: float = 0) -> object:
         return None
 
+    def describe(self, holder: str) -> None:   # Restorable: who holds it (`thaw evict`)
+        self.holder = holder
+
     def release(self) -> None:
         self.released = True
 
@@ -438,6 +441,10 @@ def test_gate_and_health_check_follow_the_diagnostic_keys(tmp_path, monkeypatch,
         assert closed == (["web-a"] if gate else [])
         ok, _, _ = t.restore(rt)
         assert ok and asked == [("web-a" if gate else None, health_check)]
+        # The restore's histogram is per workload: the key less its identity digest (issue 33).
+        key = t.prepare_restore(rt).key
+        wl = key.rsplit(".", 1)[0]
+        assert f'thaw_restore_seconds_count{{workload="{wl}"}} 1.0' in t.metrics.render()
     finally:
         t.close()
 

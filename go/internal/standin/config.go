@@ -45,6 +45,11 @@ type Config struct {
 	StateDir       string        // standin.state_dir: create -> start markers
 	LogPath        string        // standin.log: one JSON line per decision
 	PrepareTimeout time.Duration // thawd.prepare_timeout_s + prepareSlack: create's deadline for thawd
+	LogMaxBytes    int64         // standin.log_max_bytes: rotate standin.log at this size
+	LogKeep        int           // standin.log_keep: rotated logs kept
+	ShimLogDir     string        // <node.log_dir>/shim: the shim's runsc-shim-<id>.log (containerd_config.py)
+	ShimLogsKeep   int           // standin.shim_logs_keep: deleted containers' shim logs kept
+	ShimLogMax     int64         // standin.shim_log_max_bytes: a deleted container's shim log is cut to this
 
 	File   string         // the config file read; "" when none
 	Values map[string]any // every key's effective value (string or float64 seconds)
@@ -55,6 +60,8 @@ type configKind int
 const (
 	kindAbsPath configKind = iota // control/config.py ABS_PATH
 	kindSeconds                   // control/config.py SECONDS (with a range)
+	kindSize                      // control/config.py SIZE (with a range)
+	kindInt                       // control/config.py INT (with a range)
 )
 
 // configKey is one row of control/config.py KEYS that the stand-in reads.
@@ -124,6 +131,11 @@ func LoadConfig(lookupEnv func(string) (string, bool)) (Config, error) {
 	c.StateDir = vals["standin.state_dir"].(string)
 	c.LogPath = vals["standin.log"].(string)
 	c.PrepareTimeout = seconds(vals["thawd.prepare_timeout_s"].(float64)) + prepareSlack
+	c.LogMaxBytes = int64(vals["standin.log_max_bytes"].(float64))
+	c.LogKeep = int(vals["standin.log_keep"].(float64))
+	c.ShimLogDir = filepath.Join(vals["node.log_dir"].(string), "shim") // twin: control/node/containerd_config.py runsc_toml
+	c.ShimLogsKeep = int(vals["standin.shim_logs_keep"].(float64))
+	c.ShimLogMax = int64(vals["standin.shim_log_max_bytes"].(float64))
 	if v, ok := lookupEnv("THAW_REAL_RUNSC"); ok && v != "" {
 		c.RealRunsc = v
 	} else if exe, err := os.Executable(); err == nil {
@@ -198,8 +210,73 @@ func (k configKey) value(raw any) (any, error) {
 			return nil, fmt.Errorf("expected %g .. %g, got %v", k.Min, k.Max, raw)
 		}
 		return f, nil
+	case kindSize, kindInt:
+		n, err := k.integer(raw)
+		if err != nil {
+			return nil, err
+		}
+		if float64(n) < k.Min || float64(n) > k.Max {
+			lo, hi := showNumber(k, k.Min), showNumber(k, k.Max)
+			return nil, fmt.Errorf("expected %s .. %s, got %v", lo, hi, quoted(raw))
+		}
+		return float64(n), nil
 	}
 	return nil, fmt.Errorf("unknown kind %d", k.Kind)
+}
+
+// sizeUnits are control/config.py _SIZE_UNITS.
+var sizeUnits = map[byte]int64{'k': 1 << 10, 'm': 1 << 20, 'g': 1 << 30, 't': 1 << 40}
+
+// integer mirrors control/config.py _int and _size: an integer, or a string of
+// one (underscores allowed; a size may end in k, m, g or t and have a fraction).
+func (k configKey) integer(raw any) (int64, error) {
+	what := "an integer"
+	if k.Kind == kindSize {
+		what = "a size in bytes"
+	}
+	switch x := raw.(type) {
+	case int64:
+		return x, nil
+	case string:
+		s := strings.ReplaceAll(strings.TrimSpace(x), "_", "")
+		if k.Kind == kindSize && s != "" {
+			if unit, ok := sizeUnits[strings.ToLower(s[len(s)-1:])[0]]; ok {
+				f, err := strconv.ParseFloat(s[:len(s)-1], 64)
+				if err == nil && !math.IsNaN(f) && !math.IsInf(f, 0) {
+					return int64(f * float64(unit)), nil
+				}
+				return 0, fmt.Errorf("expected %s (suffixes k, m, g, t allowed), got %q", what, x)
+			}
+		}
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			if k.Kind == kindSize {
+				return 0, fmt.Errorf("expected %s (suffixes k, m, g, t allowed), got %q", what, x)
+			}
+			return 0, fmt.Errorf("expected %s, got %q", what, x)
+		}
+		return n, nil
+	}
+	return 0, fmt.Errorf("expected %s, got %v", what, raw)
+}
+
+// showNumber is control/config.py _show_number for sizes: the largest unit that divides.
+func showNumber(k configKey, x float64) string {
+	if k.Kind == kindSize && x != 0 {
+		for _, u := range []byte{'t', 'g', 'm', 'k'} {
+			if int64(x)%sizeUnits[u] == 0 {
+				return fmt.Sprintf("%d%c", int64(x)/sizeUnits[u], u)
+			}
+		}
+	}
+	return fmt.Sprintf("%g", x)
+}
+
+func quoted(raw any) string {
+	if s, ok := raw.(string); ok {
+		return "'" + s + "'" // Python's repr of a str, as ConfigError shows it
+	}
+	return fmt.Sprint(raw)
 }
 
 // printConfig writes the effective configuration as one JSON object; on a

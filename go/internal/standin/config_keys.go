@@ -4,8 +4,13 @@ package standin
 
 // configKeys are the rows of control/config.py KEYS marked standin=True.
 var configKeys = []configKey{
+	{Name: "node.log_dir", Env: "THAW_NODE_LOG_DIR", Kind: kindAbsPath, Default: "/var/log/thaw", Min: 0, Max: 0},
 	{Name: "thawd.socket", Env: "THAW_THAWD_SOCKET", Kind: kindAbsPath, Default: "/run/thaw/thawd.sock", Min: 0, Max: 0},
 	{Name: "thawd.prepare_timeout_s", Env: "THAW_THAWD_PREPARE_TIMEOUT_S", Kind: kindSeconds, Default: "4.0", Min: 0.5, Max: 60},
 	{Name: "standin.state_dir", Env: "THAW_STANDIN_STATE_DIR", Kind: kindAbsPath, Default: "/run/thaw/standin", Min: 0, Max: 0},
 	{Name: "standin.log", Env: "THAW_STANDIN_LOG", Kind: kindAbsPath, Default: "/var/log/thaw/standin.log", Min: 0, Max: 0},
+	{Name: "standin.log_max_bytes", Env: "THAW_STANDIN_LOG_MAX_BYTES", Kind: kindSize, Default: "16777216", Min: 65536, Max: 1073741824},
+	{Name: "standin.log_keep", Env: "THAW_STANDIN_LOG_KEEP", Kind: kindInt, Default: "3", Min: 1, Max: 100},
+	{Name: "standin.shim_logs_keep", Env: "THAW_STANDIN_SHIM_LOGS_KEEP", Kind: kindInt, Default: "500", Min: 1, Max: 1000000},
+	{Name: "standin.shim_log_max_bytes", Env: "THAW_STANDIN_SHIM_LOG_MAX_BYTES", Kind: kindSize, Default: "8388608", Min: 65536, Max: 1073741824},
 }

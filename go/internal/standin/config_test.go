@@ -102,3 +102,23 @@ func TestGeneratedDefaultsParse(t *testing.T) {
 		}
 	}
 }
+
+func TestSizesAndCountsAreReadAsThawReadsThem(t *testing.T) {
+	noDefaultFile(t)
+	f := writeFile(t, "[standin]\nlog_max_bytes = \"1.5m\"\nlog_keep = 5\n[node]\nlog_dir = \"/srv/log\"\n")
+	c, err := LoadConfig(env(map[string]string{"THAW_CONFIG": f, "THAW_STANDIN_SHIM_LOGS_KEEP": " 1_000 ",
+		"THAW_STANDIN_SHIM_LOG_MAX_BYTES": "64k"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.LogMaxBytes != 3<<19 || c.LogKeep != 5 || c.ShimLogsKeep != 1000 || c.ShimLogMax != 64<<10 ||
+		c.ShimLogDir != "/srv/log/shim" {
+		t.Fatalf("%+v", c)
+	}
+	for _, bad := range []map[string]string{{"THAW_STANDIN_LOG_KEEP": "0"}, {"THAW_STANDIN_LOG_KEEP": "2.5"},
+		{"THAW_STANDIN_LOG_MAX_BYTES": "lots"}, {"THAW_STANDIN_LOG_MAX_BYTES": "1k"}} {
+		if _, err := LoadConfig(env(bad)); err == nil {
+			t.Fatalf("%v accepted", bad)
+		}
+	}
+}

@@ -11,11 +11,14 @@ import (
 // A log that cannot be opened is skipped: logging never stops a container.
 type decisionLog struct{ f *os.File }
 
-func openDecisionLog(path string) *decisionLog {
+func openDecisionLog(path string, max int64, keep int) *decisionLog {
 	if path == "" {
 		return &decisionLog{}
 	}
 	os.MkdirAll(filepath.Dir(path), 0o755)
+	if max > 0 {
+		rotateLog(path, max, keep) // bounded: logrotate.go
+	}
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
 	if err != nil {
 		return &decisionLog{}

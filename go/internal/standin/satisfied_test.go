@@ -35,7 +35,7 @@ func TestASatisfiedContainerReadsAsOneThatExitedZero(t *testing.T) {
 	root := t.TempDir()
 	state := t.TempDir()
 	s := &Standin{cfg: Config{StateDir: state, LogPath: filepath.Join(state, "standin.log"), Socket: filepath.Join(state, "none.sock")}}
-	s.log = openDecisionLog(s.cfg.LogPath)
+	s.log = openDecisionLog(s.cfg.LogPath, 0, 0)
 	defer s.log.Close()
 	call := func(args ...string) (int, map[string]any) {
 		s.a = runscargv.Parse(append([]string{"--root=" + root}, args...))

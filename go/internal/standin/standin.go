@@ -88,7 +88,7 @@ func Main(argv []string) int {
 		return printConfig(cfg, cfgErr)
 	}
 	s := &Standin{cfg: cfg, cfgErr: cfgErr, argv: argv, a: runscargv.Parse(argv[1:])}
-	s.log = openDecisionLog(s.cfg.LogPath)
+	s.log = openDecisionLog(s.cfg.LogPath, s.cfg.LogMaxBytes, s.cfg.LogKeep)
 	defer s.log.Close()
 	if id := s.target(); id != "" && runscargv.Alias(s.a.Root(), id) == runscargv.Satisfied {
 		return s.satisfiedCall(id)
@@ -553,6 +553,11 @@ func (s *Standin) kill() int {
 func (s *Standin) delete() int {
 	t0 := time.Now()
 	id := s.a.ContainerID()
+	// Every container's delete passes here (opted in or not): its shim log is
+	// done, and the deleted ones' logs are bounded (logrotate.go).
+	if _, err := boundShimLogs(s.cfg.ShimLogDir, id, s.cfg.ShimLogsKeep, s.cfg.ShimLogMax); err != nil {
+		s.log.Write("delete", &marker{ID: id, Root: s.a.Root()}, "shim-logs-unbounded", err.Error(), t0)
+	}
 	if parked := runscargv.Alias(s.a.Root(), id); parked != "" {
 		return s.deleteAdopted(id, parked, t0)
 	}
