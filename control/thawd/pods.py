@@ -1,58 +1,28 @@
 """thawd's pods: one restore-or-cold decision per Kubernetes pod, the pod's
 restore as runsc does it, and the automatic checkpoint of a cold pod once every
-container it declares is ready (docs/containerd.md "Pods").
+container it declares is ready. docs/containerd.md "Pods" says what happens call
+by call and why; in short:
 
-The kubelet drives a pod through CRI in a fixed order: the pause container
-(create, start: RunPodSandbox), then each app container in the pod spec's
-order (create, start). runsc restores a multi-container sandbox in that same
-shape (runsc/boot/restore.go restorer): `runsc restore` of the root container
-opens the image (through thaw-gofer when it streams: store.stream), reads the
-state file's header, starts loading the memory file in the background and
-registers the root; `runsc restore` of each subcontainer reads no image and
-registers it by its `io.kubernetes.cri.container-name`; the restore itself (the
-kernel, from the rest of the state file) runs when the last container the image
-holds has registered; waits on the containers block until then. So:
+- The pause container's create decides for the pod: its lookup key picks a table
+  (control/thawd/podtables.py: this node's, else the store's) naming the pod's key
+  and every container's identity; its image is leased and its start is `runsc
+  restore` of the sandbox's root (runsc/boot/restore.go: the restore runs when the
+  last container the image holds has registered).
+- Each app container's create is checked against the table (name, identity, GPU
+  count); a match is restored by the stand-in itself (only the process the shim
+  started holds the container's stdio). A mismatch after the root's restore cannot
+  start cold in that sandbox: thawd removes it, the kubelet re-creates the pod,
+  whose next sandbox starts cold.
+- Init containers ran and ended before the pod was saved (CRI deletes an exited
+  container's task); a restoring pod answers them as done (SATISFIED).
+- GPU containers get the CUDA helper mounted at their create; the pod's checkpoint
+  names it once for all of them (pkg/sentry/control/state_cuda.go runs the helper
+  in each CUDA process's own container).
+- A container the kubelet re-creates in a running pod starts cold.
 
-- The decision is made at the pause container's create: thawd knows the
-  pod's lookup key (control/lifecycle/pod.py) and, from the last pod of that
-  lookup key this node assembled, the container set and each container's
-  identity, hence the pod's key; it leases that image. The pause container's
-  start is `runsc restore` of the root (thawd runs it; the pause has no stdio).
-- Each app container's create is checked against the image's container set:
-  its name, its workload key and the fingerprint of the spec fields runsc
-  validates. A match: the stand-in creates it and, at start, runs `runsc
-  restore` for it itself, because the container's stdio is the shim's and
-  only the process the shim started holds it. The last one's restore is the
-  sandbox's restore; thawd then runs every container's health probe.
-- A mismatch after the pause container was restored cannot start that pod
-  cold: the root's `runsc restore` has consumed the sandbox's start (runsc
-  refuses `start` after it), and a sandbox that dies is a pod the kubelet
-  re-creates. thawd removes the sandbox, the container's `runsc create` (CRI
-  runs it inside StartContainer) fails with the reason, and the kubelet's next
-  sandbox for that pod (same pod uid) starts
-  cold; so does every pod of that lookup key until a pod of the new container
-  set has been seen. runsc itself refuses a spec it cannot restore (the last
-  container's `runsc restore` fails): the same.
-- A container the kubelet re-creates in a running pod (its restart after an
-  exit) is never restored: it starts cold in the running sandbox.
-
-Pod records live in memory (a thawd restart forgets pods in flight: their
-later containers start cold, which runsc turns into restores of a restoring
-sandbox by itself, controller.go StartSubcontainer); the container sets of
-assembled pods, one table per version of a workload, are kept on the node and
-in the store (control/thawd/podtables.py).
-
-A pod may hold GPU containers beside CPU ones: each GPU container (its spec
-lists /dev/nvidiactl, from CDI devices containerd injected, or from the GPUs
-the device plugin named in NVIDIA_VISIBLE_DEVICES, which thaw injects through
-CDI here) gets the CUDA checkpoint helper mounted at its create, cold or
-restoring alike; runsc runs the helper inside each CUDA process's own container
-at checkpoint and restore (pkg/sentry/control/state_cuda.go
-invokeCudaCheckpoint: the process's mount namespace), so the pod's checkpoint
-names that path once for all of them. The GPUs a restoring container is given
-now are checked against the image's as a lone container's are: their count is
-part of its identity (a mismatch fails the pod, and its next sandbox starts
-cold with the reason), their product and driver part of the node's tuple.
+Pod records live in memory: a thawd restart forgets pods in flight (their later
+containers start cold, which runsc turns into restores of a restoring sandbox by
+itself, controller.go StartSubcontainer).
 """
 
 from __future__ import annotations
