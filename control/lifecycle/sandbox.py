@@ -42,6 +42,7 @@ from control.lifecycle.records import (TRANSITIONAL, CheckpointResult, Mitigatio
                                        RestoreResult, StartResult, State, check_transition, runsc_id, sandbox_id,
                                        validate_id)
 from control.lifecycle import logs as logsmod
+from control.lifecycle import profiles
 from control.lifecycle.engine import Engine, Handle, status as engine_status
 from nvproxy.cuda import stage_for, uses_gpu
 from control.errors import (AlreadyExists, CheckpointFailed, ImageError, InUse, InvalidTransition, NotFound,
@@ -142,6 +143,8 @@ class Sandboxes:
             spec = gpumod.inject(spec, names, self.devices(), stage_for(self.settings))
         elif uses_gpu(spec):  # a hand-written GPU spec (--bundle): the helper follows from it
             spec = gpumod.with_helper(spec, stage_for(self.settings))
+        # The workload profile's environment (thaw.dev/profile), as under thawd (prepare.py).
+        spec = profiles.apply_env(spec, profiles.for_spec(spec))
         return self._run_spec(sid, spec, network, nvproxy or uses_gpu(spec), probes, ports, address)
 
     def _run_spec(self, sid: str, spec: dict, network: bool, nvproxy: bool, probes: tuple,

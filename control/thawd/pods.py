@@ -289,9 +289,9 @@ class Pods:
             return Decision(False, f"pod-unknown: thawd has no record of sandbox {sid} (thawd restarted?)")
         try:
             # Its GPUs (and the CUDA helper) before its identity: both are part of it.
-            self.preparer.mount_gpu_helper(rt, spec, visible_devices=True)
+            self.preparer.prepare_spec(rt, spec, visible_devices=True)
         except ThawError as e:
-            why = f"gpus: container {name!r}: {e.message}"
+            why = f"spec: container {name!r}: {e.message}"
             if p.state == RESTORING:
                 self.fail(p, why)
                 return Decision(False, f"{POD_FAILED}: {p.reason}", p.key)

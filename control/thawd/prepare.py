@@ -71,7 +71,10 @@ class Preparer:
             wl = self.containers.workload(rt, spec)
         except IdentityError as e:
             return Decision(False, str(e))
-        self.mount_gpu_helper(rt, spec)
+        try:
+            self.prepare_spec(rt, spec)
+        except ThawError as e:   # an unknown profile, a GPU request thaw cannot read: cold, said why
+            return self._cold(rt, wl.key, f"spec: {e.message}")
         if self.parking.enabled and self.quarantine.reason(wl.key) is None:
             parked = self.parking.take(rt, spec, wl.key, self.containers.stdio_of(rt))
             if parked is not None:
@@ -151,9 +154,12 @@ class Preparer:
         hooks = sum(h.timeout_s + 5 for h in profiles.for_spec(spec).hooks("post_restore"))
         return self.s.runsc_timeout_s + self.s.thawd_health_timeout_s + hooks + 5.0
 
-    def mount_gpu_helper(self, rt: RuntimeRef, spec: dict, *, visible_devices: bool = False) -> None:
-        """A GPU container gets the CUDA checkpoint helper mounted at its fixed
-        path, cold or restored alike: runsc runs it inside the sandbox at
+    def prepare_spec(self, rt: RuntimeRef, spec: dict, *, visible_devices: bool = False) -> None:
+        """What thaw adds to an opted-in container's config.json at its create, cold or
+        restored alike. Its workload profile's environment (thaw.dev/profile:
+        control/lifecycle/profiles.py; vLLM's loopback host IP, spawned workers and
+        IPC path, so that a user sets none of it). A GPU container gets the CUDA
+        checkpoint helper mounted at its fixed path: runsc runs it inside the sandbox at
         checkpoint and restore, and restore validation wants the same mounts
         as at checkpoint. The shim's original config.json is kept beside it
         (the stand-in puts it back when a lone container falls back to a cold start).
@@ -165,7 +171,12 @@ class Preparer:
         changed in place, as config.json is. ThawError (a value that names no GPU of
         this node) before anything is written."""
         names = cdi.visible_devices(spec) if visible_devices else []
-        changed = False
+        profile = profiles.for_spec(spec)
+        env = list((spec.get("process") or {}).get("env") or [])
+        with_env = profiles.apply_env(spec, profile)
+        changed = with_env["process"]["env"] != env
+        if changed:
+            spec["process"] = with_env["process"]
         if names:
             dev = self._devices()
             injected = cdi.inject(spec, dev.registry, names, dev.stat)

@@ -571,3 +571,19 @@ def test_a_restoring_pod_whose_init_container_changed_fails_and_starts_again_col
     assert not d["fetch"].satisfied and d["fetch"].reason.startswith("pod-failed: container-mismatch: init container")
     again = t.prepare_restore(rt_of(tmp, "s3", sandbox(uid="uid-2")))
     assert not again.restore and again.reason.startswith("pod-failed-before")
+
+
+def test_a_pods_profile_sets_its_environment_on_every_app_container(env):
+    """The vllm profile's settings for C/R (loopback host IP, spawned workers, an
+    IPC path inside the sandbox) are thaw's to set, not the user's."""
+    t, images, tmp, _ = env
+    ann = {**POD_ANN, "thaw.dev/profile": "vllm"}
+    box = rt_of(tmp, "s2", sandbox(uid="uid-2", ann=ann))
+    t.prepare_restore(box)
+    m = member("app", ann=ann, env={"VLLM_HOST_IP": "10.0.0.9"})
+    m["annotations"]["io.kubernetes.cri.sandbox-id"] = "s2"
+    app = rt_of(tmp, "s2-app", m)
+    t.prepare_restore(app)
+    env_ = dict(e.split("=", 1) for e in specmod.Bundle(app.bundle).load()["process"]["env"])
+    assert env_["VLLM_HOST_IP"] == "127.0.0.1" and env_["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
+    assert env_["VLLM_RPC_BASE_PATH"] == "/tmp"
