@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from control.lifecycle.sandbox import Sandboxes
 
 from control.cli.common import Context, handle_errors, json_option, needs_root
-from control.errors import NoSpace, ThawError, UserError
+from control.errors import NoSpace, PreconditionError, ThawError, UserError
 from control.cli.progress import Progress
 
 
@@ -351,8 +351,12 @@ def sandbox_gc_cmd(obj: Context, orphans: bool, prefix: str) -> None:
 @handle_errors
 @needs_root(ROOT_WHY)
 def demo_cmd(obj: Context, keep: bool, model_mb: int | None) -> None:
-    """Cold-start a model server in a sandbox, checkpoint it, restore it, compare."""
-    from control.dev import demo
+    """Cold-start a model server in a sandbox, checkpoint it, restore it, compare (from a checkout)."""
+    try:
+        from control.dev import demo
+    except ImportError:   # the wheel leaves the dev harness out (pyproject.toml)
+        raise PreconditionError("`thaw demo` runs from a checkout of thaw (`make demo`): its harness "
+                                "(control/dev) is not part of a node install") from None
     t0 = time.monotonic()
     res = demo.run(obj.settings, Progress(not obj.json, sys.stderr), keep=keep, model_mb=model_mb)
     res["total_s"] = round(time.monotonic() - t0, 2)
@@ -378,7 +382,8 @@ def health(obj: Context, o: HealthOptions) -> dict:
     from runsc_hooks import probe as probemod
     probes = [probemod.parse(p) for p in o.probes] or None  # parse at the edge: a bad probe is a UserError
     sb = Sandboxes(obj.settings)
-    result, gate_closed = sb.health(o.id, probes, probemod.Policy(o.timeout_s, o.attempt_timeout_s))
+    result, gate_closed = sb.health(o.id, probes, probemod.Policy(o.timeout_s, o.attempt_timeout_s,
+                                                                  "thawd.health_timeout_s, or --timeout"))
     gate = None if gate_closed is None else ("closed" if gate_closed else "open")
     out = {"id": o.id, "ready": result.healthy and gate != "closed", "gate": gate, **result.to_dict(),
            "exited": None}
@@ -396,6 +401,8 @@ def _human(d: dict) -> str:
     for p in d["probes"]:
         lines.append(f"  {p['probe']:<32} {'ok' if p['ok'] else 'FAILED':<7} {p['attempts']:>3} attempt(s) "
                      f"{p['seconds']:.3f}s  {p['detail']}")
+    if not d["healthy"] and d.get("deadline_s"):
+        lines.append(f"  the check's deadline: {d['deadline_s']:g} s ({d['setting']})")
     return "\n".join(lines)
 
 
