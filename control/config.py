@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import json
 import os
 import re
+import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +29,50 @@ from control.errors import ConfigError
 
 DEFAULT_CONFIG_FILE = Path("/etc/thaw/config.toml")  # twin: go/internal/standin/config.go DefaultConfigFile
 REPO_ROOT = Path(__file__).resolve().parent.parent
-BUILD_DIR = REPO_ROOT / "build"
+DEFAULT_INSTALL_DIR = Path("/opt/thaw")
+# In the virtualenv of a release install (ci/install.sh writes it): {"prefix", "version"}.
+# Twin: ci/install.sh RELEASE_MARKER.
+RELEASE_MARKER = "thaw-release.json"
+
+
+@dataclass(frozen=True)
+class Install:
+    """Where this thaw runs from, which decides the defaults of the binary keys
+    (runsc.path, pack.chunker, ...: `bin_dir`), of node.install_dir (`prefix`)
+    and of `thaw provision --from` (`source_bin`):
+
+    - "checkout": a developer checkout (`make setup`, an editable install): the
+      binaries `make setup` built in <repo>/build, provision installs from there
+      into /opt/thaw;
+    - "release": a release install (`install.sh` of dist/thaw-<version>/): its
+      virtualenv is <prefix>/releases/<version>/venv, the node's binaries
+      <prefix>/bin, installed by provision from <prefix>/releases/<version>/bin;
+    - "other" (the DaemonSet image, a plain `pip install`): /opt/thaw/bin, and
+      provision needs --from (the image's ConfigMap names every path).
+    """
+    kind: str
+    prefix: Path
+    bin_dir: Path
+    source_bin: Path | None
+    error: str = ""    # an unreadable marker: `load` raises it, naming the file
+
+
+def _install(repo: Path = REPO_ROOT, prefix: str = sys.prefix) -> Install:
+    if (repo / "go" / "go.mod").is_file() and (repo / "pyproject.toml").is_file():
+        return Install("checkout", DEFAULT_INSTALL_DIR, repo / "build", repo / "build")
+    marker = Path(prefix) / RELEASE_MARKER
+    try:
+        root = Path(json.loads(marker.read_text())["prefix"])
+    except FileNotFoundError:
+        return Install("other", DEFAULT_INSTALL_DIR, DEFAULT_INSTALL_DIR / "bin", None)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return Install("other", DEFAULT_INSTALL_DIR, DEFAULT_INSTALL_DIR / "bin", None,
+                       f"{marker} (written by install.sh) is unreadable: {e}")
+    return Install("release", root, root / "bin", Path(prefix).parent / "bin")
+
+
+INSTALL = _install()
+BIN_DIR = INSTALL.bin_dir   # the binary keys' defaults
 
 # The version label the build stamps into runsc (ci/build-go.sh computes the
 # same "thaw-gvisor-<commit>" from go/go.mod's gvisor.dev/gvisor pseudo-version);
@@ -322,10 +367,9 @@ _DAY = 86400.0
 
 KEYS: tuple[Key, ...] = (
     # [runsc]
-    Key("runsc.path", PATH, BUILD_DIR / "runsc",
-        "The real runsc binary (thawd and the stand-in run it). Default: the build directory; "
-        "`thaw provision` writes <node.install_dir>/bin/runsc. The stand-in runs the runsc installed "
-        "beside it.", installed="runsc"),
+    Key("runsc.path", PATH, BIN_DIR / "runsc",
+        "The real runsc binary (thawd and the stand-in run it). `thaw provision` writes "
+        "<node.install_dir>/bin/runsc. The stand-in runs the runsc installed beside it.", installed="runsc"),
     Key("runsc.root", PATH, Path("/run/thaw/runsc"),
         "runsc --root for sandboxes thaw starts itself (tests, `thaw run`)."),
     Key("runsc.platform", one_of("systrap", "ptrace", "kvm"), "systrap",
@@ -348,8 +392,9 @@ KEYS: tuple[Key, ...] = (
         "kept, so a sandbox's log takes at most twice this.", field="log_max_bytes", range=(64 * _K, 1024 * _G)),
     Key("node.machine_type", STR, "unknown",
         "Machine type in the compatibility tuple (e.g. the cloud instance type).", field="machine_type"),
-    Key("node.install_dir", ABS_PATH, Path("/opt/thaw"),
-        "Where `thaw provision` installs runsc, the shim, the stand-in and the CUDA helper (<dir>/bin).",
+    Key("node.install_dir", ABS_PATH, INSTALL.prefix,
+        "Where `thaw provision` installs runsc, the shim, the stand-in and the CUDA helper (<dir>/bin). "
+        "A release install's default is the prefix it was installed into (install.sh --prefix).",
         field="install_dir"),
     Key("node.gpu", one_of("auto", "yes", "no"), "auto",
         "Is this a GPU node? auto: if an NVIDIA GPU is found. yes: missing GPU fails the checks. "
@@ -380,7 +425,7 @@ KEYS: tuple[Key, ...] = (
     Key("containerd.cri_namespace", STR, "k8s.io",
         "containerd namespace of the CRI plugin's containers: only there does the pod's Kubernetes "
         "namespace, from the CRI plugin's own records, name the tenant."),
-    Key("containerd.info", PATH, BUILD_DIR / "thaw-ctrinfo",
+    Key("containerd.info", PATH, BIN_DIR / "thaw-ctrinfo",
         "The thaw-ctrinfo binary that reads containerd's records of a container (go/cmd/thaw-ctrinfo). "
         "`thaw provision` writes /opt/thaw/bin/thaw-ctrinfo.", installed="thaw-ctrinfo"),
     Key("containerd.info_timeout_s", SECONDS, 2.0,
@@ -420,7 +465,7 @@ KEYS: tuple[Key, ...] = (
     Key("store.presign_expires_s", INT, 6 * 3600,
         "Lifetime of the presigned URLs a fetch reads packs through: hours of margin for a large image "
         "on a slow link (S3 allows 7 days at most).", range=(60, 7 * _DAY)),
-    Key("store.fetcher", OPT_PATH, BUILD_DIR / "thaw-fetch",
+    Key("store.fetcher", OPT_PATH, BIN_DIR / "thaw-fetch",
         "The thaw-fetch binary that runs a pull's ranged GETs, hashing and writes (go/cmd/thaw-fetch; "
         "~1.2x the in-process fetch here, docs/store.md); empty: fetch in-process with boto3. "
         "`thaw provision` writes /opt/thaw/bin/thaw-fetch.", installed="thaw-fetch"),
@@ -432,7 +477,7 @@ KEYS: tuple[Key, ...] = (
         "CPU image, bench/stream.py), 0.39x for a 7.5 GB GPU image on the H200 (bench/gpu/node.sh); an encrypting tenant's chunks are opened by the stream, and a "
         "Kubernetes pod's image streams as a lone container's. Pulled whole, logged, without thaw-gofer at "
         "store.gofer; false: always (docs/store.md \"Streaming restore\")."),
-    Key("store.gofer", PATH, BUILD_DIR / "thaw-gofer",
+    Key("store.gofer", PATH, BIN_DIR / "thaw-gofer",
         "The thaw-gofer binary (go/cmd/thaw-gofer): the stream and runsc's checkpoint-gofer sidecar of a "
         "streamed restore. `thaw provision` writes /opt/thaw/bin/thaw-gofer.", installed="thaw-gofer"),
     Key("store.stream_deadline_s", SECONDS, 30.0,
@@ -450,7 +495,7 @@ KEYS: tuple[Key, ...] = (
         "published with its HMAC-SHA256 tag and refused without a valid one. Empty: manifests are neither "
         "signed nor checked."),
     # [pack]
-    Key("pack.chunker", PATH, BUILD_DIR / "thaw-chunk",
+    Key("pack.chunker", PATH, BIN_DIR / "thaw-chunk",
         "The thaw-chunk binary (FastCDC, SHA-256 + BLAKE3, go/cmd/thaw-chunk). `thaw provision` writes "
         "/opt/thaw/bin/thaw-chunk.", installed="thaw-chunk"),
     # Max: chunks are at most 4x the average, and manifest.MAX_CHUNK_BYTES is 64 MiB.
@@ -634,8 +679,10 @@ def markdown_table() -> str:
     rows = ["| key | env | type | default | meaning |", "| --- | --- | --- | --- | --- |"]
     for k in KEYS:
         d = k.default
-        if isinstance(d, Path) and d.is_relative_to(REPO_ROOT):
-            shown = f"`<repo>/{d.relative_to(REPO_ROOT)}`"  # the same doc in every checkout
+        if isinstance(d, Path) and d.parent == BIN_DIR:
+            shown = f"`<bin>/{d.name}`"  # the same doc wherever thaw runs from (docs/configuration.md: <bin>)
+        elif k.name == "node.install_dir":
+            shown = f"`{render_value(DEFAULT_INSTALL_DIR)}`"
         elif k.kind in (SIZE, POW2_SIZE):
             shown = f'`"{_show_number(k, d)}"`'
         else:
@@ -658,6 +705,8 @@ def load(overrides: Mapping[str, Any] | None = None,
     The stand-in follows the same rules for its keys (go/internal/standin/config.go).
     """
     environ = os.environ if environ is None else environ
+    if INSTALL.error:
+        raise ConfigError("node.install_dir", INSTALL.error)
     found: dict[str, Any] = {}
 
     path = config_file or (Path(environ["THAW_CONFIG"]) if environ.get("THAW_CONFIG") else None)
