@@ -100,12 +100,12 @@ class PreconditionError(ThawError):
 
 
 class ProvisionError(ThawError):
-    """A `thaw provision` step failed. `done` lists what the steps before it
+    """A `thaw provision` (or `thaw uninstall`: `verb`) step failed. `done` lists what the steps before it
     changed (they stay: provisioning is idempotent, so fix and re-run)."""
 
-    def __init__(self, step: str, problem: str, done: list[str]) -> None:
+    def __init__(self, step: str, problem: str, done: list[str], verb: str = "provision") -> None:
         listed = ", ".join(done) if done else "nothing"
-        super().__init__(f"provision step {step!r} failed: {problem} (done before it: {listed})",
+        super().__init__(f"{verb} step {step!r} failed: {problem} (done before it: {listed})",
                          step=step, problem=problem, done=done)
         self.step = step
         self.done = done
@@ -256,10 +256,14 @@ class CheckpointNoSpace(CheckpointFailed, NoSpace):
 
 
 class Timeout(ThawError):
-    """An operation did not finish within its deadline."""
+    """An operation did not finish within its deadline. `setting` names the
+    configuration key that bounds it (every timeout says which one, issue 31)."""
 
-    def __init__(self, what: str, seconds: float) -> None:
-        super().__init__(f"{what} did not finish within {seconds:g} s", what=what, seconds=seconds)
+    def __init__(self, what: str, seconds: float, setting: str = "") -> None:
+        bound = f" ({setting})" if setting else ""
+        super().__init__(f"{what} did not finish within {seconds:g} s{bound}", what=what, seconds=seconds,
+                         setting=setting)
+        self.setting = setting
 
 
 @dataclass

@@ -313,6 +313,65 @@ def ensure_import(text: str | None, config_path: Path, dropin_dir: Path) -> Impo
                     path=str(config_path))
 
 
+@dataclass(frozen=True)
+class ImportsUndo:
+    """What `undo_import` decided for the main config: "none" (leave it),
+    "delete" (provision wrote the whole file), "write" (`text`: the original, byte
+    for byte from `backup` when one matches, else the file with thaw's edit taken out)."""
+    action: str
+    reason: str
+    text: str | None = None
+    backup: Path | None = None
+
+
+def undo_import(text: str | None, config_path: Path, dropin_dir: Path,
+                backups: Iterable[tuple[Path, str]] = ()) -> ImportsUndo:
+    """Undo `ensure_import` (`thaw uninstall`): the main config as it was before
+    provision changed it.
+
+    - provision wrote the file (none existed): delete it;
+    - a backup (`<config>.thaw-backup`, `.2`, ...) that `ensure_import` turns
+      into exactly this text: that backup's bytes;
+    - else (the file changed since): the line provision marked (MARK) taken out
+      (an added `imports` line) or given back its old entries (an extended one),
+      when the result parses as this file without the drop-in's import;
+    - no import of the drop-in directory: nothing to undo. Anything else is a
+      UserError saying what to remove by hand.
+    """
+    if text is None:
+        return ImportsUndo("none", "no main config")
+    if text == new_main_config(dropin_dir):
+        return ImportsUndo("delete", "written by `thaw provision` (none existed)")
+    for path, old in backups:
+        try:
+            if ensure_import(old, config_path, dropin_dir).text == text:
+                return ImportsUndo("write", f"restored from {path.name}", old, path)
+        except UserError:
+            continue
+    data = parse_main_config(text, config_path)
+    pattern = import_pattern(dropin_dir)
+    imports = data.get("imports")
+    if not isinstance(imports, list) or pattern not in imports:
+        return ImportsUndo("none", f"does not import {pattern}")
+    rest = [e for e in imports if e != pattern]
+    want = {k: v for k, v in data.items() if k != "imports"} | ({"imports": rest} if rest else {})
+    lines = text.splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        if not (_IMPORTS_LINE.match(line) and line.rstrip().endswith(MARK)):
+            continue
+        nl = "\n" if line.endswith("\n") else ""
+        replacement = f"imports = {_array(rest)}{nl}" if rest else ""
+        candidate = "".join(lines[:i]) + replacement + "".join(lines[i + 1:])
+        try:
+            if tomllib.loads(candidate) == want:
+                return ImportsUndo("write", "thaw's imports entry taken out (the file changed since provision)",
+                                   candidate)
+        except tomllib.TOMLDecodeError:
+            pass
+    raise UserError(f"containerd config {config_path}: cannot take thaw's import out safely; remove "
+                    f"{pattern!r} from its top-level imports by hand", path=str(config_path))
+
+
 def _nl(line: str) -> str:
     """A newline if `line` lacks one (the last line of a file)."""
     return "" if line.endswith("\n") else "\n"
