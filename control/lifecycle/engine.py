@@ -155,7 +155,8 @@ class Engine:
 
     def policy(self, timeout_s: float | None = None) -> probemod.Policy:
         return probemod.Policy(self.s.thawd_health_timeout_s if timeout_s is None else timeout_s,
-                               self.s.thawd_health_attempt_timeout_s)
+                               self.s.thawd_health_attempt_timeout_s,
+                               "thawd.health_timeout_s" if timeout_s is None else "")
 
     def check(self, h: Handle, probes: list, policy: probemod.Policy | None = None) -> probemod.HealthResult:
         """Run `probes` (text or parsed) against the sandbox until they pass or the deadline passes;
