@@ -25,12 +25,12 @@ def test_a_checkout_uses_its_build_directory(tmp_path):
 def test_a_release_install_uses_its_prefix(tmp_path):
     site = tmp_path / "site-packages"          # an installed wheel: no go/go.mod beside control/
     site.mkdir()
-    venv = tmp_path / "srv/thaw/releases/0.1.0/venv"
+    venv = tmp_path / "srv/thaw/releases/9.9.9/venv"
     venv.mkdir(parents=True)
-    (venv / config.RELEASE_MARKER).write_text(json.dumps({"prefix": "/srv/thaw", "version": "0.1.0"}))
+    (venv / config.RELEASE_MARKER).write_text(json.dumps({"prefix": "/srv/thaw", "version": "9.9.9"}))
     i = config._install(site, str(venv))
     assert i.kind == "release" and i.prefix == Path("/srv/thaw") and i.bin_dir == Path("/srv/thaw/bin")
-    assert i.source_bin == tmp_path / "srv/thaw/releases/0.1.0/bin"
+    assert i.source_bin == tmp_path / "srv/thaw/releases/9.9.9/bin"
 
 
 def test_anything_else_names_opt_thaw_and_has_no_provision_source(tmp_path):
