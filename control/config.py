@@ -390,6 +390,10 @@ KEYS: tuple[Key, ...] = (
         "A `thaw run`/`thaw restore` sandbox's workload log (stdout and stderr, "
         "<log_dir>/sandboxes/<id>/workload.log) is rotated to workload.log.1 at this size; one old file is "
         "kept, so a sandbox's log takes at most twice this.", field="log_max_bytes", range=(64 * _K, 1024 * _G)),
+    Key("node.run_grace_s", SECONDS, 2.0,
+        "How long `thaw run` watches a new workload before it answers: one that exits meanwhile makes the "
+        "command fail with its exit status and last log lines (the sandbox stays, stopped, for `thaw logs`). "
+        "0: answer at once. Later exits: `thaw health ID`, `thaw ps`.", field="run_grace_s", range=(0, 600)),
     Key("node.machine_type", STR, "unknown",
         "Machine type in the compatibility tuple (e.g. the cloud instance type).", field="machine_type"),
     Key("node.install_dir", ABS_PATH, INSTALL.prefix,
@@ -729,6 +733,13 @@ def load(overrides: Mapping[str, Any] | None = None,
             found[name] = key(name).parse(raw, "command line")
 
     return Settings(**{k.field: found.get(k.name, k.default) for k in KEYS})
+
+
+def caller_path(environ: Mapping[str, str] | None = None) -> str:
+    """The PATH of the process running thaw: `thaw run` builds a command
+    sandbox's PATH from it (runsc_hooks/spec.py sandbox_path). Read here, as
+    every other piece of the environment is."""
+    return (os.environ if environ is None else environ).get("PATH", "")
 
 
 def _read_toml(path: Path) -> dict[str, Any]:

@@ -231,6 +231,19 @@ class UnhealthyRestore(ThawError):
         self.health = health
 
 
+class WorkloadExited(ThawError):
+    """A workload `thaw run` started exited while the command watched it
+    (node.run_grace_s). `log_tail` holds its last lines; the sandbox is kept,
+    stopped, for `thaw logs`."""
+
+    def __init__(self, sandbox: str, exit: str, seconds: float, log_tail: list[str]) -> None:
+        super().__init__(f"sandbox {sandbox!r}: the workload exited {seconds:.1f} s after it started ({exit}); "
+                         f"`thaw logs {sandbox}` has its output, `thaw delete {sandbox}` removes it",
+                         sandbox=sandbox, exit=exit, log_tail=list(log_tail))
+        self.sandbox = sandbox
+        self.log_tail = list(log_tail)
+
+
 class NoSpace(ThawError):
     """A file system is full (ENOSPC, EDQUOT) or a budget cannot make room.
     Nothing half-written is kept. `path` names where, when known."""

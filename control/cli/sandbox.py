@@ -23,11 +23,12 @@ if TYPE_CHECKING:
     from control.lifecycle.sandbox import Sandboxes
 
 from control.cli.common import Context, handle_errors, json_option, needs_root
-from control.errors import NoSpace, PreconditionError, ThawError, UserError
+from control.errors import NoSpace, PreconditionError, ThawError, UserError, WorkloadExited
 from control.cli.progress import Progress
 
 
 ROOT_WHY = "runsc refuses create and restore with --rootless, and sandbox state is root's"
+RUN_TAIL_LINES = 10   # of a workload that exits during `thaw run` (node.run_grace_s), shown before the error
 
 
 def _sandboxes(obj: Context, debug: bool = False) -> Sandboxes:
@@ -68,19 +69,27 @@ def run_sandbox(obj: Context, o: RunOptions) -> dict:
             if m.get("type") == "bind" and not str(m.get("source", "/")).startswith("/"):
                 m["source"] = str((o.bundle / m["source"]).resolve())
     else:
+        from control.config import caller_path
         env = {}
         for kv in o.env:
             if "=" not in kv:
                 raise UserError(f"--env {kv!r} must be KEY=VALUE")
             k, v = kv.split("=", 1)
             env[k] = v
-        exe = _check_command(o.command[0], env.get("PATH"), o.binds)
+        env.setdefault("PATH", specmod.sandbox_path(caller_path(), o.binds))
+        exe = _check_command(o.command[0], env["PATH"], o.binds)
         rootfs = specmod.prepare_host_rootfs(obj.settings.state_dir / "rootfs" / o.id)
         spec = specmod.command_spec(list(o.command), rootfs=str(rootfs), env=env,
                                     extra_mounts=specmod.host_layout([*o.binds, *(p for p in [exe] if p.startswith("/"))]))
     from control.lifecycle import gpus as gpumod
     names = tuple(gpumod.parse_request(o.gpus)) if o.gpus is not None else ()
     rec = sb.run(o.id, spec, network=o.network, probes=o.probes, ports=ports, gpus=names)
+    t0 = time.monotonic()
+    ex = sb.watch(rec.id, obj.settings.run_grace_s)
+    if ex is not None:
+        files, _ = sb.logs(rec.id)
+        tail = files.tail(RUN_TAIL_LINES)[0].decode(errors="replace").splitlines()
+        raise WorkloadExited(rec.id, ex.describe(), time.monotonic() - t0, tail)
     return {"id": rec.id, "state": rec.state.value, "address": (rec.net or {}).get("sandbox_ip"),
             "ports": (rec.net or {}).get("ports", []), "probes": rec.probes, "gpus": rec.gpus,
             "log": str(sb.logs(rec.id)[0].log)}
@@ -137,12 +146,40 @@ def run_cmd(obj: Context, sid: str, bundle: Path | None, env: tuple[str, ...], b
     """Run a workload in a new runsc sandbox, from a bundle or a command (after --).
 
     A command runs on the host's own filesystem, bound read-only, with a
-    private /tmp. Its stdout and stderr go to a bounded log (`thaw logs ID`).
+    private /tmp and HOME (/root); its PATH is yours, less what the sandbox
+    cannot see, then /usr/local/sbin:...:/bin. Its stdout and stderr go to a
+    bounded log (`thaw logs ID`). One that exits within node.run_grace_s fails
+    the command, with its last lines.
     """
-    with Progress(not obj.json).step(f"run {sid}"):
-        out = run_sandbox(obj, RunOptions(sid, bundle, command, env, network, binds, probes, publish, gpus))
+    try:
+        with Progress(not obj.json).step(f"run {sid}"):
+            out = run_sandbox(obj, RunOptions(sid, bundle, command, env, network, binds, probes, publish, gpus))
+    except WorkloadExited as e:
+        if not obj.json:   # the workload's own last lines, then thaw's one error line
+            click.echo(f"thaw: {sid}: the workload's last {len(e.log_tail)} line(s):", err=True)
+            for line in e.log_tail:
+                click.echo(f"  | {line}", err=True)
+        raise
+    warn_huge_pages(obj, sid)
     obj.emit(out, lambda d: f"{d['id']}: {d['state']}" + (f" at {d['address']}" if d["address"] else "")
              + (f" with {', '.join(d['gpus'])}" if d["gpus"] else ""))
+
+
+def warn_huge_pages(obj: Context, sid: str, sb=None, thp_dir: Path | None = None) -> str:
+    """Once per command: a GPU sandbox on a host without shmem huge pages (node.huge_pages:
+    its GPU restores are slower, docs/gpu.md). Returns the warning it printed ("" for none)."""
+    from control.node import provision
+    s = obj.settings
+    rec = (sb or _sandboxes(obj)).get(sid)
+    if s.huge_pages == "no" or rec is None or not (rec.nvproxy or rec.gpus):
+        return ""
+    why = provision.huge_pages_off(thp_dir or provision.THP_DIR)
+    if not why:
+        return ""
+    msg = (f"thaw: warning: host huge pages are off ({why}): runsc backs {sid}'s memory with 4 KiB pages, "
+           "and GPU restores are slower (`thaw provision` sets them: node.huge_pages)")
+    click.echo(msg, err=True)
+    return msg
 
 
 @click.command("checkpoint")
@@ -194,6 +231,7 @@ def restore_cmd(obj: Context, image: Path | None, key: str | None, sid: str, pro
             out = sb.warm_start(image, sid, probes=parsed, gpus=names).to_dict()
         else:
             out = {"mode": "restored", **sb.restore(image, sid, probes=parsed, gpus=names).to_dict()}
+    warn_huge_pages(obj, sid, sb)
     obj.emit(out, lambda d: f"{d['id']}: running ("
              + (f"restored in {d.get('restore_s', d.get('seconds', 0)):.2f}s" if d["mode"] == "restored"
                 else f"started cold: {d['fallback_reason']}") + ")"

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Callable
 
 from control.config import Settings
-from control.files import Owner, fsync_path, write_json_atomic
+from control.files import Owner, fsync_path, write_bytes_atomic, write_json_atomic
 from control.lifecycle import gpus as gpumod
 from control.lifecycle import logs as logsmod
 from control.lifecycle.engine import Engine, Handle, status as engine_status, uses_gpu
@@ -54,6 +54,10 @@ log = logging.getLogger(__name__)
 
 IMAGE_META = "thaw.json"
 IMAGE_META_VERSION = 1
+# The workload's log as it was checkpointed (its last node.log_max_bytes): a
+# restore replays it into the new sandbox's log first, so `thaw logs` of a
+# restored sandbox shows what its process printed before, then what it prints now.
+IMAGE_LOG = "workload.log"
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 # runsc at the pin resolves a container id by prefix and fails when it is the
 # prefix of another id (runsc/container/state_file.go findContainerID: `web`
@@ -437,6 +441,9 @@ class Sandboxes:
         t0 = time.monotonic()
         try:
             saved = Engine(self.settings).checkpoint(h, partial)
+            # Right after the save: lines the workload printed while runsc wrote the
+            # image are in it, and so may come again from the restored process.
+            keep_log(logsmod.SandboxLogs.of(self.settings, sid), partial / IMAGE_LOG, self.settings.log_max_bytes)
             meta = {"version": IMAGE_META_VERSION, "sandbox": sid, "spec": spec, "net": rec.net,
                     "probes": rec.probes, "files": saved.files, "runsc_version": r.version(),
                     "platform": self.settings.runsc_platform, "network": "sandbox" if rec.net else "none",
@@ -524,6 +531,7 @@ class Sandboxes:
             mon = logsmod.Monitor(self.settings, sid, r.argv("wait", runsc_id(sid)))
             rec.monitor = mon.to_dict()
             self._save(rec)
+            replay_log(Path(image) / IMAGE_LOG, mon.stdio, self.settings.log_max_bytes)
             h = dataclasses.replace(self.handle(rec, self._logged(r, sid)), gate=rec.id if gated else None)
             done = Engine(self.settings).restore(
                 h, Path(image), probe_list, policy=policy, health_check=mitigations.health_check,
@@ -583,6 +591,23 @@ class Sandboxes:
                              tuple(netmod.Port.parse(p) for p in saved.get("ports", [])), addr)
         return StartResult(sid, "cold", time.monotonic() - t0, (rec.net or {}).get("sandbox_ip"),
                            fallback_reason=reason)
+
+    def watch(self, sid: str, seconds: float, poll_s: float = 0.05) -> logsmod.Exit | None:
+        """Watch a just-started workload for `seconds`: its exit status when it
+        exits meanwhile (its monitor saw it, or runsc has it stopped), else None."""
+        rec = self._require(sid)
+        logs = logsmod.SandboxLogs.of(self.settings, sid)
+        deadline = time.monotonic() + seconds
+        while True:
+            ex = logs.exit()
+            if ex is not None:
+                return ex
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(poll_s)
+        if seconds > 0 and self.gone(sid):   # runsc saw it first: the monitor writes it in a moment
+            return logsmod.settled_exit(logs, rec.monitor) or logsmod.Exit(None, time.time(), "no monitor saw it")
+        return None
 
     def wait_restored(self, sid: str, timeout_s: float | None = None) -> None:
         """Until the sandbox's restore is complete, every page loaded (`runsc wait
@@ -769,6 +794,37 @@ class Sandboxes:
         # The empty host-layout root thaw made for a command sandbox (a --bundle's is the user's).
         shutil.rmtree(self.settings.state_dir / "rootfs" / rec.id, ignore_errors=True)
         self._record_path(rec.id).unlink(missing_ok=True)
+
+
+def keep_log(logs: logsmod.SandboxLogs, dest: Path, max_bytes: int) -> None:
+    """The last `max_bytes` of a sandbox's log (from a line's start) into `dest`; nothing when empty."""
+    data, _ = logs.tail()
+    if len(data) > max_bytes:
+        data = data[-max_bytes:]
+        cut = data.find(b"\n")
+        data = data[cut + 1:] if 0 <= cut < len(data) - 1 else data
+    if data:
+        write_bytes_atomic(dest, data)
+
+
+def replay_log(src: Path, fd: int | None, max_bytes: int) -> None:
+    """A checkpointed log (keep_log) into a restoring sandbox's log pipe, before
+    runsc gets it: the monitor reads the pipe meanwhile. Best effort: a restore
+    never fails for its old log."""
+    try:
+        with open(src, "rb") as f:
+            data = f.read(max_bytes)
+    except FileNotFoundError:
+        return   # an image of a thaw before issue 31, or a workload that printed nothing
+    except OSError as e:
+        log.warning("the checkpointed log %s: %s", src, e)
+        return
+    view = memoryview(data)
+    try:
+        while view and fd is not None:
+            view = view[os.write(fd, view):]
+    except OSError as e:
+        log.warning("replaying the checkpointed log %s: %s", src, e)
 
 
 def read_image(image: Path, memory: bool = True) -> dict:
