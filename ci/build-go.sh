@@ -44,7 +44,7 @@ containerd_version=$(go list -m -f '{{.Version}}' github.com/containerd/containe
 critools_version=$(go list -m -f '{{.Version}}' sigs.k8s.io/cri-tools)
 cni_version=$(go list -m -f '{{.Version}}' github.com/containernetworking/plugins)
 # The label runsc restores against: restore refuses a different version
-# string, and unstamped builds all say VERSION_MISSING (docs/gvisor-facts.md).
+# string, and unstamped builds all say VERSION_MISSING (docs/notes/gvisor-facts.md).
 # Twin: control/config.py RUNSC_VERSION_LABEL.
 label="thaw-gvisor-${gvisor_version##*-}"
 

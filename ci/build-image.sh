@@ -33,7 +33,7 @@ mirrors=("deb http://deb.debian.org/debian $suite main"
 dpkgopts=(--dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*'
           --dpkgopt='path-include=/usr/share/doc/*/copyright' --dpkgopt='path-exclude=/usr/share/locale/*'
           --dpkgopt='path-exclude=/usr/share/info/*')
-# What provision installs from the image (control/provision.py BINARIES, in
+# What provision installs from the image (control/node/provision.py BINARIES, in
 # its order; tests/unit/test_deploy_files.py keeps the lists equal).
 binaries=(runsc containerd-shim-runsc-v1 thaw-runsc thaw-runsc-hooks thaw-cuda-checkpoint thaw-chunk thaw-fetch thaw-gofer thaw-ctrinfo thaw-monitor thaw-relay)
 version=$(python3 "$here/control/version.py")   # the one version source

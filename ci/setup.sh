@@ -49,7 +49,7 @@ if [[ ! -x "$build/thaw-cuda-checkpoint" || "$helper_src" -nt "$build/thaw-cuda-
   mv -f "$build/thaw-cuda-checkpoint.tmp" "$build/thaw-cuda-checkpoint"
 fi
 # A static busybox from Debian: the root filesystem of the OCI images the
-# containerd tests and benchmark build locally (control/ocibuild.py).
+# containerd tests and benchmark build locally (control/dev/ocibuild.py).
 if [[ ! -x "$build/busybox" ]]; then
   echo "setup: busybox-static (Debian package)"
   tmp=$(mktemp -d)

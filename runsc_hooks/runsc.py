@@ -56,7 +56,7 @@ _VALUE_FLAGS = frozenset({
 
 
 # Files runsc checkpoint writes into --image-path when uncompressed
-# (runsc/cmd/checkpoint.go; docs/gvisor-facts.md). Compressed images hold
+# (runsc/cmd/checkpoint.go; docs/notes/gvisor-facts.md). Compressed images hold
 # checkpoint.img only.
 IMAGE_FILES = ("checkpoint.img", "pages_meta.img", "pages.img")
 # The setting a Runsc's own deadline comes from (control/config.py; a timeout names it).
@@ -73,7 +73,7 @@ class GlobalOptions:
     """runsc's global flags, given before the subcommand on every call.
 
     Restore needs the same global flags as the run that was saved
-    (docs/gvisor-facts.md), so one instance is used for a sandbox's lifetime.
+    (docs/notes/gvisor-facts.md), so one instance is used for a sandbox's lifetime.
     """
     root: Path
     platform: str = "systrap"
@@ -342,7 +342,7 @@ class Runsc:
         """Run `argv` inside the container (`runsc exec`); RunscError when it exits non-zero.
 
         Processes started this way are killed at a later restore
-        (docs/gvisor-facts.md): use it for commands that finish, like hooks.
+        (docs/notes/gvisor-facts.md): use it for commands that finish, like hooks.
         """
         return self._run(["exec", cid, *argv], timeout_s, check_id=cid, timeout_key=timeout_key)
 

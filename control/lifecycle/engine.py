@@ -16,7 +16,7 @@ Checkpoint never loses the workload: `runsc checkpoint` always runs with
 `--leave-running`, so a failed save (ENOSPC, a GPU sandbox without the CUDA
 helper, a driver error) leaves the workload serving; a sandbox that was asked
 to stop after the save is stopped only once the image is complete and its
-files checked (docs/gvisor-facts.md: without --leave-running a failed save
+files checked (docs/notes/gvisor-facts.md: without --leave-running a failed save
 kills the workload, seen on the H200). GPU sandboxes get the CUDA helper
 (`--cuda-checkpoint-path`) because their spec lists /dev/nvidiactl, in every
 door.
@@ -43,13 +43,13 @@ from runsc_hooks.runsc import IMAGE_FILES, CheckpointOptions, RestoreOptions, Ru
 
 log = logging.getLogger(__name__)
 
-# The image file runsc cannot restore without (docs/gvisor-facts.md: the
+# The image file runsc cannot restore without (docs/notes/gvisor-facts.md: the
 # sentry refuses an empty checkpoint.img).
 REQUIRED_IMAGE_FILE = "checkpoint.img"
 
 
 def uses_gpu(spec: dict) -> bool:
-    """nvproxy is on for specs listing /dev/nvidiactl (docs/gvisor-facts.md)."""
+    """nvproxy is on for specs listing /dev/nvidiactl (docs/notes/gvisor-facts.md)."""
     return any(d.get("path") == "/dev/nvidiactl" for d in (spec.get("linux") or {}).get("devices") or [])
 
 

@@ -64,7 +64,7 @@ POD_ANNOTATIONS = ("thaw.dev/*", "dev.gvisor.*")
 # args, proc/init.go NewRunsc); a runsc_config entry for one would repeat it.
 _SHIM_OWNED_FLAGS = frozenset({"root", "log", "log-format", "panic-log"})
 
-HEADER = ("# Written by `thaw provision` (control/containerd_config.py); re-run it\n"
+HEADER = ("# Written by `thaw provision` (control/node/containerd_config.py); re-run it\n"
           "# instead of editing: it rewrites this file whenever it differs.\n")
 
 
@@ -86,7 +86,7 @@ def runsc_config_flags(settings: Settings, gpu: bool) -> dict[str, str]:
     """The runsc global flags every call carries, as runsc.toml's [runsc_config].
 
     Restore needs the same global flags as the run that was saved
-    (docs/gvisor-facts.md), so thawd's own runsc calls must use this same map.
+    (docs/notes/gvisor-facts.md), so thawd's own runsc calls must use this same map.
     `settings.runsc_flags` words are `--name` (meaning true) or `--name=value`.
     """
     flags = {"platform": settings.runsc_platform}

@@ -2,7 +2,7 @@
 checkpoint automatically, quarantine images that keep failing.
 
 `Thawd` holds the logic and is testable without gRPC; `ThawdServicer`
-(control/daemon.py) adapts it to the generated gRPC service and converts
+(control/thawd/server.py) adapts it to the generated gRPC service and converts
 errors once. Every request field is validated here, at the edge.
 """
 
@@ -68,7 +68,7 @@ class RuntimeRef:
 
     def runsc(self, binary: Path, timeout_s: float) -> Runsc:
         # The shim's own flags, verbatim: restore and checkpoint need the
-        # same global flags as the run (docs/gvisor-facts.md).
+        # same global flags as the run (docs/notes/gvisor-facts.md).
         flags = self.global_flags
         if not any(f.lstrip("-").split("=")[0] == "root" for f in flags):
             flags = (f"--root={self.runsc_root}", *flags)
@@ -191,7 +191,7 @@ class Decision:
 class Thawd:
     def __init__(self, settings: Settings, images, metrics: Metrics | None = None, identify=None,
                  identify_sandbox=None, exits: ExitWatch | None = None) -> None:
-        """`images` is the image source (control/images.py adapter: pull/publish/evict/entries).
+        """`images` is the image source (control/images/image.py adapter: pull/publish/evict/entries).
         `identify(rt)` tells a container's tenant and image digest (ctrinfo.Identity) from
         what its runtime records; default: containerd's records (control/thawd/ctrinfo.py).
         `identify_sandbox(rt)`: the same for a CRI pod's sandbox (pause) container, which

@@ -23,7 +23,7 @@ import (
 	"thaw.dev/thaw/go/internal/runscargv"
 )
 
-// Annotations the stand-in reads from config.json (twins: control/workload.py,
+// Annotations the stand-in reads from config.json (twins: control/lifecycle/workload.py,
 // control/lifecycle/pod.py).
 const (
 	AnnotationWorkload = "thaw.dev/workload" // opt-in: present = thaw may restore this container
