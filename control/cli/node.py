@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from control.node import provision as prov
 
 from control import config as configmod
-from control.cli.common import Context, handle_errors, json_option
+from control.cli.common import Context, handle_errors, json_option, needs_root
 from control.errors import PreconditionError, ProvisionError, UserError, exit_code
 
 _root_option = click.option(
@@ -147,6 +147,7 @@ def doctor_cmd(obj: Context, root: Path, no_systemd: bool) -> None:
 @json_option
 @click.pass_obj
 @handle_errors
+@needs_root("uninstall removes what provision wrote under /etc and the install directory, and edits containerd's config")
 def uninstall_cmd(obj: Context, dry_run: bool, root: Path, restart_containerd: bool, purge: bool,
                   force: bool) -> None:
     """Undo `thaw provision`: stop thawd, remove what provision wrote and give

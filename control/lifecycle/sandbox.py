@@ -465,7 +465,8 @@ class Sandboxes:
             if isinstance(e, CheckpointFailed):  # named by the user's id, not runsc's
                 raise type(e)(sid, e.reason, now) from e.__cause__   # CheckpointNoSpace stays itself (exit 4)
             # The save worked but the image could not be completed (thaw.json on a full disk).
-            why = f"{e.strerror or e} writing {IMAGE_META}" if isinstance(e, OSError) else \
+            why = f"{e.strerror or e} writing {Path(e.filename).name if e.filename else IMAGE_META}" \
+                if isinstance(e, OSError) else \
                 (e.message if isinstance(e, ThawError) else f"{type(e).__name__}: {e}")
             raise CheckpointFailed(sid, why, now) from e
         rec.owner = None
