@@ -5,7 +5,7 @@ SHELL := /bin/bash
 PY := .venv/bin/python
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: setup build demo test test-unit test-functional test-integration carry carry-node clean
+.PHONY: setup build demo test test-unit test-functional test-integration release carry carry-node clean
 
 setup:
 	@bash ci/setup.sh
@@ -29,6 +29,11 @@ test-functional: setup
 test-integration: setup
 	@$(PY) -m pytest tests/integration -q
 
+# dist/thaw-<version>/: what a node installs from without a compiler or a
+# checkout (ci/release.sh, docs/install.md).
+release: setup
+	@bash ci/release.sh
+
 # What the H200 machine needs that it lacks (see bench/gpu/README.md).
 carry: setup
 	@bash ci/carry.sh
@@ -38,4 +43,4 @@ carry-node: setup
 	@bash ci/carry-node.sh
 
 clean:
-	rm -rf build .venv .carry .carry-node
+	rm -rf build dist .venv .carry .carry-node

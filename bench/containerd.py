@@ -3,7 +3,7 @@ stand-in's overhead on pass-through calls, side by side in one run.
 
     .venv/bin/python bench/containerd.py [--repeat 3] [--weights-mb 256] [--warmup-rounds 6] [--out FILE]
 
-Runs a complete loopback thaw node (control/testbed.py: SeaweedFS, thawd, a
+Runs a complete loopback thaw node (control/dev/testbed.py: SeaweedFS, thawd, a
 private containerd with gVisor's shim and thaw's stand-in). The workload is a
 busybox shell whose warm-up (random "weights" in memory, hashed several
 times) stands in for a model server's start-up;

@@ -29,7 +29,7 @@ which shares this module's flood, measurements and table.
 
 Usage (root, after `make setup`):
     .venv/bin/python bench/network_flood.py [--door cli|containerd] --cycles 50 [--modes on,off]
-        [--out bench/results/network-flood-2026-11-29.json] [--doc docs/network.md --doc README.md]
+        [--out bench/results/network-flood-2026-11-29.json] [--doc docs/benchmarks.md]
 
 Traffic goes only to 127.0.0.1 and to sandbox addresses inside the namespaces
 the run creates (its own subnet, which has an `unreachable` route).

@@ -1,4 +1,4 @@
-"""Store benchmarks (`thaw bench store`): how fast an image travels, how much dedup saves.
+"""Store benchmarks (`python bench/store.py`): how fast an image travels, how much dedup saves.
 
 Fetch: a real runsc checkpoint of a workload holding `image_bytes` of random
 (incompressible, like weights) memory is pushed to a SeaweedFS on loopback,

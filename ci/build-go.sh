@@ -15,10 +15,14 @@ mkdir -p "$out"
 pins=$(cd "$here/go" && go list -m -f '{{.Path}}@{{.Version}}' gvisor.dev/gvisor github.com/containerd/containerd/v2 sigs.k8s.io/cri-tools github.com/containernetworking/plugins)
 inputs=$( (cd "$here" && echo "$pins" && cat ci/build-go.sh ci/patch-runsc-loader.py ci/patch-runsc-populate.py go/overlay/*/*.go; go version) | sha256sum | cut -c1-16)
 
+# thaw's version, from its one source (control/version.py), stamped into the
+# Go commands (go/internal/version).
+thaw_version=$(python3 "$here/control/version.py")
 build_own() {
   # thaw's own Go commands, static (CGO_ENABLED=0) so they travel to any node.
   if compgen -G "$here/go/cmd/*/main.go" >/dev/null; then
-    (cd "$here/go" && CGO_ENABLED=0 GOFLAGS=-buildvcs=false go build -trimpath -ldflags "-s -w" -o "$out/" ./cmd/...)
+    (cd "$here/go" && CGO_ENABLED=0 GOFLAGS=-buildvcs=false go build -trimpath \
+      -ldflags "-s -w -X thaw.dev/thaw/go/internal/version.Version=$thaw_version" -o "$out/" ./cmd/...)
     echo "build: thaw Go commands -> $out ($(cd "$here/go" && ls cmd | tr '\n' ' '))"
   fi
 }
@@ -40,7 +44,7 @@ containerd_version=$(go list -m -f '{{.Version}}' github.com/containerd/containe
 critools_version=$(go list -m -f '{{.Version}}' sigs.k8s.io/cri-tools)
 cni_version=$(go list -m -f '{{.Version}}' github.com/containernetworking/plugins)
 # The label runsc restores against: restore refuses a different version
-# string, and unstamped builds all say VERSION_MISSING (docs/gvisor-facts.md).
+# string, and unstamped builds all say VERSION_MISSING (docs/notes/gvisor-facts.md).
 # Twin: control/config.py RUNSC_VERSION_LABEL.
 label="thaw-gvisor-${gvisor_version##*-}"
 

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Builds the DaemonSet's image (deploy/Containerfile's contents) without a
 # container daemon or registry: an OCI image archive at
-# $THAW_BUILD_DIR/thaw-daemonset.oci.tar, named ghcr.io/thaw-dev/thaw:<version>,
+# $THAW_BUILD_DIR/thaw-daemonset.oci.tar, named ghcr.io/thaw-dev/thaw:<version>
+# (control/version.py),
 # that `ctr images import` reads (it carries docker's manifest.json too). Four layers:
 #   1. Debian <suite> minbase + python3 + ca-certificates (mmdebstrap; util-linux,
 #      essential in Debian, brings nsenter for --restart-containerd)
-#   2. thaw's Python dependencies (pyproject.toml), wheels for the image's
-#      CPython, in /usr/local/lib/python3.X/dist-packages
-#   3. thaw itself (the Containerfile's COPY + pip install .), /usr/local/bin/thaw
+#   2. thaw's Python dependencies (pyproject.toml's, no extras: not the demo's
+#      SeaweedFS), wheels for the image's CPython, in /usr/local/lib/python3.X/dist-packages
+#   3. thaw itself (the Containerfile's COPY + pip install .; without
+#      control/dev, which the wheel leaves out), /usr/local/bin/thaw
 #   4. the binaries `thaw provision --from /opt/thaw-dist/bin` installs
 # Layers 1 and 2 are cached under build/image by a stamp of their inputs
 # (first build: Debian packages and wheels are downloaded); the image is
@@ -31,12 +33,11 @@ mirrors=("deb http://deb.debian.org/debian $suite main"
 dpkgopts=(--dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*'
           --dpkgopt='path-include=/usr/share/doc/*/copyright' --dpkgopt='path-exclude=/usr/share/locale/*'
           --dpkgopt='path-exclude=/usr/share/info/*')
-# What provision installs from the image (control/provision.py BINARIES, in
+# What provision installs from the image (control/node/provision.py BINARIES, in
 # its order; tests/unit/test_deploy_files.py keeps the lists equal).
 binaries=(runsc containerd-shim-runsc-v1 thaw-runsc thaw-runsc-hooks thaw-cuda-checkpoint thaw-chunk thaw-fetch thaw-gofer thaw-ctrinfo thaw-monitor thaw-relay)
-version=$(python3 -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb"))["project"]["version"])' \
-  "$here/pyproject.toml")
-ref=ghcr.io/thaw-dev/thaw:$version
+version=$(python3 "$here/control/version.py")   # the one version source
+ref=$(cd "$here" && python3 -c 'from control.version import image_ref; print(image_ref())')
 pip=("$here/.venv/bin/python" -m pip)
 
 for b in "${binaries[@]}" thaw-image; do
@@ -103,7 +104,7 @@ fi
 # otherwise build in ./build, which is the build directory here); redone
 # only when one of those files changed.
 thaw_files() {
-  (cd "$here" && { echo pyproject.toml; echo README.md
+  (cd "$here" && { echo pyproject.toml; echo README.md; echo LICENSE
     find control runsc_hooks nvproxy -name __pycache__ -prune -o -type f -print; } | LC_ALL=C sort)
 }
 thaw_stamp=$( (cd "$here" && thaw_files | xargs -d '\n' sha256sum) | stamp_of)

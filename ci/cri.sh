@@ -43,7 +43,7 @@ sock=$base/containerd.sock
 crictl() { "$build/crictl" --config "$base/crictl.yaml" "$@"; }
 ctr() { "$build/ctr" --address "$sock" --namespace k8s.io "$@"; }
 
-runsc_toml() { # FILE BINARY: gVisor shim options (control/containerd_config.py runsc_toml's keys)
+runsc_toml() { # FILE BINARY: gVisor shim options (control/node/containerd_config.py runsc_toml's keys)
   cat > "$1" <<EOF
 binary_name = "$2"
 root = "$base/runsc-root"
@@ -54,7 +54,7 @@ platform = "systrap"
 EOF
 }
 
-runtime_table() { # HANDLER RUNSC_TOML (control/containerd_config.py runtime_table's keys)
+runtime_table() { # HANDLER RUNSC_TOML (control/node/containerd_config.py runtime_table's keys)
   cat <<EOF
 
 [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.$1]
@@ -154,7 +154,7 @@ EOF
   busybox_spec "$TEST_IMAGE" '["sh", "-c", "echo hello from $HOSTNAME; while :; do sleep 1; done"]' \
     | "$build/thaw-image" -spec - -o "$base/images/busybox.tar" >/dev/null
 
-  # The stand-in's environment, as control/containerd.py PrivateContainerd.env
+  # The stand-in's environment, as control/dev/containerd.py PrivateContainerd.env
   # gives it (the shim and runsc inherit containerd's environment); no other
   # THAW_* of the caller's leaks in.
   # Env names: go/internal/standin/config_keys.go (THAW_<SECTION>_<KEY>).

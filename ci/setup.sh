@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every set-up step thaw needs on a fresh machine, idempotent and cached:
 #   1. Debian packages (only when a tool is missing)
-#   2. the Python virtualenv in .venv with thaw installed editable (+ test extras)
+#   2. the Python virtualenv in .venv with thaw installed editable (+ the dev extras)
 #   3. the Go builds (ci/build-go.sh: runsc, shim, containerd, ctr, crictl, CNI plugins)
 #   4. the CUDA checkpoint helper (C, libcuda loaded at run time)
 #   5. the DaemonSet image (ci/build-image.sh: an OCI archive, no daemon)
@@ -24,12 +24,12 @@ if ((${#need_apt[@]})); then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
 fi
 
-venv_stamp=$(cat pyproject.toml ci/setup.sh | sha256sum | cut -c1-16)
+venv_stamp=$(cat pyproject.toml control/version.py ci/setup.sh | sha256sum | cut -c1-16)
 if [[ ! -x .venv/bin/python || "$(cat .venv/.stamp 2>/dev/null)" != "$venv_stamp" ]]; then
   echo "setup: python virtualenv .venv"
   python3 -m venv --clear .venv
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e '.[test,build]'
+  .venv/bin/python -m pip install -q -e '.[dev]'   # dev: the demo's store, tests, proto tools (pyproject.toml)
   echo "$venv_stamp" > .venv/.stamp
 else
   echo "setup: .venv is up to date"
@@ -49,7 +49,7 @@ if [[ ! -x "$build/thaw-cuda-checkpoint" || "$helper_src" -nt "$build/thaw-cuda-
   mv -f "$build/thaw-cuda-checkpoint.tmp" "$build/thaw-cuda-checkpoint"
 fi
 # A static busybox from Debian: the root filesystem of the OCI images the
-# containerd tests and benchmark build locally (control/ocibuild.py).
+# containerd tests and benchmark build locally (control/dev/ocibuild.py).
 if [[ ! -x "$build/busybox" ]]; then
   echo "setup: busybox-static (Debian package)"
   tmp=$(mktemp -d)

@@ -26,7 +26,10 @@ from control.errors import ConfigError
 
 DEFAULT_CONFIG_FILE = Path("/etc/thaw/config.toml")  # twin: go/internal/standin/config.go DefaultConfigFile
 REPO_ROOT = Path(__file__).resolve().parent.parent
-BUILD_DIR = REPO_ROOT / "build"
+from control.install import DEFAULT_INSTALL_DIR, RELEASE_MARKER, Install, install_of  # noqa: F401
+
+INSTALL = install_of(REPO_ROOT)
+BIN_DIR = INSTALL.bin_dir   # the binary keys' defaults
 
 # The version label the build stamps into runsc (ci/build-go.sh computes the
 # same "thaw-gvisor-<commit>" from go/go.mod's gvisor.dev/gvisor pseudo-version);
@@ -100,10 +103,9 @@ _DAY = 86400.0
 
 KEYS: tuple[Key, ...] = (
     # [runsc]
-    Key("runsc.path", PATH, BUILD_DIR / "runsc",
-        "The real runsc binary (thawd and the stand-in run it). Default: the build directory; "
-        "`thaw provision` writes <node.install_dir>/bin/runsc. The stand-in runs the runsc installed "
-        "beside it.", installed="runsc"),
+    Key("runsc.path", PATH, BIN_DIR / "runsc",
+        "The real runsc binary (thawd and the stand-in run it). `thaw provision` writes "
+        "<node.install_dir>/bin/runsc. The stand-in runs the runsc installed beside it.", installed="runsc"),
     Key("runsc.root", PATH, Path("/run/thaw/runsc"),
         "runsc --root for sandboxes thaw starts itself (tests, `thaw run`)."),
     Key("runsc.platform", one_of("systrap", "ptrace", "kvm"), "systrap",
@@ -124,10 +126,15 @@ KEYS: tuple[Key, ...] = (
         "A `thaw run`/`thaw restore` sandbox's workload log (stdout and stderr, "
         "<log_dir>/sandboxes/<id>/workload.log) is rotated to workload.log.1 at this size; one old file is "
         "kept, so a sandbox's log takes at most twice this.", field="log_max_bytes", range=(64 * _K, 1024 * _G)),
+    Key("node.run_grace_s", SECONDS, 2.0,
+        "How long `thaw run` watches a new workload before it answers: one that exits meanwhile makes the "
+        "command fail with its exit status and last log lines (the sandbox stays, stopped, for `thaw logs`). "
+        "0: answer at once. Later exits: `thaw health ID`, `thaw ps`.", field="run_grace_s", range=(0, 600)),
     Key("node.machine_type", STR, "unknown",
         "Machine type in the compatibility tuple (e.g. the cloud instance type).", field="machine_type"),
-    Key("node.install_dir", ABS_PATH, Path("/opt/thaw"),
-        "Where `thaw provision` installs runsc, the shim, the stand-in and the CUDA helper (<dir>/bin).",
+    Key("node.install_dir", ABS_PATH, INSTALL.prefix,
+        "Where `thaw provision` installs runsc, the shim, the stand-in and the CUDA helper (<dir>/bin). "
+        "A release install's default is the prefix it was installed into (install.sh --prefix).",
         field="install_dir"),
     Key("node.gpu", one_of("auto", "yes", "no"), "auto",
         "Is this a GPU node? auto: if an NVIDIA GPU is found. yes: missing GPU fails the checks. "
@@ -158,7 +165,7 @@ KEYS: tuple[Key, ...] = (
     Key("containerd.cri_namespace", STR, "k8s.io",
         "containerd namespace of the CRI plugin's containers: only there does the pod's Kubernetes "
         "namespace, from the CRI plugin's own records, name the tenant."),
-    Key("containerd.info", PATH, BUILD_DIR / "thaw-ctrinfo",
+    Key("containerd.info", PATH, BIN_DIR / "thaw-ctrinfo",
         "The thaw-ctrinfo binary that reads containerd's records of a container (go/cmd/thaw-ctrinfo). "
         "`thaw provision` writes /opt/thaw/bin/thaw-ctrinfo.", installed="thaw-ctrinfo"),
     Key("containerd.info_timeout_s", SECONDS, 2.0,
@@ -198,7 +205,7 @@ KEYS: tuple[Key, ...] = (
     Key("store.presign_expires_s", INT, 6 * 3600,
         "Lifetime of the presigned URLs a fetch reads packs through: hours of margin for a large image "
         "on a slow link (S3 allows 7 days at most).", range=(60, 7 * _DAY)),
-    Key("store.fetcher", OPT_PATH, BUILD_DIR / "thaw-fetch",
+    Key("store.fetcher", OPT_PATH, BIN_DIR / "thaw-fetch",
         "The thaw-fetch binary that runs a pull's ranged GETs, hashing and writes (go/cmd/thaw-fetch; "
         "~1.2x the in-process fetch here, docs/store.md); empty: fetch in-process with boto3. "
         "`thaw provision` writes /opt/thaw/bin/thaw-fetch.", installed="thaw-fetch"),
@@ -210,7 +217,7 @@ KEYS: tuple[Key, ...] = (
         "CPU image, bench/stream.py), 0.39x for a 7.5 GB GPU image on the H200 (bench/gpu/node.sh); an encrypting tenant's chunks are opened by the stream, and a "
         "Kubernetes pod's image streams as a lone container's. Pulled whole, logged, without thaw-gofer at "
         "store.gofer; false: always (docs/store.md \"Streaming restore\")."),
-    Key("store.gofer", PATH, BUILD_DIR / "thaw-gofer",
+    Key("store.gofer", PATH, BIN_DIR / "thaw-gofer",
         "The thaw-gofer binary (go/cmd/thaw-gofer): the stream and runsc's checkpoint-gofer sidecar of a "
         "streamed restore. `thaw provision` writes /opt/thaw/bin/thaw-gofer.", installed="thaw-gofer"),
     Key("store.stream_deadline_s", SECONDS, 30.0,
@@ -240,7 +247,7 @@ KEYS: tuple[Key, ...] = (
         "published with its HMAC-SHA256 tag and refused without a valid one. Empty: manifests are neither "
         "signed nor checked."),
     # [pack]
-    Key("pack.chunker", PATH, BUILD_DIR / "thaw-chunk",
+    Key("pack.chunker", PATH, BIN_DIR / "thaw-chunk",
         "The thaw-chunk binary (FastCDC, SHA-256 + BLAKE3, go/cmd/thaw-chunk). `thaw provision` writes "
         "/opt/thaw/bin/thaw-chunk.", installed="thaw-chunk"),
     # Max: chunks are at most 4x the average, and manifest.MAX_CHUNK_BYTES is 64 MiB.
@@ -389,6 +396,7 @@ ENV_NOT_KEYS: dict[str, str] = {
     "THAW_CUDA_CHECKPOINT_TIMING": "the CUDA helper's timing file (nvproxy/cuda_checkpoint)",
     "THAW_DEMO_MODEL_MB": "the demo workload's model size (control/dev/workloads/demo_server.py)",
     "THAW_CRI_SUBNET": "ci/cri.sh's pod subnet",
+    "THAW_PYTHON": "the Python ci/release.sh builds the wheel with",
     "THAW_FAULTS_OUT": "fault tests' results file (tests/integration/faults)",
     "THAW_FAULTS_KILLS": "fault tests' kill count (tests/integration/faults)",
     "THAW_FAULTS_SEED": "fault tests' seed (tests/integration/faults)",
@@ -495,8 +503,10 @@ def markdown_table() -> str:
     rows = ["| key | env | type | default | meaning |", "| --- | --- | --- | --- | --- |"]
     for k in KEYS:
         d = k.default
-        if isinstance(d, Path) and d.is_relative_to(REPO_ROOT):
-            shown = f"`<repo>/{d.relative_to(REPO_ROOT)}`"  # the same doc in every checkout
+        if isinstance(d, Path) and d.parent == BIN_DIR:
+            shown = f"`<bin>/{d.name}`"  # the same doc wherever thaw runs from (docs/configuration.md: <bin>)
+        elif k.name == "node.install_dir":
+            shown = f"`{render_value(DEFAULT_INSTALL_DIR)}`"
         elif k.kind in (SIZE, POW2_SIZE):
             shown = f'`"{_show_number(k, d)}"`'
         else:
@@ -519,6 +529,8 @@ def load(overrides: Mapping[str, Any] | None = None,
     The stand-in follows the same rules for its keys (go/internal/standin/config.go).
     """
     environ = os.environ if environ is None else environ
+    if INSTALL.error:
+        raise ConfigError("node.install_dir", INSTALL.error)
     found: dict[str, Any] = {}
 
     path = config_file or (Path(environ["THAW_CONFIG"]) if environ.get("THAW_CONFIG") else None)
@@ -542,6 +554,13 @@ def load(overrides: Mapping[str, Any] | None = None,
             found[name] = key(name).parse(raw, "command line")
 
     return Settings(**{k.field: found.get(k.name, k.default) for k in KEYS})
+
+
+def caller_path(environ: Mapping[str, str] | None = None) -> str:
+    """The PATH of the process running thaw: `thaw run` builds a command
+    sandbox's PATH from it (runsc_hooks/spec.py sandbox_path). Read here, as
+    every other piece of the environment is."""
+    return (os.environ if environ is None else environ).get("PATH", "")
 
 
 def _read_toml(path: Path) -> dict[str, Any]:

@@ -100,12 +100,12 @@ class PreconditionError(ThawError):
 
 
 class ProvisionError(ThawError):
-    """A `thaw provision` step failed. `done` lists what the steps before it
+    """A `thaw provision` (or `thaw uninstall`: `verb`) step failed. `done` lists what the steps before it
     changed (they stay: provisioning is idempotent, so fix and re-run)."""
 
-    def __init__(self, step: str, problem: str, done: list[str]) -> None:
+    def __init__(self, step: str, problem: str, done: list[str], verb: str = "provision") -> None:
         listed = ", ".join(done) if done else "nothing"
-        super().__init__(f"provision step {step!r} failed: {problem} (done before it: {listed})",
+        super().__init__(f"{verb} step {step!r} failed: {problem} (done before it: {listed})",
                          step=step, problem=problem, done=done)
         self.step = step
         self.done = done
@@ -231,6 +231,19 @@ class UnhealthyRestore(ThawError):
         self.health = health
 
 
+class WorkloadExited(ThawError):
+    """A workload `thaw run` started exited while the command watched it
+    (node.run_grace_s). `log_tail` holds its last lines; the sandbox is kept,
+    stopped, for `thaw logs`."""
+
+    def __init__(self, sandbox: str, exit: str, seconds: float, log_tail: list[str]) -> None:
+        super().__init__(f"sandbox {sandbox!r}: the workload exited {seconds:.1f} s after it started ({exit}); "
+                         f"`thaw logs {sandbox}` has its output, `thaw delete {sandbox}` removes it",
+                         sandbox=sandbox, exit=exit, log_tail=list(log_tail))
+        self.sandbox = sandbox
+        self.log_tail = list(log_tail)
+
+
 class NoSpace(ThawError):
     """A file system is full (ENOSPC, EDQUOT) or a budget cannot make room.
     Nothing half-written is kept. `path` names where, when known."""
@@ -256,10 +269,14 @@ class CheckpointNoSpace(CheckpointFailed, NoSpace):
 
 
 class Timeout(ThawError):
-    """An operation did not finish within its deadline."""
+    """An operation did not finish within its deadline. `setting` names the
+    configuration key that bounds it (every timeout says which one, issue 31)."""
 
-    def __init__(self, what: str, seconds: float) -> None:
-        super().__init__(f"{what} did not finish within {seconds:g} s", what=what, seconds=seconds)
+    def __init__(self, what: str, seconds: float, setting: str = "") -> None:
+        bound = f" ({setting})" if setting else ""
+        super().__init__(f"{what} did not finish within {seconds:g} s{bound}", what=what, seconds=seconds,
+                         setting=setting)
+        self.setting = setting
 
 
 @dataclass

@@ -2,7 +2,7 @@
 into OCI specs for runsc.
 
 runsc does not read CDI itself; the caller merges CDI edits into the OCI spec
-(docs/gvisor-facts.md "GPU"). This module:
+(docs/notes/gvisor-facts.md "GPU"). This module:
 
 - reads CDI spec files (JSON or YAML) from /etc/cdi and /var/run/cdi (a spec
   in a later directory overrides an earlier one's device of the same name, as
@@ -577,7 +577,7 @@ def _mount_key(m: Mapping[str, Any]) -> tuple:
 
 def check_restore_compatible(saved: dict, new: dict) -> None:
     """Raise SpecError where `new` differs from `saved` in what runsc restore
-    validates about GPUs and mounts (docs/gvisor-facts.md "checkpoint / restore"):
+    validates about GPUs and mounts (docs/notes/gvisor-facts.md "checkpoint / restore"):
     mount destinations, types and options; the device set other than
     /dev/nvidiaN; and the number of GPUs (runsc pairs saved and new GPUs by
     minor and needs one for each)."""

@@ -4,7 +4,7 @@ runsc runs the helper inside the sandbox (`runsc checkpoint
 --cuda-checkpoint-path HELPER_PATH`): the path is one inside the container, so
 every GPU sandbox gets the helper's host directory bind-mounted read-only at
 HELPER_DIR, at checkpoint and at restore alike (restore toggles the same
-processes back with the same path; docs/gvisor-facts.md "GPU"). The helper is
+processes back with the same path; docs/notes/gvisor-facts.md "GPU"). The helper is
 nvproxy/cuda_checkpoint/thaw-cuda-checkpoint.c, built by ci/setup.sh into
 build/thaw-cuda-checkpoint; it has no Python dependency and loads libcuda at
 run time (THAW_LIBCUDA overrides the library it loads, for tests).

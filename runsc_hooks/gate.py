@@ -14,7 +14,7 @@ gate. Dropping on the host side is deliberate: runsc reads the sandbox NIC with
 an AF_PACKET socket, and packet taps see a frame before tc or netfilter ingress
 hooks in the sandbox's namespace do, so a drop there would be too late.
 
-Why (docs/gvisor-facts.md, "Network on restore"): packets arriving while the
+Why (docs/notes/gvisor-facts.md, "Network on restore"): packets arriving while the
 sandbox is saved (google/gvisor#12072: in-flight buffers saved mid-receive),
 and connections arriving while the listener is restored (#13554) break
 restores. The counter tells how many packets the gate held off.

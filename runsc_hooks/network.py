@@ -3,7 +3,7 @@
 Each sandbox gets a named network namespace and a veth pair: the host end
 (`th<hash>`) keeps the host address, the namespace end (`eth0`) carries the
 sandbox address that runsc moves into netstack at create/restore
-(docs/gvisor-facts.md, "Network on restore"). The sandbox address is chosen
+(docs/notes/gvisor-facts.md, "Network on restore"). The sandbox address is chosen
 once, at the first run, and reused for every restore of that checkpoint, so
 restored listeners and routes stay valid (google/gvisor#13920).
 

@@ -419,10 +419,14 @@ def _port(s: str) -> int:
     return p
 
 
+GONE = "the workload is gone (exited or deleted), not waiting for it"
+
+
 @dataclass(frozen=True)
 class Policy:
     timeout_s: float = 30.0          # deadline of the whole check
     attempt_timeout_s: float = 2.0   # of one attempt
+    setting: str = ""                # the configuration key timeout_s comes from (a failed check names it)
 
 
 @dataclass
@@ -440,14 +444,22 @@ class HealthResult:
     seconds: float
     probes: list[ProbeResult] = field(default_factory=list)
     checked_at: float = 0.0          # wall clock, for records
+    deadline_s: float = 0.0          # the check's deadline (Policy.timeout_s) and its setting
+    setting: str = ""
 
     def to_dict(self) -> dict:
         return {"healthy": self.healthy, "seconds": round(self.seconds, 4), "checked_at": self.checked_at,
-                "probes": [{**asdict(p), "seconds": round(p.seconds, 4)} for p in self.probes]}
+                "probes": [{**asdict(p), "seconds": round(p.seconds, 4)} for p in self.probes],
+                "deadline_s": self.deadline_s, "setting": self.setting}
 
     def summary(self) -> str:
-        return "; ".join(f"{p.probe}: {'ok' if p.ok else 'FAILED'} after {p.attempts} attempt(s), "
+        text = "; ".join(f"{p.probe}: {'ok' if p.ok else 'FAILED'} after {p.attempts} attempt(s), "
                          f"{p.seconds:.3f}s ({p.detail})" for p in self.probes)
+        failed = [p for p in self.probes if not p.ok]
+        if failed and GONE not in failed[-1].detail and self.deadline_s:
+            # It ran out of time: say which deadline, and what sets it.
+            text += f"; the check's deadline is {self.deadline_s:g} s" + (f" ({self.setting})" if self.setting else "")
+        return text
 
 
 def check(probes: list[Probe], target: Target, policy: Policy = Policy(),
@@ -477,7 +489,7 @@ def check(probes: list[Probe], target: Target, policy: Policy = Policy(),
             if clock() >= next_gone_check:
                 next_gone_check = clock() + GONE_CHECK_S
                 if _gone(target):
-                    detail = f"{detail}; the workload is gone (exited or deleted), not waiting for it"
+                    detail = f"{detail}; {GONE}"
                     break
             # The next attempt gets `floor` at least: the backoff's last sleep is cut
             # short for it, and none is made when less is left. Sleeping up to the
@@ -494,4 +506,4 @@ def check(probes: list[Probe], target: Target, policy: Policy = Policy(),
         if not ok:
             break  # later probes would only burn the deadline
     return HealthResult(all(r.ok for r in results) and len(results) == len(probes or [1]), clock() - t0,
-                        results, time.time())
+                        results, time.time(), policy.timeout_s, policy.setting)

@@ -57,9 +57,11 @@ _VALUE_FLAGS = frozenset({
 
 
 # Files runsc checkpoint writes into --image-path when uncompressed
-# (runsc/cmd/checkpoint.go; docs/gvisor-facts.md). Compressed images hold
+# (runsc/cmd/checkpoint.go; docs/notes/gvisor-facts.md). Compressed images hold
 # checkpoint.img only.
 IMAGE_FILES = ("checkpoint.img", "pages_meta.img", "pages.img")
+# The setting a Runsc's own deadline comes from (control/config.py; a timeout names it).
+RUNSC_TIMEOUT_KEY = "runsc.timeout_s"
 
 # runsc prints this when a container ID is not in --root
 # (runsc/container/container.go Load: "container with id %q not found" /
@@ -72,7 +74,7 @@ class GlobalOptions:
     """runsc's global flags, given before the subcommand on every call.
 
     Restore needs the same global flags as the run that was saved
-    (docs/gvisor-facts.md), so one instance is used for a sandbox's lifetime.
+    (docs/notes/gvisor-facts.md), so one instance is used for a sandbox's lifetime.
     """
     root: Path
     platform: str = "systrap"
@@ -197,8 +199,13 @@ class Runsc:
 
     def _run(self, args: Sequence[str], timeout_s: float | None = None,
              check_id: str | None = None, env: Sequence[tuple[str, str]] = (),
-             stdio: "int | tuple[int, int, int] | None" = None) -> subprocess.CompletedProcess:
+             stdio: "int | tuple[int, int, int] | None" = None,
+             timeout_key: str | None = None) -> subprocess.CompletedProcess:
         """Run one runsc command; raise RunscError (or NotFound) on failure.
+
+        The deadline is `timeout_s`, else this client's (runsc.timeout_s); a
+        timeout's message names what bounds it: `timeout_key`, else
+        runsc.timeout_s for the client's own deadline.
 
         `check_id`: the container the command names, so "not found" becomes
         NotFound(container, id) instead of a generic runsc failure.
@@ -241,8 +248,11 @@ class Runsc:
                 timer.cancel()
             dt = time.monotonic() - t0
             if rc == -_signal.SIGKILL and dt >= deadline:
-                log.warning("runsc timed out after %.1fs: %s", dt, shlex.join(argv), extra=fields(duration_s=round(dt, 3), argv=shlex.join(argv)))
-                raise RunscError(argv, None, _read(err), f"no answer within {deadline:g} s", dt,
+                log.warning("runsc timed out after %.1fs: %s", dt, shlex.join(argv),
+                            extra=fields(duration_s=round(dt, 3), argv=shlex.join(argv)))
+                key = timeout_key or (RUNSC_TIMEOUT_KEY if timeout_s is None else "")
+                raise RunscError(argv, None, _read(err),
+                                 f"no answer within {deadline:g} s" + (f" ({key})" if key else ""), dt,
                                  subcommand=args[0])
             proc = subprocess.CompletedProcess(argv, rc, _read(out), _read(err))
         dt = time.monotonic() - t0
@@ -330,13 +340,14 @@ class Runsc:
         except ValueError:
             return 0
 
-    def exec(self, cid: str, argv: Sequence[str], timeout_s: float | None = None) -> subprocess.CompletedProcess:
+    def exec(self, cid: str, argv: Sequence[str], timeout_s: float | None = None,
+             timeout_key: str | None = None) -> subprocess.CompletedProcess:
         """Run `argv` inside the container (`runsc exec`); RunscError when it exits non-zero.
 
         Processes started this way are killed at a later restore
-        (docs/gvisor-facts.md): use it for commands that finish, like hooks.
+        (docs/notes/gvisor-facts.md): use it for commands that finish, like hooks.
         """
-        return self._run(["exec", cid, *argv], timeout_s, check_id=cid)
+        return self._run(["exec", cid, *argv], timeout_s, check_id=cid, timeout_key=timeout_key)
 
     def checkpoint(self, cid: str, opts: CheckpointOptions, timeout_s: float | None = None) -> None:
         self._run(["checkpoint", *opts.argv(), cid], timeout_s, check_id=cid)

@@ -158,12 +158,33 @@ def read_regular(path: Path, max_bytes: int, field: str = "(file)") -> bytes:
         os.close(fd)
 
 
-# PATH of a command sandbox unless its env sets one.
+# The end of a command sandbox's PATH (sandbox_path), unless its env sets one.
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# A command sandbox's HOME: a private tmpfs (the root filesystem is read-only;
+# a workload that writes ~/.cache at import died there, issue 31).
+HOME = "/root"
 
 # Host directories the "host" rootfs layout binds read-only: enough for the
 # node's own interpreters and libraries to run inside the sandbox.
 HOST_SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/opt")
+
+
+def sandbox_path(caller_path: str, binds: tuple[str, ...] | list[str] = ()) -> str:
+    """A command sandbox's PATH: the directories of the caller's PATH (`thaw
+    run`'s own) that the sandbox sees (below a host system directory of the host
+    layout, or a --bind), in their order, then DEFAULT_PATH's others. So a
+    command found by the node's shell is found by the sandbox's, as long as the
+    sandbox can see it: a PATH entry outside those (a home directory's virtualenv)
+    needs a --bind, or the command's absolute path."""
+    seen: list[str] = []
+    visible = [d for d in HOST_SYSTEM_DIRS if os.path.isdir(d)] + [b for b in binds if os.path.isdir(b)]
+    for d in caller_path.split(":"):
+        d = d.rstrip("/") or "/"
+        if d.startswith("/") and d not in seen and os.path.isdir(d) and \
+                any(d == v or d.startswith(v.rstrip("/") + "/") for v in visible):
+            seen.append(d)
+    seen += [d for d in DEFAULT_PATH.split(":") if d not in seen]
+    return ":".join(seen)
 
 
 def bind_mount(source: str, destination: str | None = None, readonly: bool = True) -> dict:
@@ -235,9 +256,10 @@ def command_spec(args: list[str], *, rootfs: str, readonly_root: bool = True,
     """A spec that runs `args` as root in a sandbox whose root is `rootfs`.
 
     With the "host" layout the caller passes an empty directory as `rootfs`
-    and `host_layout()` in `extra_mounts`. /tmp and /dev/shm are private tmpfs.
+    and `host_layout()` in `extra_mounts`. /tmp, /dev/shm and HOME (/root) are
+    private tmpfs.
     """
-    base_env = {"PATH": DEFAULT_PATH, "HOME": "/root"}
+    base_env = {"PATH": DEFAULT_PATH, "HOME": HOME}
     base_env.update(env or {})
     namespaces: list[dict] = [{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}]
     if netns:
@@ -263,6 +285,7 @@ def command_spec(args: list[str], *, rootfs: str, readonly_root: bool = True,
             {"destination": "/dev/shm", "type": "tmpfs", "source": "shm", "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]},
             {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]},
             {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=1777"]},
+            {"destination": HOME, "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=700"]},
             *(extra_mounts or []),
         ],
         "annotations": dict(annotations or {}),

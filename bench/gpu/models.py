@@ -983,7 +983,7 @@ def levers(r: dict) -> dict:
 
 
 def summarize(r: dict) -> dict:
-    """The headline fields (`thaw bench gpu --json`) and, where the target is missed, where the time goes."""
+    """The headline fields (`bench/gpu/models.py --json`) and, where the target is missed, where the time goes."""
     imgs, variants = r.get("images", {}), r.get("variants", {})
     main = imgs.get("release") or imgs.get("norelease") or {}
     first = imgs.get("norelease") or imgs.get("release") or {}

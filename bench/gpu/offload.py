@@ -6,7 +6,7 @@ issue 17, lever A). Used by bench/gpu/server.py and the native comparison
 The CUDA checkpoint API moves device memory out and back in through the
 driver at ~5 GB/s (docs/gpu.md; NVIDIA's Dynamo team calls it "a single
 sequential cudaMemcpy"), a tenth of what a pinned host-to-device copy does on
-the H200 (51-55 GB/s, also inside a runsc sandbox: shared/docs/h200-facts.md).
+the H200 (51-55 GB/s, also inside a runsc sandbox: docs/notes/h200-facts.md).
 So before the checkpoint the workload moves its parameters to host memory and
 frees their device memory (the CUDA image then holds the context, buffers and
 whatever else is live), and after the restore it copies them back itself.

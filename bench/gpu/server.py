@@ -124,7 +124,7 @@ class TorchBackend:
         dtype = torch.float16 if device == "cuda" else torch.float32
         t = time.time()
         # Straight onto the device: no second copy in the caching allocator
-        # (docs/h200-facts.md: load_state_dict into a model built on the GPU
+        # (docs/notes/h200-facts.md: load_state_dict into a model built on the GPU
         # doubled the memory in use).
         try:
             import accelerate  # noqa: F401  (device_map needs it; the H200 image has it)
@@ -230,7 +230,7 @@ def end_compile_workers() -> int:
     """End torch.compile's compile-worker processes (torch._inductor's
     subprocess pool), if any were started: they hold no state the server
     needs, but a checkpoint would save each of them (a torch.compile'd server's
-    image was ~9x that of the same model with CUDA graphs: shared/docs/gvisor-facts.md).
+    image was ~9x that of the same model with CUDA graphs: docs/notes/gvisor-facts.md).
     Inductor starts a new pool when it compiles again. Returns how many of this
     process's children went away."""
     mod = sys.modules.get("torch._inductor.async_compile")

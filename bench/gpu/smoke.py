@@ -2,7 +2,7 @@
 `runsc checkpoint --cuda-checkpoint-path` + `runsc restore` bring the GPU state
 back. Writes one JSON result (and the runsc logs on failure) under --out.
 
-Run by bench/gpu/run-smoke.sh on the device machine; see docs/gpu-smoke.md.
+Run by bench/gpu/run-smoke.sh on the device machine; see bench/gpu/README.md and docs/gvisor-notes.md "GPU (H200 smoke, 2026-11-29)".
 """
 from __future__ import annotations
 

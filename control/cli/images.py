@@ -1,5 +1,5 @@
 """`thaw push | pull | ls | gc | verify`: checkpoint images between a directory,
-the object store and this node's cache (control/images.py does the work).
+the object store and this node's cache (control/images/image.py does the work).
 
 push, pull and ls work on one tenant's part of the store: the local user's
 (`user-<name>`, or what tenancy.map says); root may name any tenant with

@@ -19,7 +19,8 @@ from control import config as configmod
 from control import logfields
 from control.cli import images, node, sandbox, thawd
 from control.cli.common import Context, fail, handle_errors, json_option, one_line
-from control.errors import EXIT_INTERRUPTED, EXIT_STATUSES
+from control.errors import EXIT_INTERRUPTED, EXIT_STATUSES, ThawError
+from control.version import DISTRIBUTION, VERSION
 
 
 def _exit_statuses() -> str:
@@ -53,7 +54,37 @@ class ThawGroup(click.Group):
         sys.exit(rv if isinstance(rv, int) and not isinstance(rv, bool) else 0)
 
 
+def version_lines(settings_of=configmod.load) -> list[str]:
+    """`thaw --version`: thaw's version, the runsc version label it pins, and
+    this node's compatibility-tuple hash (control/node/compat.py node_tuple: what
+    images are published under and matched against). When the tuple cannot be
+    computed here (no runsc at runsc.path, a bad config, a failing NVML), that
+    line says why instead: the version itself is always printed."""
+    lines = [f"thaw {VERSION} ({DISTRIBUTION})", f"runsc pin: {configmod.RUNSC_VERSION_LABEL}"]
+    try:
+        from control.node.compat import node_tuple
+        settings = settings_of()
+        if not settings.runsc_available:
+            raise ThawError(f"no runsc at {settings.runsc_path} (runsc.path)")
+        t = node_tuple(settings)
+        label = "" if t.runsc_version == configmod.RUNSC_VERSION_LABEL else \
+            f"; its runsc says {t.runsc_version}, not the pin: images restore only where that matches"
+        lines.append(f"compatibility tuple: {t.hash()} (runsc {settings.runsc_path}{label})")
+    except (ThawError, OSError) as e:
+        lines.append(f"compatibility tuple: not computed on this node: {one_line(e)}")
+    return lines
+
+
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    click.echo("\n".join(version_lines()))
+    ctx.exit(0)
+
+
 @click.group(cls=ThawGroup, context_settings={"help_option_names": ["-h", "--help"]}, epilog=_exit_statuses())
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              help="Print thaw's version, its runsc pin and this node's compatibility-tuple hash.")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
               help="TOML config file (default: $THAW_CONFIG, else /etc/thaw/config.toml).")
 @click.option("--runsc", "runsc_path", default=None, help="The real runsc binary [runsc.path].")

@@ -1,4 +1,4 @@
-"""`thaw provision` and `thaw doctor`: options → control.node.provision."""
+"""`thaw provision`, `thaw doctor`, `thaw uninstall`: options → control.node.provision / uninstall."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ if TYPE_CHECKING:
     from control.node import provision as prov
 
 from control import config as configmod
-from control.cli.common import Context, handle_errors, json_option
-from control.errors import PreconditionError, ProvisionError, exit_code
+from control.cli.common import Context, handle_errors, json_option, needs_root
+from control.errors import PreconditionError, ProvisionError, UserError, exit_code
 
 _root_option = click.option(
     "--root", "root", type=click.Path(file_okay=False, path_type=Path), default=Path("/"), show_default=True,
@@ -70,7 +70,8 @@ def _report_text(r: prov.Report) -> str:
 @click.option("--dry-run", is_flag=True, help="Print the checks and the plan; change nothing.")
 @_root_option
 @click.option("--from", "source_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Directory holding the built binaries [default: the build directory of `make setup`].")
+              help="Directory holding the binaries to install [default: a checkout's build/ "
+                   "(`make setup`), a release install's <prefix>/releases/<version>/bin].")
 @click.option("--no-systemd", is_flag=True, help="Do not write or enable the thawd unit (thawd runs elsewhere).")
 @click.option("--restart-containerd", is_flag=True,
               help="Run containerd.restart_command when containerd's config changed.")
@@ -84,7 +85,11 @@ def provision_cmd(obj: Context, dry_run: bool, root: Path, source_dir: Path | No
     a CDI spec, the cache directory and the thawd unit. Idempotent."""
     from control.node import provision as prov
     settings = obj.settings_under(root.resolve())
-    opts = prov.Options(source_dir=(source_dir or configmod.REPO_ROOT / "build").resolve(),
+    source_dir = source_dir or configmod.INSTALL.source_bin
+    if source_dir is None:
+        raise UserError("--from DIR: name the directory of the binaries to install (this thaw runs "
+                        "neither from a checkout nor from a release install, which have a default)")
+    opts = prov.Options(source_dir=source_dir.resolve(),
                         root=root.resolve(), dry_run=dry_run, systemd=not no_systemd,
                         restart_containerd=restart_containerd,
                         thaw_command=_thaw_command())
@@ -132,4 +137,35 @@ def doctor_cmd(obj: Context, root: Path, no_systemd: bool) -> None:
         sys.exit(exit_code(e))
 
 
-COMMANDS = [provision_cmd, doctor_cmd]
+@click.command("uninstall")
+@click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
+@_root_option
+@click.option("--restart-containerd", is_flag=True,
+              help="Run containerd.restart_command when containerd's config changed.")
+@click.option("--purge", is_flag=True, help="Also remove /etc/thaw/config.toml, the cache, state and logs.")
+@click.option("--force", is_flag=True, help="Even while sandboxes of thaw or of containerd's shim are on the node.")
+@json_option
+@click.pass_obj
+@handle_errors
+@needs_root("uninstall removes what provision wrote under /etc and the install directory, and edits containerd's config")
+def uninstall_cmd(obj: Context, dry_run: bool, root: Path, restart_containerd: bool, purge: bool,
+                  force: bool) -> None:
+    """Undo `thaw provision`: stop thawd, remove what provision wrote and give
+    containerd back the config it had. Keeps the config file, cache, state and
+    logs unless --purge."""
+    from control.node import uninstall as un
+    settings = obj.settings_under(root.resolve())
+    plans = un.uninstall(settings, un.Options(root=root.resolve(), dry_run=dry_run,
+                                              restart_containerd=restart_containerd, purge=purge, force=force))
+
+    def human(_: object) -> str:
+        out = ["plan (dry run: nothing is changed):" if dry_run else "steps:"]
+        out += [f"  {p.result or p.action:<9} {p.step:<33} {p.target}" + (f"  [{p.detail}]" if p.detail else "")
+                for p in plans]
+        if not dry_run:
+            out.append("uninstalled" if un.removed_anything(plans) else "uninstalled: nothing was there")
+        return "\n".join(out)
+    obj.emit({"dry_run": dry_run, "steps": [p.to_dict() for p in plans]}, human)
+
+
+COMMANDS = [provision_cmd, doctor_cmd, uninstall_cmd]

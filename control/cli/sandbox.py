@@ -23,11 +23,12 @@ if TYPE_CHECKING:
     from control.lifecycle.sandbox import Sandboxes
 
 from control.cli.common import Context, handle_errors, json_option, needs_root
-from control.errors import NoSpace, ThawError, UserError
+from control.errors import NoSpace, PreconditionError, ThawError, UserError, WorkloadExited
 from control.cli.progress import Progress
 
 
 ROOT_WHY = "runsc refuses create and restore with --rootless, and sandbox state is root's"
+RUN_TAIL_LINES = 10   # of a workload that exits during `thaw run` (node.run_grace_s), shown before the error
 
 
 def _sandboxes(obj: Context, debug: bool = False) -> Sandboxes:
@@ -68,19 +69,27 @@ def run_sandbox(obj: Context, o: RunOptions) -> dict:
             if m.get("type") == "bind" and not str(m.get("source", "/")).startswith("/"):
                 m["source"] = str((o.bundle / m["source"]).resolve())
     else:
+        from control.config import caller_path
         env = {}
         for kv in o.env:
             if "=" not in kv:
                 raise UserError(f"--env {kv!r} must be KEY=VALUE")
             k, v = kv.split("=", 1)
             env[k] = v
-        exe = _check_command(o.command[0], env.get("PATH"), o.binds)
+        env.setdefault("PATH", specmod.sandbox_path(caller_path(), o.binds))
+        exe = _check_command(o.command[0], env["PATH"], o.binds)
         rootfs = specmod.prepare_host_rootfs(obj.settings.state_dir / "rootfs" / o.id)
         spec = specmod.command_spec(list(o.command), rootfs=str(rootfs), env=env,
                                     extra_mounts=specmod.host_layout([*o.binds, *(p for p in [exe] if p.startswith("/"))]))
     from control.lifecycle import gpus as gpumod
     names = tuple(gpumod.parse_request(o.gpus)) if o.gpus is not None else ()
     rec = sb.run(o.id, spec, network=o.network, probes=o.probes, ports=ports, gpus=names)
+    t0 = time.monotonic()
+    ex = sb.watch(rec.id, obj.settings.run_grace_s)
+    if ex is not None:
+        files, _ = sb.logs(rec.id)
+        tail = files.tail(RUN_TAIL_LINES)[0].decode(errors="replace").splitlines()
+        raise WorkloadExited(rec.id, ex.describe(), time.monotonic() - t0, tail)
     return {"id": rec.id, "state": rec.state.value, "address": (rec.net or {}).get("sandbox_ip"),
             "ports": (rec.net or {}).get("ports", []), "probes": rec.probes, "gpus": rec.gpus,
             "log": str(sb.logs(rec.id)[0].log)}
@@ -137,12 +146,40 @@ def run_cmd(obj: Context, sid: str, bundle: Path | None, env: tuple[str, ...], b
     """Run a workload in a new runsc sandbox, from a bundle or a command (after --).
 
     A command runs on the host's own filesystem, bound read-only, with a
-    private /tmp. Its stdout and stderr go to a bounded log (`thaw logs ID`).
+    private /tmp and HOME (/root); its PATH is yours, less what the sandbox
+    cannot see, then /usr/local/sbin:...:/bin. Its stdout and stderr go to a
+    bounded log (`thaw logs ID`). One that exits within node.run_grace_s fails
+    the command, with its last lines.
     """
-    with Progress(not obj.json).step(f"run {sid}"):
-        out = run_sandbox(obj, RunOptions(sid, bundle, command, env, network, binds, probes, publish, gpus))
+    try:
+        with Progress(not obj.json).step(f"run {sid}"):
+            out = run_sandbox(obj, RunOptions(sid, bundle, command, env, network, binds, probes, publish, gpus))
+    except WorkloadExited as e:
+        if not obj.json:   # the workload's own last lines, then thaw's one error line
+            click.echo(f"thaw: {sid}: the workload's last {len(e.log_tail)} line(s):", err=True)
+            for line in e.log_tail:
+                click.echo(f"  | {line}", err=True)
+        raise
+    warn_huge_pages(obj, sid)
     obj.emit(out, lambda d: f"{d['id']}: {d['state']}" + (f" at {d['address']}" if d["address"] else "")
              + (f" with {', '.join(d['gpus'])}" if d["gpus"] else ""))
+
+
+def warn_huge_pages(obj: Context, sid: str, sb=None, thp_dir: Path | None = None) -> str:
+    """Once per command: a GPU sandbox on a host without shmem huge pages (node.huge_pages:
+    its GPU restores are slower, docs/gpu.md). Returns the warning it printed ("" for none)."""
+    from control.node import provision
+    s = obj.settings
+    rec = (sb or _sandboxes(obj)).get(sid)
+    if s.huge_pages == "no" or rec is None or not (rec.nvproxy or rec.gpus):
+        return ""
+    why = provision.huge_pages_off(thp_dir or provision.THP_DIR)
+    if not why:
+        return ""
+    msg = (f"thaw: warning: host huge pages are off ({why}): runsc backs {sid}'s memory with 4 KiB pages, "
+           "and GPU restores are slower (`thaw provision` sets them: node.huge_pages)")
+    click.echo(msg, err=True)
+    return msg
 
 
 @click.command("checkpoint")
@@ -194,6 +231,7 @@ def restore_cmd(obj: Context, image: Path | None, key: str | None, sid: str, pro
             out = sb.warm_start(image, sid, probes=parsed, gpus=names).to_dict()
         else:
             out = {"mode": "restored", **sb.restore(image, sid, probes=parsed, gpus=names).to_dict()}
+    warn_huge_pages(obj, sid, sb)
     obj.emit(out, lambda d: f"{d['id']}: running ("
              + (f"restored in {d.get('restore_s', d.get('seconds', 0)):.2f}s" if d["mode"] == "restored"
                 else f"started cold: {d['fallback_reason']}") + ")"
@@ -347,8 +385,12 @@ def sandbox_gc_cmd(obj: Context, orphans: bool, prefix: str) -> None:
 @handle_errors
 @needs_root(ROOT_WHY)
 def demo_cmd(obj: Context, keep: bool, model_mb: int | None) -> None:
-    """Cold-start a model server in a sandbox, checkpoint it, restore it, compare."""
-    from control.dev import demo
+    """Cold-start a model server in a sandbox, checkpoint it, restore it, compare (from a checkout)."""
+    try:
+        from control.dev import demo
+    except ImportError:   # the wheel leaves the dev harness out (pyproject.toml)
+        raise PreconditionError("`thaw demo` runs from a checkout of thaw (`make demo`): its harness "
+                                "(control/dev) is not part of a node install") from None
     t0 = time.monotonic()
     res = demo.run(obj.settings, Progress(not obj.json, sys.stderr), keep=keep, model_mb=model_mb)
     res["total_s"] = round(time.monotonic() - t0, 2)
@@ -374,7 +416,8 @@ def health(obj: Context, o: HealthOptions) -> dict:
     from runsc_hooks import probe as probemod
     probes = [probemod.parse(p) for p in o.probes] or None  # parse at the edge: a bad probe is a UserError
     sb = Sandboxes(obj.settings)
-    result, gate_closed = sb.health(o.id, probes, probemod.Policy(o.timeout_s, o.attempt_timeout_s))
+    result, gate_closed = sb.health(o.id, probes, probemod.Policy(o.timeout_s, o.attempt_timeout_s,
+                                                                  "thawd.health_timeout_s, or --timeout"))
     gate = None if gate_closed is None else ("closed" if gate_closed else "open")
     out = {"id": o.id, "ready": result.healthy and gate != "closed", "gate": gate, **result.to_dict(),
            "exited": None}
@@ -392,6 +435,8 @@ def _human(d: dict) -> str:
     for p in d["probes"]:
         lines.append(f"  {p['probe']:<32} {'ok' if p['ok'] else 'FAILED':<7} {p['attempts']:>3} attempt(s) "
                      f"{p['seconds']:.3f}s  {p['detail']}")
+    if not d["healthy"] and d.get("deadline_s"):
+        lines.append(f"  the check's deadline: {d['deadline_s']:g} s ({d['setting']})")
     return "\n".join(lines)
 
 

@@ -2,7 +2,7 @@
 
 The integration tests, the containerd benchmark and the worked example use
 it: the real containerd and gVisor's real shim from the build directory, the
-shim's runsc.toml from control/containerd_config.py, no registry (images are
+shim's runsc.toml from control/node/containerd_config.py, no registry (images are
 imported from local OCI archives).
 """
 

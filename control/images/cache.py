@@ -222,7 +222,8 @@ class Cache:
         try:
             lock.acquire()
         except LockTimeout:
-            raise Timeout(f"waiting for the cache lock {path} (another pull of {key!r})", t) from None
+            raise Timeout(f"waiting for the cache lock {path} (another pull of {key!r})", t,
+                          "cache.lock_timeout_s" if timeout_s is None else "the caller's deadline") from None
         try:
             yield
         finally:

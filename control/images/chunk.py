@@ -114,11 +114,8 @@ def chunk_image(directory: Path, key: str, tup: CompatTuple, chunker: Path, avg:
 
 
 def _thaw_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-    try:
-        return version("thaw")
-    except PackageNotFoundError:
-        return "unknown"
+    from control.version import VERSION
+    return VERSION
 
 
 def sha256(data: bytes | memoryview) -> str:

@@ -5,7 +5,7 @@ starts. A stream lets runsc restore at once instead: the sentry reads the
 image through runsc's checkpoint-gofer sidecar, which is thaw-gofer
 (go/cmd/thaw-gofer; go/internal/stream says how its two roles work), and
 each read waits until its bytes have arrived and were checked. Why this
-transport and what runsc does at the pin: /work/shared/docs/stream-restore.md
+transport and what runsc does at the pin: docs/notes/2026-11-30-stream-restore.md
 and docs/store.md "Streaming restore".
 
 `open_image` is `image.pull` for a streamed restore. Under the key's lock, as
@@ -90,7 +90,7 @@ COMPLETE = "complete"            # the stream's marker: every byte verified and 
 # What the gofer tells the sentry (stateio.AsyncReader): reads of 256 KiB as
 # runsc's own file reader makes them (stateio/pagesfile.go), 32 at once
 # rather than its 128, so that a page a task waits on gets a slot sooner
-# (stream-restore.md, "Limits to design around").
+# (docs/notes/2026-11-30-stream-restore.md, "Limits to design around").
 MAX_PARALLEL = 32
 MAX_READ_BYTES = 256 << 10
 # A sweep read waiting this long is asked for like a fault: a safety net for a

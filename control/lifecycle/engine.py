@@ -16,7 +16,7 @@ Checkpoint never loses the workload: `runsc checkpoint` always runs with
 `--leave-running`, so a failed save (ENOSPC, a GPU sandbox without the CUDA
 helper, a driver error) leaves the workload serving; a sandbox that was asked
 to stop after the save is stopped only once the image is complete and its
-files checked (docs/gvisor-facts.md: without --leave-running a failed save
+files checked (docs/notes/gvisor-facts.md: without --leave-running a failed save
 kills the workload, seen on the H200). GPU sandboxes get the CUDA helper
 (`--cuda-checkpoint-path`) because their spec lists /dev/nvidiactl, in every
 door.
@@ -45,7 +45,7 @@ from control.logfields import fields
 
 log = logging.getLogger(__name__)
 
-# The image file runsc cannot restore without (docs/gvisor-facts.md: the
+# The image file runsc cannot restore without (docs/notes/gvisor-facts.md: the
 # sentry refuses an empty checkpoint.img).
 REQUIRED_IMAGE_FILE = "checkpoint.img"
 
@@ -140,7 +140,8 @@ class Engine:
 
     def policy(self, timeout_s: float | None = None) -> probemod.Policy:
         return probemod.Policy(self.s.thawd_health_timeout_s if timeout_s is None else timeout_s,
-                               self.s.thawd_health_attempt_timeout_s)
+                               self.s.thawd_health_attempt_timeout_s,
+                               "thawd.health_timeout_s" if timeout_s is None else "")
 
     def check(self, h: Handle, probes: list, policy: probemod.Policy | None = None) -> probemod.HealthResult:
         """Run `probes` (text or parsed) against the sandbox until they pass or the deadline passes;

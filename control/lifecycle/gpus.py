@@ -14,7 +14,7 @@ the CUDA checkpoint helper mounted at nvproxy.helper.HELPER_DIR, so that
 An image's thaw.json "gpu" says what a restore needs: the GPU count, the
 product and driver of the node it was saved on (runsc pairs saved and new
 GPUs by minor and needs identical models, and refuses another driver
-version: docs/gvisor-facts.md), the NVML indexes it ran on and its CDI
+version: docs/notes/gvisor-facts.md), the NVML indexes it ran on and its CDI
 devices. `thaw restore` without --gpus restores onto the same indexes:
 the one choice that means the same thing on every node (a UUID names one
 physical GPU of one node). With --gpus, the GPUs given now, through

@@ -33,6 +33,10 @@ log = logging.getLogger(__name__)
 
 IMAGE_META = "thaw.json"
 IMAGE_META_VERSION = 1
+# The workload's log as it was checkpointed (its last node.log_max_bytes): a
+# restore replays it into the new sandbox's log first, so `thaw logs` of a
+# restored sandbox shows what its process printed before, then what it prints now.
+IMAGE_LOG = "workload.log"
 DOOR_CLI, DOOR_CONTAINERD = "cli", "containerd"
 
 

@@ -29,6 +29,7 @@ workload's pipe.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -55,6 +56,8 @@ STOP_TIMEOUT_S = 10.0           # how long delete waits for the monitor to drain
 # the exit status: runsc reports a container stopped a few ms before `runsc wait`
 # (the monitor's child) returns and the monitor writes exit.json.
 EXIT_SETTLE_S = 2.0
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -300,3 +303,35 @@ def _read_from(p: Path, pos: int) -> bytes:
             return f.read()
     except FileNotFoundError:
         return b""
+
+
+def keep_log(logs: SandboxLogs, dest: Path, max_bytes: int) -> None:
+    """The last `max_bytes` of a sandbox's log (from a line's start) into `dest`; nothing when empty."""
+    from control.files import write_bytes_atomic
+    data, _ = logs.tail()
+    if len(data) > max_bytes:
+        data = data[-max_bytes:]
+        cut = data.find(b"\n")
+        data = data[cut + 1:] if 0 <= cut < len(data) - 1 else data
+    if data:
+        write_bytes_atomic(dest, data)
+
+
+def replay_log(src: Path, fd: int | None, max_bytes: int) -> None:
+    """A checkpointed log (keep_log) into a restoring sandbox's log pipe, before
+    runsc gets it: the monitor reads the pipe meanwhile. Best effort: a restore
+    never fails for its old log."""
+    try:
+        with open(src, "rb") as f:
+            data = f.read(max_bytes)
+    except FileNotFoundError:
+        return   # an image of a thaw before issue 31, or a workload that printed nothing
+    except OSError as e:
+        log.warning("the checkpointed log %s: %s", src, e)
+        return
+    view = memoryview(data)
+    try:
+        while view and fd is not None:
+            view = view[os.write(fd, view):]
+    except OSError as e:
+        log.warning("replaying the checkpointed log %s: %s", src, e)

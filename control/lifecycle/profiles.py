@@ -18,9 +18,9 @@ Profiles:
   (torch._inductor.async_compile.shutdown_compile_workers()). The CUDA
   checkpoint saves every device allocation, blocks the PyTorch caching
   allocator holds but no tensor uses too; releasing them shrinks the image
-  and both toggles (docs/h200-facts.md). A checkpoint saves every process of
+  and both toggles (docs/notes/h200-facts.md). A checkpoint saves every process of
   the sandbox: a torch.compile'd server's idle compile workers made its image
-  ~9x that of the same model with CUDA graphs (shared/docs/gvisor-facts.md).
+  ~9x that of the same model with CUDA graphs (docs/notes/gvisor-facts.md).
   The environment keeps them from being started at all
   (TORCHINDUCTOR_COMPILE_THREADS=1: inductor compiles in the server's own
   process, serially); the route's shutdown covers a workload that overrides it.

@@ -222,6 +222,10 @@ class Sandboxes:
         t0 = time.monotonic()
         try:
             saved = Engine(self.settings).checkpoint(h, partial)
+            # Right after the save: lines the workload printed while runsc wrote the
+            # image are in it, and so may come again from the restored process.
+            logsmod.keep_log(logsmod.SandboxLogs.of(self.settings, sid), partial / metamod.IMAGE_LOG,
+                             self.settings.log_max_bytes)
             metamod.write(partial, metamod.DOOR_CLI, spec, saved.files, gpu_need, saved.seconds, sandbox=sid,
                           net=rec.net, probes=rec.probes, runsc_version=r.version(),
                           platform=self.settings.runsc_platform, network="sandbox" if rec.net else "none",
@@ -240,7 +244,8 @@ class Sandboxes:
             if isinstance(e, CheckpointFailed):  # named by the user's id, not runsc's
                 raise type(e)(sid, e.reason, now) from e.__cause__   # CheckpointNoSpace stays itself (exit 4)
             # The save worked but the image could not be completed (thaw.json on a full disk).
-            why = f"{e.strerror or e} writing {metamod.IMAGE_META}" if isinstance(e, OSError) else \
+            why = f"{e.strerror or e} writing {Path(e.filename).name if e.filename else metamod.IMAGE_META}" \
+                if isinstance(e, OSError) else \
                 (e.message if isinstance(e, ThawError) else f"{type(e).__name__}: {e}")
             raise CheckpointFailed(sid, why, now) from e
         rec.owner = None
@@ -306,6 +311,7 @@ class Sandboxes:
             mon = logsmod.Monitor(self.settings, sid, r.argv("wait", runsc_id(sid)))
             rec.monitor = mon.to_dict()
             self._save(rec)
+            logsmod.replay_log(Path(image) / metamod.IMAGE_LOG, mon.stdio, self.settings.log_max_bytes)
             h = dataclasses.replace(self.handle(rec, self._logged(r, sid)), gate=rec.id if gated else None)
             done = Engine(self.settings).restore(
                 h, Path(image), probe_list, policy=policy, health_check=mitigations.health_check,
@@ -368,6 +374,23 @@ class Sandboxes:
                              tuple(netmod.Port.parse(p) for p in saved.get("ports", [])), addr)
         return StartResult(sid, "cold", time.monotonic() - t0, (rec.net or {}).get("sandbox_ip"),
                            fallback_reason=reason)
+
+    def watch(self, sid: str, seconds: float, poll_s: float = 0.05) -> logsmod.Exit | None:
+        """Watch a just-started workload for `seconds`: its exit status when it
+        exits meanwhile (its monitor saw it, or runsc has it stopped), else None."""
+        rec = self._require(sid)
+        logs = logsmod.SandboxLogs.of(self.settings, sid)
+        deadline = time.monotonic() + seconds
+        while True:
+            ex = logs.exit()
+            if ex is not None:
+                return ex
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(poll_s)
+        if seconds > 0 and self.gone(sid):   # runsc saw it first: the monitor writes it in a moment
+            return logsmod.settled_exit(logs, rec.monitor) or logsmod.Exit(None, time.time(), "no monitor saw it")
+        return None
 
     def wait_restored(self, sid: str, timeout_s: float | None = None) -> None:
         """Until the sandbox's restore is complete, every page loaded (`runsc wait

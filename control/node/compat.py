@@ -3,7 +3,7 @@ image for runsc to restore it there (ARCHITECTURE.md, "Data").
 
 runsc refuses a restore under a different runsc version string, NVIDIA driver
 version or global flags, and needs the CPU features it saved against to be a
-subset of the restoring CPU's (docs/gvisor-facts.md). The tuple records those
+subset of the restoring CPU's (docs/notes/gvisor-facts.md). The tuple records those
 facts, plus what thaw adds (GPU product and count, CUDA driver version,
 machine type), and `check` explains a mismatch field by field.
 

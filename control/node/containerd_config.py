@@ -64,7 +64,7 @@ POD_ANNOTATIONS = ("thaw.dev/*", "dev.gvisor.*")
 # args, proc/init.go NewRunsc); a runsc_config entry for one would repeat it.
 _SHIM_OWNED_FLAGS = frozenset({"root", "log", "log-format", "panic-log"})
 
-HEADER = ("# Written by `thaw provision` (control/containerd_config.py); re-run it\n"
+HEADER = ("# Written by `thaw provision` (control/node/containerd_config.py); re-run it\n"
           "# instead of editing: it rewrites this file whenever it differs.\n")
 
 
@@ -86,7 +86,7 @@ def runsc_config_flags(settings: Settings, gpu: bool) -> dict[str, str]:
     """The runsc global flags every call carries, as runsc.toml's [runsc_config].
 
     Restore needs the same global flags as the run that was saved
-    (docs/gvisor-facts.md), so thawd's own runsc calls must use this same map.
+    (docs/notes/gvisor-facts.md), so thawd's own runsc calls must use this same map.
     `settings.runsc_flags` words are `--name` (meaning true) or `--name=value`.
     """
     flags = {"platform": settings.runsc_platform}
@@ -311,6 +311,65 @@ def ensure_import(text: str | None, config_path: Path, dropin_dir: Path) -> Impo
     raise UserError(f"containerd config {config_path}: could not add the drop-in directory to "
                     f"`imports` safely; add {pattern!r} to its top-level imports by hand",
                     path=str(config_path))
+
+
+@dataclass(frozen=True)
+class ImportsUndo:
+    """What `undo_import` decided for the main config: "none" (leave it),
+    "delete" (provision wrote the whole file), "write" (`text`: the original, byte
+    for byte from `backup` when one matches, else the file with thaw's edit taken out)."""
+    action: str
+    reason: str
+    text: str | None = None
+    backup: Path | None = None
+
+
+def undo_import(text: str | None, config_path: Path, dropin_dir: Path,
+                backups: Iterable[tuple[Path, str]] = ()) -> ImportsUndo:
+    """Undo `ensure_import` (`thaw uninstall`): the main config as it was before
+    provision changed it.
+
+    - provision wrote the file (none existed): delete it;
+    - a backup (`<config>.thaw-backup`, `.2`, ...) that `ensure_import` turns
+      into exactly this text: that backup's bytes;
+    - else (the file changed since): the line provision marked (MARK) taken out
+      (an added `imports` line) or given back its old entries (an extended one),
+      when the result parses as this file without the drop-in's import;
+    - no import of the drop-in directory: nothing to undo. Anything else is a
+      UserError saying what to remove by hand.
+    """
+    if text is None:
+        return ImportsUndo("none", "no main config")
+    if text == new_main_config(dropin_dir):
+        return ImportsUndo("delete", "written by `thaw provision` (none existed)")
+    for path, old in backups:
+        try:
+            if ensure_import(old, config_path, dropin_dir).text == text:
+                return ImportsUndo("write", f"restored from {path.name}", old, path)
+        except UserError:
+            continue
+    data = parse_main_config(text, config_path)
+    pattern = import_pattern(dropin_dir)
+    imports = data.get("imports")
+    if not isinstance(imports, list) or pattern not in imports:
+        return ImportsUndo("none", f"does not import {pattern}")
+    rest = [e for e in imports if e != pattern]
+    want = {k: v for k, v in data.items() if k != "imports"} | ({"imports": rest} if rest else {})
+    lines = text.splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        if not (_IMPORTS_LINE.match(line) and line.rstrip().endswith(MARK)):
+            continue
+        nl = "\n" if line.endswith("\n") else ""
+        replacement = f"imports = {_array(rest)}{nl}" if rest else ""
+        candidate = "".join(lines[:i]) + replacement + "".join(lines[i + 1:])
+        try:
+            if tomllib.loads(candidate) == want:
+                return ImportsUndo("write", "thaw's imports entry taken out (the file changed since provision)",
+                                   candidate)
+        except tomllib.TOMLDecodeError:
+            pass
+    raise UserError(f"containerd config {config_path}: cannot take thaw's import out safely; remove "
+                    f"{pattern!r} from its top-level imports by hand", path=str(config_path))
 
 
 def _nl(line: str) -> str:

@@ -42,6 +42,18 @@ def thp_write(d: Path, values: dict[str, str]) -> None:
         (d / n).write_text(v)
 
 
+def huge_pages_off(thp_dir: Path = THP_DIR) -> str:
+    """Why runsc backs a sandbox's memory with 4 KiB pages on this host, in
+    words; "" when the host settings let it use huge pages (what HostHugePages sets)."""
+    try:
+        have = thp_read(thp_dir)
+    except OSError as e:
+        return f"cannot read {thp_dir} ({e.strerror or e})"
+    bad = [f"{n} is {have[n] or '?'}" for n, ok in (("shmem_enabled", have["shmem_enabled"] == THP_SHMEM),
+                                                    ("defrag", have["defrag"] in THP_DEFRAG_OK)) if not ok]
+    return ", ".join(bad)
+
+
 def thp_wanted(layout: Layout) -> dict[str, str]:
     """The values provision sets: shmem_enabled advise; the host's defrag where runsc
     accepts it, else defer."""

@@ -26,7 +26,7 @@ from nvproxy import helper
 from nvproxy.gpu import NodeGpus
 from control.node.hugepages import (THP_DEFRAG, THP_DEFRAG_OK, THP_DIR, THP_NAMES, THP_SHMEM,  # noqa: F401
                                     THP_TMPFILES, HostHugePages, huge_pages_steps, thp_read, thp_selected,
-                                    thp_tmpfiles, thp_wanted, thp_write)
+                                    thp_tmpfiles, thp_wanted, thp_write, huge_pages_off)
 from control.node.steps import (CDI_SPEC, CREATE, NONE, RUN, SKIP, UPDATE, CdiSpec, Command, ContainerdImports,  # noqa: F401
                                 Layout, MakeDir, Plan, Skip, Step, Symlink, WriteFile, write_atomic)
 

@@ -69,7 +69,8 @@ def _invoke(settings: Settings, namespace: str, args: list[str], timeout_s: floa
     except FileNotFoundError:
         raise fail(f"thaw-ctrinfo not found at {binary} (containerd.info)") from None
     except subprocess.TimeoutExpired:
-        raise fail(f"containerd did not answer thaw-ctrinfo {args[0]} within {timeout_s:g}s") from None
+        raise fail(f"containerd did not answer thaw-ctrinfo {args[0]} within {timeout_s:g}s "
+                   "(containerd.info_timeout_s)") from None
     try:
         out = json.loads(p.stdout or b"{}")
     except ValueError:

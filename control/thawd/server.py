@@ -34,9 +34,9 @@ from control.thawd.metrics import Metrics, serve as serve_metrics
 from control.thawd.rpc import thawd_pb2 as pb
 from control.thawd.rpc import thawd_pb2_grpc as pbg
 from control.thawd.service import RuntimeRef, Standin, Thawd
+from control.version import VERSION
 
 log = logging.getLogger("thawd")
-VERSION = "0.1.0"
 
 
 def _status_of(err: ThawError) -> grpc.StatusCode:

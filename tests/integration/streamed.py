@@ -50,7 +50,7 @@ class NoAnswer(OSError):
 
 
 def first_answer(host: str, deadline_s: float, restoring: subprocess.Popen | None = None) -> tuple[dict, float]:
-    """The first /ping answer and how long it took (50 ms connect timeouts, as stream-restore.md).
+    """The first /ping answer and how long it took (50 ms connect timeouts, as docs/notes/2026-11-30-stream-restore.md).
     With `restoring` (the `thaw restore` that should make the answer), it stops as soon as
     that command failed: nothing will answer then. NoAnswer says which errors came, how
     often, first and last (seconds from the start): EHOSTUNREACH alone means nothing was

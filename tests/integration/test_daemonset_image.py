@@ -110,8 +110,8 @@ def _sha(p: Path) -> str:
 def test_image_is_the_one_the_daemonset_runs(image):
     pod = _daemonset()["spec"]["template"]["spec"]
     assert {c["image"] for c in pod["containers"] + pod["initContainers"]} == {image.ref}
-    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
-    assert image.ref == f"ghcr.io/thaw-dev/thaw:{version}"
+    from control.version import VERSION, image_ref
+    assert image.ref == image_ref() == f"ghcr.io/thaw-dev/thaw:{VERSION}"
     cfg = image.config["config"]
     thawd = next(c for c in pod["containers"] if c["name"] == "thawd")
     assert cfg["Cmd"] == thawd["command"]  # the Containerfile's CMD
@@ -138,6 +138,9 @@ def test_image_carries_this_thaw_and_what_it_runs_with(image):
         for src in (REPO / pkg).rglob("*"):
             if src.is_file() and "__pycache__" not in src.parts and src.suffix in (".py", ".json", ".proto"):
                 rel = src.relative_to(REPO)
+                if rel.parts[:2] == ("control", "dev"):   # the dev harness stays out (pyproject.toml)
+                    assert f"/{SITE}/{rel}" not in image.files, f"{rel} is in the image"
+                    continue
                 f = image.files.get(f"/{SITE}/{rel}")
                 assert f is not None, f"{rel} is missing from the image"
                 assert f["sha256"] == _sha(src), f"{rel} in the image differs from the checkout"
@@ -157,6 +160,8 @@ def test_image_carries_this_thaw_and_what_it_runs_with(image):
     for d in deps:
         name = re.sub(r"[-_.]+", "_", re.split(r"[<>=!~ ;\[]", d, maxsplit=1)[0].lower())
         assert name in installed, f"dependency {d} is not installed in the image"
+    # Nor the demo's store (the `demo` extra).
+    assert not any("seaweedfs" in p.lower() or p.endswith("/weed") for p in image.files), "seaweedfs is in the image"
     # The configmap restarts containerd through nsenter: it must be on PATH.
     restart = tomllib.loads(_configmap_toml())["containerd"]["restart_command"][0]
     assert any(image.files.get(image.resolve(f"{d}/{restart}"), {}).get("type") == tarfile.REGTYPE

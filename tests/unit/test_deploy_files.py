@@ -59,12 +59,12 @@ def test_image_build_script_installs_every_binary_provision_installs():
 
 
 def test_daemonset_runs_the_image_version_the_build_names():
-    """ci/build-image.sh names the image ghcr.io/thaw-dev/thaw:<pyproject version>."""
-    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    """ci/build-image.sh names the image ghcr.io/thaw-dev/thaw:<control/version.py VERSION>."""
+    from control.version import image_ref
     text = (REPO / "deploy/kubernetes/40-daemonset.yaml").read_text()
     images = set(re.findall(r"^\s+image:\s*(\S+)", text, re.M))
-    assert images == {f"ghcr.io/thaw-dev/thaw:{version}"}
-    assert "ref=ghcr.io/thaw-dev/thaw:$version" in (REPO / "ci/build-image.sh").read_text()
+    assert images == {image_ref()}
+    assert "from control.version import image_ref" in (REPO / "ci/build-image.sh").read_text()
 
 
 def test_every_opted_in_example_declares_a_real_readiness_probe():

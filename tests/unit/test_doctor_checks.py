@@ -139,7 +139,7 @@ def test_compatibility_tuple_fields(tmp_path):
                  "cpu_features": ["avx2", "sse4_2"], "gpu_product": "NVIDIA H200", "gpu_count": 1,
                  "driver_version": "580.65.06", "cuda_driver_version": "13.0",
                  "machine_type": "p5.48xlarge"}
-    # the same tuple, and hash, that images record (control/compat.py)
+    # the same tuple, and hash, that images record (control/node/compat.py)
     from control.node.compat import CompatTuple
     assert CompatTuple.from_dict(t).hash() == h
 

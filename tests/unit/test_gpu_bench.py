@@ -169,7 +169,7 @@ def test_http_server_routes(tmp_path):
         assert ch.request("health", 5)["ok"] is True
         assert ch.request("gpu", 5)["gpu"] == "fake"     # the route the gpu: probe asks
         assert len(ch.request("generate", 5)["tokens"]) == 4
-        # The pytorch profile's hook, through control/profiles.py:
+        # The pytorch profile's hook, through control/lifecycle/profiles.py:
         assert ch.request("pre-checkpoint", 5)["released_bytes"] == 0
     finally:
         httpd.shutdown()

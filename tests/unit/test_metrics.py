@@ -123,12 +123,12 @@ def test_cache_gauges_are_read_at_each_scrape(tmp_path):
 
 def test_the_endpoint_is_prometheus_clients_handler():
     m = Metrics()
-    m.set("thaw_build_info", 1, version="0.1.0", runsc="thaw-gvisor-x")
+    m.set("thaw_build_info", 1, version="9.9.9-test", runsc="thaw-gvisor-x")
     srv = serve(m, "127.0.0.1:0")
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{srv.server_port}/metrics", timeout=10) as r:
             body = r.read().decode()
             assert r.headers["Content-Type"].startswith("text/plain")
-        assert 'thaw_build_info{runsc="thaw-gvisor-x",version="0.1.0"} 1.0' in body
+        assert 'thaw_build_info{runsc="thaw-gvisor-x",version="9.9.9-test"} 1.0' in body
     finally:
         srv.shutdown()

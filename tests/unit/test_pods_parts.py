@@ -54,7 +54,7 @@ class FakePreparer:
     def restore_deadline_s(self, spec: dict) -> float:
         return 10.0
 
-    def mount_gpu_helper(self, rt: RuntimeRef, spec: dict, *, visible_devices: bool = False) -> None:
+    def prepare_spec(self, rt: RuntimeRef, spec: dict, *, visible_devices: bool = False) -> None:
         pass   # CPU containers: nothing to mount
 
 

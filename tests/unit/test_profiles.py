@@ -1,4 +1,4 @@
-"""control/profiles.py: profile env and hooks against a stand-in workload on loopback."""
+"""control/lifecycle/profiles.py: profile env and hooks against a stand-in workload on loopback."""
 from __future__ import annotations
 
 import http.server

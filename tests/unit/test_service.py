@@ -1,6 +1,6 @@
-"""thawd's decisions (control/service.py) with a fake image source.
+"""thawd's decisions (control/thawd/service.py) with a fake image source.
 
-The fake stands in for control/image_source.py only; the bundle, the spec
+The fake stands in for control/thawd/image_source.py only; the bundle, the spec
 validation and the quarantine file are real."""
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 // normalized chunking) and hashes every chunk with SHA-256 (its name, which
 // every fetch checks) and BLAKE3 (the manifest's check column, which thaw-fetch
 // checked until issue 14 item 6: docs/store.md, "Integrity"), for thaw's image
-// packer (control/pack.py runs it). Pure-Python CDC runs at a few MB/s; this
+// packer (control/images/pack.py runs it). Pure-Python CDC runs at a few MB/s; this
 // runs at disk speed (docs/store.md has the measurements).
 //
 // Output, on stdout, one JSON object a line:
@@ -27,6 +27,8 @@ import (
 	"syscall"
 
 	"github.com/zeebo/blake3"
+
+	"thaw.dev/thaw/go/internal/version"
 )
 
 type chunk struct {
@@ -40,7 +42,14 @@ func main() {
 	avg := flag.Int("avg", 1<<20, "target average chunk in bytes (a power of two)")
 	max := flag.Int("max", 4<<20, "largest chunk in bytes")
 	workers := flag.Int("workers", runtime.NumCPU(), "hashing goroutines")
+	// The build's stamp (ci/build-go.sh): ci/release.sh checks the binaries it
+	// ships are of the version it names.
+	printVersion := flag.Bool("version", false, "print thaw's version and exit")
 	flag.Parse()
+	if *printVersion {
+		fmt.Println(version.Version)
+		return
+	}
 	p, err := NewParams(*min, *avg, *max)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "thaw-chunk:", err)

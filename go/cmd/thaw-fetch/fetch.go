@@ -26,7 +26,7 @@ import (
 )
 
 // align is O_DIRECT's offset, length and address alignment; the page size
-// covers every block size. Twin: control/transfer.py ALIGN.
+// covers every block size. Twin: control/images/transfer.py ALIGN.
 const align = 4096
 
 // fetchError is what the caller turns into IntegrityError or StoreError.

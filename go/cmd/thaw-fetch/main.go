@@ -1,12 +1,12 @@
 // Command thaw-fetch fills an image's files from ranged GETs of the store's
 // packs, verifying every chunk against its SHA-256 name before a byte of it
-// is written. It is the data path of control/transfer.py's fill: Python
+// is written. It is the data path of control/images/transfer.py's fill: Python
 // plans (which ranges, which chunks, where they go, presigned URLs from
 // boto3, so credentials and endpoints stay configured the boto3 way), this
 // executes. The same work in Python ran at parity with boto3's download_file
 // on a 2-core machine (docs/store.md, "Why the fetch is in Go").
 //
-// Input, on stdin, one JSON plan (see plan; twin: control/transfer.py _fetch_with):
+// Input, on stdin, one JSON plan (see plan; twin: control/images/transfer.py _fetch_with):
 //
 //	{"version":2, "workers":8, "timeout_s":60, "direct_io":true,
 //	 "retry":{"max_attempts":3, "budget_s":30, "base_s":1, "transient_base_s":0.05, "max_backoff_s":20},
@@ -45,7 +45,7 @@ func main() {
 	// Die with the process that started us (thawd, `thaw pull`): a fetch
 	// nobody waits for would keep writing into a partial entry that the next
 	// pull's recovery removes. The starting thread blocks in wait() until we
-	// exit (control/transfer.py), so its exit means its process is gone.
+	// exit (control/images/transfer.py), so its exit means its process is gone.
 	// (No getppid() == 1 check for a parent that died before this line: in a
 	// container thawd may itself be pid 1.)
 	syscall.RawSyscall(syscall.SYS_PRCTL, syscall.PR_SET_PDEATHSIG, uintptr(syscall.SIGKILL), 0)

@@ -10,10 +10,10 @@ import (
 )
 
 // PlanVersion is the plan format this binary executes.
-// Twin: control/transfer.py GO_PLAN_VERSION.
+// Twin: control/images/transfer.py GO_PLAN_VERSION.
 const PlanVersion = 2
 
-// Codecs a stored chunk may use. Twin: control/pack.py CODEC_NONE, CODEC_ZLIB.
+// Codecs a stored chunk may use. Twin: control/images/pack.py CODEC_NONE, CODEC_ZLIB.
 const (
 	codecNone = "none"
 	codecZlib = "zlib"

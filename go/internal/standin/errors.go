@@ -1,10 +1,23 @@
 package standin
 
 import (
+	"fmt"
 	"strings"
+	"time"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
+
+// describeWithin is describe, and when the call ran out of time, which
+// deadline it was and the setting that bounds it ("every timeout names its
+// setting": a reason a user reads in the decision log, issue 31).
+func describeWithin(err error, deadline time.Duration, setting string) string {
+	if status.Code(err) == codes.DeadlineExceeded {
+		return fmt.Sprintf("Timeout: thawd did not answer within %v (%s)", deadline.Round(time.Millisecond), setting)
+	}
+	return describe(err)
+}
 
 // describe turns a gRPC error from thawd into thaw's error kind and message.
 // thawd writes "<ThawError class>: <message>" as a status's details

@@ -3,6 +3,7 @@ package standin
 import (
 	"errors"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -25,5 +26,17 @@ func TestDescribeMapsStatusesToThawKinds(t *testing.T) {
 		if got := describe(c.err); got != c.want {
 			t.Errorf("describe(%v) = %q, want %q", c.err, got, c.want)
 		}
+	}
+}
+
+func TestDescribeWithinNamesTheSettingOfADeadline(t *testing.T) {
+	err := status.Error(codes.DeadlineExceeded, "context deadline exceeded")
+	want := "Timeout: thawd did not answer within 5s (thawd.prepare_timeout_s + 1 s)"
+	if got := describeWithin(err, 5*time.Second, "thawd.prepare_timeout_s + 1 s"); got != want {
+		t.Errorf("describeWithin = %q, want %q", got, want)
+	}
+	other := status.Error(codes.Unavailable, "connection refused")
+	if got := describeWithin(other, time.Second, "x"); got != "StoreError: connection refused" {
+		t.Errorf("describeWithin of a non-deadline error = %q", got)
 	}
 }

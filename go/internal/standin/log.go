@@ -5,6 +5,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"thaw.dev/thaw/go/internal/version"
 )
 
 // decisionLog appends one JSON line per decision ("Every decision is logged").
@@ -33,7 +35,7 @@ func (l *decisionLog) Write(cmd string, m *marker, decision, reason string, t0 t
 	b, _ := json.Marshal(map[string]any{
 		"time": time.Now().UTC().Format(time.RFC3339Nano), "cmd": cmd, "id": m.ID, "root": m.Root,
 		"workload_key": m.Key, "decision": decision, "reason": reason,
-		"ms": float64(time.Since(t0).Microseconds()) / 1000,
+		"ms": float64(time.Since(t0).Microseconds()) / 1000, "thaw": version.Version,
 	})
 	l.f.Write(append(b, '\n'))
 }

@@ -22,7 +22,7 @@ import (
 	"thaw.dev/thaw/go/internal/runscargv"
 )
 
-// Annotations the stand-in reads from config.json (twins: control/workload.py,
+// Annotations the stand-in reads from config.json (twins: control/lifecycle/workload.py,
 // control/lifecycle/pod.py).
 const (
 	AnnotationWorkload = "thaw.dev/workload" // opt-in: present = thaw may restore this container
@@ -262,7 +262,7 @@ func (s *Standin) create() int {
 	case s.cfgErr != nil:
 		m.Reason = "config-error: " + s.cfgErr.Error()
 	case err != nil:
-		m.Reason = "thawd-unavailable: " + describe(err)
+		m.Reason = "thawd-unavailable: " + describeWithin(err, s.cfg.PrepareTimeout, "thawd.prepare_timeout_s + 1 s")
 	case resp.Decision == pb.PrepareRestoreResponse_RESTORE:
 		m.Decision, m.Key, m.RestoreTimeoutMs = "restore", resp.WorkloadKey, resp.RestoreTimeoutMs
 		m.ImagePath = resp.ImagePath
@@ -508,7 +508,8 @@ func (s *Standin) restore(m *marker, subcontainerRestored bool) (ok bool, reason
 	r, err := c.Restore(ctx, &pb.RestoreRequest{Runtime: s.runtimeOf(m), StandinPid: int32(os.Getpid()),
 		StandinMarker: s.markerPath(m.ID), SubcontainerRestored: subcontainerRestored})
 	if err != nil {
-		return false, "thawd Restore: " + describe(err), false
+		return false, "thawd Restore: " + describeWithin(err, timeout,
+			"thawd.health_timeout_s + runsc.timeout_s + the post-restore hooks' timeouts"), false
 	}
 	if !r.Restored {
 		return false, r.Detail, true

@@ -1,5 +1,5 @@
 // Package stream restores a sandbox while its image is still arriving from
-// the store (issue 18; /work/shared/docs/stream-restore.md has the
+// the store (issue 18; docs/notes/2026-11-30-stream-restore.md has the
 // measurements this design follows).
 //
 // Two processes of one binary (go/cmd/thaw-gofer) share the work:
