@@ -130,10 +130,16 @@ func (g *Getter) getOnce(ctx context.Context, rawURL string, start int64, body [
 		return fmt.Errorf("asked for %d bytes at %d, got %d (the pack does not match its manifest)",
 			len(rest), from, resp.ContentLength), failure{final: true}
 	}
-	// Read in pieces of up to 256 KiB (a chunk's average) so that progress
-	// sees chunks as they complete.
+	// With progress, read in pieces of up to 256 KiB (a chunk's average) so
+	// that it sees chunks as they complete; without, in as few reads as the
+	// connection allows (a read of a whole range goes from the socket straight
+	// into body, past the transport's buffer).
+	piece := len(rest)
+	if progress != nil {
+		piece = 256 << 10
+	}
 	for len(rest) > 0 {
-		n, err := io.ReadAtLeast(resp.Body, rest[:min(len(rest), 256<<10)], 1)
+		n, err := io.ReadAtLeast(resp.Body, rest[:min(len(rest), piece)], 1)
 		*got += n
 		rest = rest[n:]
 		if n > 0 && progress != nil {
