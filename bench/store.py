@@ -174,12 +174,14 @@ def fetch_bench(base: configmod.Settings, sw: seaweed.Seaweed, work: Path, image
     out = {"avg_chunk_bytes": avg, "workers": workers, "image_bytes": size, "chunks": r.upload.chunks,
            "push_s": round(push_s, 3), "direct_io": base.cache_direct_io, "engine": "thaw-fetch",
            "fetcher": str(s.store_fetcher), "baseline_fetcher": str(baseline_fetcher) if baseline_fetcher else None}
-    for pc, (thaw_s, base_s, boto_s, boto_nofsync_s, fill) in runs.items():
+    for pc, (thaw_s, base_s, boto_s, boto_nofsync_s, fill, thaw_cpu, base_cpu) in runs.items():
         best_thaw, best_boto = min(thaw_s), min(boto_s)
         med_thaw, med_boto = sorted(thaw_s)[len(thaw_s) // 2], sorted(boto_s)[len(boto_s) // 2]
         out[f"page_cache_{pc}"] = {
             "thaw_fetch_s": [round(x, 3) for x in thaw_s],
             "baseline_fetch_s": [round(x, 3) for x in base_s],
+            "thaw_client_cpu_s_per_gb": [round(c / (size / 1e9), 3) for c in thaw_cpu],
+            "baseline_client_cpu_s_per_gb": [round(c / (size / 1e9), 3) for c in base_cpu],
             "boto3_download_file_s": [round(x, 3) for x in boto_s],
             "boto3_download_file_without_fsync_s": [round(x, 3) for x in boto_nofsync_s],
             "thaw_bytes_per_s_median": size / med_thaw, "boto3_bytes_per_s_median": size / med_boto,
@@ -197,12 +199,21 @@ def fetch_bench(base: configmod.Settings, sw: seaweed.Seaweed, work: Path, image
     return out
 
 
-def _pull_s(store: Store, cache_dir: Path, key: str, tup: CompatTuple, workers: int, direct_io: bool):
+def _cpu_s() -> float:
+    """This process's CPU seconds and its waited-for children's (thaw-fetch)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def _pull_s(store: Store, cache_dir: Path, key: str, tup: CompatTuple, workers: int, direct_io: bool,
+            cpu: list | None = None):
     shutil.rmtree(cache_dir, ignore_errors=True)
     cache = Cache(cache_dir, 64 * GiB, direct_io=direct_io)
-    t = time.monotonic()
+    t, c = time.monotonic(), _cpu_s()
     res = images.pull(cache, store, key, tup, workers=workers)
     took = time.monotonic() - t
+    if cpu is not None:
+        cpu.append(_cpu_s() - c)   # the client's CPU: Python and thaw-fetch
     res.lease.release()
     shutil.rmtree(cache_dir)
     return took, res.fill
@@ -211,20 +222,22 @@ def _pull_s(store: Store, cache_dir: Path, key: str, tup: CompatTuple, workers: 
 def _fetch_runs(store: Store, baseline: Store | None, client, key: str, tup: CompatTuple, bucket: str,
                 files: list[Path], work: Path, reps: int, workers: int, direct_io: bool, page_cache: str):
     thaw_s, base_s, boto_s, boto_nofsync_s = [], [], [], []
+    thaw_cpu, base_cpu = [], []
     fill = None
     # One discarded warm-up pair first: right after the uploads SeaweedFS and
     # the kernel are still writing back gigabytes, which slows whichever runs first.
     for rep in range(-1, reps):
         cache_dir = work / f"cache-{bucket}-{rep}"
-        _settle(work, page_cache)
-        took, fill = _pull_s(store, cache_dir, key, tup, workers, direct_io)
-        if rep >= 0:
-            thaw_s.append(took)
-        if baseline is not None:
+        sides = [(store, thaw_s, thaw_cpu)] + ([(baseline, base_s, base_cpu)] if baseline is not None else [])
+        if rep % 2:   # thaw-fetch and the baseline take turns going first
+            sides.reverse()
+        for st, times, cpu in sides:
             _settle(work, page_cache)
-            took, _ = _pull_s(baseline, cache_dir, key, tup, workers, direct_io)
+            took, f = _pull_s(st, cache_dir, key, tup, workers, direct_io, cpu if rep >= 0 else None)
+            if st is store:
+                fill = f
             if rep >= 0:
-                base_s.append(took)
+                times.append(took)
         dest = work / f"boto3-{rep}"
         shutil.rmtree(dest, ignore_errors=True)
         dest.mkdir()
@@ -241,7 +254,7 @@ def _fetch_runs(store: Store, baseline: Store | None, client, key: str, tup: Com
             boto_s.append(time.monotonic() - t)
             boto_nofsync_s.append(t_nofsync)
         shutil.rmtree(dest)
-    return thaw_s, base_s, boto_s, boto_nofsync_s, fill
+    return thaw_s, base_s, boto_s, boto_nofsync_s, fill, thaw_cpu, base_cpu
 
 
 def dedup_bench(base: configmod.Settings, work: Path, image_dirs: dict[str, Path], tup: CompatTuple,
