@@ -10,10 +10,10 @@ rate in front of SeaweedFS.
 Each pull goes into an empty cache through the proxy; the window opens at the
 pull's first GET of a pack (start "first", key "/packs/") and lasts 10 s, so
 every pull meets all of it. A pull survives when it installs the image and its
-files are identical to the source. The baseline rows run the same pulls with
-the in-process engine (boto3's own retries; its twin of the retry policy,
-control/images/retry.py, is not wired yet) and, when given, an older
-thaw-fetch binary. Results and the machine go to one JSON file.
+files are identical to the source. The baseline rows, when asked, run the
+same pulls with an older thaw-fetch binary. (The in-process engine of the
+2026-11-30 results was removed in issue 27 item 5: thaw-fetch is the one
+fetch engine.) Results and the machine go to one JSON file.
 """
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ def main() -> None:
                     workers=s.store_workers)
         result["settings"] = {"store.workers": s.store_workers, "store.timeout_s": s.store_timeout_s,
                               "store.retries": s.store_retries, "store.fetcher": str(s.store_fetcher)}
-        engines = {"thaw-fetch": (s, a.reps), "in-process": (dataclasses.replace(s, store_fetcher=None), a.baseline_reps)}
+        engines = {"thaw-fetch": (s, a.reps)}
         if a.baseline_fetcher:
             engines["thaw-fetch-baseline"] = (dataclasses.replace(s, store_fetcher=a.baseline_fetcher), a.baseline_reps)
             result["baseline_fetcher"] = str(a.baseline_fetcher)

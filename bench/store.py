@@ -2,9 +2,12 @@
 
 Fetch: a real runsc checkpoint of a workload holding `image_bytes` of random
 (incompressible, like weights) memory is pushed to a SeaweedFS on loopback,
-then fetched into a cold cache by thaw, and the same three files, stored as
-plain objects, downloaded by boto3's `download_file` (default TransferConfig,
-then fsynced, as thaw's fetch is) in the same run, alternating, `reps` times.
+then fetched into a cold cache by thaw (thaw-fetch, the one fetch engine),
+and the same three files, stored as plain objects, downloaded by boto3's
+`download_file` (default TransferConfig, then fsynced, as thaw's fetch is) in
+the same run, alternating, `reps` times. With `--baseline-fetcher PATH` the
+same pull with another thaw-fetch binary (another checkout's build) runs
+alongside, for a before/after of a change to the fill path in one run.
 The disk's own write rate (dd oflag=direct, and buffered + fsync) is the limit.
 A second image of the same size holds realistic contents (half random weights,
 a quarter zeroed but committed buffers, a quarter low-entropy state).
@@ -17,8 +20,8 @@ Tenancy (`--tenancy`, issue 13): the same dedup sets pushed into one
 tenant in plaintext, into one tenant with encryption on (AES-256-GCM,
 convergent within the tenant), and again into a second tenant (no dedup may
 cross tenants); and one random checkpoint fetched from a plaintext and an
-encrypted tenant of the same bucket, alternating, with both fetch engines,
-so the encryption's cost on fetch MB/s is measured side by side in one run.
+encrypted tenant of the same bucket, alternating, so the encryption's cost on
+fetch MB/s is measured side by side in one run.
 
 Before every timed run the page cache is dropped (both sides alike).
 Everything runs on this machine; results say which machine that was.
@@ -146,7 +149,8 @@ def _boto3_client(sw: seaweed.Seaweed):
 
 
 def fetch_bench(base: configmod.Settings, sw: seaweed.Seaweed, work: Path, image: Path, tup: CompatTuple,
-                reps: int, avg: int, workers: int, page_cache_states=PAGE_CACHE_STATES) -> dict:
+                reps: int, avg: int, workers: int, page_cache_states=PAGE_CACHE_STATES,
+                baseline_fetcher: Path | None = None) -> dict:
     s = dataclasses.replace(base, pack_avg_chunk_bytes=avg, store_workers=workers)
     bucket = f"fetch-{avg >> 10}k-w{workers}"
     s = dataclasses.replace(s, store_bucket=bucket)
@@ -160,61 +164,80 @@ def fetch_bench(base: configmod.Settings, sw: seaweed.Seaweed, work: Path, image
     files = sorted(image.iterdir())
     for f in files:
         client.upload_file(str(f), bucket, f"plain/{f.name}")
-    # The same pull with the in-process engine (boto3 ranged GETs, hashlib, pwrite) for comparison.
-    inproc = Store(dataclasses.replace(s, store_fetcher=None))
-    runs = {pc: _fetch_runs(store, inproc, client, key, tup, bucket, files, work, reps, workers, base.cache_direct_io,
-                            pc)
+    # The same pull with another thaw-fetch binary (a before/after), when asked.
+    baseline = Store(dataclasses.replace(s, store_fetcher=baseline_fetcher)) if baseline_fetcher else None
+    runs = {pc: _fetch_runs(store, baseline, client, key, tup, bucket, files, work, reps, workers,
+                            base.cache_direct_io, pc)
             for pc in page_cache_states}
     store.delete_prefix("")
     client.close()
     out = {"avg_chunk_bytes": avg, "workers": workers, "image_bytes": size, "chunks": r.upload.chunks,
-           "push_s": round(push_s, 3), "direct_io": base.cache_direct_io,
-           "engine": "thaw-fetch" if store.fetcher is not None else "python"}
-    for pc, (thaw_s, inproc_s, boto_s, boto_nofsync_s, fill) in runs.items():
+           "push_s": round(push_s, 3), "direct_io": base.cache_direct_io, "engine": "thaw-fetch",
+           "fetcher": str(s.store_fetcher), "baseline_fetcher": str(baseline_fetcher) if baseline_fetcher else None}
+    for pc, (thaw_s, base_s, boto_s, boto_nofsync_s, fill, thaw_cpu, base_cpu) in runs.items():
         best_thaw, best_boto = min(thaw_s), min(boto_s)
         med_thaw, med_boto = sorted(thaw_s)[len(thaw_s) // 2], sorted(boto_s)[len(boto_s) // 2]
         out[f"page_cache_{pc}"] = {
             "thaw_fetch_s": [round(x, 3) for x in thaw_s],
-            "thaw_inprocess_fetch_s": [round(x, 3) for x in inproc_s],
+            "baseline_fetch_s": [round(x, 3) for x in base_s],
+            "thaw_client_cpu_s_per_gb": [round(c / (size / 1e9), 3) for c in thaw_cpu],
+            "baseline_client_cpu_s_per_gb": [round(c / (size / 1e9), 3) for c in base_cpu],
             "boto3_download_file_s": [round(x, 3) for x in boto_s],
             "boto3_download_file_without_fsync_s": [round(x, 3) for x in boto_nofsync_s],
             "thaw_bytes_per_s_median": size / med_thaw, "boto3_bytes_per_s_median": size / med_boto,
             "thaw_bytes_per_s_best": size / best_thaw, "boto3_bytes_per_s_best": size / best_boto,
             "speedup_vs_boto3_median": med_boto / med_thaw, "speedup_vs_boto3_best": best_boto / best_thaw,
             "speedup_vs_boto3_per_rep": [round(b / t, 3) for t, b in zip(thaw_s, boto_s)],
-            "inprocess_speedup_vs_boto3_median": med_boto / sorted(inproc_s)[len(inproc_s) // 2],
-            "speedup_vs_inprocess_median": sorted(inproc_s)[len(inproc_s) // 2] / med_thaw,
             "fill": fill.to_dict() if fill else None}
+        if base_s:
+            med_base = sorted(base_s)[len(base_s) // 2]
+            out[f"page_cache_{pc}"].update({
+                "baseline_bytes_per_s_median": size / med_base,
+                "baseline_speedup_vs_boto3_median": med_boto / med_base,
+                "speedup_vs_baseline_median": med_base / med_thaw,
+                "speedup_vs_baseline_per_rep": [round(b / t, 3) for t, b in zip(thaw_s, base_s)]})
     return out
 
 
-def _pull_s(store: Store, cache_dir: Path, key: str, tup: CompatTuple, workers: int, direct_io: bool):
+def _cpu_s() -> float:
+    """This process's CPU seconds and its waited-for children's (thaw-fetch)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def _pull_s(store: Store, cache_dir: Path, key: str, tup: CompatTuple, workers: int, direct_io: bool,
+            cpu: list | None = None):
     shutil.rmtree(cache_dir, ignore_errors=True)
     cache = Cache(cache_dir, 64 * GiB, direct_io=direct_io)
-    t = time.monotonic()
+    t, c = time.monotonic(), _cpu_s()
     res = images.pull(cache, store, key, tup, workers=workers)
     took = time.monotonic() - t
+    if cpu is not None:
+        cpu.append(_cpu_s() - c)   # the client's CPU: Python and thaw-fetch
     res.lease.release()
     shutil.rmtree(cache_dir)
     return took, res.fill
 
 
-def _fetch_runs(store: Store, inproc: Store, client, key: str, tup: CompatTuple, bucket: str, files: list[Path],
-                work: Path, reps: int, workers: int, direct_io: bool, page_cache: str):
-    thaw_s, inproc_s, boto_s, boto_nofsync_s = [], [], [], []
+def _fetch_runs(store: Store, baseline: Store | None, client, key: str, tup: CompatTuple, bucket: str,
+                files: list[Path], work: Path, reps: int, workers: int, direct_io: bool, page_cache: str):
+    thaw_s, base_s, boto_s, boto_nofsync_s = [], [], [], []
+    thaw_cpu, base_cpu = [], []
     fill = None
     # One discarded warm-up pair first: right after the uploads SeaweedFS and
     # the kernel are still writing back gigabytes, which slows whichever runs first.
     for rep in range(-1, reps):
         cache_dir = work / f"cache-{bucket}-{rep}"
-        _settle(work, page_cache)
-        took, fill = _pull_s(store, cache_dir, key, tup, workers, direct_io)
-        if rep >= 0:
-            thaw_s.append(took)
-        _settle(work, page_cache)
-        took, _ = _pull_s(inproc, cache_dir, key, tup, workers, direct_io)
-        if rep >= 0:
-            inproc_s.append(took)
+        sides = [(store, thaw_s, thaw_cpu)] + ([(baseline, base_s, base_cpu)] if baseline is not None else [])
+        if rep % 2:   # thaw-fetch and the baseline take turns going first
+            sides.reverse()
+        for st, times, cpu in sides:
+            _settle(work, page_cache)
+            took, f = _pull_s(st, cache_dir, key, tup, workers, direct_io, cpu if rep >= 0 else None)
+            if st is store:
+                fill = f
+            if rep >= 0:
+                times.append(took)
         dest = work / f"boto3-{rep}"
         shutil.rmtree(dest, ignore_errors=True)
         dest.mkdir()
@@ -231,7 +254,7 @@ def _fetch_runs(store: Store, inproc: Store, client, key: str, tup: CompatTuple,
             boto_s.append(time.monotonic() - t)
             boto_nofsync_s.append(t_nofsync)
         shutil.rmtree(dest)
-    return thaw_s, inproc_s, boto_s, boto_nofsync_s, fill
+    return thaw_s, base_s, boto_s, boto_nofsync_s, fill, thaw_cpu, base_cpu
 
 
 def dedup_bench(base: configmod.Settings, work: Path, image_dirs: dict[str, Path], tup: CompatTuple,
@@ -333,8 +356,8 @@ def tenancy_dedup(base: configmod.Settings, work: Path, image_dirs: dict[str, Pa
 
 def tenancy_fetch(base: configmod.Settings, work: Path, image: Path, tup: CompatTuple, reps: int,
                   page_cache_states=PAGE_CACHE_STATES) -> dict:
-    """One image in a plaintext and an encrypted tenant; pulls alternate between the two
-    and between the engines (thaw-fetch, in-process), `reps` times after one discarded round."""
+    """One image in a plaintext and an encrypted tenant; pulls alternate between the two,
+    `reps` times after one discarded round."""
     s = dataclasses.replace(base, store_bucket="tenancy-fetch")
     Store(s).ensure_bucket()
     Store(s).delete_prefix("")
@@ -347,14 +370,12 @@ def tenancy_fetch(base: configmod.Settings, work: Path, image: Path, tup: Compat
                         avg_chunk=s.pack_avg_chunk_bytes, workers=s.store_workers)
         pushed[variant] = {"push_s": round(time.monotonic() - t, 3), "stored_bytes": r.upload.uploaded_bytes,
                            "raw_bytes": r.upload.uploaded_raw_bytes, "chunks": r.upload.chunks}
-        inproc = Store(dataclasses.replace(s, store_fetcher=None)).for_tenant(
-            tenant, _keyring(work, tenant == ENCRYPTED))
-        stores[variant] = {"thaw-fetch": st, "python": inproc}
+        stores[variant] = {"thaw-fetch": st}
     size = sum(p.stat().st_size for p in image.iterdir())
     out: dict = {"image_bytes": size, "pushed": pushed, "reps": reps}
     med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
     for pc in page_cache_states:
-        times = {(v, e): [] for v in stores for e in ("thaw-fetch", "python")}
+        times = {(v, e): [] for v in stores for e in ("thaw-fetch",)}
         for rep in range(-1, reps):
             for (variant, engine), got in times.items():
                 _settle(work, pc)
@@ -365,7 +386,7 @@ def tenancy_fetch(base: configmod.Settings, work: Path, image: Path, tup: Compat
                 if rep >= 0:
                     got.append(took)
         res = {}
-        for engine in ("thaw-fetch", "python"):
+        for engine in ("thaw-fetch",):
             p, e = times[("plain", engine)], times[("encrypted", engine)]
             res[engine] = {"plain_s": [round(x, 3) for x in p], "encrypted_s": [round(x, 3) for x in e],
                            "plain_bytes_per_s_median": size / med(p), "encrypted_bytes_per_s_median": size / med(e),
@@ -407,7 +428,6 @@ def run_tenancy(settings: configmod.Settings, *, image_bytes: int, workdir: Path
         "fetch_encrypted_over_plain": round(f["page_cache_full"]["thaw-fetch"]["encrypted_over_plain_rate"], 3),
         "fetch_encrypted_over_plain_empty_page_cache":
             round(f["page_cache_empty"]["thaw-fetch"]["encrypted_over_plain_rate"], 3),
-        "inprocess_encrypted_over_plain": round(f["page_cache_full"]["python"]["encrypted_over_plain_rate"], 3),
         "finetune_within_tenant_saved_plain": round(d["plain"]["stored_saved_fraction"], 3),
         "finetune_within_tenant_saved_encrypted": round(d["encrypted"]["stored_saved_fraction"], 3),
         "finetune_chunk_dedup_only_saved": round(d["encrypted"]["dedup_saved_fraction"], 3),
@@ -437,7 +457,9 @@ def make_images(runsc: Path, work: Path) -> dict[str, dict[str, Path]]:
 
 
 def run(settings: configmod.Settings, *, image_bytes: int, workdir: Path, out: Path | None = None,
-        reps: int = 5, sweep: bool = True) -> dict:
+        reps: int = 5, sweep: bool = True, baseline_fetcher: Path | None = None, fetch_only: bool = False) -> dict:
+    """The whole benchmark; `fetch_only`: the random image's fetch alone (no mixed image,
+    no dedup sets), e.g. for a before/after of the fill path with `baseline_fetcher`."""
     workdir.mkdir(parents=True, exist_ok=True)
     work = workdir
     tup = node_tuple(settings)
@@ -460,62 +482,74 @@ def run(settings: configmod.Settings, *, image_bytes: int, workdir: Path, out: P
         configs = [(settings.pack_avg_chunk_bytes, settings.store_workers)]
         if sweep:
             configs += [(1 << 20, settings.store_workers)]
-        result["fetch"] = [fetch_bench(base, sw, work, big, tup, reps, a, w) for a, w in configs]
+        result["fetch"] = [fetch_bench(base, sw, work, big, tup, reps, a, w, baseline_fetcher=baseline_fetcher)
+                           for a, w in configs]
         workloads.remove_tree(big.parent)
-        # The same size with realistic contents: random weights, committed zero
-        # buffers, low-entropy state (thaw leaves holes and compresses; boto3 cannot).
-        mixed = workloads.make_checkpoint(settings.runsc_path, work / "wl", "mixed",
-                                          ["mixed", str(image_bytes >> 20)], timeout_s=600)
-        result["fetch_image_mixed"] = {"bytes": sum(p.stat().st_size for p in mixed.iterdir())}
-        result["fetch_mixed"] = fetch_bench(base, sw, work, mixed, tup, reps, settings.pack_avg_chunk_bytes,
-                                            settings.store_workers)
-        workloads.remove_tree(mixed.parent)
-        sets = make_images(settings.runsc_path, work)
-        avgs = sorted({64 << 10, 256 << 10, 1 << 20, 4 << 20, settings.pack_avg_chunk_bytes}) if sweep \
-            else (settings.pack_avg_chunk_bytes,)
-        result["dedup"] = {name: [dedup_bench(base, work, imgs, tup, a, f"dedup-{name}-{a >> 10}k") for a in avgs]
-                           for name, imgs in sets.items()}
+        if not fetch_only:
+            # The same size with realistic contents: random weights, committed zero
+            # buffers, low-entropy state (thaw leaves holes and compresses; boto3 cannot).
+            mixed = workloads.make_checkpoint(settings.runsc_path, work / "wl", "mixed",
+                                              ["mixed", str(image_bytes >> 20)], timeout_s=600)
+            result["fetch_image_mixed"] = {"bytes": sum(p.stat().st_size for p in mixed.iterdir())}
+            result["fetch_mixed"] = fetch_bench(base, sw, work, mixed, tup, reps, settings.pack_avg_chunk_bytes,
+                                                settings.store_workers)
+            workloads.remove_tree(mixed.parent)
+            sets = make_images(settings.runsc_path, work)
+            avgs = sorted({64 << 10, 256 << 10, 1 << 20, 4 << 20, settings.pack_avg_chunk_bytes}) if sweep \
+                else (settings.pack_avg_chunk_bytes,)
+            result["dedup"] = {name: [dedup_bench(base, work, imgs, tup, a, f"dedup-{name}-{a >> 10}k")
+                                      for a in avgs]
+                               for name, imgs in sets.items()}
     finally:
         sw.stop()
     main = result["fetch"][0]["page_cache_full"]
     main_empty = result["fetch"][0]["page_cache_empty"]
-    ded = next(d for d in result["dedup"]["finetune"] if d["avg_chunk_bytes"] == settings.pack_avg_chunk_bytes)
-    rt = next(d for d in result["dedup"]["runtime"] if d["avg_chunk_bytes"] == settings.pack_avg_chunk_bytes)
     limit = result["disk"]["direct_bytes_per_s"]
-    mixed = result["fetch_mixed"]["page_cache_full"]
-    mixed_empty = result["fetch_mixed"]["page_cache_empty"]
-    result["summary"] = {
+    summary = {
         # medians over `reps` alternating runs; the ratio is of the medians.
         # The headline is the random (incompressible) image, the worst case for
         # thaw, on a node whose page cache is full (its normal state); the
         # same runs with the page cache empty follow.
         "fetch_speedup_vs_boto3": round(main["speedup_vs_boto3_median"], 3),
         "fetch_speedup_vs_boto3_empty_page_cache": round(main_empty["speedup_vs_boto3_median"], 3),
-        "fetch_speedup_vs_boto3_mixed_image": round(mixed["speedup_vs_boto3_median"], 3),
-        "fetch_speedup_vs_boto3_mixed_image_empty_page_cache": round(mixed_empty["speedup_vs_boto3_median"], 3),
-        "fetch_mixed_bytes_per_s": round(mixed["thaw_bytes_per_s_median"]),
         "fetch_bytes_per_s": round(main["thaw_bytes_per_s_median"]),
         "boto3_bytes_per_s": round(main["boto3_bytes_per_s_median"]),
         "fetch_bytes_per_s_empty_page_cache": round(main_empty["thaw_bytes_per_s_median"]),
         "boto3_bytes_per_s_empty_page_cache": round(main_empty["boto3_bytes_per_s_median"]),
         "fetch_direct_io": result["fetch"][0]["direct_io"],
         "fetch_engine": result["fetch"][0]["engine"],
-        # the same pull with the in-process engine (store.fetcher empty), same runs
-        "inprocess_fetch_speedup_vs_boto3": round(main["inprocess_speedup_vs_boto3_median"], 3),
-        "inprocess_fetch_speedup_vs_boto3_empty_page_cache": round(main_empty["inprocess_speedup_vs_boto3_median"], 3),
         # the limit: the disk's raw (O_DIRECT) write rate; buffered + fsync
         # (the path download_file takes) is in "disk"
         "disk_write_bytes_per_s": round(limit),
         "fetch_fraction_of_disk_limit": round(main["thaw_bytes_per_s_median"] / limit, 3),
-        # "bytes stored vs raw bytes": chunk dedup and per-chunk compression together
-        "dedup_saved_fraction": round(ded["stored_saved_fraction"], 3),
-        "chunk_dedup_only_saved_fraction": round(ded["dedup_saved_fraction"], 3),
-        "second_image_fetched_fraction": round(ded["second_image"]["fetched_fraction"], 3),
-        "runtime_only_set_saved_fraction": round(rt["stored_saved_fraction"], 3),
-        "runtime_only_set_chunk_dedup_only_saved_fraction": round(rt["dedup_saved_fraction"], 3),
         "avg_chunk_bytes": settings.pack_avg_chunk_bytes, "workers": settings.store_workers,
-        "load_average_at_end": os.getloadavg()[0],
     }
+    if baseline_fetcher is not None:   # the same pulls with the baseline's thaw-fetch, same runs
+        summary.update({
+            "baseline_fetcher": str(baseline_fetcher),
+            "baseline_fetch_bytes_per_s": round(main["baseline_bytes_per_s_median"]),
+            "baseline_fetch_speedup_vs_boto3": round(main["baseline_speedup_vs_boto3_median"], 3),
+            "fetch_speedup_vs_baseline": round(main["speedup_vs_baseline_median"], 3),
+            "fetch_speedup_vs_baseline_empty_page_cache": round(main_empty["speedup_vs_baseline_median"], 3),
+            "baseline_fetch_speedup_vs_boto3_empty_page_cache":
+                round(main_empty["baseline_speedup_vs_boto3_median"], 3)})
+    if not fetch_only:
+        ded = next(d for d in result["dedup"]["finetune"] if d["avg_chunk_bytes"] == settings.pack_avg_chunk_bytes)
+        rt = next(d for d in result["dedup"]["runtime"] if d["avg_chunk_bytes"] == settings.pack_avg_chunk_bytes)
+        mixed = result["fetch_mixed"]["page_cache_full"]
+        mixed_empty = result["fetch_mixed"]["page_cache_empty"]
+        summary.update({
+            "fetch_speedup_vs_boto3_mixed_image": round(mixed["speedup_vs_boto3_median"], 3),
+            "fetch_speedup_vs_boto3_mixed_image_empty_page_cache": round(mixed_empty["speedup_vs_boto3_median"], 3),
+            "fetch_mixed_bytes_per_s": round(mixed["thaw_bytes_per_s_median"]),
+            # "bytes stored vs raw bytes": chunk dedup and per-chunk compression together
+            "dedup_saved_fraction": round(ded["stored_saved_fraction"], 3),
+            "chunk_dedup_only_saved_fraction": round(ded["dedup_saved_fraction"], 3),
+            "second_image_fetched_fraction": round(ded["second_image"]["fetched_fraction"], 3),
+            "runtime_only_set_saved_fraction": round(rt["stored_saved_fraction"], 3),
+            "runtime_only_set_chunk_dedup_only_saved_fraction": round(rt["dedup_saved_fraction"], 3)})
+    summary["load_average_at_end"] = os.getloadavg()[0]
+    result["summary"] = summary
     result.update(result["summary"])
     workloads.remove_tree(work)
     if out is not None:
@@ -527,21 +561,26 @@ def run(settings: configmod.Settings, *, image_bytes: int, workdir: Path, out: P
 def human(r: dict) -> str:
     s = r["summary"]
     mb = 1e6
-    return "\n".join([
+    lines = [
         f"store benchmark, {r['date']}, {r['machine']}",
         f"fetch {r['fetch_image']['bytes'] / GiB:.2f} GiB: thaw {s['fetch_bytes_per_s'] / mb:.0f} MB/s, "
         f"boto3 download_file {s['boto3_bytes_per_s'] / mb:.0f} MB/s: {s['fetch_speedup_vs_boto3']:.2f}x "
-        f"(page cache full; empty: {s['fetch_speedup_vs_boto3_empty_page_cache']:.2f}x; in-process engine "
-        f"{s['inprocess_fetch_speedup_vs_boto3']:.2f}x); "
-        f"disk {s['disk_write_bytes_per_s'] / mb:.0f} MB/s: {s['fetch_fraction_of_disk_limit']:.2f} of it",
-        f"fetch, mixed image (weights, zeroed buffers, state): {s['fetch_speedup_vs_boto3_mixed_image']:.2f}x boto3 "
-        f"(page cache empty: {s['fetch_speedup_vs_boto3_mixed_image_empty_page_cache']:.2f}x)",
-        f"dedup (fine-tunes of one base): {s['dedup_saved_fraction']:.1%} fewer bytes stored than raw "
-        f"({s['chunk_dedup_only_saved_fraction']:.1%} by chunk dedup alone); image B fetched "
-        f"{s['second_image_fetched_fraction']:.1%} with A cached",
-        f"dedup (different models, runtime shared only): {s['runtime_only_set_saved_fraction']:.1%} "
-        f"({s['runtime_only_set_chunk_dedup_only_saved_fraction']:.1%} by chunk dedup alone)",
-    ])
+        f"(page cache full; empty: {s['fetch_speedup_vs_boto3_empty_page_cache']:.2f}x); "
+        f"disk {s['disk_write_bytes_per_s'] / mb:.0f} MB/s: {s['fetch_fraction_of_disk_limit']:.2f} of it"]
+    if "baseline_fetcher" in s:
+        lines.append(f"baseline thaw-fetch ({s['baseline_fetcher']}) {s['baseline_fetch_bytes_per_s'] / mb:.0f} MB/s: "
+                     f"this one {s['fetch_speedup_vs_baseline']:.2f}x it (page cache full; empty: "
+                     f"{s['fetch_speedup_vs_baseline_empty_page_cache']:.2f}x)")
+    if "dedup_saved_fraction" in s:
+        lines += [
+            f"fetch, mixed image (weights, zeroed buffers, state): {s['fetch_speedup_vs_boto3_mixed_image']:.2f}x "
+            f"boto3 (page cache empty: {s['fetch_speedup_vs_boto3_mixed_image_empty_page_cache']:.2f}x)",
+            f"dedup (fine-tunes of one base): {s['dedup_saved_fraction']:.1%} fewer bytes stored than raw "
+            f"({s['chunk_dedup_only_saved_fraction']:.1%} by chunk dedup alone); image B fetched "
+            f"{s['second_image_fetched_fraction']:.1%} with A cached",
+            f"dedup (different models, runtime shared only): {s['runtime_only_set_saved_fraction']:.1%} "
+            f"({s['runtime_only_set_chunk_dedup_only_saved_fraction']:.1%} by chunk dedup alone)"]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
@@ -552,6 +591,9 @@ if __name__ == "__main__":
     ap.add_argument("--out", type=Path)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--baseline-fetcher", type=Path, default=None,
+                    help="another thaw-fetch binary pulled alongside (a before/after of the fill path)")
+    ap.add_argument("--fetch-only", action="store_true", help="only the random image's fetch (no mixed image, no dedup)")
     ap.add_argument("--tenancy", action="store_true",
                     help="only the tenancy part: within-tenant dedup, and fetch with and without encryption")
     a = ap.parse_args()
@@ -560,5 +602,5 @@ if __name__ == "__main__":
                           reps=a.reps)
     else:
         res = run(configmod.load(), image_bytes=int(a.image_gb * GiB), workdir=a.workdir, out=a.out,
-                  reps=a.reps, sweep=a.sweep)
+                  reps=a.reps, sweep=a.sweep, baseline_fetcher=a.baseline_fetcher, fetch_only=a.fetch_only)
     print(json.dumps(res["summary"], indent=2))

@@ -1,4 +1,4 @@
-"""CPU per GB of one fetch, by side: thaw-fetch, the in-process engine, boto3
+"""CPU per GB of one fetch, by side: thaw-fetch (the one fetch engine), boto3
 download_file, and the store (SeaweedFS's process) under each, on a 2 GiB
 checkpoint of random memory, page cache full before every run (bench/store.py
 _settle), 3 rounds. Answers "where does the fetch's CPU go" (docs/store.md).
@@ -37,14 +37,14 @@ def wcpu():
     return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
 def me():
     t = os.times(); return t.user + t.system, t.children_user + t.children_system
-out = {"thaw-fetch": [], "in-process": [], "boto3": []}
+out = {"thaw-fetch": [], "boto3": []}
 try:
     base = sb._settings(sw, work, "bench")
     kind = sys.argv[1] if len(sys.argv) > 1 else "ballast"
     img = workloads.make_checkpoint(settings.runsc_path, work / "wl", kind, [kind, "2048"], timeout_s=600)
     size = sum(p.stat().st_size for p in img.iterdir())
     s = dataclasses.replace(base, store_bucket="cpu-bucket")
-    st = Store(s); inproc = Store(dataclasses.replace(s, store_fetcher=None))
+    st = Store(s)
     images.push(None, st, img, "k", tup, chunker=s.pack_chunker, avg_chunk=256 << 10, workers=8)
     client = sb._boto3_client(sw)
     for f in sorted(img.iterdir()):
@@ -64,7 +64,7 @@ try:
                 shutil.rmtree(work / "c", ignore_errors=True)
                 cache = Cache(work / "c", 64 << 30, direct_io=True)
                 t = time.monotonic(); w0, (s0, c0) = wcpu(), me()
-                res = images.pull(cache, st if name == "thaw-fetch" else inproc, "k", tup, workers=8)
+                res = images.pull(cache, st, "k", tup, workers=8)
                 res.lease.release()
             wall = time.monotonic() - t
             w1, (s1, c1) = wcpu(), me()

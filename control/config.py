@@ -196,7 +196,7 @@ KEYS: tuple[Key, ...] = (
         range=(1, 256)),
     Key("store.timeout_s", SECONDS, 30.0, "Connect and read timeout of one S3 request.", range=(1, 3600)),
     Key("store.retries", INT, 3, "Retries of a failed S3 request after its first try, counted as botocore's "
-        "'standard' mode counts them (3: 4 tries; 0: none). Twin: go/cmd/thaw-fetch/retry.go.", range=(0, 20)),
+        "'standard' mode counts them (3: 4 tries; 0: none). Twin: go/internal/fetch/retry.go.", range=(0, 20)),
     Key("store.retry_budget_s", SECONDS, 30.0, "A failed S3 request is retried on past store.retries until this "
         "long after its first try, so a pull rides out a store's slow-down or 5xx window; 0: botocore's standard "
         "mode alone (docs/store.md, \"Retry policy\").", range=(0, 3600)),
@@ -205,10 +205,11 @@ KEYS: tuple[Key, ...] = (
     Key("store.presign_expires_s", INT, 6 * 3600,
         "Lifetime of the presigned URLs a fetch reads packs through: hours of margin for a large image "
         "on a slow link (S3 allows 7 days at most).", range=(60, 7 * _DAY)),
-    Key("store.fetcher", OPT_PATH, BIN_DIR / "thaw-fetch",
-        "The thaw-fetch binary that runs a pull's ranged GETs, hashing and writes (go/cmd/thaw-fetch; "
-        "~1.2x the in-process fetch here, docs/store.md); empty: fetch in-process with boto3. "
-        "`thaw provision` writes /opt/thaw/bin/thaw-fetch.", installed="thaw-fetch"),
+    Key("store.fetcher", PATH, BIN_DIR / "thaw-fetch",
+        "The thaw-fetch binary (go/cmd/thaw-fetch over go/internal/fetch, the one fetch engine) that runs a "
+        "pull's ranged GETs, checks and writes: every pull of a chunk not on this node needs it "
+        "(docs/store.md, \"Why the fetch is in Go\"). `thaw provision` writes /opt/thaw/bin/thaw-fetch.",
+        installed="thaw-fetch"),
     Key("store.stream", BOOL, True,
         "Restore an image this node does not hold while it streams in from the store (thaw-gofer as "
         "runsc's checkpoint-gofer sidecar: reads wait for verified bytes, faulted ranges are fetched first), "

@@ -246,7 +246,7 @@ def no_space(cache: Cache, m: Manifest | None, e: BaseException) -> NoSpace | No
 
 
 def _no_space(e: BaseException) -> bool:
-    """ENOSPC/EDQUOT from the in-process engine (an OSError, maybe wrapped by a
+    """ENOSPC/EDQUOT from this process's own writes (local copies: an OSError, maybe wrapped by a
     worker) or from thaw-fetch or thaw-gofer (their write error's text)."""
     import errno
     for x in (e, e.__cause__, e.__context__):

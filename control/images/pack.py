@@ -51,7 +51,7 @@ PACK_BYTES = 32 << 20
 PACK_WORKERS = 4           # packs built and sent at once (each holds one PACK_BYTES body)
 
 # Codec names stored in each chunk's location (manifest, chunk pointers).
-# Twin: control/images/manifest.py CODECS, go/cmd/thaw-fetch (decoding).
+# Twin: control/images/manifest.py CODECS, go/internal/fetch/fetch.go CodecNone, CodecZlib (decoding).
 CODEC_NONE = "none"
 CODEC_ZLIB = "zlib"
 # A chunk is stored compressed only if zlib (level 1) saves at least this
@@ -91,7 +91,9 @@ def _compress(raw: bytes | memoryview) -> tuple[str, bytes | memoryview]:
 def decode(codec: str, payload: bytes | memoryview, length: int, key: bytes | None = None,
            h: str = "") -> bytes | memoryview:
     """The raw bytes of a stored chunk (opened first with its chunk key when it is
-    sealed); ValueError if it cannot be decoded to `length` bytes."""
+    sealed); ValueError if it cannot be decoded to `length` bytes. The inverse
+    of `encode` and build's sealing, in Python: what the tests hold the writer
+    to. A pull or a stream reads chunks in Go (go/internal/fetch/verify.go)."""
     if key is not None:
         payload = keysmod.open_chunk(key, h, codec, payload)
     if codec == CODEC_NONE:

@@ -3,13 +3,15 @@
 slow-down or 5xx window and a longer outage ends in one error saying how long
 it was tried.
 
-Twin: go/cmd/thaw-fetch/retry.go (thaw-fetch's ranged GETs). The policy, its
-fields, defaults and formula are written out in docs/store.md, "Retry policy";
-both must decide alike (go/cmd/thaw-fetch/retry_test.go has the cases).
+Twin: go/internal/fetch/retry.go, the one fetch engine's policy (the ranged
+pack GETs of thaw-fetch and of thaw-gofer's stream, which get it as their
+plan's "retry": `plan()`). The policy, its fields, defaults and formula are
+written out in docs/store.md, "Retry policy"; both must decide alike
+(go/internal/fetch/retry_test.go and tests/unit/test_retry.py have the cases).
 
-control/images/store.py wraps a pull's reads in it (ranged pack GETs of the
-in-process engine, manifests, listings) on a botocore client that does not
-retry by itself (total_max_attempts = 1), or the two would multiply.
+control/images/store.py wraps the reads Python makes itself in it
+(manifests, listings) on a botocore client that does not retry by itself
+(total_max_attempts = 1), or the two would multiply.
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ class RetryPolicy:
         return cls(max_attempts=settings.store_retries, budget_s=settings.store_retry_budget_s)
 
     def plan(self) -> dict:
-        """thaw-fetch's plan "retry" object."""
+        """The "retry" object of a Go fetch plan (thaw-fetch's and thaw-gofer stream's)."""
         return asdict(self)
 
     def describe(self) -> str:

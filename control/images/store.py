@@ -89,25 +89,21 @@ class Store:
             response_checksum_validation="when_required",
         )
         self.client = session.client("s3", endpoint_url=self.endpoint or None, config=cfg)
-        # A pull's reads (manifests, listings, ranged pack GETs) retry under thaw's
-        # own policy (control/images/retry.py: botocore's standard mode plus a time
-        # budget, twin of thaw-fetch's), so botocore must not retry them as well.
+        # A pull's reads (manifests, listings) retry under thaw's own policy
+        # (control/images/retry.py: botocore's standard mode plus a time budget, the
+        # twin of go/internal/fetch's, which the pack GETs of thaw-fetch and
+        # thaw-gofer follow: `policy.plan()` is their plan's "retry"), so botocore
+        # must not retry them as well.
         self.policy = RetryPolicy.from_settings(settings)
-        self.retried = 0   # requests retried under the policy (a pull's FillStats.retries)
         self.reader = session.client("s3", endpoint_url=self.endpoint or None,
                                      config=cfg.merge(Config(retries={"total_max_attempts": 1, "mode": "standard"})))
-        self.fetcher = settings.store_fetcher   # transfer.fill hands ranged reads to it when set
+        self.fetcher = settings.store_fetcher   # thaw-fetch: transfer.fill's ranged reads, checks and writes
         self.timeout_s = settings.store_timeout_s
-        self.retries = settings.store_retries
         self.presign_expires_s = settings.store_presign_expires_s
-        self.retry_budget_s = settings.store_retry_budget_s
         self.gc_grace_s = settings.store_gc_grace_s   # a publish longer than this is refused (gc.py)
         self.tenant = ""                        # set by for_tenant
         self.tenant_key: bytes | None = None    # the tenant's key when it encrypts (never logged)
         self.manifest_key: bytes | None = None  # the cluster's manifest key, when configured
-
-    def _count_retry(self) -> None:
-        self.retried += 1   # an int += under the GIL: a lost count would only understate a statistic
 
     def for_tenant(self, tenant: str, keyring: "keysmod.Keyring | None" = None) -> "Store":
         """This store as one tenant sees it: its own prefix (tenants/<tenant>/), its
@@ -120,7 +116,6 @@ class Store:
         view.tenant = tenant
         view.tenant_key = keyring.tenant_key(tenant) if keyring is not None else None
         view.manifest_key = keyring.manifest_key if keyring is not None else None
-        view.retried = 0
         return view
 
     def __repr__(self) -> str:   # never the keys
@@ -195,7 +190,8 @@ class Store:
         """A URL that GETs a pack (any byte range) without credentials for
         store.presign_expires_s (or until temporary credentials expire).
         Signed locally by boto3, so endpoint, addressing and credentials stay configured
-        the boto3 way for the fetcher that uses it (go/cmd/thaw-fetch)."""
+        the boto3 way for the Go fetch engine that uses it (go/internal/fetch: thaw-fetch,
+        thaw-gofer stream)."""
         try:
             return self.client.generate_presigned_url("get_object", ExpiresIn=self.presign_expires_s,
                                                       Params={"Bucket": self.bucket, "Key": self.pack_name(pack)})
@@ -204,35 +200,6 @@ class Store:
 
     def uri(self, name: str) -> str:
         return f"s3://{self.bucket}/{name}"
-
-    def get_range_into(self, pack: str, offset: int, buf: memoryview) -> None:
-        """Fill `buf` with len(buf) bytes of a pack from `offset` (one ranged GET, no copy),
-        retried under the store's retry policy (a body that breaks off is retried too)."""
-        name = self.pack_name(pack)
-        length = len(buf)
-
-        def once() -> int:
-            got = 0
-            r = self.reader.get_object(Bucket=self.bucket, Key=name, Range=f"bytes={offset}-{offset + length - 1}")
-            body = r["Body"]
-            while got < length:
-                n = body.readinto(buf[got:])
-                if not n:
-                    break
-                got += n
-            # Read to the end: botocore then checks Content-Length, and urllib3
-            # returns the connection to its pool instead of dropping it.
-            if got == length and body.readinto(bytearray(1)):
-                got += 1
-            return got
-        try:
-            got = self.policy.call(once, on_retry=self._count_retry)
-        except (ClientError, BotoCoreError) as e:
-            raise self._fail("get", f"{name} bytes {offset}+{length}", e) from None
-        if got != length:
-            raise StoreError("get", f"s3://{self.bucket}/{name}", f"asked for {length} bytes at {offset}, "
-                             f"got {'more' if got > length else got} (the pack does not match its manifest)",
-                             self.endpoint)
 
     def chunk_location(self, h: str) -> Location | None:
         """Where the store keeps chunk `h` (its pointer's metadata), None if it lacks it."""

@@ -40,7 +40,6 @@ import logging
 import os
 import secrets
 import shutil
-import subprocess
 import tempfile
 import threading
 import time
@@ -50,9 +49,10 @@ from typing import Callable
 
 from control import metrics
 from control.config import Settings
-from control.errors import IntegrityError, PreconditionError, StoreError, ThawError
+from control.errors import StoreError, ThawError
 from control.files import Owner, write_bytes_atomic
 from control.images import chunk
+from control.images import fetcher
 from control.images import image as images
 from control.images import keys as keysmod
 from control.images import manifest as manifestmod
@@ -66,7 +66,7 @@ from control.logfields import fields
 log = logging.getLogger(__name__)
 
 # Twin: go/internal/stream/plan.go PlanVersion.
-PLAN_VERSION = 1
+PLAN_VERSION = 2
 # Twin: go/internal/stream/gofer.go GoferConfigVersion.
 GOFER_CONFIG_VERSION = 1
 # runsc starts its checkpoint-gofer when the image directory holds this file,
@@ -247,10 +247,7 @@ def open_image(cache: Cache, store: Store, settings: Settings, key: str, node: C
     are the Stream's `error`."""
     manifestmod.validate_key(key)
     images.check_tenant(store, key)   # a hit too: another tenant's cached entry is not this one's
-    gofer = Path(settings.store_gofer)
-    if not gofer.is_file():
-        raise PreconditionError(f"thaw-gofer not found at {gofer}: run `make build`, or set THAW_STORE_GOFER",
-                                path=str(gofer))
+    gofer = fetcher.require(Path(settings.store_gofer), "thaw-gofer", "store.gofer", "THAW_STORE_GOFER")
     sidecars = sidecar_dir(settings)
     job = _Job(cache, store, settings, key, node, gofer, sidecars, progress, lock_timeout_s)
     t = threading.Thread(target=job.run, name=f"thaw-stream-{key}", daemon=True)
@@ -394,9 +391,7 @@ class _Job:
             self.stream.learned_ranges = sum(len(v) for v in order.values())
             plan, gofer_files = build_plan(m, partial, sdir, self.store, sources, order, on_bad_source=bad,
                                            workers=self.s.store_workers, timeout_s=self.s.store_timeout_s,
-                                           # store.retries counts retries after the first try;
-                                           # the plan's attempts (twin: go/internal/stream/plan.go) all tries
-                                           attempts=self.s.store_retries + 1, sock=sock)
+                                           sock=sock)
             for f in m.files:
                 os.link(partial / f.name, sdir / f.name)
             cfg = {"version": GOFER_CONFIG_VERSION, "socket": str(sock), "complete": str(sdir / COMPLETE),
@@ -419,64 +414,28 @@ class _Job:
         return d / f"{eid}.gofer.log"
 
     def _run_gofer(self, plan: dict, names: list[str]) -> dict:
-        env = dict(os.environ)
-        if env.get("AWS_CA_BUNDLE") and not env.get("SSL_CERT_FILE"):
-            env["SSL_CERT_FILE"] = env["AWS_CA_BUNDLE"]   # boto3's CA bundle, for Go's TLS
-        result: dict = {}
-        with tempfile.TemporaryFile() as err:
-            proc = subprocess.Popen([str(self.gofer), "stream"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=err, env=env)
-            try:
-                try:
-                    proc.stdin.write(json.dumps(plan, separators=(",", ":")).encode())
-                    proc.stdin.close()
-                except BrokenPipeError:
-                    pass   # it refused the plan: its exit status and stderr say why
-                done = 0
-                for line in proc.stdout:
-                    msg = json.loads(line)
-                    if "listening" in msg:
-                        self.result = self.stream
-                        self.ready.set()
-                    elif "done" in msg:
-                        if self.progress and msg["done"] > done:
-                            self.progress(msg["done"] - done)
-                        done = msg["done"]
-                    else:
-                        result = msg
-                rc = proc.wait()
-            finally:
-                if proc.poll() is None:   # interrupted: stop its writes before the caller removes the partial
-                    proc.kill()
-                    proc.wait()
-                proc.stdout.close()
-            err.seek(0)
-            stderr = err.read().decode(errors="replace").strip()
-        self.stream.faults = {}
-        for fi, off, n in result.get("faults") or []:
-            if 0 <= fi < len(names):
-                self.stream.faults.setdefault(names[fi], []).append([off, n])
-        self.stream.stats = result.get("stats", {})
-        if "stats" in result and rc == 0 and "error" not in result:
-            return result
-        e = result.get("error")
-        if e and e.get("kind") == "integrity":
-            raise IntegrityError("store", e.get("chunk", ""), e["detail"])
-        if e and e.get("kind") == "store":
-            metrics.inc("thaw_store_errors_total", op="get")
-            raise StoreError("get", f"{self.store.uri(e.get('object', ''))} bytes {e.get('offset')}+{e.get('length')}",
-                             e["detail"], self.store.endpoint)
-        if e:
-            raise ThawError(f"streaming {e.get('object', '')} at offset {e.get('offset')}: {e['detail']}")
-        raise ThawError(f"thaw-gofer stream failed (exit {rc}): {stderr[-2000:] or 'no message'}")
+        def seen(msg: dict) -> None:
+            if "listening" in msg:   # gofers may connect: runsc may restore from the stream now
+                self.result = self.stream
+                self.ready.set()
+                return
+            # The last line: faults and stats, also when the stream failed (to_dict shows them).
+            self.stream.faults = {}
+            for fi, off, n in msg.get("faults") or []:
+                if 0 <= fi < len(names):
+                    self.stream.faults.setdefault(names[fi], []).append([off, n])
+            self.stream.stats = msg.get("stats", {})
+
+        return fetcher.run([str(self.gofer), "stream"], plan, self.store, progress=self.progress, on_message=seen)
 
 
 def build_plan(m: Manifest, partial: Path, sdir: Path, store: Store, sources: transfer.Sources,
                order: dict[str, list[list[int]]], *, on_bad_source, workers: int, timeout_s: float,
-               attempts: int, sock: Path) -> tuple[dict, list[dict]]:
+               sock: Path) -> tuple[dict, list[dict]]:
     """Create the runsc files of `m` in `partial` at full size, put in what is
     already on this node (all-zero chunks as holes, local copies, each checked),
-    and plan the rest in fetch order. (plan, the gofer's file list)."""
+    and plan the rest in fetch order, its GETs retried under `store`'s policy as
+    a pull's are (go/internal/fetch/retry.go). (plan, the gofer's file list)."""
     rank = {name: i for i, name in enumerate(RUNSC_FILES)}
     files = sorted((f for f in m.files if f.name in RUNSC_FILES), key=lambda f: rank[f.name])
     zero_lengths = {m.chunking.max} | {f.chunks[-1].length for f in m.files if f.chunks}
@@ -554,8 +513,8 @@ def build_plan(m: Manifest, partial: Path, sdir: Path, store: Store, sources: tr
         chunks.append([h, lengths[h], obj(loc.pack), loc.offset, loc.stored, loc.codec,
                        [[fi, off] for fi, off in places[h]], checks.get(h, "")]
                       + ([store.chunk_key(h).hex()] if m.encryption else []))
-    plan = {"version": PLAN_VERSION, "workers": workers, "urgent_workers": URGENT_WORKERS, "attempts": attempts,
-            "timeout_s": timeout_s, "range_bytes": RANGE_BYTES, "urgent_ahead_bytes": URGENT_AHEAD_BYTES,
+    plan = {"version": PLAN_VERSION, "workers": workers, "urgent_workers": URGENT_WORKERS,
+            "retry": store.policy.plan(), "timeout_s": timeout_s, "range_bytes": RANGE_BYTES, "urgent_ahead_bytes": URGENT_AHEAD_BYTES,
             "files": [{"path": str(partial / f.name), "size": f.size} for f in files],
             "objects": objects, "chunks": chunks, "ready": ready, "listen": str(sock),
             "complete": str(sdir / COMPLETE)}

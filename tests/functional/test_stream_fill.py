@@ -1,14 +1,13 @@
 """A stream filling the node cache (control/images/stream.py) through the real
 thaw-gofer binary (`thaw-gofer stream`), with no runsc: packs are served over
 HTTP from an in-memory store (ranged GETs of the presigned URLs the plan
-names), so the Python plan, the Go engine and the cache's install meet for
-real. What a sandbox reads through the gofer is tests/integration/test_stream.py's."""
+names; tests/unit/fakes.py), so the Python plan, the Go engine and the cache's
+install meet for real; thaw.json, which runsc does not read, is filled by the
+real thaw-fetch first. What a sandbox reads through the gofer is tests/integration/test_stream.py's."""
 from __future__ import annotations
 
 import dataclasses
 import os
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -26,19 +25,15 @@ GOFER = BUILD / "thaw-gofer"
 
 
 class HttpStore(FakeStore):
-    """FakeStore whose packs are also served over HTTP on loopback, as presigned GETs."""
+    """FakeStore (its packs served over HTTP on loopback) with the learned order's objects."""
 
-    def __init__(self, url: str = "") -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.url = url
         self.orders: dict[str, bytes] = {}
 
     @property
     def encrypted(self) -> bool:
         return self.tenant_key is not None
-
-    def presign_get(self, p: str) -> str:
-        return f"{self.url}/{self.pack_name(p)}"
 
     def order_name(self, key: str, th: str) -> str:
         return self.manifest_name(key, th).removesuffix(".json") + ".order"
@@ -52,33 +47,7 @@ class HttpStore(FakeStore):
 
 @pytest.fixture
 def store():
-    s = HttpStore()
-
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-
-        def do_GET(self):
-            body = s.objects.get(self.path.lstrip("/"))
-            if body is None:
-                self.send_response(404)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-                return
-            a, _, b = self.headers["Range"].removeprefix("bytes=").partition("-")
-            part = body[int(a):int(b) + 1]
-            self.send_response(206)
-            self.send_header("Content-Length", str(len(part)))
-            self.end_headers()
-            self.wfile.write(part)
-
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    s.url = f"http://127.0.0.1:{srv.server_port}"
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    yield s
-    srv.shutdown()
-    srv.server_close()
+    return HttpStore()
 
 
 @pytest.fixture

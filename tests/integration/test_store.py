@@ -49,14 +49,6 @@ def other_node(s, scratch, tag):
     return dataclasses.replace(s, cache_dir=scratch / f"cache-{tag}")
 
 
-# Who runs a pull's ranged GETs: thaw-fetch (store.fetcher, the default) or boto3
-# in-process (store.fetcher empty). Faults of the fetch path are tested with both.
-ENGINES = ("thaw-fetch", "python")
-
-
-def with_engine(s, engine):
-    return s if engine == "thaw-fetch" else dataclasses.replace(s, store_fetcher=None)
-
 
 # -- the happy path, through the CLI, ending in a real restore -----------------------
 
@@ -108,24 +100,22 @@ def test_cli_push_pull_ls_verify_gc_then_restore(settings, checkpoints, scratch,
             lease.release()
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-def test_second_image_fetches_only_what_differs(engine, settings, checkpoints, node, scratch):
+def test_second_image_fetches_only_what_differs(settings, checkpoints, node, scratch):
     push(settings, checkpoints["runtime"], "user-root.wl-a", node, cache=False)
     m = push(settings, checkpoints["kv"], "user-root.wl-b", node, cache=False)
-    b = with_engine(other_node(settings, scratch, "b"), engine)
+    b = other_node(settings, scratch, "b")
     a = pull(b, "user-root.wl-a", node)
     a.lease.release()
-    assert a.fill.engine == engine and a.fill.fetched_raw_bytes == a.fill.written_bytes
+    assert a.fill.engine == "thaw-fetch" and a.fill.fetched_raw_bytes == a.fill.written_bytes
     same_files(checkpoints["runtime"], a.lease.path)
     r = pull(b, "user-root.wl-b", node)
     r.lease.release()
-    assert r.fill.engine == engine and r.fill.local_chunks > 0 and r.fill.fetched_raw_bytes < m.size
+    assert r.fill.engine == "thaw-fetch" and r.fill.local_chunks > 0 and r.fill.fetched_raw_bytes < m.size
     same_files(checkpoints["kv"], r.lease.path)
 
 
-@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("direct_io", [True, False], ids=["direct", "buffered"])
-def test_fill_with_and_without_o_direct(engine, direct_io, settings, node, scratch):
+def test_fill_with_and_without_o_direct(direct_io, settings, node, scratch):
     """Incompressible files of sizes that are not page multiples, a run of
     zeros and a chunk repeated within and across files: every byte lands where
     it belongs, and thaw-fetch writes whole pages with O_DIRECT only when asked."""
@@ -136,13 +126,13 @@ def test_fill_with_and_without_o_direct(engine, direct_io, settings, node, scrat
     (img / "checkpoint.img").write_bytes(rnd[1000:1000 + (1 << 20) + 123])
     (img / "pages_meta.img").write_bytes(b"meta" * 333)
     push(settings, img, "user-root.synthetic", node, cache=False)
-    b = dataclasses.replace(with_engine(other_node(settings, scratch, "b"), engine), cache_direct_io=direct_io)
+    b = dataclasses.replace(other_node(settings, scratch, "b"), cache_direct_io=direct_io)
     r = pull(b, "user-root.synthetic", node)
     r.lease.release()
     same_files(img, r.lease.path)
-    assert r.fill.engine == engine and r.fill.zero_chunks > 0
-    if engine == "thaw-fetch":   # it reports what went to disk with O_DIRECT (whole pages only)
-        assert (r.fill.direct_bytes > 0) == direct_io and r.fill.direct_bytes % 4096 == 0
+    assert r.fill.engine == "thaw-fetch" and r.fill.zero_chunks > 0
+    # thaw-fetch reports what went to disk with O_DIRECT (whole pages only)
+    assert (r.fill.direct_bytes > 0) == direct_io and r.fill.direct_bytes % 4096 == 0
 
 
 def test_concurrent_pulls_download_once(settings, checkpoints, scratch):
@@ -174,12 +164,10 @@ def test_conditional_put_has_one_winner(settings):
 
 # -- faults ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("engine", ENGINES)
-def test_store_unreachable_mid_download(engine, name, checkpoints, node, scratch):
+def test_store_unreachable_mid_download(name, checkpoints, node, scratch):
     own = seaweed.Seaweed(scratch / "seaweed").start()
     try:
-        s = with_engine(make_settings(own, name, scratch / "cache", **{"store.retries": 2, "store.timeout_s": 3}),
-                        engine)
+        s = make_settings(own, name, scratch / "cache", **{"store.retries": 2, "store.timeout_s": 3})
         push(s, checkpoints["kv"], "user-root.wl-kv", node, cache=False)
         push(s, checkpoints["runtime"], "user-root.wl-rt", node, cache=False)
         b = other_node(s, scratch, "b")
@@ -207,8 +195,7 @@ def test_store_unreachable_mid_download(engine, name, checkpoints, node, scratch
         own.stop()
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-def test_chunk_altered_in_store(engine, settings, checkpoints, node, scratch):
+def test_chunk_altered_in_store(settings, checkpoints, node, scratch):
     r = push(settings, checkpoints["runtime"], "user-root.wl", node, cache=False)
     store = Store(settings).for_tenant(TENANT)
     m = images.remote_manifest(store, "user-root.wl", node)
@@ -219,7 +206,7 @@ def test_chunk_altered_in_store(engine, settings, checkpoints, node, scratch):
     body[loc.offset + loc.stored // 2] ^= 0x5A
     store.client.put_object(Bucket=settings.store_bucket, Key=name, Body=bytes(body))
     b = other_node(settings, scratch, "b")
-    res = store_thaw(b, "pull", "user-root.wl", check=False, **({"THAW_STORE_FETCHER": ""} if engine == "python" else {}))
+    res = store_thaw(b, "pull", "user-root.wl", check=False)
     assert res.returncode == 65 and target.hash in res.stderr and "altered" in res.stderr
     assert f"offset {loc.offset}" in res.stderr
     cache = images.open_cache(b)
@@ -486,13 +473,12 @@ def test_cpu_feature_superset_restores_subset_does_not(settings, checkpoints, no
         pull(c, "user-root.wl", dataclasses.replace(node, cpu_features=node.cpu_features[2:]))
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-def test_truncated_pack_is_a_clear_store_error(engine, settings, checkpoints, node, scratch):
+def test_truncated_pack_is_a_clear_store_error(settings, checkpoints, node, scratch):
     push(settings, checkpoints["runtime"], "user-root.wl", node, cache=False)
     store = Store(settings).for_tenant(TENANT)
     m = images.remote_manifest(store, "user-root.wl", node)
     store.client.put_object(Bucket=settings.store_bucket, Key=store.pack_name(m.packs[0]), Body=b"\0" * 16)
-    b = with_engine(other_node(settings, scratch, "b"), engine)
+    b = other_node(settings, scratch, "b")
     with pytest.raises(StoreError) as e:
         pull(b, "user-root.wl", node)
     assert m.packs[0] in str(e.value) and "does not match its manifest" in str(e.value)

@@ -1,12 +1,21 @@
-"""Fakes for the store's unit tests: an in-memory store and images chunked in Python."""
+"""Fakes for the store's unit tests: an in-memory store and images chunked in Python.
+
+The store's packs are also served over HTTP on loopback, as presigned GETs, so
+that a fill runs the one fetch engine, the real thaw-fetch (`make build`), as
+every pull does: there is no other (issue 27 item 5)."""
 from __future__ import annotations
 
 import copy
 import hashlib
+import secrets
 import threading
+import weakref
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from control.images import keys as keysmod
+from control.images.retry import RetryPolicy
+from tests.conftest import BUILD
 
 from control.node.compat import CompatTuple
 from control.errors import StoreError
@@ -28,19 +37,78 @@ def layout(key: str, directory: Path, chunk: int = 4096, tup: CompatTuple = TUPL
     return Manifest(key=key, tuple=tup, chunking=Chunking("fixed-test", chunk, chunk, chunk), files=tuple(files))
 
 
+class Objects(dict):
+    """A store's objects by name, and what its HTTP face was asked (shared by its tenant views)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.token = secrets.token_hex(8)
+        self.gets = 0              # ranged pack GETs served
+        self.fail_gets = False     # answer them 500 InternalError (retryable: retried, then given up)
+        self.lock = threading.Lock()
+
+
+class _PackServer:
+    """One loopback HTTP server for every FakeStore of the test session: GET
+    /<token>/<name> with a Range header, as a presigned pack GET of S3."""
+
+    def __init__(self) -> None:
+        self.stores: weakref.WeakValueDictionary[str, Objects] = weakref.WeakValueDictionary()
+        stores = self.stores
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                token, _, name = self.path.lstrip("/").partition("/")
+                objs = stores.get(token)
+                if objs is not None:
+                    with objs.lock:
+                        objs.gets += 1
+                body = objs.get(name) if objs is not None else None
+                if objs is not None and objs.fail_gets:
+                    return self._send(500, b"<Error><Code>InternalError</Code><Message>fake store says no"
+                                           b"</Message></Error>")
+                if body is None:
+                    return self._send(404, b"<Error><Code>NoSuchKey</Code></Error>")
+                a, _, b = self.headers["Range"].removeprefix("bytes=").partition("-")
+                self._send(206, body[int(a):int(b) + 1])
+
+            def _send(self, status: int, body: bytes) -> None:
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.srv.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.srv.server_port}"
+        threading.Thread(target=self.srv.serve_forever, name="fake-store-http", daemon=True).start()
+
+
+_server: _PackServer | None = None
+_server_lock = threading.Lock()
+
+
+def pack_server() -> _PackServer:
+    global _server
+    with _server_lock:
+        if _server is None:
+            _server = _PackServer()
+        return _server
+
+
 class FakeStore:
     """The parts of control.images.store.Store that transfer and images use, in memory."""
 
     def __init__(self) -> None:
-        self.objects: dict[str, bytes] = {}
+        self.objects = Objects()
         self.meta: dict[str, dict] = {}
-        self.gets = 0
-        self.fail_gets = False
         self.lock = threading.Lock()
         self.endpoint = "fake://"
-        self.fetcher = None        # in-process fills, unless a test points it at a fetcher
-        self.retries = 1
-        self.retry_budget_s = 0.0
+        self.fetcher = BUILD / "thaw-fetch"   # the one fetch engine (a test may point it elsewhere)
+        self.policy = RetryPolicy(max_attempts=1, budget_s=0.0)
         self.timeout_s = 1.0
         self.prefix = ""
         self.tenant = ""
@@ -79,24 +147,28 @@ class FakeStore:
     def ensure_bucket(self) -> None:
         pass
 
+    @property
+    def gets(self) -> int:
+        return self.objects.gets
+
+    @property
+    def fail_gets(self) -> bool:
+        return self.objects.fail_gets
+
+    @fail_gets.setter
+    def fail_gets(self, v: bool) -> None:
+        self.objects.fail_gets = v
+
     def presign_get(self, p: str) -> str:
-        return f"http://fake.invalid/{self.pack_name(p)}"
+        srv = pack_server()
+        srv.stores[self.objects.token] = self.objects
+        return f"{srv.url}/{self.objects.token}/{self.pack_name(p)}"
 
     def uri(self, name: str) -> str:
         return f"s3://fake/{name}"
 
     def put_pack(self, p: str, body: bytes) -> None:
         self.objects[self.pack_name(p)] = body
-
-    def get_range_into(self, p: str, offset: int, buf: memoryview) -> None:
-        with self.lock:
-            self.gets += 1
-        if self.fail_gets:
-            raise StoreError("get", self.pack_name(p), "connection refused")
-        data = self.objects[self.pack_name(p)][offset:offset + len(buf)]
-        if len(data) != len(buf):
-            raise StoreError("get", self.pack_name(p), "short")
-        buf[:] = data
 
     def chunk_location(self, h: str) -> Location | None:
         self.heads.append(self.chunk_name(h))

@@ -95,6 +95,7 @@ def test_bad_type_in_file_names_key_and_file(tmp_path, toml, key, words):
     ({"THAW_RUNSC_TIMEOUT_S": "nan"}, "runsc.timeout_s"),
     ({"THAW_NODE_INSTALL_DIR": "opt/thaw"}, "node.install_dir"),
     ({"THAW_THAWD_SOCKET": ""}, "thawd.socket"),
+    ({"THAW_STORE_FETCHER": ""}, "store.fetcher"),   # once "fetch in-process": thaw-fetch is the one engine
 ])
 def test_bad_env_value_names_key_and_variable(tmp_path, env, key):
     with pytest.raises(ConfigError) as e:

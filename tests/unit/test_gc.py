@@ -31,7 +31,9 @@ class TimedStore(FakeStore):
         self.mtimes: dict[str, float] = {}
         store = self
 
-        class Timed(dict):
+        from .fakes import Objects
+
+        class Timed(Objects):
             def __setitem__(self, k, v):
                 store.mtimes[k] = store.clock_box[0]
                 super().__setitem__(k, v)

@@ -1,6 +1,7 @@
 """The Go packages' own unit tests (`go test ./...`), so that the README's one
-test command runs every one of them: thaw-fetch's (the fetch engine against an
-in-process HTTP server: retries, errors, O_DIRECT placement, checks), the
+test command runs every one of them: go/internal/fetch's (the one fetch engine
+against an in-process HTTP server: the retry policy, errors, O_DIRECT placement,
+checks) and thaw-fetch's (its CLI protocol), the
 stand-in's (argv parsing, gRPC status -> thaw error kind, how it reads thaw's configuration),
 thaw-s3proxy's (its faults and throttle against an in-process upstream), thaw-relay's and
 go/internal/relay's (a parked sandbox's stdio relay over real pipes and Unix sockets), and any added later."""
@@ -21,8 +22,8 @@ def test_go_unit_tests_pass():
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     ran = {line.split()[1] for line in r.stdout.splitlines() if line.startswith("ok ")}
     # The packages whose tests guard the product: a rename that drops one from ./... fails here.
-    for pkg in ("cmd/thaw-fetch", "cmd/thaw-ctrinfo", "cmd/thaw-s3proxy", "cmd/thaw-relay", "internal/ociimage",
-                "internal/standin", "internal/runscargv", "internal/stream", "internal/progress", "internal/relay"):
+    for pkg in ("internal/fetch", "cmd/thaw-fetch", "cmd/thaw-ctrinfo", "cmd/thaw-s3proxy", "cmd/thaw-relay",
+                "internal/ociimage", "internal/standin", "internal/runscargv", "internal/stream", "internal/progress", "internal/relay"):
         assert f"thaw.dev/thaw/go/{pkg}" in ran, (pkg, r.stdout[-2000:])
 
 

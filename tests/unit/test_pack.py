@@ -39,26 +39,6 @@ def test_decode_refuses_wrong_lengths_and_garbage():
         pack.decode("none", b"abc", 4)
 
 
-def test_write_runs_merges_neighbours_and_survives_short_writes(tmp_path, monkeypatch):
-    from control.images import transfer
-    p = tmp_path / "f"
-    fd = os.open(p, os.O_RDWR | os.O_CREAT)
-    try:
-        os.ftruncate(fd, 40)
-        calls = []
-        real = os.pwritev
-
-        def short(fd_, bufs, off):   # write only the first buffer of each call
-            calls.append(len(bufs))
-            return real(fd_, bufs[:1], off)
-        monkeypatch.setattr(transfer.os, "pwritev", short)
-        transfer._write_runs([(fd, 10, b"cccc"), (fd, 0, b"aaaa"), (fd, 4, b"bbbbbb"), (fd, 30, memoryview(b"zz"))])
-        assert calls == [3]          # 0..4, 4..10 and 10..14 in one call; 30..32 alone
-    finally:
-        os.close(fd)
-    assert p.read_bytes() == b"aaaabbbbbbcccc" + bytes(16) + b"zz" + bytes(8)
-
-
 def test_groups_keep_file_order_and_fill_packs():
     chunks = [(f"h{i}", 10) for i in range(7)]
     assert pack.groups(chunks, limit=30) == [["h0", "h1", "h2"], ["h3", "h4", "h5"], ["h6"]]

@@ -1,5 +1,5 @@
 """The store's retry policy (control/images/retry.py) on a fake clock: the same
-cases as its Go twin's test (go/cmd/thaw-fetch/retry_test.go)."""
+cases as its Go twin's test (go/internal/fetch/retry_test.go)."""
 from __future__ import annotations
 
 import random

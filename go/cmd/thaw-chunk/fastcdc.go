@@ -9,11 +9,11 @@ import (
 // Algorithm names the chunker's output: the gear table below, the masks and
 // the cut rule. Changing any of them changes every chunk boundary (and so
 // ends dedup against images packed before): bump the name then.
-// Twin: control/images/pack.py ALGORITHM and its reference implementation.
+// Twin: control/images/chunk.py ALGORITHM and its reference implementation (_gear).
 const Algorithm = "fastcdc-gear-v1"
 
 // gearSeed seeds the splitmix64 generator that fills the gear table.
-// Twin: control/images/pack.py _GEAR_SEED.
+// Twin: control/images/chunk.py _GEAR_SEED.
 const gearSeed uint64 = 0x7468617763646331 // "thawcdc1"
 
 var gear [256]uint64

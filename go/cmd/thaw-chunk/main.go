@@ -2,7 +2,7 @@
 // normalized chunking) and hashes every chunk with SHA-256 (its name, which
 // every fetch checks) and BLAKE3 (the manifest's check column, which thaw-fetch
 // checked until issue 14 item 6: docs/store.md, "Integrity"), for thaw's image
-// packer (control/images/pack.py runs it). Pure-Python CDC runs at a few MB/s; this
+// packer (control/images/chunk.py runs it). Pure-Python CDC runs at a few MB/s; this
 // runs at disk speed (docs/store.md has the measurements).
 //
 // Output, on stdout, one JSON object a line:

@@ -1,30 +1,21 @@
 // Command thaw-fetch fills an image's files from ranged GETs of the store's
 // packs, verifying every chunk against its SHA-256 name before a byte of it
-// is written. It is the data path of control/images/transfer.py's fill: Python
-// plans (which ranges, which chunks, where they go, presigned URLs from
-// boto3, so credentials and endpoints stay configured the boto3 way), this
-// executes. The same work in Python ran at parity with boto3's download_file
-// on a 2-core machine (docs/store.md, "Why the fetch is in Go").
+// is written: a thin CLI over go/internal/fetch (Fill), the one fetch engine,
+// which thaw-gofer's stream uses too. It is the data path of
+// control/images/transfer.py's fill: Python plans (which ranges, which
+// chunks, where they go, presigned URLs from boto3, so credentials and
+// endpoints stay configured the boto3 way), this executes
+// (docs/store.md, "Why the fetch is in Go").
 //
-// Input, on stdin, one JSON plan (see plan; twin: control/images/transfer.py _fetch_with):
-//
-//	{"version":2, "workers":8, "timeout_s":60, "direct_io":true,
-//	 "retry":{"max_attempts":3, "budget_s":30, "base_s":1, "transient_base_s":0.05, "max_backoff_s":20},
-//	 "files":["/abs/dir/pages.img", ...],        created at full size by the caller
-//	 "objects":[{"url":"https://...presigned...", "name":"packs/<h>"}, ...],
-//	 "ranges":[[OBJECT, START, LENGTH, [[HASH, RAW_LEN, POS, STORED, CODEC, [[FILE, OFFSET], ...], CHECK], ...]], ...]}
-//
-// HASH is the chunk's SHA-256, its name, which its bytes must match. CHECK is
-// its BLAKE3-256 in hex from a schema-2 manifest, or "": read, not used (the
-// name is what the node trusts later; docs/store.md, "Integrity"). "retry"
-// (retry.go, docs/store.md "Retry policy") may leave fields out (defaults);
-// a plan without it may give "attempts", botocore's count of retries, and
-// gets the defaults otherwise.
+// Input, on stdin, one JSON plan: fetch.FillPlan (go/internal/fetch/plan.go
+// has its format; twin: control/images/transfer.py fetch_plan). Its "retry"
+// object is the one retry policy (go/internal/fetch/retry.go; docs/store.md,
+// "Retry policy").
 //
 // Output, on stdout, one JSON object a line: {"done":BYTES} as bytes are
-// written (running total), then {"stats":{...}} on success or
-// {"error":{"kind":"integrity"|"store"|"io", ...}} on failure ("store" adds
-// "store": the endpoint, scheme://host).
+// written (running total), then {"stats":{...}} (fetch.FillStats) on success
+// or {"error":{"kind":"integrity"|"store"|"io", ...}} (fetch.Error) on
+// failure ("store" adds "store": the endpoint, scheme://host).
 //
 // Exit status 0 on success, 1 after an {"error":...} line, 2 for a plan
 // that cannot be executed (message on stderr).
@@ -34,10 +25,13 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"syscall"
 
+	"thaw.dev/thaw/go/internal/fetch"
 	"thaw.dev/thaw/go/internal/progress"
 )
 
@@ -45,33 +39,40 @@ func main() {
 	// Die with the process that started us (thawd, `thaw pull`): a fetch
 	// nobody waits for would keep writing into a partial entry that the next
 	// pull's recovery removes. The starting thread blocks in wait() until we
-	// exit (control/images/transfer.py), so its exit means its process is gone.
+	// exit (control/images/fetcher.py), so its exit means its process is gone.
 	// (No getppid() == 1 check for a parent that died before this line: in a
 	// container thawd may itself be pid 1.)
 	syscall.RawSyscall(syscall.SYS_PRCTL, syscall.PR_SET_PDEATHSIG, uintptr(syscall.SIGKILL), 0)
-	var p plan
-	dec := json.NewDecoder(bufio.NewReaderSize(os.Stdin, 1<<20))
+	os.Exit(run(os.Stdin, os.Stdout, os.Stderr))
+}
+
+// run executes the plan read from in, answering on out; the exit status.
+func run(in io.Reader, out, errw io.Writer) int {
+	var p fetch.FillPlan
+	dec := json.NewDecoder(bufio.NewReaderSize(in, 1<<20))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&p); err != nil {
-		fmt.Fprintln(os.Stderr, "thaw-fetch: reading the plan:", err)
-		os.Exit(2)
+		fmt.Fprintln(errw, "thaw-fetch: reading the plan:", err)
+		return 2
 	}
-	job, err := newJob(&p)
+	f, err := fetch.NewFill(&p)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "thaw-fetch:", err)
-		os.Exit(2)
+		fmt.Fprintln(errw, "thaw-fetch:", err)
+		return 2
 	}
-	defer job.close()
-
-	out := progress.NewLines(os.Stdout)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	stop := out.Ticker(progress.Every, job.written.Load)
-	ferr := job.run(ctx)
+	defer f.Close()
+	lines := progress.NewLines(out)
+	stop := lines.Ticker(progress.Every, f.Written)
+	err = f.Run(context.Background())
 	stop()
-	if ferr != nil {
-		out.Emit(map[string]any{"error": ferr})
-		os.Exit(1)
+	if err != nil {
+		var fe *fetch.Error
+		if !errors.As(err, &fe) {
+			fe = &fetch.Error{Kind: "io", Detail: err.Error()}
+		}
+		lines.Emit(map[string]any{"error": fe})
+		return 1
 	}
-	out.Emit(map[string]any{"stats": job.stats()})
+	lines.Emit(map[string]any{"stats": f.Stats()})
+	return 0
 }

@@ -146,7 +146,7 @@ func NewEngine(p *Plan) (*Engine, error) {
 	for _, r := range p.Ready {
 		e.have[r[0]].Add(r[1], r[2])
 	}
-	e.getter = fetch.NewGetter(p.Workers+p.UrgentWorkers, p.Attempts, time.Duration(p.TimeoutS*float64(time.Second)))
+	e.getter = fetch.NewGetter(p.Workers+p.UrgentWorkers, p.Retry.OrDefault(), time.Duration(p.TimeoutS*float64(time.Second)))
 	return e, nil
 }
 

@@ -1,7 +1,6 @@
 package stream
 
 import (
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -9,9 +8,10 @@ import (
 	"thaw.dev/thaw/go/internal/fetch"
 )
 
-// PlanVersion is the stream plan format `thaw-gofer stream` executes.
-// Twin: control/images/stream.py PLAN_VERSION.
-const PlanVersion = 1
+// PlanVersion is the stream plan format `thaw-gofer stream` executes
+// (2: "retry", the one retry policy of go/internal/fetch, replaced
+// "attempts"). Twin: control/images/stream.py PLAN_VERSION.
+const PlanVersion = 2
 
 // Plan is what `thaw-gofer stream` reads on stdin (written by
 // control/images/stream.py): the files of a cache partial entry, created at
@@ -20,7 +20,8 @@ const PlanVersion = 1
 // then the ranges learned from earlier restores, then the rest by offset)
 // is the caller's; this executes it.
 //
-//	{"version":1, "workers":4, "urgent_workers":2, "attempts":3, "timeout_s":30,
+//	{"version":2, "workers":4, "urgent_workers":2, "timeout_s":30,
+//	 "retry":{"max_attempts":3, "budget_s":30},   as thaw-fetch's (go/internal/fetch/retry.go)
 //	 "range_bytes":8388608, "urgent_ahead_bytes":524288,
 //	 "files":[{"path":"/abs/partial/checkpoint.img","size":N}, ...],
 //	 "objects":[{"url":"https://...presigned...","name":"packs/<h>"}, ...],
@@ -31,7 +32,6 @@ type Plan struct {
 	Version          int        `json:"version"`
 	Workers          int        `json:"workers"`
 	UrgentWorkers    int        `json:"urgent_workers"`
-	Attempts         int        `json:"attempts"`
 	TimeoutS         float64    `json:"timeout_s"`
 	RangeBytes       int        `json:"range_bytes"`
 	UrgentAheadBytes int64      `json:"urgent_ahead_bytes"`
@@ -41,6 +41,8 @@ type Plan struct {
 	Ready            [][3]int64 `json:"ready"`
 	Listen           string     `json:"listen"`
 	Complete         string     `json:"complete"`
+
+	Retry *fetch.RetryPolicy `json:"retry"` // the GETs' retry policy; nil: fetch.DefaultRetry
 }
 
 // File is one file of the entry being filled.
@@ -80,13 +82,9 @@ func (c *Chunk) UnmarshalJSON(b []byte) error {
 		return fmt.Errorf("a chunk is [hash, raw, object, offset, stored, codec, places, check] or [..., check, key]")
 	}
 	if len(raw) == 9 {
-		var key string
-		if err := json.Unmarshal(raw[8], &key); err != nil || len(key) != 2*fetch.KeyBytes {
-			return fmt.Errorf("a chunk key must be %d hex digits", 2*fetch.KeyBytes)
-		}
-		c.Key = make([]byte, fetch.KeyBytes)
-		if _, err := hex.Decode(c.Key, []byte(key)); err != nil {
-			return fmt.Errorf("a chunk key must be %d hex digits", 2*fetch.KeyBytes)
+		var err error
+		if c.Key, err = fetch.ParseKey(raw[8]); err != nil {
+			return err
 		}
 		raw = raw[:8]
 	}
@@ -121,8 +119,11 @@ func (p *Plan) Check() error {
 		return fmt.Errorf("stream plan version %d, this thaw-gofer executes %d: rebuild with `make build`",
 			p.Version, PlanVersion)
 	}
-	if p.Workers < 1 || p.UrgentWorkers < 1 || p.Attempts < 1 || p.TimeoutS <= 0 {
-		return fmt.Errorf("workers, urgent_workers, attempts and timeout_s must be positive")
+	if p.Workers < 1 || p.UrgentWorkers < 1 || p.TimeoutS <= 0 {
+		return fmt.Errorf("workers, urgent_workers and timeout_s must be positive")
+	}
+	if err := p.Retry.OrDefault().Check(); err != nil {
+		return err
 	}
 	if p.RangeBytes < 1<<20 || p.RangeBytes > 256<<20 || p.UrgentAheadBytes < 0 {
 		return fmt.Errorf("range_bytes must be 1 MiB .. 256 MiB, urgent_ahead_bytes >= 0")
@@ -143,23 +144,11 @@ func (p *Plan) Check() error {
 		return file >= 0 && file < len(p.Files) && off >= 0 && n >= 0 && off+n <= p.Files[file].Size
 	}
 	for i, c := range p.Chunks {
-		if c.Object < 0 || c.Object >= len(p.Objects) || c.Offset < 0 || c.Stored <= 0 || c.Raw <= 0 ||
-			c.Raw > fetch.MaxChunk || c.Stored > fetch.MaxChunk+(1<<20) {
-			return fmt.Errorf("chunk %d: object %d, offset %d, stored %d, raw %d out of bounds", i, c.Object,
-				c.Offset, c.Stored, c.Raw)
+		if c.Object < 0 || c.Object >= len(p.Objects) || c.Offset < 0 {
+			return fmt.Errorf("chunk %d: object %d, offset %d out of bounds", i, c.Object, c.Offset)
 		}
-		if c.Codec != fetch.CodecNone && c.Codec != fetch.CodecZlib {
-			return fmt.Errorf("chunk %d: unknown codec %q", i, c.Codec)
-		}
-		overhead := 0
-		if c.Key != nil {
-			overhead = fetch.SealedOverhead
-			if c.Stored <= overhead {
-				return fmt.Errorf("chunk %d: a sealed chunk of %d bytes", i, c.Stored)
-			}
-		}
-		if c.Codec == fetch.CodecNone && c.Stored != c.Raw+overhead {
-			return fmt.Errorf("chunk %d: an uncompressed chunk stores %d bytes for %d", i, c.Stored, c.Raw)
+		if err := c.CheckStored(); err != nil { // the same check as a pull's (go/internal/fetch)
+			return fmt.Errorf("chunk %d: %v", i, err)
 		}
 		if len(c.Places) == 0 {
 			return fmt.Errorf("chunk %d goes nowhere", i)

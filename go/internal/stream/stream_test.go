@@ -141,7 +141,7 @@ func newImagePacks(t *testing.T, size, npacks int, contents ...[]byte) *image {
 func (im *image) path(f int) string { return filepath.Join(im.dir, "f"+strconv.Itoa(f)) }
 
 func (im *image) plan(url string) *Plan {
-	p := &Plan{Version: PlanVersion, Workers: 2, UrgentWorkers: 2, Attempts: 2, TimeoutS: 5, RangeBytes: 1 << 20,
+	p := &Plan{Version: PlanVersion, Workers: 2, UrgentWorkers: 2, Retry: &quickRetry, TimeoutS: 5, RangeBytes: 1 << 20,
 		UrgentAheadBytes: 0, Chunks: im.chunks, Ready: im.ready,
 		Listen: filepath.Join(im.dir, "stream.sock"), Complete: filepath.Join(im.dir, "complete")}
 	for i := range im.packs {

@@ -3,8 +3,8 @@
 - `thaw checkpoint` into it: one line naming the full file system (not a Go
   stack frame from runsc), exit 4, no partial image, the workload still runs
   and a checkpoint elsewhere works;
-- `thaw pull` into a cache on it, with the in-process engine and with
-  thaw-fetch: one line, exit 4, no half cache entry;
+- `thaw pull` into a cache on it (thaw-fetch's writes fail): one line, exit 4,
+  no half cache entry;
 - `thaw restore --from-store` streaming into a cache on it (store.stream, the
   default): thaw-gofer's writes fail mid-stream; one line, exit 4 (NoSpace,
   as a pull), no sandbox left, no half cache entry.
@@ -74,13 +74,11 @@ def test_checkpoint_into_a_full_file_system(base: Path, name: str, small_fs: Pat
                                         "left_in_full_fs": 0, "workload_after": "running"})
 
 
-@pytest.mark.parametrize("engine", ["python", "thaw-fetch"])
-def test_pull_into_a_full_cache(settings, checkpoints, scratch, small_fs, engine):
-    key = f"user-root.full-{engine}"   # the CLI's tenant (issue 13): keys carry it
+def test_pull_into_a_full_cache(settings, checkpoints, scratch, small_fs):
+    key = "user-root.full-thaw-fetch"   # the CLI's tenant (issue 13): keys carry it
     store_thaw(settings, "push", str(copy_image(checkpoints["kv"], scratch / "kv")), "--key", key, "--no-cache")
     cache = small_fs / "cache"
-    env = {"THAW_CACHE_DIR": str(cache),
-           "THAW_STORE_FETCHER": "" if engine == "python" else str(BUILD / "thaw-fetch")}
+    env = {"THAW_CACHE_DIR": str(cache), "THAW_STORE_FETCHER": str(BUILD / "thaw-fetch")}
     p = store_thaw(settings, "pull", key, check=False, **env)
     line = _one_line(p)
     assert p.returncode == 4, p.stderr
@@ -89,7 +87,7 @@ def test_pull_into_a_full_cache(settings, checkpoints, scratch, small_fs, engine
     assert json.loads(ls.stdout)["local"] == [], "no half cache entry"
     partial = [q for q in (cache / "entries").iterdir()] + [q for q in (cache / "tmp").iterdir()]
     assert partial == [], partial
-    write_results(f"pull-enospc-{engine}", {"exit": p.returncode, "line": line, "cache_entries_after": 0})
+    write_results("pull-enospc-thaw-fetch", {"exit": p.returncode, "line": line, "cache_entries_after": 0})
 
 
 def test_streamed_restore_into_a_full_cache(base: Path, name: str, settings, scratch, small_fs: Path):

@@ -2,9 +2,10 @@
 thaw-s3proxy (go/cmd/thaw-s3proxy) between the node and a real SeaweedFS,
 pulls of real runsc checkpoint images through thaw-fetch.
 
-Both fetch engines ride out the windows: thaw-fetch (go/cmd/thaw-fetch/retry.go)
-and the in-process one (store.fetcher = "", control/images/retry.py, its twin).
-bench/faults_store.py runs the 20-pull counts."""
+thaw-fetch rides out the windows under the one retry policy of the one fetch
+engine (go/internal/fetch/retry.go; thaw-gofer's stream follows it too:
+tests/integration/faults/test_stream_faults.py). bench/faults_store.py runs
+the 20-pull counts."""
 from __future__ import annotations
 
 import dataclasses
@@ -28,7 +29,6 @@ from tests.integration.conftest import store_thaw
 
 from .s3proxy import S3Proxy
 
-ENGINES = ("thaw-fetch", "python")
 WINDOW_S = 10   # issue 14: "survive a 10 s SlowDown or 5xx window"
 
 
@@ -51,11 +51,9 @@ def pull(s, key, node, **kw):
                        **kw)
 
 
-def through(proxy: S3Proxy, s, scratch: Path, tag: str, engine: str = "thaw-fetch"):
-    """Another node (its own cache) whose store endpoint is the proxy; `engine`
-    "python" fetches in-process (store.fetcher empty)."""
-    return dataclasses.replace(s, store_endpoint=proxy.endpoint, cache_dir=scratch / f"cache-{tag}",
-                               **({"store_fetcher": None} if engine == "python" else {}))
+def through(proxy: S3Proxy, s, scratch: Path, tag: str):
+    """Another node (its own cache) whose store endpoint is the proxy."""
+    return dataclasses.replace(s, store_endpoint=proxy.endpoint, cache_dir=scratch / f"cache-{tag}")
 
 
 @pytest.fixture
@@ -78,9 +76,8 @@ def test_boto3_and_presigned_urls_pass_through_the_proxy(settings, weed, proxy, 
     body = bytes(range(256)) * 64
     pack = hashlib.sha256(body).hexdigest()
     store.put_pack(pack, body)
-    buf = bytearray(100)
-    store.get_range_into(pack, 1000, memoryview(buf))
-    assert bytes(buf) == body[1000:1100]
+    got = store.client.get_object(Bucket=s.store_bucket, Key=store.pack_name(pack), Range="bytes=1000-1099")
+    assert got["Body"].read() == body[1000:1100]
     listed = store.client.list_objects_v2(Bucket=s.store_bucket)["Contents"]
     assert [o["Key"] for o in listed] == [store.pack_name(pack)]
     url = store.presign_get(pack)
@@ -109,21 +106,20 @@ WINDOWS = {"slowdown-503": {"kind": "error", "status": 503},   # S3's <Code>Slow
            "bad-gateway-502": {"kind": "error", "status": 502}}  # a load balancer's, no S3 code
 
 
-@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("window", WINDOWS)
-def test_pull_rides_out_a_10s_window(window, engine, settings, checkpoints, node, scratch, proxy):
+def test_pull_rides_out_a_10s_window(window, settings, checkpoints, node, scratch, proxy):
     """Issue 14 item 1: a window of 10 s during which every GET of a pack gets
     503 SlowDown (or 502), opening at the pull's first pack GET, is ridden out
     with the default retry policy; the image arrives whole."""
     push(settings, checkpoints["runtime"], "user-root.wl", node)
-    b = through(proxy, settings, scratch, "b", engine)
+    b = through(proxy, settings, scratch, "b")
     fid = proxy.add(**WINDOWS[window], duration_s=WINDOW_S, start="first", key="/packs/")
     t0 = time.monotonic()
     r = pull(b, "user-root.wl", node)
     took = time.monotonic() - t0
     r.lease.release()
     f = proxy.fault(fid)
-    assert r.fill.engine == engine and f["hits"] >= 1 and not f["active"], f
+    assert r.fill.engine == "thaw-fetch" and f["hits"] >= 1 and not f["active"], f
     assert took >= WINDOW_S and r.fill.retries >= 1
     same_files(checkpoints["runtime"], r.lease.path)
 

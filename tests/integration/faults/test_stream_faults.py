@@ -130,6 +130,40 @@ def test_store_stall_after_the_answer_ends_in_a_retry(base, name, settings, publ
     assert streamed.run(env, "delete", f"{name}-r", "--force").returncode == 0
 
 
+def test_stream_rides_out_a_10s_slowdown_window(base, name, settings, published, proxy, scratch):
+    """Issue 27 item 5: the stream's GETs follow a pull's retry policy, the one of
+    go/internal/fetch (botocore's standard mode plus the budget; the stream once
+    retried store.retries times with its own backoff and no budget). A 10 s window
+    of 503 SlowDown on every pack GET, opening at the first one after the sentry
+    opened the image (so that the stream, not the pull of thaw.json before it,
+    meets it), is ridden out with the default policy: the sandbox restores from
+    the stream, not cold, and the entry is installed whole. The reads' deadline is
+    set past the window plus the longest backoff after it (60 s): what is tested
+    is the retrying, not the deadline."""
+    b = dataclasses.replace(settings, store_endpoint=proxy.endpoint, cache_dir=scratch / "cache-b")
+    env = streamed.env_for(base, b, THAW_STORE_STREAM=1, THAW_STORE_STREAM_DEADLINE_S=60)
+    assert env["THAW_STORE_RETRIES"] == "3" and "THAW_STORE_RETRY_BUDGET_S" not in env   # the defaults
+    proxy.add(kind="throttle", rate_bps=RATE)   # the stream lasts ~7 s: the window meets it mid-way
+    p = streamed.start(env, "restore", "--from-store", f"user-root.{name}", "--id", f"{name}-r", "--json")
+    streamed.wait_for(lambda: " open pages.img" in streamed.gofer_logs(base), 60, "the gofer opened pages.img",
+                      step=0.005)
+    fid = proxy.add(kind="error", status=503, duration_s=10, start="first", key="/packs/")
+    t0 = time.monotonic()
+    rc, out, err = finish(p)
+    took = time.monotonic() - t0
+    assert rc == 0, err
+    r = json.loads(out)
+    f = proxy.fault(fid)
+    assert r["source"] == "stream" and r["mode"] == "restored", r
+    assert f["hits"] >= 1 and not f["active"], f
+    assert r["stream"]["error"] is None and r["stream"]["stats"]["retries"] >= 1, r["stream"]
+    assert took >= 10
+    assert streamed.get(published["host"], "/sum", 120)["digest"] == published["digest"]
+    state = streamed.cache_state(b.cache_dir, f"user-root.{name}")
+    assert len(state["ready"]) == 1 and state["partials"] == [] and state["streams"] == [], state
+    assert streamed.run(env, "delete", f"{name}-r", "--force").returncode == 0
+
+
 def test_altered_chunk_never_reaches_the_sandbox(base, name, settings, published, proxy, scratch):
     b = through(settings, proxy, scratch)
     env = stream_env(base, b)

@@ -1,9 +1,9 @@
-package main
+package fetch
 
 // What each way of checking a fetched chunk costs on one core, on 256 KiB
 // chunks (the average chunk, pack.avg_chunk_bytes): SHA-256 alone (the name
 // the node trusts later), BLAKE3 alone (what thaw-fetch checked before issue
-// 14 item 6), both. `go test -run - -bench Check ./cmd/thaw-fetch`; the
+// 14 item 6), both. `go test -run - -bench Check ./internal/fetch`; the
 // figures behind verify()'s choice are in docs/store.md, "Integrity".
 
 import (
