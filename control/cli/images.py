@@ -142,7 +142,7 @@ def pull_cmd(obj: Context, key: str) -> None:
     s = obj.settings
     bar = Bar(f"pull {key}", obj.progress)
     r = images.pull(images.open_cache(s), _store(obj), key, _node(obj), workers=s.store_workers,
-                    progress=bar, on_total=bar.set_total)
+                    progress=bar, on_total=bar.set_total, fresh_s=s.cache_scrub_interval_s)
     bar.close()
     r.lease.release()
     f = r.fill

@@ -67,8 +67,8 @@ log = logging.getLogger(__name__)
 
 # Twin: go/internal/stream/plan.go PlanVersion.
 PLAN_VERSION = 1
-# Twin: go/internal/stream/gofer.go GoferConfigVersion.
-GOFER_CONFIG_VERSION = 1
+# Twin: go/internal/stream/gofer.go GoferConfigVersion (2: verify mode, control/images/served.py).
+GOFER_CONFIG_VERSION = 2
 # runsc starts its checkpoint-gofer when the image directory holds this file,
 # and hands it over unread (runsc/sandbox/sandbox.go checkpointGCSOptsFileName).
 GOFER_CONFIG = "gcs_opts.json"
@@ -115,7 +115,11 @@ MAX_ORDER_RANGES = 4096
 
 def failure_reason(err: ThawError) -> str:
     """The reason a restore gives when its stream failed (the gofer failed the sentry's
-    reads, so runsc gave up): thawd's for a container or pod, the CLI's for a cold fallback."""
+    reads, so runsc gave up): thawd's for a container or pod, the CLI's for a cold fallback.
+    A cache entry whose verified read found an altered chunk (control/images/served.py)
+    is `corrupt: ...` (issue 30; the metrics label is the part before the colon)."""
+    if isinstance(err, IntegrityError) and err.where == "cache":
+        return f"corrupt: {err.message}"
     return f"{type(err).__name__}: the image's stream failed: {getattr(err, 'message', err)}"
 
 

@@ -354,11 +354,18 @@ class Sandboxes:
             log.warning("restore of %s as %s failed, starting cold: %s", image, sid, reason,
                         extra=fields(container=sid, path=str(image), decision="cold-fallback", reason=reason))
             try:
-                # A cold start needs the spec, not the memory (a failed stream's image
-                # directory keeps thaw.json only: control/images/stream.py).
-                meta = metamod.read_image(Path(image), memory=False)
+                return self.cold_start(image, sid, reason, probes, gpus, t0)
             except ImageError:
                 raise e from None  # no spec to start from either
+
+    def cold_start(self, image: Path, sid: str, reason: str, probes: list | None = None,
+                   gpus: list[str] | None = None, t0: float | None = None) -> StartResult:
+        """Start the workload of `image` cold as `sid` from its saved spec, `reason` saying
+        why it was not restored (ImageError when the image has no spec either)."""
+        t0 = time.monotonic() if t0 is None else t0
+        # A cold start needs the spec, not the memory (a failed stream's image
+        # directory keeps thaw.json only: control/images/stream.py).
+        meta = metamod.read_image(Path(image), memory=False)
         saved = meta.get("net") or {}
         addr = (saved["host_ip"], saved["sandbox_ip"], saved["prefixlen"]) if saved else None  # if free (_claim_net)
         spec = metamod.spec_for_node(meta, self.settings, sid, Path(image),
