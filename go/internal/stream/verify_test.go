@@ -18,13 +18,20 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/zeebo/blake3"
 	"golang.org/x/sys/unix"
 	"gvisor.dev/gvisor/pkg/sentry/memmap"
 )
 
 // entryOnDisk writes files cut into chunks of the given sizes (cycled), and a
-// manifest naming them as control/images/manifest.py writes one.
-func entryOnDisk(t *testing.T, sizes []int, contents ...[]byte) (*GoferConfig, string) {
+// manifest naming them as control/images/manifest.py writes one (schema 2:
+// each row ends in the chunk's BLAKE3).
+func entryOnDisk(t testing.TB, sizes []int, contents ...[]byte) (*GoferConfig, string) {
+	return entryWith(t, sizes, func(c []byte) string { s := blake3.Sum256(c); return hex.EncodeToString(s[:]) }, contents...)
+}
+
+// entryWith is entryOnDisk with each row's last column from check ("": a schema-1 row without it).
+func entryWith(t testing.TB, sizes []int, check func([]byte) string, contents ...[]byte) (*GoferConfig, string) {
 	t.Helper()
 	dir := t.TempDir()
 	type file struct {
@@ -46,8 +53,12 @@ func entryOnDisk(t *testing.T, sizes []int, contents ...[]byte) (*GoferConfig, s
 		for off, k := 0, 0; off < len(data); k++ {
 			n := min(sizes[k%len(sizes)], len(data)-off)
 			s := sha256.Sum256(data[off : off+n])
-			// [sha256, length, pack index, offset in pack, stored, codec, blake3]: serving reads the first two.
-			fe.Chunks = append(fe.Chunks, []any{hex.EncodeToString(s[:]), n, 0, off, n, "none", strings.Repeat("0", 64)})
+			// [sha256, length, pack index, offset in pack, stored, codec(, blake3)]: serving reads 0, 1 and 6.
+			row := []any{hex.EncodeToString(s[:]), n, 0, off, n, "none"}
+			if c := check(data[off : off+n]); c != "" {
+				row = append(row, c)
+			}
+			fe.Chunks = append(fe.Chunks, row)
 			off += n
 		}
 		files = append(files, fe)
@@ -171,6 +182,34 @@ func TestAFlippedByteFailsItsChunksReadsAndIsReported(t *testing.T) {
 	}
 }
 
+// Which hash checks: BLAKE3 where every row has one, the SHA-256 name where not
+// (schema 1), and a wrong BLAKE3 column over intact bytes is no alarm: the
+// SHA-256 name decides. Altered bytes fail under each.
+func TestEachCheckColumnCatchesAlteredBytesAndAWrongBlake3IsNoAlarm(t *testing.T) {
+	data := randBytes(35, 1<<20)
+	for name, check := range map[string]func([]byte) string{
+		"blake3":       func(c []byte) string { s := blake3.Sum256(c); return hex.EncodeToString(s[:]) },
+		"sha256 only":  func([]byte) string { return "" },
+		"wrong blake3": func([]byte) string { return strings.Repeat("0", 64) },
+	} {
+		cfg, _ := entryWith(t, []int{128 << 10}, check, data)
+		tg := verifyingGofer(t, cfg)
+		if got, err := tg.read(0, 0, 1<<20); err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("%s: intact bytes: %v", name, err)
+		}
+		if (tg.g.tables[0].b3 == nil) != (name == "sha256 only") {
+			t.Fatalf("%s: checked with the wrong hash", name)
+		}
+		bad := append([]byte(nil), data...)
+		bad[300<<10] ^= 1
+		os.WriteFile(cfg.Files[0].Path, bad, 0o600)
+		tg2 := verifyingGofer(t, cfg)
+		if _, err := tg2.read(0, 256<<10, 128<<10); !errors.Is(err, unix.EIO) {
+			t.Fatalf("%s: altered bytes: want EIO, got %v", name, err)
+		}
+	}
+}
+
 // A hole (sparse file) where the manifest names data is caught like any change.
 func TestAHolePunchedIntoAnEntryIsCaught(t *testing.T) {
 	data := randBytes(33, 1<<20)
@@ -227,3 +266,47 @@ func TestGoferConfigVersions(t *testing.T) {
 }
 
 var _ = memmap.FileRange{}
+
+// The gofer's own cost of serving 256 MiB in the loader's sweep (256 KiB reads, 8 at once),
+// from the page cache: plain preads against verify mode (each chunk hashed once).
+// `go test -run - -bench Serve ./internal/stream` (docs/benchmarks.md).
+func benchmarkServe(b *testing.B, verify bool) {
+	data := randBytes(40, 256<<20)
+	cfg, _ := entryOnDisk(b, []int{200 << 10, 260 << 10, 310 << 10, 250 << 10}, data)
+	if !verify {
+		cfg.Verify = ""
+		cfg.Socket, cfg.Done = "/nonexistent", filepath.Join(filepath.Dir(cfg.Corrupt), "complete")
+		writeMarker(cfg.Done)
+	}
+	b.SetBytes(int64(len(data)))
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		g, err := NewGofer(cfg)
+		if err != nil {
+			b.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		next := make(chan int64, 64)
+		for w := 0; w < 8; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				buf := make([]byte, 256<<10)
+				for off := range next {
+					if err := g.readAt(0, buf[:min(int64(len(buf)), int64(len(data))-off)], off); err != nil {
+						b.Error(err)
+					}
+				}
+			}()
+		}
+		for off := int64(0); off < int64(len(data)); off += 256 << 10 {
+			next <- off
+		}
+		close(next)
+		wg.Wait()
+		g.Destroy()
+	}
+}
+
+func BenchmarkServePlain(b *testing.B)    { benchmarkServe(b, false) }
+func BenchmarkServeVerified(b *testing.B) { benchmarkServe(b, true) }
