@@ -160,21 +160,27 @@ def serve(cache: Cache, settings: Settings, lease: Lease) -> Served:
     view = root / f"{e.id}.{secrets.token_hex(4)}.{me.pid}-{me.start}"
     view.mkdir(mode=0o700)
     try:
-        files = []
         for f in m.files:
             os.symlink(e.path / f.name, view / f.name)
-            if f.name in streammod.RUNSC_FILES:
-                files.append({"name": f.name, "path": str(e.path / f.name), "size": f.size,
-                              "pages": f.name == streammod.PAGES})
-        cfg = {"version": streammod.GOFER_CONFIG_VERSION, "socket": "", "complete": "", "files": files,
-               "deadline_s": DEADLINE_S, "boost_s": 0.0, "max_parallel": MAX_PARALLEL,
-               "max_read_bytes": MAX_READ_BYTES, "log": "", "verify": str(e.path / MANIFEST_FILE),
-               "corrupt": str(view / CORRUPT_REPORT)}
-        write_bytes_atomic(view / streammod.GOFER_CONFIG, json.dumps(cfg).encode(), mode=0o600)
+        write_view(view, [(f.name, e.path / f.name, f.size) for f in m.files], e.path / MANIFEST_FILE)
         return Served(cache, lease, view, streammod.sidecar_dir(settings))
     except BaseException:
         shutil.rmtree(view, ignore_errors=True)
         raise
+
+
+def write_view(view: Path, files: list[tuple[str, Path, int]], manifest: Path) -> None:
+    """Write gcs_opts.json into `view`: thaw-gofer in verify mode serving `files` (name,
+    path, size; runsc's files among them), each chunk checked against `manifest` (a
+    manifest's files[].chunks, go/internal/stream/verify.go), reporting to CORRUPT_REPORT.
+    Twin: bench/gpu/verified.py `view` (the same for an image outside the cache, on a GPU
+    machine without thaw's dependencies)."""
+    served = [{"name": name, "path": str(path), "size": size, "pages": name == streammod.PAGES}
+              for name, path, size in files if name in streammod.RUNSC_FILES]
+    cfg = {"version": streammod.GOFER_CONFIG_VERSION, "socket": "", "complete": "", "files": served,
+           "deadline_s": DEADLINE_S, "boost_s": 0.0, "max_parallel": MAX_PARALLEL,
+           "max_read_bytes": MAX_READ_BYTES, "log": "", "verify": str(manifest), "corrupt": str(view / CORRUPT_REPORT)}
+    write_bytes_atomic(view / streammod.GOFER_CONFIG, json.dumps(cfg).encode(), mode=0o600)
 
 
 def remove_leftovers(cache: Cache) -> list[str]:
