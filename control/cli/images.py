@@ -187,7 +187,8 @@ def ls_cmd(obj: Context, local_only: bool) -> None:
             lines.append(f"REMOTE {'KEY':<32} {'TUPLE':<12} {'SIZE':>11} {'AGE':>5} {'':>5} {'TENANT':<20}")
             lines += [f"  {e['key']:<37} {e['tuple_hash'][:12]} {_size(e.get('size', 0)):>11} "
                       f"{_ago(e.get('age_s')):>5} {'':>5} {e['tenant']:<20} "
-                      f"{'match' if e['match'] else 'MISMATCH: ' + '; '.join(e['reasons'])}"
+                      + ("match" if e["match"] else ("MISMATCH: " if e.get("valid", True) else "INVALID: ")
+                         + "; ".join(e["reasons"]))
                       for e in d["remote"]] or ["  (none)"]
         return "\n".join(lines)
     obj.emit(d, human)

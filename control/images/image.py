@@ -484,10 +484,12 @@ def listing(cache: Cache, store: Store | None, node: CompatTuple) -> dict:
         row: dict = {"key": key, "tuple_hash": th, "manifest_bytes": nbytes, "tenant": store_tenant(key)}
         if (key, th) in published:
             row["age_s"] = round(now - published[(key, th)])
-        body = store.get_manifest(key, th)
         try:
+            body = store.get_manifest(key, th)   # bounded: ManifestError past MAX_MANIFEST_BYTES
             m = _checked(body or b"", store.manifest_name(key, th), key, store)
         except (ManifestError, ManifestRefused, KeyMissing) as e:
+            # One bad manifest is that image's problem, not the listing's (issue 30).
+            log.warning("skipping manifest %s: %s", store.manifest_name(key, th), e)
             row.update(match=False, valid=False, reasons=[str(e)])
         else:
             bad = check(m.tuple, node)

@@ -50,7 +50,7 @@ from typing import Callable
 
 from control import metrics
 from control.config import Settings
-from control.errors import IntegrityError, PreconditionError, StoreError, ThawError
+from control.errors import IntegrityError, ManifestError, PreconditionError, StoreError, ThawError
 from control.files import Owner, write_bytes_atomic
 from control.images import chunk
 from control.images import image as images
@@ -587,7 +587,7 @@ def read_order(store: Store, m: Manifest) -> dict[str, list[list[int]]]:
     first seen; {} when there is none or it cannot be read (it is only a hint)."""
     try:
         body = store.get_order(m.key, m.tuple_hash)
-    except StoreError as e:
+    except (StoreError, ManifestError) as e:   # ManifestError: larger than an order may be
         log.info("stream %s: no learned order (%s)", m.key, e, extra=fields(key=m.key, reason=str(e)))
         return {}
     if body is None:
@@ -611,8 +611,9 @@ def read_order(store: Store, m: Manifest) -> dict[str, list[list[int]]]:
             out[name] = [[int(o), int(n)] for o, n in rs[:MAX_ORDER_RANGES]
                          if 0 <= int(o) and 0 < int(n) and int(o) + int(n) <= sizes[name]]
         return out
-    except (ValueError, TypeError, AttributeError) as e:
-        log.warning("stream %s: ignoring an unreadable order object: %s", m.key, e, extra=fields(key=m.key, reason=str(e)))
+    except (ValueError, TypeError, AttributeError, RecursionError) as e:
+        log.warning("stream %s: ignoring an unreadable order object: %s", m.key, str(e)[:200],
+                    extra=fields(key=m.key, reason=str(e)[:200]))
         return {}
 
 

@@ -298,3 +298,25 @@ def test_a_miss_streams_through_thaw_gofer_while_the_container_restores(name, ru
             proxy.stop()
         s.stop()
         subprocess.run(["rm", "-rf", str(base)])
+
+
+def test_a_deeply_nested_manifest_is_a_cold_start_that_names_it(cs):
+    """Issue 30: under thawd a manifest nested too deeply was a RecursionError that failed
+    the RPC, so the stand-in said `thawd-unavailable`; the reason names the manifest."""
+    from control.images.store import Store
+    cs.ctrd.run(IMAGE, "seed", ANNOTATIONS)
+    cs.state("seed")
+    entry = cs.wait_published()
+    cs.ctrd.remove("seed")
+    store = Store(cs.settings()).for_tenant(entry["key"].split(".", 1)[0])
+    name = store.manifest_name(entry["key"], entry["tuple_hash"])
+    store.client.put_object(Bucket=store.bucket, Key=name, Body=b"[" * 100_000 + b"]" * 100_000)
+    assert cs.thaw("evict", entry["key"]).returncode == 0
+    cs.ctrd.run(IMAGE, "after", ANNOTATIONS)
+    cs.state("after")
+    d = [x for x in cs.decisions() if x["id"] == "after"]
+    assert d[0]["decision"] == "cold", d
+    reason = d[0]["reason"]
+    assert reason.startswith("manifest-invalid: ") and name in reason and "nested too deeply" in reason, reason
+    assert "thawd-unavailable" not in reason and len(reason) < 1000
+    cs.ctrd.remove("after")
