@@ -197,7 +197,7 @@ class Runsc:
 
     def _run(self, args: Sequence[str], timeout_s: float | None = None,
              check_id: str | None = None, env: Sequence[tuple[str, str]] = (),
-             stdio: "int | tuple[int, int, int] | None" = None) -> subprocess.CompletedProcess:
+             stdio: "int | tuple[int, int, int] | None" = None, umask: int = -1) -> subprocess.CompletedProcess:
         """Run one runsc command; raise RunscError (or NotFound) on failure.
 
         `check_id`: the container the command names, so "not found" becomes
@@ -231,7 +231,7 @@ class Runsc:
                 fin, fout, ferr = subprocess.DEVNULL, (out if stdio is None else stdio), \
                     (err if stdio is None else stdio)
             child = subprocess.Popen(argv, stdout=fout, stderr=ferr, stdin=fin,
-                                     env={**os.environ, **dict(env)} if env else None)
+                                     env={**os.environ, **dict(env)} if env else None, umask=umask)
             timer = threading.Timer(deadline, child.kill)
             timer.daemon = True
             timer.start()
@@ -339,7 +339,10 @@ class Runsc:
         return self._run(["exec", cid, *argv], timeout_s, check_id=cid)
 
     def checkpoint(self, cid: str, opts: CheckpointOptions, timeout_s: float | None = None) -> None:
-        self._run(["checkpoint", *opts.argv(), cid], timeout_s, check_id=cid)
+        """With umask 077: runsc creates the image directory and files (runsc/sandbox
+        createSaveFiles, mode 0644 and the caller's umask) and they hold the workload's
+        memory, owner-only whatever the caller's umask (issue 30)."""
+        self._run(["checkpoint", *opts.argv(), cid], timeout_s, check_id=cid, umask=0o077)
 
     def restore(self, cid: str, opts: RestoreOptions, timeout_s: float | None = None,
                 stdio: "int | tuple[int, int, int] | None" = None) -> None:

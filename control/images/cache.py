@@ -177,14 +177,20 @@ class Cache:
         self.lock_timeout_s = lock_timeout_s
         self.verify_mode = verify
         for d in ("entries", "tmp", "locks", "trash"):
-            (self.root / d).mkdir(parents=True, exist_ok=True)
+            (self.root / d).mkdir(parents=True, exist_ok=True, mode=0o700)
         # The cache holds images in plaintext (runsc reads them): only its owner
         # (root, thawd) may enter it (docs/security.md).
         if self.root.stat().st_uid == os.geteuid():
             os.chmod(self.root, 0o700)
+        # The index names every entry's keys and chunk hashes: owner-only like the entries
+        # (SQLite gives its -wal and -shm files the database's mode), whatever the umask.
+        index = self.root / "index.sqlite"
+        os.close(os.open(index, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600))
+        if index.stat().st_uid == os.geteuid():
+            os.chmod(index, 0o600)
         # One process at a time creates the schema and switches the journal
         # to WAL (that switch needs the database to itself).
-        with FileLock(self.root / "index.lock", timeout=60):
+        with FileLock(self.root / "index.lock", timeout=60, mode=0o600):
             db = sqlite3.connect(self.root / "index.sqlite", timeout=60, isolation_level=None)
             try:
                 db.execute("PRAGMA journal_mode=WAL")
@@ -228,7 +234,7 @@ class Cache:
         manifestmod.validate_key(key)
         path = self.root / "locks" / f"{key}.lock"
         t = self.lock_timeout_s if timeout_s is None else timeout_s
-        lock = FileLock(path, timeout=t)
+        lock = FileLock(path, timeout=t, mode=0o600)
         try:
             lock.acquire()
         except LockTimeout:

@@ -388,15 +388,18 @@ class Store:
     def list_manifests(self, key: str | None = None) -> Iterator[tuple[str, str, int]]:
         """(key, tuple_hash, bytes) of every manifest, or of one key's."""
         base = f"{self.prefix}manifests/" + (f"{key}/" if key else "")
+        kw = {"Bucket": self.bucket, "Prefix": base}
         try:
-            pages = self.policy.call(lambda: list(self.reader.get_paginator("list_objects_v2").paginate(
-                Bucket=self.bucket, Prefix=base)))
-            for page in pages:
+            while True:   # one page (<= 1000 keys) in memory at a time, each retried under the policy
+                page = self.policy.call(lambda: self.reader.list_objects_v2(**kw))
                 for obj in page.get("Contents", []):
                     rest = obj["Key"][len(f"{self.prefix}manifests/"):]
                     k, _, leaf = rest.partition("/")
                     if leaf.endswith(".json") and "/" not in leaf:
                         yield k, leaf[:-len(".json")], int(obj["Size"])
+                if not page.get("IsTruncated") or not page.get("NextContinuationToken"):
+                    return
+                kw["ContinuationToken"] = page["NextContinuationToken"]
         except (ClientError, BotoCoreError) as e:
             raise self._fail("list", base, e) from None
 

@@ -379,7 +379,7 @@ class _Job:
         once gofers can connect; return the faulted ranges. Precondition: key lock held."""
         me = Owner.me()
         sdir = self.cache.root / STREAMS_DIR / f"{eid}.{me.pid}-{me.start}"
-        sdir.mkdir(parents=True)
+        sdir.mkdir(parents=True, mode=0o700)
         sockdir = None
         sock = sdir / "s.sock"
         if len(str(sock).encode()) > 100:   # sun_path holds 108 bytes
@@ -492,7 +492,7 @@ def build_plan(m: Manifest, partial: Path, sdir: Path, store: Store, sources: tr
     ready: list[list[int]] = []
     try:
         for i, f in enumerate(files):
-            fd = os.open(partial / f.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = os.open(partial / f.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)   # memory: owner-only
             fds.append(fd)
             os.ftruncate(fd, f.size)
             for off, c in f.placed():

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Callable
 
 from control.config import Settings
-from control.files import Owner, fsync_path
+from control.files import Owner, fsync_path, untrusted
 from control.lifecycle import gpus as gpumod
 from control.lifecycle import image_meta as metamod
 from control.lifecycle.records import (TRANSITIONAL, CheckpointResult, Mitigations, Record, Records,  # noqa: F401
@@ -46,7 +46,7 @@ from control.lifecycle import profiles
 from control.lifecycle.engine import Engine, Handle, status as engine_status
 from nvproxy.cuda import stage_for, uses_gpu
 from control.errors import (AlreadyExists, CheckpointFailed, ImageError, InUse, InvalidTransition, NotFound,
-                            PreconditionError, ThawError, UnhealthyRestore, UserError)
+                            PreconditionError, ThawError, TupleMismatch, UnhealthyRestore, UserError)
 from runsc_hooks import gate as gatemod
 from runsc_hooks import probe as probemod
 from runsc_hooks import network as netmod
@@ -55,6 +55,10 @@ from runsc_hooks.runsc import CreateOptions, GlobalOptions, RestoreOptions, Runs
 from control.logfields import fields
 
 log = logging.getLogger(__name__)
+
+# How long a command that finds a dead owner's record waits for that owner's runsc children
+# (a runsc restore outlives a killed `thaw restore` briefly) before leaving it to `recover`.
+REAP_WAIT_S = 5.0
 
 class Sandboxes:
     """thaw's own sandboxes on this node (one runsc root, one state dir)."""
@@ -86,8 +90,40 @@ class Sandboxes:
     def _record_path(self, sid: str) -> Path:
         return self.records.path(sid)
 
-    def get(self, sid: str) -> Record | None:
-        return self.records.get(sid)
+    def get(self, sid: str, reap: bool = True) -> Record | None:
+        """Sandbox `sid`'s record. With `reap`, one a thaw process that died left in a
+        transitional state is settled first (_reap), so it is never seen half-made."""
+        rec = self.records.get(sid)
+        return self._reap(rec) if reap and rec is not None else rec
+
+    def _reap(self, rec: Record) -> Record | None:
+        """`rec`, unless its owner died in a transitional state: then what it left is undone
+        now and None is returned (a checkpoint whose sandbox runs on goes back to running).
+        Issue 30: a streamed restore killed mid-way left a `restoring` record, and its id and
+        address, until someone ran `thaw sandbox-gc`. A record runsc still works on (a child
+        of the dead owner, for up to REAP_WAIT_S) is left to `recover`."""
+        if rec.state not in TRANSITIONAL:
+            return rec
+        owner = Owner.from_dict(rec.owner)
+        if owner is not None and owner.alive():
+            return rec
+        if not _wait_runsc_idle(self.settings, runsc_id(rec.id), REAP_WAIT_S):
+            return rec
+        r = self.runsc("sandbox" if rec.net else "none", rec.nvproxy)
+        status = _status(r, runsc_id(rec.id))
+        if status.startswith("unknown"):
+            return rec
+        why = f"{rec.state.value} by pid {(rec.owner or {}).get('pid')}, which is gone"
+        if rec.state is State.CHECKPOINTING and status == "running":
+            if rec.net:
+                gatemod.open(rec.id, "checkpoint abandoned, the sandbox runs on")
+            rec.owner = None
+            self._move(rec, State.RUNNING)
+            log.warning("sandbox %s was %s: resumed", rec.id, why)
+            return rec
+        log.warning("sandbox %s was %s: removed what it left", rec.id, why)
+        self._undo(r, rec)
+        return None
 
     def _save(self, rec: Record) -> None:
         self.records.save(rec)
@@ -105,8 +141,10 @@ class Sandboxes:
         return netmod.plumb(sid, host_ip, sandbox_ip, prefixlen, subnet=s.network_subnet, ports=ports,
                             publish_address=s.network_publish_address, egress=s.network_egress)
 
-    def list_records(self) -> list[Record]:
-        return self.records.list()
+    def list_records(self, reap: bool = True) -> list[Record]:
+        """Every record; with `reap`, those a dead owner left half-made settled first (_reap)."""
+        recs = self.records.list()
+        return [x for x in (self._reap(r) for r in recs) if x is not None] if reap else recs
 
     # -- operations -------------------------------------------------------------
 
@@ -203,10 +241,19 @@ class Sandboxes:
         """
         rec = self._require(sid)
         out = Path(out)
-        if out.exists():
+        if os.path.lexists(out):   # a dangling symbolic link too: it is someone's name
             raise AlreadyExists("image directory", str(out), "checkpoint writes a new directory")
         if not out.parent.is_dir():
             raise NotFound("directory", str(out.parent), "the image directory's parent must exist")
+        if out.name in ("", ".", ".."):
+            raise UserError(f"--out {out}: name a new directory", path=str(out))
+        # The image is the workload's memory: written only where no other user can redirect it
+        # or swap it (issue 30), into a directory born 0700 (runsc runs with umask 077).
+        parent, why = untrusted(out.parent)
+        if why:
+            raise UserError(f"--out {out}: {why}; write images under a directory only root can change",
+                            path=str(out))
+        out = parent / out.name
         r = self.runsc("sandbox" if rec.net else "none", rec.nvproxy)
         st = _status(r, runsc_id(sid))
         if st != "running":
@@ -216,6 +263,8 @@ class Sandboxes:
             h = dataclasses.replace(h, gate=None)
         spec = h.spec()
         gpu_need = self._gpu_needs(spec)  # NVML before the save: what the image will say it needs
+        from control.node import compat
+        tup = compat.node_tuple(self.settings)   # the tuple travels with the image (issue 30)
         rec.owner = Owner.me().to_dict()
         self._move(rec, State.CHECKPOINTING)
         partial = out.parent / f".{out.name}.partial-{uuid.uuid4().hex[:8]}"
@@ -225,7 +274,8 @@ class Sandboxes:
             metamod.write(partial, metamod.DOOR_CLI, spec, saved.files, gpu_need, saved.seconds, sandbox=sid,
                           net=rec.net, probes=rec.probes, runsc_version=r.version(),
                           platform=self.settings.runsc_platform, network="sandbox" if rec.net else "none",
-                          nvproxy=rec.nvproxy or saved.gpu, rootfs=metamod.rootfs_layout(spec, self.settings))
+                          nvproxy=rec.nvproxy or saved.gpu, rootfs=metamod.rootfs_layout(spec, self.settings),
+                          **{compat.IMAGE_TUPLE: tup.to_dict()})
             fsync_path(partial)
             os.rename(partial, out)
             fsync_path(out.parent)
@@ -274,6 +324,8 @@ class Sandboxes:
         r = self.runsc(meta["network"], nvproxy)
         if self.get(sid) is not None or r.exists(runsc_id(sid)):
             raise AlreadyExists("sandbox", sid, "restore creates a new sandbox")
+        from control.node import compat
+        compat.check_image(meta, str(image), compat.node_tuple(self.settings))   # before runsc: exit 3
         probe_list = probemod.parse_all(meta.get("probes") or [] if probes is None else probes)
         spec = metamod.spec_for_node(meta, self.settings, sid, Path(image),
                               self._placer(meta, gpus, Path(image), cold=False))
@@ -347,6 +399,9 @@ class Sandboxes:
         try:
             res = self.restore(image, sid, probes=probes, gpus=gpus, **restore_kw)
             return StartResult(sid, "restored", time.monotonic() - t0, res.sandbox_ip, res)
+        except TupleMismatch as e:   # not restorable here, and nothing was made: start it cold
+            log.warning("restore of %s as %s: %s; starting cold", image, sid, e.message)
+            return self.cold_start(image, sid, f"TupleMismatch: {e.message}", probes, gpus, t0)
         except (AlreadyExists, InUse, PreconditionError, InvalidTransition):
             raise
         except ThawError as e:
@@ -498,7 +553,7 @@ class Sandboxes:
         """
         r = self.runsc()
         actions = []
-        for rec in self.list_records():
+        for rec in self.list_records(reap=False):   # each one named in what it did
             if rec.state in TRANSITIONAL:
                 owner = Owner.from_dict(rec.owner)
                 if owner is not None and owner.alive():
@@ -574,8 +629,9 @@ def _status(r: Runsc, cid: str) -> str:
 _RUNSC_BUSY = ("create", "restore", "checkpoint", "start")
 
 
-def _wait_runsc_idle(settings: Settings, sid: str, timeout_s: float | None = None) -> None:
-    """Wait (bounded) until no runsc create/restore/checkpoint for `sid` runs under our root."""
+def _wait_runsc_idle(settings: Settings, sid: str, timeout_s: float | None = None) -> bool:
+    """Wait (bounded) until no runsc create/restore/checkpoint for `sid` runs under our root;
+    False if one still does."""
     deadline = time.monotonic() + (settings.runsc_timeout_s if timeout_s is None else timeout_s)
     root_flag = f"--root={settings.runsc_root}"
     while time.monotonic() < deadline:
@@ -591,7 +647,8 @@ def _wait_runsc_idle(settings: Settings, sid: str, timeout_s: float | None = Non
                 busy = True
                 break
         if not busy:
-            return
+            return True
         time.sleep(0.05)
-    log.warning("runsc is still working on %s after %.0fs; recovering anyway", sid, settings.runsc_timeout_s,
-                extra=fields(container=sid, duration_s=settings.runsc_timeout_s))
+    waited = settings.runsc_timeout_s if timeout_s is None else timeout_s
+    log.warning("runsc is still working on %s after %.0fs", sid, waited, extra=fields(container=sid, duration_s=waited))
+    return False
