@@ -80,3 +80,27 @@ def test_a_deeply_nested_manifest_is_one_line_and_ls_lists_the_rest(settings, na
     assert remote[good]["valid"] and remote[good]["match"], remote[good]
     assert remote[bad]["valid"] is False and "nested too deeply" in remote[bad]["reasons"][0]
     assert f"skipping manifest {obj}" in err, err[-2000:]
+
+
+def test_push_publishes_the_tuple_the_image_was_made_with(settings, name, tmp_path):
+    """Issue 30: `thaw push` published an image under the pushing node's tuple. An image whose
+    thaw.json records another node's (here: another machine type) is published under that one,
+    with a warning, and this node's pull says why it cannot restore it (exit 3, the field)."""
+    import dataclasses
+    node = node_tuple(settings)
+    theirs = dataclasses.replace(node, machine_type=f"other-{name}")
+    image = tmp_path / "img"
+    image.mkdir()
+    (image / "checkpoint.img").write_bytes(os.urandom(200_000))
+    (image / "pages.img").write_bytes(os.urandom(500_000))
+    (image / "thaw.json").write_text(json.dumps({"door": "thawd", "tuple": theirs.to_dict()}))
+    key = f"{TENANT}.{name}"
+    r = subprocess.run([str(THAW), "push", str(image), "--key", key, "--no-cache", "--json"], env=cli_env(settings),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["tuple_hash"] == theirs.hash() != node.hash()
+    assert "made on another node" in r.stderr and "machine_type" in r.stderr, r.stderr
+    store = Store(settings).for_tenant(TENANT)
+    assert store.get_manifest(key, theirs.hash()) is not None and store.get_manifest(key, node.hash()) is None
+    rc, _, err, _ = thaw_rss(settings, "pull", key)
+    assert rc == 3 and f"machine_type: image has 'other-{name}'" in err, err[-2000:]
