@@ -190,14 +190,46 @@ def restore_cmd(obj: Context, image: Path | None, key: str | None, sid: str, pro
     with Progress(not obj.json).step(f"restore {image or key} as {sid}"):
         if key is not None:
             out = restore_from_store(obj, sb, key, sid, parsed, cold_fallback, names)
-        elif cold_fallback:
-            out = sb.warm_start(image, sid, probes=parsed, gpus=names).to_dict()
         else:
-            out = {"mode": "restored", **sb.restore(image, sid, probes=parsed, gpus=names).to_dict()}
+            out = restore_directory(obj, sb, image, sid, parsed, cold_fallback, names)
     obj.emit(out, lambda d: f"{d['id']}: running ("
              + (f"restored in {d.get('restore_s', d.get('seconds', 0)):.2f}s" if d["mode"] == "restored"
                 else f"started cold: {d['fallback_reason']}") + ")"
              + (f" at {d['address']}" if d["address"] else ""))
+
+
+def restore_directory(obj: Context, sb, image: Path, sid: str, probes: list | None, cold_fallback: bool,
+                      gpus: list[str] | None) -> dict:
+    """`thaw restore DIR`. A DIR holding a thaw manifest (a cache entry `thaw pull` printed) is
+    read through thaw-gofer with every chunk checked (issue 30), as a cache hit is; any other
+    (a `thaw checkpoint --out` directory: nothing names its chunks) is read by runsc directly."""
+    from control.images import image as images
+    from control.images import served
+    view = served.for_directory(obj.settings, image, images.open_cache(obj.settings))
+    if view is None:
+        if cold_fallback:
+            return sb.warm_start(image, sid, probes=probes, gpus=gpus).to_dict()
+        return {"mode": "restored", **sb.restore(image, sid, probes=probes, gpus=gpus).to_dict()}
+    kw = {"runsc_env": tuple(view.env().items()), "gpus": gpus}
+    try:
+        if cold_fallback:
+            start = sb.warm_start(view.path, sid, probes=probes, **kw)
+            out = start.to_dict()
+            if start.restore is not None:
+                out.update(start.restore.to_dict())
+            failed = view.verdict() if out.get("mode") != "restored" else None
+            if failed is not None:
+                out["fallback_reason"] = f"corrupt: {failed.message}"
+        else:
+            try:
+                out = {"mode": "restored", **sb.restore(view.path, sid, probes=probes, **kw).to_dict()}
+            except ThawError as e:
+                raise view.verdict() or e
+        if out["mode"] == "restored":
+            out = _loaded(sb, obj.settings, view, str(image), sid, out, cold_fallback, probes, gpus)
+    finally:
+        view.release()
+    return out
 
 
 def restore_from_store(obj: Context, sb, key: str, sid: str, probes: list | None, cold_fallback: bool,
@@ -273,8 +305,8 @@ def _loaded(sb, s, src, key: str, sid: str, out: dict, cold_fallback: bool, prob
         sb.delete(sid, force=True)
         failed = src.verdict()
         if cold_fallback and failed is not None and not isinstance(src, streammod.Stream):
-            start = sb.cold_start(src.path, sid, streammod.failure_reason(failed), probes=probes, gpus=gpus)
-            return {**start.to_dict(), "source": out["source"], "ready_s": out["ready_s"]}
+            start = sb.cold_start(src.path, sid, f"corrupt: {failed.message}", probes=probes, gpus=gpus)
+            return {**start.to_dict(), **{k: out[k] for k in ("source", "ready_s") if k in out}}
         msg = (f"the restore of {key} as {sid} failed while its image "
                f"{'streamed in' if isinstance(src, streammod.Stream) else 'loaded'} ({failed or e}); "
                "the sandbox was removed")

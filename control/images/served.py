@@ -106,6 +106,71 @@ class Served:
                 "error": str(self._error) if self._error else None}
 
 
+class ServedDirectory:
+    """`thaw restore DIR` of a directory holding a thaw manifest (a cache entry `thaw pull`
+    printed, or a copy of one): read through thaw-gofer, every chunk checked, as a cache hit.
+    No lease: DIR is the user's to keep in place. An altered chunk is IntegrityError; when DIR
+    is an entry of `cache`, that entry is marked corrupt too."""
+    stream = False
+    hit = True
+
+    def __init__(self, image: Path, path: Path, sidecar_dir: Path, cache: Cache | None) -> None:
+        self.image = image
+        self.path = path
+        self.sidecar_dir = sidecar_dir
+        self.cache = cache
+        self._error: IntegrityError | None = None
+
+    def env(self) -> dict[str, str]:
+        return {streammod.SIDECAR_ENV: str(self.sidecar_dir)}
+
+    def verdict(self, wait_s: float = 0.0) -> IntegrityError | None:
+        if self._error is None:
+            r = _report(self.path)
+            if r is not None:
+                entry = self.cache is not None and self.image.parent == self.cache.root / "entries"
+                self._error = IntegrityError("image", r[0][:16], f"{r[1]} of {self.image} do not hash to this "
+                                             "chunk's name (altered on disk)"
+                                             + ("; the cache entry is marked corrupt" if entry else ""))
+                if entry:
+                    self.cache.mark_corrupt(self.image.name)
+        return self._error
+
+    def release(self) -> None:
+        self.verdict()
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def for_directory(settings: Settings, image: Path, cache: Cache | None = None) -> ServedDirectory | None:
+    """A view of image directory `image` read through thaw-gofer when it holds a thaw manifest
+    and cache.verify = read; None otherwise (runsc reads it directly, unchecked: nothing names
+    its chunks). The view lives under the state directory, named with this process."""
+    manifest = image / MANIFEST_FILE
+    if not usable(settings) or not manifest.is_file():
+        return None
+    from control.images import manifest as manifestmod
+    m = manifestmod.parse(manifest.read_bytes(), str(manifest))
+    me = Owner.me()
+    root = settings.state_dir / VIEWS_DIR
+    root.mkdir(parents=True, mode=0o700, exist_ok=True)
+    for p in root.iterdir():   # views of restores that died
+        pid, _, start = p.name.rsplit(".", 1)[-1].partition("-")
+        if not (pid.isdigit() and start.isdigit() and Owner(int(pid), start).alive()):
+            shutil.rmtree(p, ignore_errors=True)
+    view = root / f"dir.{secrets.token_hex(4)}.{me.pid}-{me.start}"
+    view.mkdir(mode=0o700)
+    try:
+        for f in m.files:
+            os.symlink(image.resolve() / f.name, view / f.name)
+        if (image / "thaw.json").is_file() and not any(f.name == "thaw.json" for f in m.files):
+            os.symlink(image.resolve() / "thaw.json", view / "thaw.json")
+        write_view(view, [(f.name, image.resolve() / f.name, f.size) for f in m.files], manifest.resolve())
+        return ServedDirectory(image, view, streammod.sidecar_dir(settings), cache)
+    except BaseException:
+        shutil.rmtree(view, ignore_errors=True)
+        raise
+
+
 def _report(view: Path) -> tuple[str, str] | None:
     """thaw-gofer's report in `view`: (the chunk's name, which bytes of which file)."""
     p = view / CORRUPT_REPORT

@@ -143,3 +143,21 @@ def test_pull_does_not_call_an_altered_entry_ready(base, name, settings, publish
     out = json.loads(r.stdout)
     assert out["hit"] is False and out["fill"]["fetched_chunks"] <= 2, out
     assert states(settings.cache_dir, key) == ["ready"]
+
+
+def test_restore_of_a_pulled_entry_directory_is_checked_too(base, name, settings, published):
+    """`thaw pull` then `thaw restore DIR` (the entry the pull printed): read through thaw-gofer
+    as a cache hit is; an intact one restores, an altered one is exit 65 and marked corrupt."""
+    key, env, before, entry = published
+    r = streamed.run(env, "restore", str(entry), "--id", f"{name}-a", "--json")
+    assert r.returncode == 0, r.stderr
+    assert streamed.get(before["host"], "/sum", 120)["digest"] == before["digest"]
+    assert streamed.run(env, "delete", f"{name}-a", "--force").returncode == 0
+    pages = entry / "pages.img"
+    rot(settings.cache_dir, pages, pages.stat().st_size // 3)
+    r = streamed.run(env, "restore", str(entry), "--id", f"{name}-b")
+    assert r.returncode == 65, (r.returncode, r.stderr)
+    [line] = [ln for ln in r.stderr.splitlines() if ln.startswith("thaw: error: ")]
+    assert "pages.img" in line and str(entry) in line and "marked corrupt" in line, line
+    assert states(settings.cache_dir, key) == ["corrupt"]
+    assert leftovers(settings, [f"{name}-b"]) == {}

@@ -210,3 +210,21 @@ def test_scrub_is_off_at_interval_zero(tmp_path, store):
     cache, _ = cached(tmp_path, store)
     sc = Scrub(cache, 0, 1 << 20).start()
     assert sc._thread is None
+
+
+def test_a_directory_with_a_manifest_is_served_checked_and_marks_its_entry(tmp_path, store):
+    cache, lease = cached(tmp_path, store)
+    lease.release()
+    s = settings(tmp_path)
+    assert served.for_directory(s, tmp_path) is None                  # no manifest: nothing names its chunks
+    assert served.for_directory(settings(tmp_path, **{"cache.verify": "stat"}), lease.path) is None
+    v = served.for_directory(s, lease.path, cache)
+    cfg = json.loads((v.path / "gcs_opts.json").read_text())
+    assert cfg["verify"] == str(lease.path.resolve() / MANIFEST_FILE) and v.verdict() is None
+    (v.path / CORRUPT_REPORT).write_text(json.dumps({"file": "pages.img", "offset": 0, "length": 4096,
+                                                     "chunk": "ab" * 32, "got": "cd" * 32}))
+    err = v.verdict()
+    assert err.where == "image" and "marked corrupt" in err.message and str(lease.path) in err.message
+    assert [e.state for e in cache.entries()] == ["corrupt"]
+    v.release()
+    assert not v.path.exists()
