@@ -111,7 +111,7 @@ class ServedDirectory:
     printed, or a copy of one): read through thaw-gofer, every chunk checked, as a cache hit.
     No lease: DIR is the user's to keep in place. An altered chunk is IntegrityError; when DIR
     is an entry of `cache`, that entry is marked corrupt too."""
-    stream = False
+    streamed = False
     hit = True
 
     def __init__(self, image: Path, path: Path, sidecar_dir: Path, cache: Cache | None) -> None:
@@ -135,6 +135,9 @@ class ServedDirectory:
                 if entry:
                     self.cache.mark_corrupt(self.image.name)
         return self._error
+
+    def describe(self, holder: str) -> None:
+        pass   # nothing is leased
 
     def release(self) -> None:
         self.verdict()
