@@ -210,7 +210,7 @@ def restore_directory(obj: Context, sb, image: Path, sid: str, probes: list | No
         if cold_fallback:
             return sb.warm_start(image, sid, probes=probes, gpus=gpus).to_dict()
         return {"mode": "restored", **sb.restore(image, sid, probes=probes, gpus=gpus).to_dict()}
-    kw = {"runsc_env": tuple(view.env().items()), "gpus": gpus}
+    kw = {"runsc_env": tuple(view.env().items()), "gpus": gpus, "source": image}
     try:
         if cold_fallback:
             start = sb.warm_start(view.path, sid, probes=probes, **kw)
@@ -258,6 +258,8 @@ def restore_from_store(obj: Context, sb, key: str, sid: str, probes: list | None
     checked = streamed or isinstance(src, served.Served)
     kw = {"runsc_env": tuple(src.env().items()), "background": True} if streamed else \
         {"runsc_env": tuple(src.env().items())}
+    if isinstance(src, served.Served):   # messages and the record name the entry, not its view
+        kw["source"] = src.entry.path
     kw["gpus"] = gpus
     try:
         if cold_fallback:
@@ -307,14 +309,13 @@ def _loaded(sb, s, src, key: str, sid: str, out: dict, cold_fallback: bool, prob
         if cold_fallback and failed is not None and not isinstance(src, streammod.Stream):
             start = sb.cold_start(src.path, sid, f"corrupt: {failed.message}", probes=probes, gpus=gpus)
             return {**start.to_dict(), **{k: out[k] for k in ("source", "ready_s") if k in out}}
-        msg = (f"the restore of {key} as {sid} failed while its image "
-               f"{'streamed in' if isinstance(src, streammod.Stream) else 'loaded'} ({failed or e}); "
-               "the sandbox was removed")
+        how = "streamed in" if isinstance(src, streammod.Stream) else "loaded"
+        msg = f"the restore of {key} as {sid} failed while its image {how} ({failed or e}); the sandbox was removed"
         if isinstance(failed, NoSpace):   # exit 4, as a pull into a full cache
             raise NoSpace(msg, **failed.fields) from None
-        if isinstance(failed, IntegrityError):   # exit 65: the entry is marked corrupt
-            raise IntegrityError(failed.where, failed.chunk, f"{failed.message.split(': ', 1)[-1]}; "
-                                 f"the restore of {key} as {sid} failed, the sandbox was removed") from None
+        if isinstance(failed, IntegrityError):   # exit 65: altered bytes (a cached entry is marked corrupt)
+            raise IntegrityError(failed.where, failed.chunk, f"{failed.message.split(': ', 1)[-1]}; the restore of "
+                                 f"{key} as {sid} failed while its image {how}, the sandbox was removed") from None
         raise ThawError(msg) from None
 
 

@@ -89,7 +89,7 @@ class Scrub:
 
     def check(self, e: Entry) -> str | None:
         """Hash every chunk of entry `e` at the rate bound; why it is altered, or None."""
-        lease = self.cache.lease(e.id)
+        lease = self.cache.lease(e.id, holder="the cache scrub")
         if lease is None:   # evicted or marked since the listing
             return None
         try:

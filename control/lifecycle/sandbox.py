@@ -25,6 +25,7 @@ its owner process; `recover` removes what an owner that died (kill -9) left.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -307,7 +308,7 @@ class Sandboxes:
     def restore(self, image: Path, sid: str, probes: list | None = None,
                 mitigations: Mitigations = Mitigations(), policy: probemod.Policy | None = None,
                 gpus: list[str] | None = None, runsc_env: tuple[tuple[str, str], ...] = (),
-                background: bool | None = None) -> RestoreResult:
+                background: bool | None = None, source: Path | None = None) -> RestoreResult:
         """Restore the image directory `image` as a new sandbox `sid`.
 
         With the gate closed: plumb the checkpoint's address, `runsc restore`,
@@ -316,22 +317,27 @@ class Sandboxes:
         gets `gpus` (CDI names), or the GPU indexes it was saved on, re-injected
         and checked against what it needs before runsc runs (gpus.py). `runsc_env`
         and `background` (default: checkpoint.restore_background) are for a
-        streamed image (control/images/stream.py).
+        streamed image (control/images/stream.py) or one read through thaw-gofer
+        (control/images/served.py), whose `source` (the cache entry, the user's
+        directory) is what messages and the record name instead of its view.
         """
         validate_id(sid)
-        meta = metamod.read_image(Path(image))
+        shown = Path(source) if source is not None else Path(image)
+        with _named(Path(image), shown):
+            meta = metamod.read_image(Path(image))
         nvproxy = bool(meta.get("nvproxy", False))
         r = self.runsc(meta["network"], nvproxy)
         if self.get(sid) is not None or r.exists(runsc_id(sid)):
             raise AlreadyExists("sandbox", sid, "restore creates a new sandbox")
         from control.node import compat
-        compat.check_image(meta, str(image), compat.node_tuple(self.settings))   # before runsc: exit 3
+        compat.check_image(meta, str(shown), compat.node_tuple(self.settings))   # before runsc: exit 3
         probe_list = probemod.parse_all(meta.get("probes") or [] if probes is None else probes)
-        spec = metamod.spec_for_node(meta, self.settings, sid, Path(image),
-                              self._placer(meta, gpus, Path(image), cold=False))
+        with _named(Path(image), shown):
+            spec = metamod.spec_for_node(meta, self.settings, sid, Path(image),
+                                         self._placer(meta, gpus, Path(image), cold=False))
         check_transition(sid, None, State.RESTORING)
         bundle = specmod.Bundle(self.bundles_dir / sid)
-        rec = Record(id=sid, state=State.RESTORING, bundle=str(bundle.path), restored_from=str(image),
+        rec = Record(id=sid, state=State.RESTORING, bundle=str(bundle.path), restored_from=str(shown),
                      probes=[str(p) for p in probe_list], owner=Owner.me().to_dict(),
                      gpus=metamod.injected_devices(spec), nvproxy=nvproxy)
         saved = meta.get("net")
@@ -401,7 +407,8 @@ class Sandboxes:
             return StartResult(sid, "restored", time.monotonic() - t0, res.sandbox_ip, res)
         except TupleMismatch as e:   # not restorable here, and nothing was made: start it cold
             log.warning("restore of %s as %s: %s; starting cold", image, sid, e.message)
-            return self.cold_start(image, sid, f"TupleMismatch: {e.message}", probes, gpus, t0)
+            return self.cold_start(image, sid, f"TupleMismatch: {e.message}", probes, gpus, t0,
+                                   restore_kw.get("source"))
         except (AlreadyExists, InUse, PreconditionError, InvalidTransition):
             raise
         except ThawError as e:
@@ -409,18 +416,21 @@ class Sandboxes:
             log.warning("restore of %s as %s failed, starting cold: %s", image, sid, reason,
                         extra=fields(container=sid, path=str(image), decision="cold-fallback", reason=reason))
             try:
-                return self.cold_start(image, sid, reason, probes, gpus, t0)
+                return self.cold_start(image, sid, reason, probes, gpus, t0, restore_kw.get("source"))
             except ImageError:
                 raise e from None  # no spec to start from either
 
     def cold_start(self, image: Path, sid: str, reason: str, probes: list | None = None,
-                   gpus: list[str] | None = None, t0: float | None = None) -> StartResult:
+                   gpus: list[str] | None = None, t0: float | None = None,
+                   source: Path | None = None) -> StartResult:
         """Start the workload of `image` cold as `sid` from its saved spec, `reason` saying
-        why it was not restored (ImageError when the image has no spec either)."""
+        why it was not restored (ImageError when the image has no spec either; `source`
+        as for restore)."""
         t0 = time.monotonic() if t0 is None else t0
         # A cold start needs the spec, not the memory (a failed stream's image
         # directory keeps thaw.json only: control/images/stream.py).
-        meta = metamod.read_image(Path(image), memory=False)
+        with _named(Path(image), Path(source) if source is not None else Path(image)):
+            meta = metamod.read_image(Path(image), memory=False)
         saved = meta.get("net") or {}
         addr = (saved["host_ip"], saved["sandbox_ip"], saved["prefixlen"]) if saved else None  # if free (_claim_net)
         spec = metamod.spec_for_node(meta, self.settings, sid, Path(image),
@@ -627,6 +637,18 @@ def _status(r: Runsc, cid: str) -> str:
 # runsc subcommands that may still be working on a container after the thaw
 # process that started them died (they are not killed with their parent).
 _RUNSC_BUSY = ("create", "restore", "checkpoint", "start")
+
+
+@contextlib.contextmanager
+def _named(image: Path, shown: Path):
+    """ImageError about `image` (a view thaw made of `shown`, control/images/served.py)
+    names `shown`: the directory the user gave, the cache entry."""
+    try:
+        yield
+    except ImageError as e:
+        if image == shown:
+            raise
+        raise ImageError(str(shown), e.message.removeprefix(f"checkpoint image {image}: ")) from None
 
 
 def _wait_runsc_idle(settings: Settings, sid: str, timeout_s: float | None = None) -> bool:
