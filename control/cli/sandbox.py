@@ -210,7 +210,7 @@ def restore_directory(obj: Context, sb, image: Path, sid: str, probes: list | No
         if cold_fallback:
             return sb.warm_start(image, sid, probes=probes, gpus=gpus).to_dict()
         return {"mode": "restored", **sb.restore(image, sid, probes=probes, gpus=gpus).to_dict()}
-    kw = {"runsc_env": tuple(view.env().items()), "gpus": gpus, "source": image}
+    kw = {"runsc_env": tuple(view.env().items()), "gpus": gpus, "source": image, "settle": False}
     try:
         if cold_fallback:
             start = sb.warm_start(view.path, sid, probes=probes, **kw)
@@ -260,6 +260,8 @@ def restore_from_store(obj: Context, sb, key: str, sid: str, probes: list | None
         {"runsc_env": tuple(src.env().items())}
     if isinstance(src, served.Served):   # messages and the record name the entry, not its view
         kw["source"] = src.entry.path
+    if checked:   # restoring until every page is in (_loaded): a kill meanwhile leaves nothing that looks done
+        kw["settle"] = False
     kw["gpus"] = gpus
     try:
         if cold_fallback:
@@ -302,6 +304,7 @@ def _loaded(sb, s, src, key: str, sid: str, out: dict, cold_fallback: bool, prob
     from control.images import stream as streammod
     try:
         sb.wait_restored(sid, s.runsc_timeout_s)
+        sb.settled(sid)
         return out
     except ThawError as e:
         sb.delete(sid, force=True)

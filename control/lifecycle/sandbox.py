@@ -308,7 +308,7 @@ class Sandboxes:
     def restore(self, image: Path, sid: str, probes: list | None = None,
                 mitigations: Mitigations = Mitigations(), policy: probemod.Policy | None = None,
                 gpus: list[str] | None = None, runsc_env: tuple[tuple[str, str], ...] = (),
-                background: bool | None = None, source: Path | None = None) -> RestoreResult:
+                background: bool | None = None, source: Path | None = None, settle: bool = True) -> RestoreResult:
         """Restore the image directory `image` as a new sandbox `sid`.
 
         With the gate closed: plumb the checkpoint's address, `runsc restore`,
@@ -320,6 +320,10 @@ class Sandboxes:
         streamed image (control/images/stream.py) or one read through thaw-gofer
         (control/images/served.py), whose `source` (the cache entry, the user's
         directory) is what messages and the record name instead of its view.
+        Without `settle` the record stays `restoring` (this process its owner) until
+        `settled`: a caller that waits for the last pages (a stream, a checked read)
+        owns the restore until then, so being killed meanwhile leaves a record the
+        next command removes (_reap), never one that looks done.
         """
         validate_id(sid)
         shown = Path(source) if source is not None else Path(image)
@@ -374,8 +378,11 @@ class Sandboxes:
             mon.started()
             if done.health is not None:
                 rec.health = done.health.to_dict()
-            rec.owner = None
-            self._move(rec, State.RUNNING)
+            if settle:
+                rec.owner = None
+                self._move(rec, State.RUNNING)
+            else:
+                self._save(rec)
             # The gate opened (bench/network_flood.py measures from here), before the wait
             # for the last pages of a --background restore (Engine.restore).
             loaded_at = time.monotonic()
@@ -440,6 +447,13 @@ class Sandboxes:
                              tuple(netmod.Port.parse(p) for p in saved.get("ports", [])), addr)
         return StartResult(sid, "cold", time.monotonic() - t0, (rec.net or {}).get("sandbox_ip"),
                            fallback_reason=reason)
+
+    def settled(self, sid: str) -> None:
+        """A restore made with settle=False is complete (every page in): running."""
+        rec = self._require(sid)
+        if rec.state is State.RESTORING:
+            rec.owner = None
+            self._move(rec, State.RUNNING)
 
     def wait_restored(self, sid: str, timeout_s: float | None = None) -> None:
         """Until the sandbox's restore is complete, every page loaded (`runsc wait
