@@ -19,6 +19,13 @@ for v in "$build"/runsc-*; do
   fi
 done
 cp -f "$build/thaw-cuda-checkpoint" "$build/thaw-monitor" .carry/
+# thaw-gofer and thaw-chunk: bench/gpu/models.py's *-verified variants (issue 30: the image read
+# through thaw-gofer, every chunk checked), compressed like runsc.
+for b in thaw-gofer thaw-chunk; do
+  if [[ ! -f ".carry/$b.xz" || "$build/$b" -nt ".carry/$b.xz" ]]; then
+    xz -T2 -6 -c "$build/$b" > ".carry/$b.xz.tmp" && mv ".carry/$b.xz.tmp" ".carry/$b.xz"
+  fi
+done
 # Pure-Python wheels of what bench/gpu needs and the H200 image lacks, at the
 # versions the virtualenv has: pyroute2 (network plumbing: bench/gpu/models.py
 # --channel http, `thaw run`), and the thaw CLI's own imports for

@@ -261,8 +261,20 @@ KEYS: tuple[Key, ...] = (
         "system has less free space.", range=(1 * _M, 1024 * _T)),
     Key("cache.lock_timeout_s", SECONDS, 900.0, "How long a pull waits for another pull of the same key.",
         range=(1, _DAY)),
-    Key("cache.verify", one_of("stat", "full"), "stat",
-        "On use: stat (sizes and mtimes) or full (re-hash every chunk)."),
+    Key("cache.verify", one_of("read", "stat", "full"), "read",
+        "How a restore from the node cache trusts the entry (issue 30). read: runsc reads it through thaw-gofer, "
+        "which checks every chunk against its SHA-256 as it is read, so an altered byte fails the restore "
+        "(cold start, entry marked corrupt and fetched again) instead of restoring altered memory; without "
+        "thaw-gofer at store.gofer, a full check first. stat: runsc reads the files directly, checked by size, "
+        "inode, mtime and ctime only. full: every chunk re-hashed before every use (docs/store.md \"Cache\")."),
+    Key("cache.scrub_interval_s", SECONDS, 86400.0,
+        "thawd re-hashes every idle cache entry at least this often (a low-priority thread at "
+        "cache.scrub_bytes_per_s): an entry found altered is marked corrupt and fetched again on its next use. "
+        "`thaw pull` re-hashes an entry not checked within this long before it calls it ready. 0: never.",
+        range=(0, 365 * _DAY)),
+    Key("cache.scrub_bytes_per_s", SIZE, 64 * _M,
+        "The scrub's read rate bound (bytes per second, one thread at nice 19 and idle I/O priority).",
+        range=(1 * _M, 64 * _G)),
     Key("cache.direct_io", BOOL, True,
         "Write fetched pages with O_DIRECT (whole pages; the file system's refusal falls back to buffered "
         "writes): no page-cache copy or reclaim, and the node's cached files are not evicted; the first "

@@ -89,10 +89,17 @@ class ManifestError(UserError):
     """An image manifest is invalid. `field` is a dotted path into the manifest JSON."""
 
     def __init__(self, field: str, problem: str, source: str | None = None) -> None:
+        # A hostile document names its own fields and values: one line stays one short line.
+        field, problem = _clip(field, 120), _clip(problem, 400)
         where = f"{source}: " if source else ""
         super().__init__(f"{where}manifest field {field}: {problem}", field=field, source=source)
         self.field = field
         self.source = source
+
+
+def _clip(text: str, n: int) -> str:
+    text = str(text)
+    return text if len(text) <= n else text[:n] + f"... ({len(text)} characters)"
 
 
 class PreconditionError(ThawError):

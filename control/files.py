@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +66,57 @@ def write_bytes_atomic(path: Path, data: bytes, mode: int | None = None, durable
 def write_json_atomic(path: Path, data: Any, mode: int | None = None) -> None:
     """Write JSON to a temp file beside `path`, fsync, rename over `path`."""
     write_bytes_atomic(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode(), mode)
+
+
+def untrusted(directory: Path) -> tuple[Path, str | None]:
+    """(`directory` resolved, why another user could change what is written there; None:
+    nobody but root and this process's user can). Every component from / is checked, and
+    every symbolic link on the way is followed the way the kernel would: a directory owned
+    by another user, or writable by group or others without the sticky bit, is one they can
+    change; so is a symbolic link another user owns in a directory they can write (the
+    issue-30 reproduction: a link in sticky /tmp that pointed a root `thaw checkpoint --out`
+    at that user's directory). With no such component, nobody else can swap any part of the
+    path between this check and the write (OpenSSH's safe_path does the same for keys)."""
+    me = os.geteuid()
+    todo = list(Path(os.path.abspath(directory)).parts[1:])
+    cur, hops = Path("/"), 0
+    shared = False   # `cur` may be written by others (sticky): what they put in it is not ours
+    while True:
+        st = os.lstat(cur)
+        if not stat.S_ISDIR(st.st_mode):
+            return cur, f"{cur} is not a directory"
+        if st.st_uid not in (0, me):
+            return cur, f"{cur} is owned by uid {st.st_uid}, who can change what is in it"
+        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            return cur, f"{cur} is writable by {'group' if st.st_mode & 0o020 else 'others'} (mode " \
+                        f"{stat.S_IMODE(st.st_mode):04o}, no sticky bit): others can change what is in it"
+        shared = bool(st.st_mode & 0o022)
+        if not todo:
+            return cur, None
+        name = todo.pop(0)
+        if name in ("", "."):
+            continue
+        if name == "..":
+            cur = cur.parent
+            continue
+        nxt = cur / name
+        try:
+            lst = os.lstat(nxt)
+        except FileNotFoundError:
+            return nxt, f"{nxt} does not exist"
+        if stat.S_ISLNK(lst.st_mode):
+            hops += 1
+            if hops > 40:
+                return nxt, f"{nxt}: too many levels of symbolic links"
+            if shared and lst.st_uid not in (0, me):
+                return nxt, (f"{nxt} is a symbolic link owned by uid {lst.st_uid} in {cur}, which others can "
+                             "write: refusing to follow it")
+            target = Path(os.readlink(nxt))
+            todo = list(target.parts[1:] if target.is_absolute() else target.parts) + todo
+            if target.is_absolute():
+                cur = Path("/")
+            continue
+        cur = nxt
 
 
 def process_start(pid: int) -> str:

@@ -200,7 +200,7 @@ class Runsc:
     def _run(self, args: Sequence[str], timeout_s: float | None = None,
              check_id: str | None = None, env: Sequence[tuple[str, str]] = (),
              stdio: "int | tuple[int, int, int] | None" = None,
-             timeout_key: str | None = None) -> subprocess.CompletedProcess:
+             timeout_key: str | None = None, umask: int = -1) -> subprocess.CompletedProcess:
         """Run one runsc command; raise RunscError (or NotFound) on failure.
 
         The deadline is `timeout_s`, else this client's (runsc.timeout_s); a
@@ -238,7 +238,7 @@ class Runsc:
                 fin, fout, ferr = subprocess.DEVNULL, (out if stdio is None else stdio), \
                     (err if stdio is None else stdio)
             child = subprocess.Popen(argv, stdout=fout, stderr=ferr, stdin=fin,
-                                     env={**os.environ, **dict(env)} if env else None)
+                                     env={**os.environ, **dict(env)} if env else None, umask=umask)
             timer = threading.Timer(deadline, child.kill)
             timer.daemon = True
             timer.start()
@@ -282,7 +282,7 @@ class Runsc:
                     except ValueError:
                         continue
                     if rec.get("level") == "error" and rec.get("msg"):
-                        return str(rec["msg"]).strip()
+                        return _one_message(str(rec["msg"]), self.options.log_path)
             except OSError:
                 pass
         lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
@@ -350,7 +350,10 @@ class Runsc:
         return self._run(["exec", cid, *argv], timeout_s, check_id=cid, timeout_key=timeout_key)
 
     def checkpoint(self, cid: str, opts: CheckpointOptions, timeout_s: float | None = None) -> None:
-        self._run(["checkpoint", *opts.argv(), cid], timeout_s, check_id=cid)
+        """With umask 077: runsc creates the image directory and files (runsc/sandbox
+        createSaveFiles, mode 0644 and the caller's umask) and they hold the workload's
+        memory, owner-only whatever the caller's umask (issue 30)."""
+        self._run(["checkpoint", *opts.argv(), cid], timeout_s, check_id=cid, umask=0o077)
 
     def restore(self, cid: str, opts: RestoreOptions, timeout_s: float | None = None,
                 stdio: "int | tuple[int, int, int] | None" = None) -> None:
@@ -490,6 +493,30 @@ _STACK_FRAME = re.compile(r"\.go:\d+( \+0x[0-9a-f]+)?$|^goroutine \d+ \[|^create
                           r"|^\[signal |^exit status \d+$")
 # errno texts worth surfacing over any other line of runsc's output.
 _ERRNO_TEXT = ("no space left on device", "disk quota exceeded", "read-only file system", "permission denied")
+
+
+# The longest runsc message a RunscError carries; the rest stays in runsc's --log file.
+MAX_MESSAGE = 600
+
+
+def _one_message(msg: str, log_path: Path | None = None) -> str:
+    """runsc's --log error as a one-line message: the lines before a goroutine dump, no
+    stack frames, at most MAX_MESSAGE characters. A restore whose sentry panicked logs the
+    panic and every goroutine's stack in one "msg" (8,289 characters in issue 30's
+    reproduction); the dump belongs in runsc's log, where it stays, not in an error line."""
+    kept: list[str] = []
+    for ln in msg.splitlines():
+        ln = ln.strip()
+        if ln.startswith("goroutine ") and "[" in ln:
+            break                       # the dump: everything from here on is stacks
+        if ln and not _STACK_FRAME.search(ln) and any(c.isalnum() for c in ln):
+            kept.append(ln)
+    text = "; ".join(kept) or "runsc logged an error without a message"
+    if len(text) > MAX_MESSAGE or len(kept) < len([x for x in msg.splitlines() if x.strip()]):
+        where = f" (runsc's log {log_path} has all of it)" if log_path else ""
+        text = (text[:MAX_MESSAGE].rstrip() + " ...") if len(text) > MAX_MESSAGE else text
+        text += where
+    return text
 
 
 def _read(f) -> str:

@@ -123,6 +123,7 @@ class Variant:
     park: bool = False    # restore ahead of demand, CUDA state parked again; time only the demand
     thp: bool = False     # host shmem huge pages on for the restore (THP_FOR_HUGE_PAGES)
     target: str = "transparent"   # which target it answers to: transparent | cooperative
+    verified: bool = False  # read through thaw-gofer, every chunk checked (issue 30: bench/gpu/verified.py)
 
 
 VARIANTS: dict[str, Variant] = {
@@ -165,6 +166,12 @@ VARIANTS: dict[str, Variant] = {
     "thaw-thp-cold-cache": Variant("release", True, True, "thaw-thp with the page cache dropped before the "
                                    "restore: the image on the node's disk only (the run also reads the "
                                    "image's pages file with O_DIRECT once: the disk's read limit)", thp=True),
+    # Issue 30: a node's restore from its cache reads through thaw-gofer, each chunk checked as it
+    # is read (cache.verify = read); set beside thaw / thaw-thp, the same image and runsc.
+    "thaw-verified": Variant("release", True, False, "thaw, the image read through thaw-gofer with every chunk "
+                             "checked (cache.verify = read)", verified=True),
+    "thaw-thp-verified": Variant("release", True, False, "thaw-thp, the image read through thaw-gofer with every "
+                                 "chunk checked (cache.verify = read)", thp=True, verified=True),
 }
 DEFAULT_VARIANTS = ("thaw", "thaw-cold-cache", "no-background", "no-release", "baseline")
 
@@ -224,6 +231,8 @@ class Options:
     model_variants: dict[str, list[str]] = field(default_factory=dict)   # per model, instead of `variants`
     native: bool = False                  # also the driver's own checkpoint/restore outside a sandbox (cuda)
     thp_dir: Path = THP_DIR               # where the host THP settings are (tests: a stand-in directory)
+    gofer: Path | None = None             # thaw-gofer, for *-verified variants
+    chunker: Path | None = None           # thaw-chunk, for *-verified variants (the image's chunk hashes)
     started: float = field(default_factory=time.monotonic, repr=False)
 
     def time_left(self) -> float:
@@ -242,6 +251,8 @@ class Options:
         if bad:
             raise SystemExit(f"unknown variant(s) {bad}; known: {', '.join(VARIANTS)}, each optionally "
                              "@NAME for a --restore-runsc NAME=PATH")
+        if any(VARIANTS[split_variant(v)[0]].verified for v in every) and not (self.gofer and self.chunker):
+            raise SystemExit("*-verified variants need --gofer (build/thaw-gofer) and --chunker (build/thaw-chunk)")
         if self.device == "cuda" and not self.helper:
             raise SystemExit("--device cuda needs --helper (build/thaw-cuda-checkpoint)")
         if self.channel not in ("file", "http"):
@@ -753,6 +764,14 @@ class ModelBench:
             rec["disk_read"] = image.get("disk_read")
         held = contextlib.ExitStack()
         t0_wall: float | None = None
+        image_path, env = Path(image["path"]), ()
+        if variant.verified:   # untimed: what a node's cache holds already (the manifest), and the view
+            import verified  # noqa: E402  (bench/gpu/verified.py)
+            chunks = self.dir / f"{variant.image}.chunks.json"
+            if "verify_chunks" not in image:
+                image["verify_chunks"] = verified.chunk_list(image_path, self.o.chunker, chunks)
+            image_path, env = verified.view(image_path, chunks, self.o.gofer, self.dir / "verified")
+            rec["verified"] = dict(image["verify_chunks"])
         try:
             if variant.thp:
                 # Until the sandbox is deleted: runsc reads the setting as the
@@ -760,9 +779,9 @@ class ModelBench:
                 rec["host_thp"] = held.enter_context(self.host_thp(f"variant {name}"))
             (self.share / HELPER_TIMING).unlink(missing_ok=True)
             t0, t0_wall = time.monotonic(), time.time()
-            runsc.restore(cid, RestoreOptions(image_path=Path(image["path"]),
+            runsc.restore(cid, RestoreOptions(image_path=image_path,
                                               create=CreateOptions(bundle=bundle.path), detach=True,
-                                              background=variant.background))
+                                              background=variant.background, env=env))
             rec["runsc_restore_s"] = round(time.monotonic() - t0, 4)
             if variant.park:
                 rec["park"] = self.park(runsc, cid, t0, image)
@@ -803,6 +822,9 @@ class ModelBench:
         finally:
             self.delete(cid)
             held.close()
+        if variant.verified:
+            import verified  # noqa: E402
+            rec["verified"].update(verified.report(image_path))   # corrupt None: every chunk matched
         rec["helper_steps"] = helper_steps(self.share / HELPER_TIMING, t0_wall)
         text = read_logs(self.logs, cid)
         rec["cuda_restore"] = cuda_toggles(text)
@@ -1091,6 +1113,8 @@ def parse_args(argv: list[str] | None = None) -> Options:
                     help="this model's variants instead of --variants (in this order)")
     ap.add_argument("--native", action="store_true",
                     help="also the driver's checkpoint/restore of each model outside a sandbox (bench/gpu/native_cuda.py)")
+    ap.add_argument("--gofer", type=Path, help="thaw-gofer (the *-verified variants)")
+    ap.add_argument("--chunker", type=Path, help="thaw-chunk (the *-verified variants)")
     ap.add_argument("--thp-dir", type=Path, default=THP_DIR,
                     help="where the host THP settings the *-thp variants change are (CPU rehearsals: a stand-in)")
     a = ap.parse_args(argv)
@@ -1111,7 +1135,7 @@ def parse_args(argv: list[str] | None = None) -> Options:
                    device=a.device, backend=a.backend, channel=a.channel, python=a.python, cdi=a.cdi,
                    repeat=a.repeat, runsc_debug=a.runsc_debug, keep=a.keep,
                    drop_caches=a.drop_caches, budget_s=a.budget_s, restore_runsc=alts,
-                   model_variants=per_model, native=a.native, thp_dir=a.thp_dir)
+                   model_variants=per_model, native=a.native, thp_dir=a.thp_dir, gofer=a.gofer, chunker=a.chunker)
 
 
 def lever_table(result: dict) -> str:

@@ -15,6 +15,11 @@
 #                         bench/gpu/build-runsc-variant.sh 128; any VARIANT@NAME restores with
 #                         .carry/runsc-NAME.xz, left out when that was not carried)
 #   cooperative-reload    weights dropped at checkpoint, read back from the model files
+#   thaw-verified, thaw-thp-verified
+#                         issue 30: the same image read through thaw-gofer, every chunk checked as the
+#                         sentry reads it (a node's cache restore, cache.verify = read); needs
+#                         .carry/thaw-gofer.xz and thaw-chunk.xz (make carry). Not in the default list:
+#                         THAW_SPEED_MODELS=llama-3b THAW_SPEED_VARIANTS=thaw-thp,thaw-thp-verified ... --repeat 3
 # (cooperative-alloc and no-background-thp exist too: THAW_SPEED_VARIANTS adds them.)
 # Needs .carry/ from `make carry` (after `bash bench/gpu/build-runsc-variant.sh ...` for @ variants)
 # (.carry/runsc.xz, .carry/runsc-NAME.xz of each variant build, .carry/thaw-cuda-checkpoint).
@@ -37,6 +42,12 @@ for x in .carry/runsc-*.xz; do
   alts+=(--restore-runsc "${name#runsc-}=/tmp/thaw-bin/$name")
 done
 cp .carry/thaw-cuda-checkpoint /tmp/thaw-bin/ && chmod 755 /tmp/thaw-bin/thaw-cuda-checkpoint || exit 1
+# The *-verified variants (issue 30) read the image through thaw-gofer, chunked by thaw-chunk.
+verify=()
+if [[ -f .carry/thaw-gofer.xz && -f .carry/thaw-chunk.xz ]]; then
+  unxz_to .carry/thaw-gofer.xz /tmp/thaw-bin/thaw-gofer && unxz_to .carry/thaw-chunk.xz /tmp/thaw-bin/thaw-chunk || exit 1
+  verify=(--gofer /tmp/thaw-bin/thaw-gofer --chunker /tmp/thaw-bin/thaw-chunk)
+fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 
 # Host THP: the driver sets shmem_enabled/defrag for the *-thp steps and puts
@@ -76,7 +87,7 @@ mkdir -p "$work"
 drop=(--no-drop-caches); [[ "${THAW_SPEED_DROP_CACHES:-}" == 1 ]] && drop=()
 python3 bench/gpu/models.py --runsc /tmp/thaw-bin/runsc --helper /tmp/thaw-bin/thaw-cuda-checkpoint \
   --out "$out/bench" --work "$work" --budget-s "$budget" "${drop[@]}" --native \
-  --models "$models" --variants "$variants" --model-variants "llama-8b=$v8" "${alts[@]}" "$@" 2>&1 | tee "$out/speed.log"
+  --models "$models" --variants "$variants" --model-variants "llama-8b=$v8" "${alts[@]}" "${verify[@]}" "$@" 2>&1 | tee "$out/speed.log"
 rc=${PIPESTATUS[0]}
 cp "$out/bench/models.json" "$out/speed.json" 2>/dev/null
 python3 bench/gpu/models.py table "$out/speed.json" 2>&1 | tee -a "$out/speed.log"

@@ -8,6 +8,7 @@ push, pull and ls work on one tenant's part of the store: the local user's
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import pwd
 import sys
@@ -25,6 +26,8 @@ from control.errors import NotFound
 
 if TYPE_CHECKING:
     from control.images.store import Store
+
+log = logging.getLogger("thaw")
 
 
 def store_options(f: Callable) -> Callable:
@@ -99,8 +102,9 @@ def push_cmd(obj: Context, directory: Path, key: str, use_cache: bool, allow_nod
     from control.images import manifest as manifestmod
     manifestmod.validate_key(key)   # the plain input first, before the directory or the store is looked at
     s = obj.settings
+    tup = _image_tuple(directory, _node(obj))
     bar = Bar(f"push {key}", obj.progress)
-    r = images.push(images.open_cache(s) if use_cache else None, _store(obj), directory, key, _node(obj),
+    r = images.push(images.open_cache(s) if use_cache else None, _store(obj), directory, key, tup,
                     chunker=s.pack_chunker, avg_chunk=s.pack_avg_chunk_bytes, workers=s.store_workers,
                     progress=bar, on_total=bar.set_total)
     bar.close()
@@ -110,6 +114,31 @@ def push_cmd(obj: Context, directory: Path, key: str, use_cache: bool, allow_nod
         f"{key} ({r.tuple_hash[:12]}): {_size(r.size)}, {u.uploaded_chunks}/{u.chunks} chunks sent "
         f"({_size(u.uploaded_bytes)}), {u.present_chunks} already in the store"
         + (f"; cached as {r.installed}" if r.installed else "") + "".join(f"\n  {n}" for n in r.notes)))
+
+
+def _image_tuple(directory: Path, node: compat.CompatTuple) -> compat.CompatTuple:
+    """The tuple DIR's image is published under: the one `thaw checkpoint` recorded in its
+    thaw.json (issue 30: it was the pushing node's, so an image made elsewhere was published
+    as this node's), with a warning where it differs from this node's; this node's, with a
+    warning, for an image that records none."""
+    import json
+
+    from control.node import compat as compatmod
+    try:
+        meta = json.loads((directory / "thaw.json").read_text())
+    except (OSError, ValueError):
+        meta = None
+    tup = compatmod.image_tuple(meta, str(directory)) if isinstance(meta, dict) else None
+    if tup is None:
+        log.warning("%s records no compatibility tuple (a plain runsc image, or one of a thaw before it recorded "
+                    "one): publishing it under this node's", directory)
+        return node
+    bad = compatmod.check(tup, node)
+    if tup != node:
+        log.warning("%s was made on another node (%s): published under the tuple it was made with, which this node "
+                    "%s", directory, tup.hash()[:12], "cannot restore: " + "; ".join(map(str, bad)) if bad
+                    else "can restore too")
+    return tup
 
 
 def _check_portable(directory: Path, allow: bool) -> None:
@@ -142,7 +171,7 @@ def pull_cmd(obj: Context, key: str) -> None:
     s = obj.settings
     bar = Bar(f"pull {key}", obj.progress)
     r = images.pull(images.open_cache(s), _store(obj), key, _node(obj), workers=s.store_workers,
-                    progress=bar, on_total=bar.set_total)
+                    progress=bar, on_total=bar.set_total, fresh_s=s.cache_scrub_interval_s)
     bar.close()
     r.lease.release()
     f = r.fill
@@ -187,7 +216,8 @@ def ls_cmd(obj: Context, local_only: bool) -> None:
             lines.append(f"REMOTE {'KEY':<32} {'TUPLE':<12} {'SIZE':>11} {'AGE':>5} {'':>5} {'TENANT':<20}")
             lines += [f"  {e['key']:<37} {e['tuple_hash'][:12]} {_size(e.get('size', 0)):>11} "
                       f"{_ago(e.get('age_s')):>5} {'':>5} {e['tenant']:<20} "
-                      f"{'match' if e['match'] else 'MISMATCH: ' + '; '.join(e['reasons'])}"
+                      + ("match" if e["match"] else ("MISMATCH: " if e.get("valid", True) else "INVALID: ")
+                         + "; ".join(e["reasons"]))
                       for e in d["remote"]] or ["  (none)"]
         return "\n".join(lines)
     obj.emit(d, human)

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from control.lifecycle.sandbox import Sandboxes
 
 from control.cli.common import Context, handle_errors, json_option, needs_root
-from control.errors import NoSpace, PreconditionError, ThawError, UserError, WorkloadExited
+from control.errors import IntegrityError, NoSpace, PreconditionError, ThawError, UserError, WorkloadExited
 from control.cli.progress import Progress
 
 
@@ -227,10 +227,8 @@ def restore_cmd(obj: Context, image: Path | None, key: str | None, sid: str, pro
     with Progress(not obj.json).step(f"restore {image or key} as {sid}"):
         if key is not None:
             out = restore_from_store(obj, sb, key, sid, parsed, cold_fallback, names)
-        elif cold_fallback:
-            out = sb.warm_start(image, sid, probes=parsed, gpus=names).to_dict()
         else:
-            out = {"mode": "restored", **sb.restore(image, sid, probes=parsed, gpus=names).to_dict()}
+            out = restore_directory(obj, sb, image, sid, parsed, cold_fallback, names)
     warn_huge_pages(obj, sid, sb)
     obj.emit(out, lambda d: f"{d['id']}: running ("
              + (f"restored in {d.get('restore_s', d.get('seconds', 0)):.2f}s" if d["mode"] == "restored"
@@ -238,13 +236,50 @@ def restore_cmd(obj: Context, image: Path | None, key: str | None, sid: str, pro
              + (f" at {d['address']}" if d["address"] else ""))
 
 
+def restore_directory(obj: Context, sb, image: Path, sid: str, probes: list | None, cold_fallback: bool,
+                      gpus: list[str] | None) -> dict:
+    """`thaw restore DIR`. A DIR holding a thaw manifest (a cache entry `thaw pull` printed) is
+    read through thaw-gofer with every chunk checked (issue 30), as a cache hit is; any other
+    (a `thaw checkpoint --out` directory: nothing names its chunks) is read by runsc directly."""
+    from control.images import image as images
+    from control.images import served
+    view = served.for_directory(obj.settings, image, images.open_cache(obj.settings))
+    if view is None:
+        if cold_fallback:
+            return sb.warm_start(image, sid, probes=probes, gpus=gpus).to_dict()
+        return {"mode": "restored", **sb.restore(image, sid, probes=probes, gpus=gpus).to_dict()}
+    kw = {"runsc_env": tuple(view.env().items()), "gpus": gpus, "source": image, "settle": False}
+    try:
+        if cold_fallback:
+            start = sb.warm_start(view.path, sid, probes=probes, **kw)
+            out = start.to_dict()
+            if start.restore is not None:
+                out.update(start.restore.to_dict())
+            failed = view.verdict() if out.get("mode") != "restored" else None
+            if failed is not None:
+                out["fallback_reason"] = f"corrupt: {failed.message}"
+        else:
+            try:
+                out = {"mode": "restored", **sb.restore(view.path, sid, probes=probes, **kw).to_dict()}
+            except ThawError as e:
+                raise view.verdict() or e
+        if out["mode"] == "restored":
+            out = _loaded(sb, obj.settings, view, str(image), sid, out, cold_fallback, probes, gpus)
+    finally:
+        view.release()
+    return out
+
+
 def restore_from_store(obj: Context, sb, key: str, sid: str, probes: list | None, cold_fallback: bool,
                        gpus: list[str] | None = None) -> dict:
-    """`thaw restore --from-store KEY`: a cache hit restores from the entry; a miss
-    streams (store.stream: runsc restores at once, the image goes on arriving, the
-    command returns once it is all in the cache and the sandbox has loaded it) or
-    pulls, then restores. Either way the entry ends up in the cache, as after a pull."""
+    """`thaw restore --from-store KEY`: a cache hit restores from the entry, through
+    thaw-gofer with every chunk checked as runsc reads it (cache.verify = read, issue 30);
+    a miss streams (store.stream: runsc restores at once, the image goes on arriving) or
+    pulls, then restores. Either way the command returns once the sandbox has loaded every
+    page, so an altered byte anywhere in the image is reported here (exit 65, or a cold
+    start with --cold-fallback), and the entry ends up in the cache as after a pull."""
     from control.images import image as images
+    from control.images import served
     from control.images import stream as streammod
     from control.images.source import open_restorable
     from control.cli.images import _store
@@ -253,10 +288,18 @@ def restore_from_store(obj: Context, sb, key: str, sid: str, probes: list | None
     t0 = time.monotonic()
     # The store as this command's tenant sees it (issue 13): its prefix, keys, manifest checks.
     cache, store, node = images.open_cache(s), _store(obj), node_tuple(s)
-    # A hit restores from the cache; a miss streams (store.stream on, the default), unless `why` says why not.
+    # A hit restores from the cache (through thaw-gofer, checked: images/source.py); a miss
+    # streams (store.stream on, the default), unless `why` says why not.
     src, why, _ = open_restorable(cache, store, s, key, node)
     streamed = src.streamed
-    kw = {"runsc_env": tuple(src.env().items()), "background": True} if streamed else {}
+    # A Stream or a Served view knows why the sentry's reads failed (a plain lease: stat mode).
+    checked = streamed or isinstance(src, served.Served)
+    kw = {"runsc_env": tuple(src.env().items()), "background": True} if streamed else \
+        {"runsc_env": tuple(src.env().items())}
+    if isinstance(src, served.Served):   # messages and the record name the entry, not its view
+        kw["source"] = src.entry.path
+    if checked:   # restoring until every page is in (_loaded): a kill meanwhile leaves nothing that looks done
+        kw["settle"] = False
     kw["gpus"] = gpus
     try:
         if cold_fallback:
@@ -264,17 +307,18 @@ def restore_from_store(obj: Context, sb, key: str, sid: str, probes: list | None
             out = start.to_dict()
             if start.restore is not None:
                 out.update(start.restore.to_dict())
-            failed = src.verdict() if streamed and out.get("mode") != "restored" else None
+            failed = src.verdict() if checked and out.get("mode") != "restored" else None
             if failed is not None:
-                # Its stream failed, so runsc gave up on the restore: that is why it
-                # started cold, as thawd says for a container (service.restore).
+                # Its stream failed or the entry's bytes are altered, so runsc gave up on
+                # the restore: that is why it started cold, as thawd says for a container.
                 out["fallback_reason"] = streammod.failure_reason(failed)
         else:
             try:
                 out = {"mode": "restored", **sb.restore(src.path, sid, probes=probes, **kw).to_dict()}
             except ThawError as e:
-                # A stream that failed (a full cache: NoSpace, exit 4) is why runsc gave up.
-                raise (src.verdict() or e) if streamed else e
+                # A stream that failed (a full cache: NoSpace, exit 4) or an altered chunk
+                # (IntegrityError, exit 65) is why runsc gave up.
+                raise (src.verdict() or e) if checked else e
         out["source"] = "stream" if streamed else ("cache" if src.hit else "pull")
         if why and s.store_stream:
             out["pulled_whole"] = why
@@ -284,19 +328,36 @@ def restore_from_store(obj: Context, sb, key: str, sid: str, probes: list | None
             # both: the entry in the cache, every page in the sandbox.
             src.wait()
             out["stream"] = src.to_dict()
-            if out["mode"] == "restored":
-                try:
-                    sb.wait_restored(sid, s.runsc_timeout_s)
-                except ThawError as e:
-                    sb.delete(sid, force=True)
-                    msg = (f"the restore of {key} as {sid} failed while its image streamed in "
-                           f"({src.error or e}); the sandbox was removed")
-                    if isinstance(src.error, NoSpace):   # exit 4, as a pull into a full cache
-                        raise NoSpace(msg, **src.error.fields) from None
-                    raise ThawError(msg) from None
+        if checked and out["mode"] == "restored":
+            out = _loaded(sb, s, src, key, sid, out, cold_fallback, probes, gpus)
     finally:
         src.release()
     return out
+
+
+def _loaded(sb, s, src, key: str, sid: str, out: dict, cold_fallback: bool, probes, gpus) -> dict:
+    """Wait until the restored sandbox has every page (its background load reads the rest of
+    the image through thaw-gofer); a failure there is the stream's or an altered chunk's:
+    the sandbox is removed and the error raised, or with --cold-fallback it starts cold."""
+    from control.images import stream as streammod
+    try:
+        sb.wait_restored(sid, s.runsc_timeout_s)
+        sb.settled(sid)
+        return out
+    except ThawError as e:
+        sb.delete(sid, force=True)
+        failed = src.verdict()
+        if cold_fallback and failed is not None and not isinstance(src, streammod.Stream):
+            start = sb.cold_start(src.path, sid, f"corrupt: {failed.message}", probes=probes, gpus=gpus)
+            return {**start.to_dict(), **{k: out[k] for k in ("source", "ready_s") if k in out}}
+        how = "streamed in" if isinstance(src, streammod.Stream) else "loaded"
+        msg = f"the restore of {key} as {sid} failed while its image {how} ({failed or e}); the sandbox was removed"
+        if isinstance(failed, NoSpace):   # exit 4, as a pull into a full cache
+            raise NoSpace(msg, **failed.fields) from None
+        if isinstance(failed, IntegrityError):   # exit 65: altered bytes (a cached entry is marked corrupt)
+            raise IntegrityError(failed.where, failed.chunk, f"{failed.message.split(': ', 1)[-1]}; the restore of "
+                                 f"{key} as {sid} failed while its image {how}, the sandbox was removed") from None
+        raise ThawError(msg) from None
 
 
 

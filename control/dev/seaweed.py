@@ -68,9 +68,11 @@ class Credentials:
 
     def write_aws_file(self, path: Path, profile: str = "default") -> Path:
         """A boto3 shared credentials file (INI) holding this identity."""
-        path.write_text(f"[{profile}]\naws_access_key_id = {self.access_key}\n"
-                        f"aws_secret_access_key = {self.secret_key}\n")
-        os.chmod(path, 0o600)
+        # Born 0600 (O_NOFOLLOW): a secret is never readable by others, not for a moment.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"[{profile}]\naws_access_key_id = {self.access_key}\naws_secret_access_key = {self.secret_key}\n")
         return path
 
 

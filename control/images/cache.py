@@ -10,6 +10,9 @@ Layout under the cache root:
                                    its writer (Owner: pid + start time)
     locks/<key>.lock               one filelock per workload key (never deleted)
     trash/                         entries on their way out
+    views/<entry>.<rand>.<pid>-<start>/
+                                   what one restore from an entry reads through thaw-gofer,
+                                   every chunk checked (control/images/served.py)
 
 Rules (docs/store.md): an entry is served only if its index row says `ready`,
 and that row is written after the directory was filled, fsynced and renamed
@@ -34,7 +37,6 @@ import shutil
 import sqlite3
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
@@ -50,41 +52,21 @@ from control.images.manifest import Manifest
 from control.images.transfer import LocalCopy, Sources, read_local
 from control.files import Owner, fsync_path, process_start
 from control.logfields import fields
+from control.images.entry import _PARTIAL, Entry, Lease, _command, partial_owner  # noqa: F401
 
 log = logging.getLogger(__name__)
 
 MANIFEST_FILE = ".thaw-manifest.json"   # a dot-name: no image file can be called that
-_PARTIAL = ".partial"
+VIEWS_DIR = "views"                     # control/images/served.py: one directory per verified restore
+CORRUPT_REPORT = "corrupt.json"         # in a view: the first chunk thaw-gofer found altered
 
-
-def _command(pid: int) -> str:
-    """A process's command line, short ("thaw serve"), for lease_holders."""
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return "?"
-    words = [os.path.basename(a.decode(errors="replace")) if i == 0 else a.decode(errors="replace")
-             for i, a in enumerate(argv[:3]) if a]
-    if len(words) > 1 and words[0].startswith("python"):
-        words = [os.path.basename(words[1])] + words[2:]
-    return " ".join(words)[:80] or "?"
-
-
-def partial_owner(path: Path) -> Owner | None:
-    """The writer named in a partial directory's name (<entry>.<pid>-<start>.partial);
-    None for a name that names none (written by an older thaw: a leftover)."""
-    stem = path.name[:-len(_PARTIAL)] if path.name.endswith(_PARTIAL) else ""
-    tail = stem.rsplit(".", 1)[-1] if "." in stem else ""
-    pid, _, start = tail.partition("-")
-    if not (pid.isdigit() and start.isdigit()):
-        return None
-    return Owner(int(pid), start)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (
     id TEXT PRIMARY KEY, key TEXT NOT NULL, tuple_hash TEXT NOT NULL, tuple TEXT NOT NULL,
     size INTEGER NOT NULL, state TEXT NOT NULL CHECK (state IN ('ready', 'corrupt', 'evicting')),
-    created REAL NOT NULL, last_used REAL NOT NULL, snapshot TEXT NOT NULL);
+    created REAL NOT NULL, last_used REAL NOT NULL, snapshot TEXT NOT NULL,
+    verified REAL NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS entries_key ON entries(key);
 CREATE TABLE IF NOT EXISTS chunks (hash TEXT NOT NULL, entry TEXT NOT NULL, file TEXT NOT NULL,
     offset INTEGER NOT NULL, length INTEGER NOT NULL);
@@ -100,67 +82,6 @@ CREATE TABLE IF NOT EXISTS reservations (id INTEGER PRIMARY KEY AUTOINCREMENT, k
 
 
 
-@dataclass(frozen=True)
-class Entry:
-    id: str
-    key: str
-    tuple: CompatTuple
-    size: int
-    state: str
-    created: float
-    last_used: float
-    leases: int
-    path: Path
-
-    def to_dict(self) -> dict:
-        return {"id": self.id, "key": self.key, "tuple_hash": self.tuple.hash(), "size": self.size,
-                "state": self.state, "created": self.created, "last_used": self.last_used,
-                "leases": self.leases, "path": str(self.path)}
-
-
-class Lease:
-    """Pins an entry until released: eviction leaves it alone (the runsc files stay put).
-
-    A restorable image (control/images/source.py Restorable), as a Stream is:
-    `path`, `hit` (whether the entry was already in the cache when asked for),
-    `streamed` (False), `env()` (nothing runsc needs), `verdict()` (a complete
-    entry has no stream to fail), `release()`."""
-
-    streamed = False
-
-    def __init__(self, cache: "Cache", lease_id: int, entry: Entry, hit: bool = False) -> None:
-        self._cache = cache
-        self.id = lease_id
-        self.entry = entry
-        self.path = entry.path
-        self.hit = hit
-        self.released = False
-
-    def env(self) -> dict[str, str]:
-        return {}
-
-    def verdict(self, wait_s: float = 0.0) -> None:
-        return None
-
-    def describe(self, holder: str) -> None:
-        """Say who holds this lease ("container <id>", "parked sandbox <id>"): what
-        `Cache.lease_holders` and so `thaw evict` and `thaw ls` report."""
-        with self._cache._tx() as db:
-            db.execute("UPDATE leases SET holder = ? WHERE id = ?", (holder[:200], self.id))
-
-    def release(self) -> None:
-        if not self.released:
-            with self._cache._tx() as db:
-                db.execute("DELETE FROM leases WHERE id = ?", (self.id,))
-            self.released = True
-
-    def __enter__(self) -> "Lease":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.release()
-
-
 class Cache:
     def __init__(self, root: Path, budget_bytes: int, lock_timeout_s: float = 900.0, verify: str = "stat",
                  direct_io: bool = False) -> None:
@@ -170,14 +91,20 @@ class Cache:
         self.lock_timeout_s = lock_timeout_s
         self.verify_mode = verify
         for d in ("entries", "tmp", "locks", "trash"):
-            (self.root / d).mkdir(parents=True, exist_ok=True)
+            (self.root / d).mkdir(parents=True, exist_ok=True, mode=0o700)
         # The cache holds images in plaintext (runsc reads them): only its owner
         # (root, thawd) may enter it (docs/security.md).
         if self.root.stat().st_uid == os.geteuid():
             os.chmod(self.root, 0o700)
+        # The index names every entry's keys and chunk hashes: owner-only like the entries
+        # (SQLite gives its -wal and -shm files the database's mode), whatever the umask.
+        index = self.root / "index.sqlite"
+        os.close(os.open(index, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600))
+        if index.stat().st_uid == os.geteuid():
+            os.chmod(index, 0o600)
         # One process at a time creates the schema and switches the journal
         # to WAL (that switch needs the database to itself).
-        with FileLock(self.root / "index.lock", timeout=60):
+        with FileLock(self.root / "index.lock", timeout=60, mode=0o600):
             db = sqlite3.connect(self.root / "index.sqlite", timeout=60, isolation_level=None)
             try:
                 db.execute("PRAGMA journal_mode=WAL")
@@ -186,6 +113,9 @@ class Cache:
                 # column an index written before it lacks; older thaw leaves it ''.
                 if "holder" not in {r[1] for r in db.execute("PRAGMA table_info(leases)")}:
                     db.execute("ALTER TABLE leases ADD COLUMN holder TEXT NOT NULL DEFAULT ''")
+                # Indexes made before issue 30 lack `verified` (when every chunk was last hashed).
+                if "verified" not in {r[1] for r in db.execute("PRAGMA table_info(entries)")}:
+                    db.execute("ALTER TABLE entries ADD COLUMN verified REAL NOT NULL DEFAULT 0")
             finally:
                 db.close()
 
@@ -218,7 +148,7 @@ class Cache:
         manifestmod.validate_key(key)
         path = self.root / "locks" / f"{key}.lock"
         t = self.lock_timeout_s if timeout_s is None else timeout_s
-        lock = FileLock(path, timeout=t)
+        lock = FileLock(path, timeout=t, mode=0o600)
         try:
             lock.acquire()
         except LockTimeout:
@@ -233,11 +163,11 @@ class Cache:
         return self.root / "entries" / entry_id
 
     def _row_entry(self, row: tuple, leases: int) -> Entry:
-        eid, key, _th, tup, size, state, created, last_used = row
+        eid, key, _th, tup, size, state, created, last_used, verified = row
         return Entry(eid, key, CompatTuple.from_dict(json.loads(tup)), size, state, created, last_used,
-                     leases, self.entry_path(eid))
+                     leases, self.entry_path(eid), verified)
 
-    _COLS = "id, key, tuple_hash, tuple, size, state, created, last_used"
+    _COLS = "id, key, tuple_hash, tuple, size, state, created, last_used, verified"
 
     def entries(self, key: str | None = None) -> list[Entry]:
         db = self._connect()
@@ -312,7 +242,16 @@ class Cache:
 
     def check_entry(self, entry: Entry, full: bool | None = None) -> str | None:
         """Why an entry is unusable (None: usable). `full` re-hashes every chunk;
-        otherwise file sizes and mtimes are compared with those at install."""
+        otherwise each file's size, inode, mtime and ctime are compared with those
+        at install (_snapshot), and a report of a restore that read an altered
+        chunk (thaw-gofer's, in the entry's views) counts too.
+
+        ctime is the part a writer cannot put back (utime sets it to now; the
+        issue-30 reproduction flipped bytes and restored the mtime), but a hard
+        link made or removed changes it as well (a streamed restore's directory
+        does, once): where the link count differs from the snapshot's, ctime is
+        not compared, and only the restore path, the scrub or a full check catch
+        what a write with its mtime put back changed."""
         full = self.verify_mode == "full" if full is None else full
         db = self._connect()
         try:
@@ -321,6 +260,9 @@ class Cache:
             db.close()
         if row is None:
             return "not in the index"
+        reported = self.corrupt_report(entry.id)
+        if reported:
+            return reported
         try:
             m = self.manifest_of(entry)
         except (OSError, manifestmod.ManifestError) as e:
@@ -334,14 +276,39 @@ class Cache:
                 return f"{f.name} is missing"
             if st.st_size != f.size:
                 return f"{f.name} is {st.st_size} bytes, manifest says {f.size}"
-            if not full and snapshot.get(f.name) != st.st_mtime_ns:
-                return f"{f.name} was modified after install (mtime changed)"
+            if not full:
+                why = _changed(f.name, snapshot.get(f.name), st)
+                if why:
+                    return why
             if full:
                 for off, c in f.placed():
                     data = read_local(LocalCopy(p, off, entry.id), c.length)
                     if data is None or chunk.sha256(data) != c.hash:
                         return f"{f.name} chunk at offset {off} does not hash to {c.hash[:16]}"
         return None
+
+    def corrupt_report(self, entry_id: str) -> str | None:
+        """What a verified restore of the entry reported (thaw-gofer's CORRUPT_REPORT in one
+        of its views, control/images/served.py), as a reason; None when none did."""
+        for p in (self.root / VIEWS_DIR).glob(f"{entry_id}.*/{CORRUPT_REPORT}"):
+            try:
+                r = json.loads(p.read_bytes()[:4096])
+                return (f"a restore read {r['file']} at {r['offset']} ({r['length']} bytes): it hashes to "
+                        f"{str(r['got'])[:16]}, its name is {str(r['chunk'])[:16]}")
+            except (OSError, ValueError, KeyError, TypeError):
+                return f"a restore reported an altered chunk ({p})"
+        return None
+
+    def mark_verified(self, entry_id: str) -> None:
+        """Every chunk of the entry was hashed just now and matched: record when, and the
+        files' inode data as they are now (the link count may have changed since install)."""
+        e = next((x for x in self.entries() if x.id == entry_id), None)
+        if e is None:
+            return
+        snap = _snapshot(e.path, [f.name for f in self.manifest_of(e).files])
+        with self._tx() as db:
+            db.execute("UPDATE entries SET verified = ?, snapshot = ? WHERE id = ? AND state = 'ready'",
+                       (time.time(), json.dumps(snap), entry_id))
 
     def mark_corrupt(self, entry_id: str) -> None:
         with self._tx() as db:
@@ -459,7 +426,7 @@ class Cache:
         eid = f"{key}@{tuple_hash[:16]}@{secrets.token_hex(4)}"
         me = Owner.me()
         p = self.root / "tmp" / f"{eid}.{me.pid}-{me.start}{_PARTIAL}"
-        p.mkdir()
+        p.mkdir(mode=0o700)   # an image is the workload's memory: owner-only whatever the umask (issue 30)
         return eid, p
 
     def install_locked(self, eid: str, partial: Path, m: Manifest) -> Entry:
@@ -467,11 +434,13 @@ class Cache:
         copied). Precondition: key lock held, every image file in `partial`
         written and fsynced, and matching `m`."""
         mpath = partial / MANIFEST_FILE
-        with open(mpath, "wb") as f:
+        with open(os.open(mpath, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600), "wb") as f:
             f.write(m.to_json())
             f.flush()
             os.fsync(f.fileno())
-        snapshot = {f.name: (partial / f.name).stat().st_mtime_ns for f in m.files}
+        for f in m.files:   # runsc writes its files 0644 (runsc/sandbox createSaveFiles): owner-only here
+            os.chmod(partial / f.name, 0o600, follow_symlinks=False)
+        snapshot = _snapshot(partial, [f.name for f in m.files])
         fsync_path(partial)
         final = self.entry_path(eid)
         os.rename(partial, final)
@@ -483,10 +452,12 @@ class Cache:
         """The step that makes an entry servable: one transaction adds its row and chunk map."""
         now = time.time()
         with self._tx() as db:
-            db.execute("INSERT INTO entries (id, key, tuple_hash, tuple, size, state, created, last_used, snapshot) "
-                       "VALUES (?, ?, ?, ?, ?, 'ready', ?, ?, ?)",
+            # verified: every chunk of a new entry was hashed on its way in (a fill or a
+            # stream checks each; a published checkpoint's chunks were named by thaw-chunk).
+            db.execute("INSERT INTO entries (id, key, tuple_hash, tuple, size, state, created, last_used, snapshot, "
+                       "verified) VALUES (?, ?, ?, ?, ?, 'ready', ?, ?, ?, ?)",
                        (eid, m.key, m.tuple_hash, json.dumps(m.tuple.to_dict()), m.size, now, now,
-                        json.dumps(snapshot)))
+                        json.dumps(snapshot), now))
             rows = []
             seen: set[str] = set()
             for f in m.files:
@@ -570,3 +541,29 @@ class Cache:
             shutil.rmtree(p, ignore_errors=True)
         return {"removed_partial_or_orphan": removed, "evicted": evicted, "used_bytes": self.used_bytes(),
                 "budget_bytes": limit}
+
+
+def _snapshot(directory: Path, names: list[str]) -> dict:
+    """What check_entry compares later: per file [mtime_ns, ctime_ns, inode, link count]."""
+    out = {}
+    for name in names:
+        st = (directory / name).stat()
+        out[name] = [st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_nlink]
+    return out
+
+
+def _changed(name: str, snap, st: os.stat_result) -> str | None:
+    """Why a file's stat differs from its snapshot (None: it does not). Snapshots of
+    entries installed before issue 30 hold the mtime alone."""
+    if isinstance(snap, int):
+        snap = [snap, None, None, None]
+    if not isinstance(snap, list) or len(snap) != 4:
+        return f"{name}: no record of it at install"
+    mtime, ctime, ino, nlink = snap
+    if mtime != st.st_mtime_ns:
+        return f"{name} was modified after install (mtime changed)"
+    if ino is not None and ino != st.st_ino:
+        return f"{name} was replaced after install (another inode)"
+    if ctime is not None and nlink == st.st_nlink and ctime != st.st_ctime_ns:
+        return f"{name} was changed after install (ctime changed, mtime put back)"
+    return None

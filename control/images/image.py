@@ -174,9 +174,12 @@ def _tenant(store: Store | None) -> str:
 
 
 def pull(cache: Cache, store: Store | None, key: str, node: CompatTuple, *, workers: int,
-         progress: Progress | None = None, on_total=None) -> PullResult:
+         progress: Progress | None = None, on_total=None, fresh_s: float = 0.0) -> PullResult:
     """A leased cache entry of `key` for this node, fetched if need be. Release the lease
-    (`result.lease.release()`, or use it as a context manager) once runsc is done."""
+    (`result.lease.release()`, or use it as a context manager) once runsc is done.
+    `fresh_s` (`thaw pull`: cache.scrub_interval_s): a cached entry whose chunks were not
+    all hashed within that long is hashed now before it is called ready (issue 30: the
+    cheap check alone called an entry with bytes flipped and its mtime put back ready)."""
     manifestmod.validate_key(key)
     if store is not None:
         check_tenant(store, key)
@@ -186,6 +189,12 @@ def pull(cache: Cache, store: Store | None, key: str, node: CompatTuple, *, work
         entry, reasons = cache.find_locked(key, node)
         if entry is not None:
             why = cache.check_entry(entry)
+            if why is None and fresh_s and entry.verified < time.time() - fresh_s:
+                why = cache.check_entry(entry, full=True)
+                if why is None:
+                    cache.mark_verified(entry.id)
+                    notes.append(f"re-hashed cached entry {entry.id} (last checked "
+                                 f"{'never' if not entry.verified else f'{time.time() - entry.verified:.0f} s ago'})")
             if why is None:
                 lease = cache.lease(entry.id, hit=True)
                 if lease is not None:
@@ -475,10 +484,12 @@ def listing(cache: Cache, store: Store | None, node: CompatTuple) -> dict:
         row: dict = {"key": key, "tuple_hash": th, "manifest_bytes": nbytes, "tenant": store_tenant(key)}
         if (key, th) in published:
             row["age_s"] = round(now - published[(key, th)])
-        body = store.get_manifest(key, th)
         try:
+            body = store.get_manifest(key, th)   # bounded: ManifestError past MAX_MANIFEST_BYTES
             m = _checked(body or b"", store.manifest_name(key, th), key, store)
         except (ManifestError, ManifestRefused, KeyMissing) as e:
+            # One bad manifest is that image's problem, not the listing's (issue 30).
+            log.warning("skipping manifest %s: %s", store.manifest_name(key, th), e)
             row.update(match=False, valid=False, reasons=[str(e)])
         else:
             bad = check(m.tuple, node)
@@ -497,7 +508,9 @@ def verify(cache: Cache, key: str | None = None) -> list[dict]:
             continue
         why = cache.check_entry(e, full=True)
         row = {"id": e.id, "key": e.key, "size": e.size, "ok": why is None, "problem": why, "evicted": False}
-        if why is not None:
+        if why is None:
+            cache.mark_verified(e.id)
+        else:
             cache.mark_corrupt(e.id)
             row["evicted"] = cache.evict(e.id)
         out.append(row)

@@ -187,13 +187,23 @@ class Manifest:
 
 def parse(data: bytes, source: str | None = None) -> Manifest:
     """Decode and validate a manifest; ManifestError names the first bad field."""
-    if len(data) > MAX_MANIFEST_BYTES:
-        raise ManifestError("(document)", f"{len(data)} bytes exceeds the {MAX_MANIFEST_BYTES}-byte limit", source)
+    return from_dict(load_json(data, source), source)
+
+
+def load_json(data: bytes, source: str | None = None, limit: int = MAX_MANIFEST_BYTES) -> Any:
+    """A document from the store as JSON, bounded: at most `limit` bytes (the store's reads
+    stop there too: Store._get_bounded) and nested at most as deep as CPython's decoder
+    recurses (sys.getrecursionlimit(), 1000 levels; a manifest has 5). A document nested
+    deeper was exit 70 "RecursionError" and, under thawd, a cold start that blamed thawd
+    (issue 30): it is ManifestError naming the document instead."""
+    if len(data) > limit:
+        raise ManifestError("(document)", f"{len(data)} bytes exceeds the {limit}-byte limit", source)
     try:
-        d = json.loads(data)
+        return json.loads(data)
+    except RecursionError:
+        raise ManifestError("(document)", "nested too deeply to be a manifest", source) from None
     except (ValueError, UnicodeDecodeError) as e:
-        raise ManifestError("(document)", f"not valid JSON: {e}", source) from None
-    return from_dict(d, source)
+        raise ManifestError("(document)", f"not valid JSON: {str(e)[:200]}", source) from None
 
 
 def from_dict(d: Any, source: str | None = None) -> Manifest:
@@ -351,8 +361,8 @@ def verify(body: bytes, key: bytes, source: str) -> None:
     the manifest from."""
     try:
         d = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        raise ManifestRefused(source, "not JSON") from None
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise ManifestRefused(source, "not JSON (or nested too deeply)") from None
     if not isinstance(d, dict) or not isinstance(d.get("tag"), str):
         raise ManifestRefused(source, "it carries no integrity tag: written by someone without this cluster's "
                               "manifest key (store.manifest_key_file), or by a thaw that signed nothing")

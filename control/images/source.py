@@ -10,11 +10,13 @@ the node's compatibility tuple computed once, at start, and every verb on the
 tenant's view of the store, the tenant being the first field of the workload key
 (control/lifecycle/tenant.py store_tenant; issue 13).
 
-What comes back is a `Restorable`: a cache Lease (control/images/cache.py) or a
-Stream (control/images/stream.py), both with `path` (the image directory runsc
+What comes back is a `Restorable`: a cache entry served through thaw-gofer with
+every chunk checked as runsc reads it (control/images/served.py Served, issue 30;
+with cache.verify = stat, the cache Lease itself, control/images/cache.py) or a
+Stream (control/images/stream.py), each with `path` (the image directory runsc
 restores from), `hit`, `streamed`, `env()` (what `runsc restore` needs in its
-environment: thaw-gofer's sidecar directory for a stream), `verdict()` (why its
-stream failed, None otherwise) and `release()`.
+environment: thaw-gofer's sidecar directory), `verdict()` (why its stream failed,
+or which chunk of the entry was altered; None otherwise) and `release()`.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from typing import Protocol
 from control.config import Settings
 from control.errors import NotFound, StoreError, ThawError, TupleMismatch
 from control.images import image as images
+from control.images import served
 from control.images import stream as streammod
 from control.images.cache import Cache, Lease
 from control.images.keys import Keyring
@@ -70,9 +73,10 @@ def open_restorable(cache: Cache, store: Store, settings: Settings, key: str, no
     TupleMismatch, StoreError, ManifestError, CacheFull, Timeout for the key's lock)."""
     why = streammod.why_not(settings, store)
     if not why:
-        return streammod.open_image(cache, store, settings, key, node, lock_timeout_s=lock_timeout_s), "", None
+        src = streammod.open_image(cache, store, settings, key, node, lock_timeout_s=lock_timeout_s)
+        return (src if src.streamed else served.for_restore(cache, settings, src)), "", None
     r = images.pull(cache, store, key, node, workers=settings.store_workers)
-    return r.lease, ("" if r.hit else why), r
+    return served.for_restore(cache, settings, r.lease), ("" if r.hit else why), r
 
 
 class ImageSource:
@@ -100,7 +104,8 @@ class ImageSource:
         holding the space of entries evicted since. Keys another process holds are
         left to it; any later pull of a key recovers it too (image.pull, stream.open_image)."""
         try:
-            removed = self.cache.recover() + streammod.remove_leftovers(self.cache)
+            removed = self.cache.recover() + streammod.remove_leftovers(self.cache) + \
+                served.remove_leftovers(self.cache)
         except OSError as e:   # a start must not fail for a leftover it cannot remove
             log.warning("cache: recovering leftovers at start: %s", e)
             return

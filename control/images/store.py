@@ -43,14 +43,16 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from control import metrics
 from control.config import TENANT_PATTERN, Settings
-from control.errors import StoreError, UserError
+from control.errors import ManifestError, StoreError, UserError
 from control.images import keys as keysmod
-from control.images.manifest import CODECS, Location
+from control.images.manifest import CODECS, MAX_MANIFEST_BYTES, Location
 from control.images.retry import RetryPolicy
 
 log = logging.getLogger(__name__)
 
 _NOT_FOUND = {"404", "NoSuchKey", "NotFound"}
+# A learned order (control/images/stream.py) is a hint of at most 4096 ranges a file: far below this.
+MAX_ORDER_BYTES = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -255,9 +257,35 @@ class Store:
             raise self._fail("put", name, e) from None
 
     def get_manifest(self, key: str, tuple_hash: str) -> bytes | None:
-        name = self.manifest_name(key, tuple_hash)
+        """A manifest's bytes, None when there is none. ManifestError past MAX_MANIFEST_BYTES."""
+        return self._get_bounded(self.manifest_name(key, tuple_hash), MAX_MANIFEST_BYTES, "manifest")
+
+    def _get_bounded(self, name: str, cap: int, what: str) -> bytes | None:
+        """An object of at most `cap` bytes, read so that no more than cap + 1 bytes ever
+        arrive (issue 30: a 1.6 GB manifest was read whole before its size was checked,
+        3.3 GB at the peak): a ranged GET of the first cap + 1 bytes, its body read to
+        that bound. ManifestError (naming the object) when it is larger; None when absent."""
+        def once() -> bytes:
+            try:
+                r = self.reader.get_object(Bucket=self.bucket, Key=name, Range=f"bytes=0-{cap}")
+            except ClientError as e:
+                if e.response.get("Error", {}).get("Code") in ("InvalidRange", "416"):
+                    return b""          # an empty object (a range of nothing)
+                raise
+            total = str(r.get("ContentRange") or "").rpartition("/")[2]
+            if total.isdigit() and int(total) > cap:
+                r["Body"].close()
+                raise _TooLarge(int(total))
+            body = r["Body"].read(cap + 1)
+            r["Body"].close()
+            if len(body) > cap:
+                raise _TooLarge(len(body))
+            return body
         try:
-            return self.policy.call(lambda: self.reader.get_object(Bucket=self.bucket, Key=name)["Body"].read())
+            return self.policy.call(once)
+        except _TooLarge as e:
+            raise ManifestError("(document)", f"{e.size} bytes or more: a {what} may have at most {cap} "
+                                "(read no further)", self.uri(name)) from None
         except ClientError as e:
             if e.response.get("Error", {}).get("Code") in _NOT_FOUND:
                 return None
@@ -271,15 +299,8 @@ class Store:
         return self.manifest_name(key, tuple_hash).removesuffix(".json") + ".order"
 
     def get_order(self, key: str, tuple_hash: str) -> bytes | None:
-        name = self.order_name(key, tuple_hash)
-        try:
-            return self.client.get_object(Bucket=self.bucket, Key=name)["Body"].read()
-        except ClientError as e:
-            if e.response.get("Error", {}).get("Code") in _NOT_FOUND:
-                return None
-            raise self._fail("get", name, e) from None
-        except BotoCoreError as e:
-            raise self._fail("get", name, e) from None
+        """The learned order's bytes, None when there is none; ManifestError past MAX_ORDER_BYTES."""
+        return self._get_bounded(self.order_name(key, tuple_hash), MAX_ORDER_BYTES, "learned order")
 
     def put_order(self, key: str, tuple_hash: str, body: bytes) -> None:
         """Last writer wins: an order is a hint, merged by its writers (stream.py)."""
@@ -334,15 +355,18 @@ class Store:
     def list_manifests(self, key: str | None = None) -> Iterator[tuple[str, str, int]]:
         """(key, tuple_hash, bytes) of every manifest, or of one key's."""
         base = f"{self.prefix}manifests/" + (f"{key}/" if key else "")
+        kw = {"Bucket": self.bucket, "Prefix": base}
         try:
-            pages = self.policy.call(lambda: list(self.reader.get_paginator("list_objects_v2").paginate(
-                Bucket=self.bucket, Prefix=base)))
-            for page in pages:
+            while True:   # one page (<= 1000 keys) in memory at a time, each retried under the policy
+                page = self.policy.call(lambda: self.reader.list_objects_v2(**kw))
                 for obj in page.get("Contents", []):
                     rest = obj["Key"][len(f"{self.prefix}manifests/"):]
                     k, _, leaf = rest.partition("/")
                     if leaf.endswith(".json") and "/" not in leaf:
                         yield k, leaf[:-len(".json")], int(obj["Size"])
+                if not page.get("IsTruncated") or not page.get("NextContinuationToken"):
+                    return
+                kw["ContinuationToken"] = page["NextContinuationToken"]
         except (ClientError, BotoCoreError) as e:
             raise self._fail("list", base, e) from None
 
@@ -447,3 +471,10 @@ class Store:
         if o is None:
             raise StoreError("head", self.uri(self.prefix + "gc/clock"), "just written, yet absent", self.endpoint)
         return o.mtime
+
+class _TooLarge(Exception):
+    """A bounded read found more than its cap (Store._get_bounded); not retried."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.size = size

@@ -43,18 +43,16 @@ import shutil
 import tempfile
 import threading
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
 from control import metrics
 from control.config import Settings
-from control.errors import StoreError, ThawError
+from control.errors import IntegrityError, ThawError
 from control.files import Owner, write_bytes_atomic
 from control.images import chunk
 from control.images import fetcher
 from control.images import image as images
-from control.images import keys as keysmod
 from control.images import manifest as manifestmod
 from control.images import transfer
 from control.images.cache import Cache, Lease
@@ -62,13 +60,14 @@ from control.images.manifest import Manifest
 from control.images.store import Store
 from control.node.compat import CompatTuple
 from control.logfields import fields
+from control.images.order import read_order, record_order  # noqa: F401 - a stream's learned order
 
 log = logging.getLogger(__name__)
 
 # Twin: go/internal/stream/plan.go PlanVersion.
 PLAN_VERSION = 2
-# Twin: go/internal/stream/gofer.go GoferConfigVersion.
-GOFER_CONFIG_VERSION = 1
+# Twin: go/internal/stream/gofer.go GoferConfigVersion (2: verify mode, control/images/served.py).
+GOFER_CONFIG_VERSION = 2
 # runsc starts its checkpoint-gofer when the image directory holds this file,
 # and hands it over unread (runsc/sandbox/sandbox.go checkpointGCSOptsFileName).
 GOFER_CONFIG = "gcs_opts.json"
@@ -108,14 +107,13 @@ URGENT_AHEAD_BYTES = 512 << 10
 # the stream's end follows the gofer's failed reads within milliseconds.
 VERDICT_S = 2.0
 
-ORDER_SCHEMA = "thaw.order"
-ORDER_VERSION = 1
-MAX_ORDER_RANGES = 4096
-
-
 def failure_reason(err: ThawError) -> str:
     """The reason a restore gives when its stream failed (the gofer failed the sentry's
-    reads, so runsc gave up): thawd's for a container or pod, the CLI's for a cold fallback."""
+    reads, so runsc gave up): thawd's for a container or pod, the CLI's for a cold fallback.
+    A cache entry whose verified read found an altered chunk (control/images/served.py)
+    is `corrupt: ...` (issue 30; the metrics label is the part before the colon)."""
+    if isinstance(err, IntegrityError) and err.where == "cache":
+        return f"corrupt: {err.message}"
     return f"{type(err).__name__}: the image's stream failed: {getattr(err, 'message', err)}"
 
 
@@ -372,7 +370,7 @@ class _Job:
         once gofers can connect; return the faulted ranges. Precondition: key lock held."""
         me = Owner.me()
         sdir = self.cache.root / STREAMS_DIR / f"{eid}.{me.pid}-{me.start}"
-        sdir.mkdir(parents=True)
+        sdir.mkdir(parents=True, mode=0o700)
         sockdir = None
         sock = sdir / "s.sock"
         if len(str(sock).encode()) > 100:   # sun_path holds 108 bytes
@@ -447,7 +445,7 @@ def build_plan(m: Manifest, partial: Path, sdir: Path, store: Store, sources: tr
     ready: list[list[int]] = []
     try:
         for i, f in enumerate(files):
-            fd = os.open(partial / f.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = os.open(partial / f.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)   # memory: owner-only
             fds.append(fd)
             os.ftruncate(fd, f.size)
             for off, c in f.placed():
@@ -536,68 +534,6 @@ def _first_overlap(ranges: list[tuple[int, int, int]], start: int, end: int) -> 
 
 
 # -- the learned order -------------------------------------------------------------
-
-def read_order(store: Store, m: Manifest) -> dict[str, list[list[int]]]:
-    """The ranges earlier restores of this image faulted on, by file, in the order
-    first seen; {} when there is none or it cannot be read (it is only a hint)."""
-    try:
-        body = store.get_order(m.key, m.tuple_hash)
-    except StoreError as e:
-        log.info("stream %s: no learned order (%s)", m.key, e, extra=fields(key=m.key, reason=str(e)))
-        return {}
-    if body is None:
-        return {}
-    tenant_key = getattr(store, "tenant_key", None)
-    if tenant_key is not None:   # an encrypting tenant's order is sealed (keys.seal_order)
-        try:
-            body = keysmod.open_order(tenant_key, store.tenant, m.key, m.tuple_hash, body)
-        except ValueError as e:
-            log.warning("stream %s: ignoring the learned order: %s", m.key, e, extra=fields(key=m.key, reason=str(e)))
-            return {}
-    try:
-        doc = json.loads(body)
-        if doc.get("schema") != ORDER_SCHEMA or doc.get("version") != ORDER_VERSION:
-            return {}
-        sizes = {f.name: f.size for f in m.files}
-        out: dict[str, list[list[int]]] = {}
-        for name, rs in (doc.get("files") or {}).items():
-            if name not in sizes:
-                continue
-            out[name] = [[int(o), int(n)] for o, n in rs[:MAX_ORDER_RANGES]
-                         if 0 <= int(o) and 0 < int(n) and int(o) + int(n) <= sizes[name]]
-        return out
-    except (ValueError, TypeError, AttributeError) as e:
-        log.warning("stream %s: ignoring an unreadable order object: %s", m.key, e, extra=fields(key=m.key, reason=str(e)))
-        return {}
-
-
-def record_order(store: Store, m: Manifest, faults: dict[str, list[list[int]]]) -> dict:
-    """Merge this restore's faulted ranges into the image's order object (earlier
-    ranges keep their rank; new ones not already covered go after them)."""
-    prior = read_order(store, m)
-    merged: dict[str, list[list[int]]] = {name: list(rs) for name, rs in prior.items()}
-    added = 0
-    for name, rs in faults.items():
-        have = merged.setdefault(name, [])
-        for off, n in rs:
-            if len(have) >= MAX_ORDER_RANGES:
-                break
-            if any(o <= off and off + n <= o + k for o, k in have):
-                continue
-            have.append([off, n])
-            added += 1
-    doc = {"schema": ORDER_SCHEMA, "version": ORDER_VERSION, "key": m.key, "tuple_hash": m.tuple_hash,
-           "files": merged, "updated": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    if added:
-        body = json.dumps(doc, separators=(",", ":")).encode()
-        tenant_key = getattr(store, "tenant_key", None)
-        if tenant_key is not None:   # what a workload touches first is the tenant's to know
-            body = keysmod.seal_order(tenant_key, store.tenant, m.key, m.tuple_hash, body)
-        store.put_order(m.key, m.tuple_hash, body)
-    return {"added": added, "ranges": sum(len(v) for v in merged.values())}
-
-
-# -- leftovers ---------------------------------------------------------------------------
 
 def remove_leftovers(cache: Cache) -> list[str]:
     """Remove image directories of streams whose process is gone (their hard

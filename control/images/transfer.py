@@ -259,7 +259,7 @@ def fill(manifest: Manifest, dest: Path, store: Store | None, sources: Sources, 
     file_index: dict[int, int] = {}      # fd -> index in manifest.files
     try:
         for i, f in enumerate(manifest.files):
-            fd = os.open(dest / f.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = os.open(dest / f.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)   # memory: owner-only
             fds.append(fd)
             file_index[fd] = i
             os.ftruncate(fd, f.size)

@@ -25,6 +25,7 @@ its owner process; `recover` removes what an owner that died (kill -9) left.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -35,7 +36,7 @@ from pathlib import Path
 from typing import Callable
 
 from control.config import Settings
-from control.files import Owner, fsync_path
+from control.files import Owner, fsync_path, untrusted
 from control.lifecycle import gpus as gpumod
 from control.lifecycle import image_meta as metamod
 from control.lifecycle.records import (TRANSITIONAL, CheckpointResult, Mitigations, Record, Records,  # noqa: F401
@@ -43,10 +44,11 @@ from control.lifecycle.records import (TRANSITIONAL, CheckpointResult, Mitigatio
                                        validate_id)
 from control.lifecycle import logs as logsmod
 from control.lifecycle import profiles
+from control.lifecycle import recovery
 from control.lifecycle.engine import Engine, Handle, status as engine_status
 from nvproxy.cuda import stage_for, uses_gpu
 from control.errors import (AlreadyExists, CheckpointFailed, ImageError, InUse, InvalidTransition, NotFound,
-                            PreconditionError, ThawError, UnhealthyRestore, UserError)
+                            PreconditionError, ThawError, TupleMismatch, UnhealthyRestore, UserError)
 from runsc_hooks import gate as gatemod
 from runsc_hooks import probe as probemod
 from runsc_hooks import network as netmod
@@ -55,6 +57,7 @@ from runsc_hooks.runsc import CreateOptions, GlobalOptions, RestoreOptions, Runs
 from control.logfields import fields
 
 log = logging.getLogger(__name__)
+
 
 class Sandboxes:
     """thaw's own sandboxes on this node (one runsc root, one state dir)."""
@@ -86,8 +89,17 @@ class Sandboxes:
     def _record_path(self, sid: str) -> Path:
         return self.records.path(sid)
 
-    def get(self, sid: str) -> Record | None:
-        return self.records.get(sid)
+    def get(self, sid: str, reap: bool = True) -> Record | None:
+        """Sandbox `sid`'s record. With `reap`, one a thaw process that died left in a
+        transitional state is settled first (_reap), so it is never seen half-made."""
+        rec = self.records.get(sid)
+        return self._reap(rec) if reap and rec is not None else rec
+
+    def _reap(self, rec: Record) -> Record | None:
+        return recovery.reap(self, rec)
+
+    def recover(self, orphans: bool = False, prefix: str = "") -> list[dict]:
+        return recovery.recover(self, orphans, prefix)
 
     def _save(self, rec: Record) -> None:
         self.records.save(rec)
@@ -105,8 +117,10 @@ class Sandboxes:
         return netmod.plumb(sid, host_ip, sandbox_ip, prefixlen, subnet=s.network_subnet, ports=ports,
                             publish_address=s.network_publish_address, egress=s.network_egress)
 
-    def list_records(self) -> list[Record]:
-        return self.records.list()
+    def list_records(self, reap: bool = True) -> list[Record]:
+        """Every record; with `reap`, those a dead owner left half-made settled first (_reap)."""
+        recs = self.records.list()
+        return [x for x in (self._reap(r) for r in recs) if x is not None] if reap else recs
 
     # -- operations -------------------------------------------------------------
 
@@ -203,10 +217,19 @@ class Sandboxes:
         """
         rec = self._require(sid)
         out = Path(out)
-        if out.exists():
+        if os.path.lexists(out):   # a dangling symbolic link too: it is someone's name
             raise AlreadyExists("image directory", str(out), "checkpoint writes a new directory")
         if not out.parent.is_dir():
             raise NotFound("directory", str(out.parent), "the image directory's parent must exist")
+        if out.name in ("", ".", ".."):
+            raise UserError(f"--out {out}: name a new directory", path=str(out))
+        # The image is the workload's memory: written only where no other user can redirect it
+        # or swap it (issue 30), into a directory born 0700 (runsc runs with umask 077).
+        parent, why = untrusted(out.parent)
+        if why:
+            raise UserError(f"--out {out}: {why}; write images under a directory only root can change",
+                            path=str(out))
+        out = parent / out.name
         r = self.runsc("sandbox" if rec.net else "none", rec.nvproxy)
         st = _status(r, runsc_id(sid))
         if st != "running":
@@ -216,6 +239,8 @@ class Sandboxes:
             h = dataclasses.replace(h, gate=None)
         spec = h.spec()
         gpu_need = self._gpu_needs(spec)  # NVML before the save: what the image will say it needs
+        from control.node import compat
+        tup = compat.node_tuple(self.settings)   # the tuple travels with the image (issue 30)
         rec.owner = Owner.me().to_dict()
         self._move(rec, State.CHECKPOINTING)
         partial = out.parent / f".{out.name}.partial-{uuid.uuid4().hex[:8]}"
@@ -229,7 +254,8 @@ class Sandboxes:
             metamod.write(partial, metamod.DOOR_CLI, spec, saved.files, gpu_need, saved.seconds, sandbox=sid,
                           net=rec.net, probes=rec.probes, runsc_version=r.version(),
                           platform=self.settings.runsc_platform, network="sandbox" if rec.net else "none",
-                          nvproxy=rec.nvproxy or saved.gpu, rootfs=metamod.rootfs_layout(spec, self.settings))
+                          nvproxy=rec.nvproxy or saved.gpu, rootfs=metamod.rootfs_layout(spec, self.settings),
+                          **{compat.IMAGE_TUPLE: tup.to_dict()})
             fsync_path(partial)
             os.rename(partial, out)
             fsync_path(out.parent)
@@ -262,7 +288,7 @@ class Sandboxes:
     def restore(self, image: Path, sid: str, probes: list | None = None,
                 mitigations: Mitigations = Mitigations(), policy: probemod.Policy | None = None,
                 gpus: list[str] | None = None, runsc_env: tuple[tuple[str, str], ...] = (),
-                background: bool | None = None) -> RestoreResult:
+                background: bool | None = None, source: Path | None = None, settle: bool = True) -> RestoreResult:
         """Restore the image directory `image` as a new sandbox `sid`.
 
         With the gate closed: plumb the checkpoint's address, `runsc restore`,
@@ -271,20 +297,31 @@ class Sandboxes:
         gets `gpus` (CDI names), or the GPU indexes it was saved on, re-injected
         and checked against what it needs before runsc runs (gpus.py). `runsc_env`
         and `background` (default: checkpoint.restore_background) are for a
-        streamed image (control/images/stream.py).
+        streamed image (control/images/stream.py) or one read through thaw-gofer
+        (control/images/served.py), whose `source` (the cache entry, the user's
+        directory) is what messages and the record name instead of its view.
+        Without `settle` the record stays `restoring` (this process its owner) until
+        `settled`: a caller that waits for the last pages (a stream, a checked read)
+        owns the restore until then, so being killed meanwhile leaves a record the
+        next command removes (_reap), never one that looks done.
         """
         validate_id(sid)
-        meta = metamod.read_image(Path(image))
+        shown = Path(source) if source is not None else Path(image)
+        with _named(Path(image), shown):
+            meta = metamod.read_image(Path(image))
         nvproxy = bool(meta.get("nvproxy", False))
         r = self.runsc(meta["network"], nvproxy)
         if self.get(sid) is not None or r.exists(runsc_id(sid)):
             raise AlreadyExists("sandbox", sid, "restore creates a new sandbox")
+        from control.node import compat
+        compat.check_image(meta, str(shown), compat.node_tuple(self.settings))   # before runsc: exit 3
         probe_list = probemod.parse_all(meta.get("probes") or [] if probes is None else probes)
-        spec = metamod.spec_for_node(meta, self.settings, sid, Path(image),
-                              self._placer(meta, gpus, Path(image), cold=False))
+        with _named(Path(image), shown):
+            spec = metamod.spec_for_node(meta, self.settings, sid, Path(image),
+                                         self._placer(meta, gpus, Path(image), cold=False))
         check_transition(sid, None, State.RESTORING)
         bundle = specmod.Bundle(self.bundles_dir / sid)
-        rec = Record(id=sid, state=State.RESTORING, bundle=str(bundle.path), restored_from=str(image),
+        rec = Record(id=sid, state=State.RESTORING, bundle=str(bundle.path), restored_from=str(shown),
                      probes=[str(p) for p in probe_list], owner=Owner.me().to_dict(),
                      gpus=metamod.injected_devices(spec), nvproxy=nvproxy)
         saved = meta.get("net")
@@ -322,8 +359,11 @@ class Sandboxes:
             mon.started()
             if done.health is not None:
                 rec.health = done.health.to_dict()
-            rec.owner = None
-            self._move(rec, State.RUNNING)
+            if settle:
+                rec.owner = None
+                self._move(rec, State.RUNNING)
+            else:
+                self._save(rec)
             # The gate opened (bench/network_flood.py measures from here), before the wait
             # for the last pages of a --background restore (Engine.restore).
             loaded_at = time.monotonic()
@@ -353,6 +393,10 @@ class Sandboxes:
         try:
             res = self.restore(image, sid, probes=probes, gpus=gpus, **restore_kw)
             return StartResult(sid, "restored", time.monotonic() - t0, res.sandbox_ip, res)
+        except TupleMismatch as e:   # not restorable here, and nothing was made: start it cold
+            log.warning("restore of %s as %s: %s; starting cold", image, sid, e.message)
+            return self.cold_start(image, sid, f"TupleMismatch: {e.message}", probes, gpus, t0,
+                                   restore_kw.get("source"))
         except (AlreadyExists, InUse, PreconditionError, InvalidTransition):
             raise
         except ThawError as e:
@@ -360,11 +404,21 @@ class Sandboxes:
             log.warning("restore of %s as %s failed, starting cold: %s", image, sid, reason,
                         extra=fields(container=sid, path=str(image), decision="cold-fallback", reason=reason))
             try:
-                # A cold start needs the spec, not the memory (a failed stream's image
-                # directory keeps thaw.json only: control/images/stream.py).
-                meta = metamod.read_image(Path(image), memory=False)
+                return self.cold_start(image, sid, reason, probes, gpus, t0, restore_kw.get("source"))
             except ImageError:
                 raise e from None  # no spec to start from either
+
+    def cold_start(self, image: Path, sid: str, reason: str, probes: list | None = None,
+                   gpus: list[str] | None = None, t0: float | None = None,
+                   source: Path | None = None) -> StartResult:
+        """Start the workload of `image` cold as `sid` from its saved spec, `reason` saying
+        why it was not restored (ImageError when the image has no spec either; `source`
+        as for restore)."""
+        t0 = time.monotonic() if t0 is None else t0
+        # A cold start needs the spec, not the memory (a failed stream's image
+        # directory keeps thaw.json only: control/images/stream.py).
+        with _named(Path(image), Path(source) if source is not None else Path(image)):
+            meta = metamod.read_image(Path(image), memory=False)
         saved = meta.get("net") or {}
         addr = (saved["host_ip"], saved["sandbox_ip"], saved["prefixlen"]) if saved else None  # if free (_claim_net)
         spec = metamod.spec_for_node(meta, self.settings, sid, Path(image),
@@ -391,6 +445,13 @@ class Sandboxes:
         if seconds > 0 and self.gone(sid):   # runsc saw it first: the monitor writes it in a moment
             return logsmod.settled_exit(logs, rec.monitor) or logsmod.Exit(None, time.time(), "no monitor saw it")
         return None
+
+    def settled(self, sid: str) -> None:
+        """A restore made with settle=False is complete (every page in): running."""
+        rec = self._require(sid)
+        if rec.state is State.RESTORING:
+            rec.owner = None
+            self._move(rec, State.RUNNING)
 
     def wait_restored(self, sid: str, timeout_s: float | None = None) -> None:
         """Until the sandbox's restore is complete, every page loaded (`runsc wait
@@ -498,57 +559,6 @@ class Sandboxes:
         rec = self.get(sid)
         return logsmod.settled_exit(logsmod.SandboxLogs.of(self.settings, sid), rec.monitor if rec else None)
 
-    def recover(self, orphans: bool = False, prefix: str = "") -> list[dict]:
-        """Remove what crashed thaw processes left behind (after kill -9, a node crash):
-
-        - a sandbox in a transitional state whose owner process is gone: removed
-          (a checkpoint whose sandbox still runs goes back to running, gate open);
-        - a running or stopped record whose runsc container is gone (runsc knows
-          no such id): removed. A container runsc cannot answer about is left
-          alone: only proof that it is gone removes a record and its network;
-        - with `orphans`, thaw network objects (netns, veth, nftables rules) of
-          sandbox names this node has no record of (only names starting with
-          `prefix`, when given: other thaw instances may share the node).
-
-        Returns one {"id", "action", "reason"} per thing done. Idempotent.
-        """
-        r = self.runsc()
-        actions = []
-        for rec in self.list_records():
-            if rec.state in TRANSITIONAL:
-                owner = Owner.from_dict(rec.owner)
-                if owner is not None and owner.alive():
-                    continue
-                reason = f"{rec.state.value} by pid {(rec.owner or {}).get('pid')}, which is gone"
-                _wait_runsc_idle(self.settings, runsc_id(rec.id))  # runsc children outlive a killed owner
-            else:
-                reason = ""
-            status = _status(r, runsc_id(rec.id))
-            if status.startswith("unknown"):
-                log.warning("recover: leaving %s alone: runsc cannot tell its state (%s)", rec.id, status,
-                            extra=fields(container=rec.id, reason=str(status)))
-                continue
-            if rec.state in (State.RUNNING, State.STOPPED) and status in ("running", "paused", "stopped"):
-                continue
-            if rec.state is State.CHECKPOINTING and status == "running":
-                if rec.net:
-                    gatemod.open(rec.id, "recover: checkpoint abandoned, the sandbox runs on")
-                rec.owner = None
-                self._move(rec, State.RUNNING)
-                actions.append({"id": rec.id, "action": "resumed", "reason": reason})
-                continue
-            reason = reason or f"{rec.state.value} but its runsc container is {status}"
-            self._undo(self.runsc("sandbox" if rec.net else "none"), rec)
-            actions.append({"id": rec.id, "action": "removed", "reason": reason})
-        if orphans:
-            keep = {rec.id for rec in self.list_records()}
-            for what in netmod.cleanup_leftovers(keep, prefix):
-                actions.append({"id": what, "action": "removed", "reason": "no sandbox record on this node"})
-        for a in actions:
-            log.info("recover: %s %s (%s)", a["action"], a["id"], a["reason"],
-                     extra=fields(container=a["id"], decision=a["action"], reason=a["reason"]))
-        return actions
-
     def address(self, sid: str) -> str:
         rec = self._require(sid)
         if not rec.net:
@@ -585,29 +595,13 @@ def _status(r: Runsc, cid: str) -> str:
     return engine_status(r, cid)
 
 
-# runsc subcommands that may still be working on a container after the thaw
-# process that started them died (they are not killed with their parent).
-_RUNSC_BUSY = ("create", "restore", "checkpoint", "start")
-
-
-def _wait_runsc_idle(settings: Settings, sid: str, timeout_s: float | None = None) -> None:
-    """Wait (bounded) until no runsc create/restore/checkpoint for `sid` runs under our root."""
-    deadline = time.monotonic() + (settings.runsc_timeout_s if timeout_s is None else timeout_s)
-    root_flag = f"--root={settings.runsc_root}"
-    while time.monotonic() < deadline:
-        busy = False
-        for p in Path("/proc").glob("[0-9]*/cmdline"):
-            try:
-                argv = p.read_bytes().split(b"\0")
-            except OSError:
-                continue
-            words = [a.decode(errors="replace") for a in argv if a]
-            if len(words) > 2 and words[0] == str(settings.runsc_path) and root_flag in words \
-                    and words[-1] == sid and any(w in _RUNSC_BUSY for w in words[1:-1]):
-                busy = True
-                break
-        if not busy:
-            return
-        time.sleep(0.05)
-    log.warning("runsc is still working on %s after %.0fs; recovering anyway", sid, settings.runsc_timeout_s,
-                extra=fields(container=sid, duration_s=settings.runsc_timeout_s))
+@contextlib.contextmanager
+def _named(image: Path, shown: Path):
+    """ImageError about `image` (a view thaw made of `shown`, control/images/served.py)
+    names `shown`: the directory the user gave, the cache entry."""
+    try:
+        yield
+    except ImageError as e:
+        if image == shown:
+            raise
+        raise ImageError(str(shown), e.message.removeprefix(f"checkpoint image {image}: ")) from None

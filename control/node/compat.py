@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Protocol
 
 from control.config import Settings
-from control.errors import ManifestError
+from control.errors import ImageError, ManifestError, TupleMismatch
 from nvproxy import gpu as gpumod
 
 log = logging.getLogger(__name__)
@@ -115,6 +115,38 @@ def check(image: CompatTuple, node: CompatTuple) -> list[Mismatch]:
         elif a != b:
             out.append(Mismatch(f.name, a, b, f"image has {a!r}, node has {b!r}"))
     return out
+
+
+# -- an image directory's tuple (issue 30) --------------------------------------------
+
+IMAGE_TUPLE = "tuple"   # the thaw.json field `thaw checkpoint` records (control/lifecycle/sandbox.py)
+
+
+def image_tuple(meta: dict, image: str) -> CompatTuple | None:
+    """The tuple an image directory's thaw.json records (`thaw checkpoint` since issue 30),
+    None for an image that records none; ImageError when it is malformed."""
+    d = meta.get(IMAGE_TUPLE)
+    if d is None:
+        return None
+    try:
+        return CompatTuple.from_dict(d, IMAGE_TUPLE)
+    except ManifestError as e:
+        raise ImageError(image, f"thaw.json field {e.field}: {e.message.rsplit(': ', 1)[-1]}") from None
+
+
+def check_image(meta: dict, image: str, node: CompatTuple) -> None:
+    """TupleMismatch (exit 3, one reason per field) unless the image whose thaw.json is `meta`
+    restores on `node`: said before runsc runs, which otherwise restored on another runsc or a
+    CPU without a saved feature with exit 0, or failed mid-restore with exit 1. An image of an
+    older thaw records only runsc's version and platform: those are compared."""
+    tup = image_tuple(meta, image)
+    if tup is not None:
+        bad = [str(m) for m in check(tup, node)]
+    else:
+        bad = [f"{f}: image has {meta[f]!r}, node has {getattr(node, f)!r}" for f in ("runsc_version", "platform")
+               if isinstance(meta.get(f), str) and meta[f] != getattr(node, f)]
+    if bad:
+        raise TupleMismatch(image, bad)
 
 
 # -- the node's own tuple ------------------------------------------------------

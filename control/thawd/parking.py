@@ -272,8 +272,9 @@ class Parking:
                 raise ParkError(f"the image does not restore into the template's spec: {why}")
             relay, stdio = self._start_relay(p)
             runsc = self.runsc(p)
+            # A cache entry served through thaw-gofer (control/images/served.py) names it in env.
             opts = RestoreOptions(image_path=image, create=CreateOptions(bundle=d), detach=True,
-                                  background=self.s.restore_background)
+                                  background=self.s.restore_background, env=tuple(lease.env().items()))
             try:
                 runsc.restore(pid, opts, stdio=stdio)
             finally:

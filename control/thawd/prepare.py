@@ -21,7 +21,8 @@ import threading
 import time
 from concurrent.futures import Future
 
-from control.errors import IntegrityError, KeyMissing, ManifestRefused, NotFound, ThawError, Timeout, TupleMismatch
+from control.errors import (IntegrityError, KeyMissing, ManifestError, ManifestRefused, NotFound, ThawError, Timeout,
+                            TupleMismatch)
 from control.lifecycle import image_meta
 from control.lifecycle import profiles
 from control.thawd.containers import Containers, Decision, RuntimeRef, State
@@ -43,6 +44,8 @@ def fetch_reason(e: ThawError) -> str:
         return "manifest-refused"
     if isinstance(e, KeyMissing):
         return "no-tenant-key"
+    if isinstance(e, ManifestError):   # the reason's text names the manifest (issue 30)
+        return "manifest-invalid"
     if isinstance(e, TupleMismatch):
         return "tuple-mismatch"
     if isinstance(e, Timeout):   # another pull or stream holds the key's lock (images/source.py)
@@ -119,6 +122,9 @@ class Preparer:
             return self._cold(rt, key, reason)
         except ThawError as e:
             return self._cold(rt, key, f"{fetch_reason(e)}: {e}")
+        except Exception as e:  # noqa: BLE001 - a bug in the image path is a cold start naming it, not thawd-unavailable
+            log.exception("fetch of %s failed unexpectedly", key)
+            return self._cold(rt, key, f"fetch-failed: internal error: {type(e).__name__}: {str(e)[:300]}")
         if not self.containers.claim(rt, lease):
             # Another container took this pull's lease. The entry is local now: this pull
             # is a cache hit with its own lease, bounded by the same deadline (it may wait

@@ -51,7 +51,9 @@ def restore_failure(lease, reason: str) -> tuple[str, bool]:
     killed the sandbox: the stream's error is the reason, and it counts as a pull's
     failure would (prepare.claim_image): only when the store served bytes that are not
     the image's, never for a full cache file system (NoSpace) or a store that stalled.
-    Otherwise `reason`, counted."""
+    A cache entry whose checked read found an altered chunk (control/images/served.py)
+    is `corrupt: ...`, not counted: the entry is marked corrupt and the next start
+    fetches it again (issue 30). Otherwise `reason`, counted."""
     failed = lease.verdict()
     if failed is None:
         return reason, True

@@ -297,6 +297,9 @@ def serve(settings: Settings, images, tuple_hash: str, ready: threading.Event | 
     configure_logs(verbose, json_lines=True, daemon=True)
     server, thawd, metrics = build(settings, images, tuple_hash)
     server.start()
+    if getattr(images, "cache", None) is not None:   # every idle cache entry re-hashed in the background (issue 30)
+        from control.images import scrub
+        scrub.start(images.cache, settings)
     os.chmod(settings.thawd_socket, 0o600)
     msrv = serve_metrics(metrics, settings.thawd_metrics_addr) if settings.thawd_metrics_addr else None
     log.info("thawd %s serving on %s (metrics %s, tuple %s)", VERSION, settings.thawd_socket,

@@ -26,6 +26,9 @@ words = [a for a in args if not a.startswith("--")]
 if "version" in flags:
     print("runsc version fake-1\nspec: 1.1.0")
     sys.exit(0)
+if cmd == "cpu-features":   # the compatibility tuple (control/node/compat.py); FAKE_CPU_FEATURES overrides
+    print(os.environ.get("FAKE_CPU_FEATURES", "fpu,sse,sse2"))
+    sys.exit(0)
 
 state_dir = os.path.join(flags["root"], "fake")
 os.makedirs(state_dir, exist_ok=True)

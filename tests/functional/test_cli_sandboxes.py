@@ -263,3 +263,45 @@ def test_push_refuses_an_image_that_needs_this_node(node, tmp_path):
 def _main():
     from control.cli.main import main
     return main
+
+
+def test_the_tuple_travels_with_the_image_and_restore_checks_it_before_runsc(node, tmp_path):
+    """Issue 30: `thaw checkpoint` records the compatibility tuple in thaw.json; `thaw restore
+    DIR` refuses an image this node cannot restore (exit 3, naming the field) before runsc
+    runs, or with --cold-fallback starts it cold; an image of an older thaw is judged by the
+    runsc version and platform it recorded."""
+    sb = sandboxes(node)
+    (tmp_path / "rootfs" / "t").mkdir(parents=True)
+    sb.run("t", server_spec(tmp_path, "t"), network=False)
+    img = tmp_path / "images" / "img"
+    img.parent.mkdir()
+    sb.checkpoint("t", img)
+    meta = json.loads((img / IMAGE_META).read_text())
+    assert meta["tuple"]["runsc_version"] == "fake-1" and meta["tuple"]["cpu_features"] == ["fpu", "sse", "sse2"]
+
+    before = len(argvs(node))
+    r = CliRunner().invoke(_main(), ["restore", str(img), "--id", "u"], env={**node, "FAKE_CPU_FEATURES": "fpu,sse"})
+    assert r.exit_code == 3, r.output
+    [line] = [x for x in r.stderr.splitlines() if x.startswith("thaw: error: ")]
+    assert "cpu_features: node lacks 1 CPU feature(s) the image was saved with: sse2" in line, line
+    assert not [a for a in argvs(node)[before:] if "restore" in a], "runsc restore ran"
+    assert sb.get("u") is None
+
+    r = CliRunner().invoke(_main(), ["restore", str(img), "--id", "u", "--cold-fallback", "--json"],
+                           env={**node, "FAKE_CPU_FEATURES": "fpu,sse"})
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["mode"] == "cold" and out["fallback_reason"].startswith("TupleMismatch: ") and "sse2" in \
+        out["fallback_reason"], out
+    sb.delete("u", force=True)
+
+    r = CliRunner().invoke(_main(), ["restore", str(img), "--id", "u", "--json"],   # a superset restores
+                           env={**node, "FAKE_CPU_FEATURES": "fpu,sse,sse2,avx"})
+    assert r.exit_code == 0 and json.loads(r.stdout)["mode"] == "restored", r.output
+    sb.delete("u", force=True)
+
+    del meta["tuple"]   # an image of a thaw before issue 30, saved by another runsc
+    meta["runsc_version"] = "thaw-gvisor-000000000000"
+    (img / IMAGE_META).write_text(json.dumps(meta))
+    r = CliRunner().invoke(_main(), ["restore", str(img), "--id", "u"], env=node)
+    assert r.exit_code == 3 and "runsc_version: image has 'thaw-gvisor-000000000000', node has 'fake-1'" in r.stderr

@@ -182,7 +182,10 @@ def test_verify_finds_silent_corruption_and_evicts(tmp_path, store):
     data = bytearray(p.read_bytes())
     data[5] ^= 1
     p.write_bytes(bytes(data))
-    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))   # bit rot: same size, same mtime
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))   # same size, same mtime
+    # The cheap check sees the write by its ctime (issue 30: the mtime alone was defeated).
+    assert "ctime changed" in cache.check_entry(cache.entries()[0])
+    _as_if_below_the_file_system(cache, cache.entries()[0].id, p)   # bit rot: not even the ctime moves
     assert cache.check_entry(cache.entries()[0]) is None
     rows = images.verify(cache)
     assert rows[0]["ok"] is False and rows[0]["evicted"] is True
@@ -495,3 +498,17 @@ def test_push_with_a_cache_copies_the_directory_once_and_leaves_it_alone(tmp_pat
         assert (d / n).read_bytes() == data and (e.path / n).read_bytes() == data
         assert (e.path / n).stat().st_ino != (d / n).stat().st_ino
     assert cache.check_entry(e, full=True) is None and list((cache.root / "tmp").iterdir()) == []
+
+
+def _as_if_below_the_file_system(cache: Cache, eid: str, p) -> None:
+    """Re-record `p`'s inode data in the entry's snapshot: a change the cheap check cannot see
+    (bit rot, a write to the block device), which only hashing finds."""
+    import json
+    import sqlite3
+    db = sqlite3.connect(cache.root / "index.sqlite")
+    snap = json.loads(db.execute("SELECT snapshot FROM entries WHERE id = ?", (eid,)).fetchone()[0])
+    st = p.stat()
+    snap[p.name] = [st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_nlink]
+    db.execute("UPDATE entries SET snapshot = ? WHERE id = ?", (json.dumps(snap), eid))
+    db.commit()
+    db.close()

@@ -104,3 +104,21 @@ def test_node_tuple_reads_gpus_through_nvproxy_gpu_probe(monkeypatch):
     assert (t.gpu_product, t.gpu_count, t.driver_version) == ("NVIDIA H200", 2, "580.159.04")
     monkeypatch.setattr(gpu, "probe", lambda: gpu.NodeGpus())
     assert compat.node_tuple(s, runsc=FakeRunsc(), arch="x86_64").gpu_count == 0
+
+
+def test_an_image_directory_is_checked_against_the_node_by_the_tuple_it_records():
+    """Issue 30: thaw.json records the tuple; restore refuses a mismatch naming the field
+    (exit 3); an image of an older thaw is judged by its runsc version and platform."""
+    from control.errors import ImageError, TupleMismatch, exit_code
+    other = dataclasses.replace(TUPLE, cpu_features=TUPLE.cpu_features + ("avx1024",), machine_type="x")
+    compat.check_image({"tuple": TUPLE.to_dict()}, "/img", TUPLE)
+    with pytest.raises(TupleMismatch) as e:
+        compat.check_image({"tuple": other.to_dict()}, "/img", TUPLE)
+    assert exit_code(e.value) == 3 and "cpu_features" in str(e.value) and "avx1024" in str(e.value)
+    assert "machine_type: image has 'x'" in str(e.value) and "/img" in str(e.value)
+    compat.check_image({"runsc_version": TUPLE.runsc_version, "platform": TUPLE.platform}, "/img", TUPLE)
+    with pytest.raises(TupleMismatch, match="runsc_version: image has 'other'"):
+        compat.check_image({"runsc_version": "other", "platform": TUPLE.platform}, "/img", TUPLE)
+    with pytest.raises(ImageError, match="thaw.json field tuple.gpu_count"):
+        compat.check_image({"tuple": {**TUPLE.to_dict(), "gpu_count": -1}}, "/img", TUPLE)
+    assert compat.image_tuple({}, "/img") is None and compat.image_tuple({"tuple": TUPLE.to_dict()}, "/i") == TUPLE

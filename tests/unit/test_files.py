@@ -43,3 +43,34 @@ def test_owner_is_this_process_until_it_is_gone():
         os._exit(0)
     os.waitpid(pid, 0)
     assert process_start(pid) == "" and not Owner(pid, "1").alive() and not Owner(pid, "").alive()
+
+
+def test_untrusted_names_a_directory_others_can_change(tmp_path):
+    """Issue 30: an --out whose parent another user can change is refused (the owner and the
+    symbolic-link rules need other users: tests/integration/test_confidentiality.py)."""
+    from control.files import untrusted
+    os.chmod(tmp_path, 0o755)
+    ok = tmp_path / "ok"
+    ok.mkdir(mode=0o755)
+    assert untrusted(ok) == (ok, None)
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    os.chmod(loose, 0o777)
+    assert "writable by group" in untrusted(loose / ".")[1] and untrusted(loose)[0] == loose
+    os.chmod(loose, 0o757)
+    assert "writable by others" in untrusted(loose)[1]
+    os.chmod(loose, 0o1777)                          # sticky: entries are their owners'
+    assert untrusted(loose)[1] is None
+    inner = loose / "x"
+    inner.mkdir(mode=0o700)
+    assert untrusted(inner)[1] is None
+    (tmp_path / "link").symlink_to(ok)               # a link of ours is followed to what it names
+    assert untrusted(tmp_path / "link") == (ok, None)
+    (tmp_path / "rel").symlink_to("loose/x")
+    assert untrusted(tmp_path / "rel") == (inner, None)
+    (tmp_path / "file").write_text("")
+    assert "not a directory" in untrusted(tmp_path / "file")[1]
+    assert "does not exist" in untrusted(tmp_path / "nope" / "deeper")[1]
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    assert "too many levels" in untrusted(tmp_path / "loop")[1]
+    assert untrusted(tmp_path / "ok" / ".." / "ok") == (ok, None)

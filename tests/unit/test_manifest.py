@@ -157,3 +157,24 @@ def test_valid_keys(key):
 def test_invalid_keys(key):
     with pytest.raises(UserError):
         m.validate_key(key)
+
+
+def test_a_deeply_nested_document_is_a_manifest_error_naming_it():
+    """Issue 30: 200 KB of brackets was RecursionError (exit 70; under thawd, `thawd-unavailable`)."""
+    from control.errors import ManifestRefused
+    deep = b"[" * 100_000 + b"]" * 100_000
+    with pytest.raises(ManifestError, match="nested too deeply") as e:
+        m.parse(deep, "s3://b/manifests/k/t.json")
+    assert e.value.source == "s3://b/manifests/k/t.json" and e.value.field == "(document)"
+    with pytest.raises(ManifestRefused, match="nested too deeply"):
+        m.verify(deep, b"k" * 32, "s3://b/x")
+
+
+def test_a_manifests_own_field_names_and_values_do_not_make_a_long_line():
+    huge = "f" * 100_000
+    with pytest.raises(ManifestError) as e:
+        m.parse(json.dumps({"schema": "thaw.manifest", "schema_version": 2, huge: 1}).encode())
+    assert len(str(e.value)) < 700 and "100000 characters" in str(e.value)
+    with pytest.raises(ManifestError) as e:
+        m.parse(json.dumps({"schema": huge}).encode())
+    assert len(str(e.value)) < 700

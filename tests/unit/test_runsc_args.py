@@ -1,3 +1,4 @@
+import json
 from pathlib import Path
 
 import pytest
@@ -130,3 +131,25 @@ def test_remove_cgroups_removes_empty_ones_and_keeps_ones_in_use(tmp_path):
     removed, left = remove_cgroups([empty, used, tmp_path / "gone"])
     assert removed == [str(empty)] and len(left) == 1 and str(used) in left[0]
     assert used.is_dir() and not empty.exists()
+
+
+def test_a_goroutine_dump_in_runscs_log_never_reaches_the_message(tmp_path):
+    """Issue 30: a restore whose sentry panicked logs the panic and every goroutine's stack in
+    one --log "msg"; the error line got all 8,289 characters. The message is what comes
+    before the dump, bounded; the log keeps the rest."""
+    dump = "\n".join(f"goroutine {i} [chan receive]:\nruntime.gopark(0xc000{i:04x}?)\n"
+                     f"\t/usr/lib/go/src/runtime/proc.go:{400 + i} +0xce" for i in range(200))
+    msg = ("restoring container \"c\": failed to load kernel: reading state file: "
+           "unexpected object type 7\n" + dump)
+    log = tmp_path / "runsc.log"
+    log.write_text(json.dumps({"msg": msg, "level": "error", "time": "t"}) + "\n")
+    r = Runsc(Path("/x"), GlobalOptions(root=Path("/r"), log_path=log))
+    got = r._error_message("")
+    assert got.startswith("restoring container \"c\": failed to load kernel: reading state file: unexpected object")
+    assert "goroutine 1 [" not in got and "proc.go" not in got and "\n" not in got and len(got) < 800, got
+    assert str(log) in got   # where the rest is
+    long = json.dumps({"msg": "x" * 5000, "level": "error"})
+    log.write_text(long + "\n")
+    assert len(r._error_message("")) < 800
+    log.write_text(json.dumps({"msg": "plain failure", "level": "error"}) + "\n")
+    assert r._error_message("") == "plain failure"

@@ -20,8 +20,10 @@ import (
 	"gvisor.dev/gvisor/pkg/sentry/state/stateio"
 )
 
-// GoferConfigVersion is the gcs_opts.json format. Twin: control/images/stream.py GOFER_CONFIG_VERSION.
-const GoferConfigVersion = 1
+// GoferConfigVersion is the gcs_opts.json format (2: verify and corrupt, for
+// a cache entry served with every chunk checked, verify.go). Twin:
+// control/images/stream.py GOFER_CONFIG_VERSION.
+const GoferConfigVersion = 2
 
 // GoferConfig is gcs_opts.json, which control/images/stream.py writes into
 // the directory `runsc restore --image-path` names; runsc hands it to the
@@ -43,6 +45,11 @@ type GoferConfig struct {
 	MaxParallel  int     `json:"max_parallel"`   // reads the sentry may have in flight per file
 	MaxReadBytes uint64  `json:"max_read_bytes"` // largest read
 	Log          string  `json:"log"`            // where the gofer logs (appended), or ""
+	// Verify: the entry's manifest; every chunk it names is checked against
+	// its SHA-256 as reads touch it (verify.go). Without Socket the files are
+	// complete already (a cache entry, not a stream).
+	Verify  string `json:"verify,omitempty"`
+	Corrupt string `json:"corrupt,omitempty"` // where the first bad chunk is reported (CorruptReport)
 }
 
 // GoferFile is one file the gofer serves.
@@ -64,10 +71,10 @@ func ReadGoferConfig(r io.Reader) (*GoferConfig, error) {
 	if c.Version != GoferConfigVersion {
 		return nil, fmt.Errorf("gcs_opts.json version %d, this thaw-gofer reads %d", c.Version, GoferConfigVersion)
 	}
-	if c.Socket == "" || c.Done == "" || len(c.Files) == 0 || c.DeadlineS <= 0 || c.MaxParallel < 1 ||
-		c.MaxParallel > 4096 || c.MaxReadBytes < 4096 {
-		return nil, fmt.Errorf("gcs_opts.json: socket, complete, files, deadline_s > 0, max_parallel 1..4096 " +
-			"and max_read_bytes >= 4096 are required")
+	if (c.Verify == "" && (c.Socket == "" || c.Done == "")) || len(c.Files) == 0 || c.DeadlineS <= 0 ||
+		c.MaxParallel < 1 || c.MaxParallel > 4096 || c.MaxReadBytes < 4096 {
+		return nil, fmt.Errorf("gcs_opts.json: socket and complete (or verify), files, deadline_s > 0, " +
+			"max_parallel 1..4096 and max_read_bytes >= 4096 are required")
 	}
 	return &c, nil
 }
@@ -93,6 +100,10 @@ type Gofer struct {
 
 	reads, readBytes, waited, faults, boosts, failures atomic.Int64
 	waitNs, maxWaitNs                                  atomic.Int64
+
+	tables                      []*chunkTable // verify mode: each file's chunks (verify.go); nil otherwise
+	reported                    atomic.Bool
+	checkedChunks, checkedBytes atomic.Int64
 }
 
 type waiter struct {
@@ -124,6 +135,18 @@ func NewGofer(cfg *GoferConfig) (*Gofer, error) {
 			return nil, fmt.Errorf("%s: not %d bytes", f.Path, f.Size)
 		}
 		g.fds = append(g.fds, fd)
+	}
+	if cfg.Verify != "" {
+		t, err := loadChunkTables(cfg.Verify, cfg.Files)
+		if err != nil {
+			g.Destroy()
+			return nil, err
+		}
+		g.tables = t
+	}
+	if cfg.Socket == "" { // a cache entry: everything is on disk (each chunk checked as it is read)
+		g.complete = true
+		return g, nil
 	}
 	conn, err := net.Dial("unix", cfg.Socket)
 	if err != nil {
@@ -280,6 +303,15 @@ func (g *Gofer) want(file int, off, n int64, fault bool) {
 	g.conn.Write(append(b, '\n'))
 }
 
+// readAt fills b from the file at off: checked chunk by chunk in verify mode.
+func (g *Gofer) readAt(file int, b []byte, off int64) error {
+	if g.tables != nil {
+		return g.readVerified(file, b, off)
+	}
+	_, err := g.fds[file].ReadAt(b, off)
+	return err
+}
+
 // -- stateipc.AsyncFileServerImpl -----------------------------------------------------
 
 // OpenRead implements stateipc.AsyncFileServerImpl.OpenRead.
@@ -306,9 +338,10 @@ func (g *Gofer) OpenWrite(path string) (stateio.AsyncWriter, error) {
 
 // Destroy implements stateipc.AsyncFileServerImpl.Destroy.
 func (g *Gofer) Destroy() {
-	g.logf("done: %d reads, %d bytes; %d waited (%.3f s in all, longest %.3f s); %d faults, %d boosted, %d failed",
-		g.reads.Load(), g.readBytes.Load(), g.waited.Load(), float64(g.waitNs.Load())/1e9,
-		float64(g.maxWaitNs.Load())/1e9, g.faults.Load(), g.boosts.Load(), g.failures.Load())
+	g.logf("done: %d reads, %d bytes; %d waited (%.3f s in all, longest %.3f s); %d faults, %d boosted, %d failed; "+
+		"%d chunks (%d bytes) checked", g.reads.Load(), g.readBytes.Load(), g.waited.Load(),
+		float64(g.waitNs.Load())/1e9, float64(g.maxWaitNs.Load())/1e9, g.faults.Load(), g.boosts.Load(),
+		g.failures.Load(), g.checkedChunks.Load(), g.checkedBytes.Load())
 	for _, f := range g.fds {
 		f.Close()
 	}
@@ -435,7 +468,7 @@ func (r *reader) serve(id int, off int64, bufs [][]byte, total int64, fault bool
 			break
 		}
 		b = b[:min(int64(len(b)), left)]
-		if _, err := g.fds[r.file].ReadAt(b, at); err != nil {
+		if err := g.readAt(r.file, b, at); err != nil {
 			g.failures.Add(1)
 			g.logf("read %s+%d: %v", g.cfg.Files[r.file].Name, at, err)
 			return stateio.Completion{ID: id, N: uint64(at - off), Err: unix.EIO}
