@@ -865,9 +865,14 @@ class Node:
         self.r.check(f"{name}: runsc restored it with --background (checkpoint.restore_background, the default)",
                      "--background" in rec["restore_args"], rec["restore_args"])
         rec["page_loader"] = runsc_log_line(cid, "boot", page_loader_line)
-        if not cid.startswith("c5-stream"):   # a stream's pages come through the checkpoint-gofer's reader
-            self.r.check(f"{name}: thaw's runsc loaded the pages (its boot log names the page loader it chose)",
-                         rec["page_loader"].startswith("thaw: background page loader:"), rec["page_loader"])
+        # Every restore here reads its pages through thaw-gofer as runsc's checkpoint-gofer: a
+        # stream's as they arrive, a cache entry's with each chunk checked (cache.verify = read,
+        # the default; issue 30). runsc then reads through the gofer's reader, not the pages-file
+        # loader ci/patch-runsc-loader.py tunes, and runsc names the gofer's own debug log.
+        gofer_log = Path(RUNSC_LOGS) / f"{cid}.checkpointgofer.log"
+        rec["read_through_gofer"] = gofer_log.exists()
+        self.r.check(f"{name}: runsc read the pages through thaw-gofer (it opened {gofer_log.name})",
+                     rec["read_through_gofer"], {"gofer_log": str(gofer_log), "page_loader": rec["page_loader"]})
         self.r.check(f"{name}: the stand-in restored it (thawd's Restore passed the health probe)",
                      [d["decision"] for d in rec["decisions"]] == ["restore", "restored"], rec["decisions"])
         self.r.check(f"{name}: the same process answers, identically to the cold container",

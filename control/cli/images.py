@@ -102,12 +102,14 @@ def push_cmd(obj: Context, directory: Path, key: str, use_cache: bool, allow_nod
     from control.images import manifest as manifestmod
     manifestmod.validate_key(key)   # the plain input first, before the directory or the store is looked at
     s = obj.settings
-    tup = _image_tuple(directory, _node(obj))
+    tup, warning = _image_tuple(directory, _node(obj))
     bar = Bar(f"push {key}", obj.progress)
     r = images.push(images.open_cache(s) if use_cache else None, _store(obj), directory, key, tup,
                     chunker=s.pack_chunker, avg_chunk=s.pack_avg_chunk_bytes, workers=s.store_workers,
                     progress=bar, on_total=bar.set_total)
     bar.close()
+    if warning:   # said once the push went: a refused push has its one error line alone
+        log.warning("%s", warning)
     u = r.upload
     obj.emit(r.to_dict(), lambda d: (
         f"{'published' if r.published else 'already published by ' + str(r.manifest_creator.get('host'))} "
@@ -116,7 +118,7 @@ def push_cmd(obj: Context, directory: Path, key: str, use_cache: bool, allow_nod
         + (f"; cached as {r.installed}" if r.installed else "") + "".join(f"\n  {n}" for n in r.notes)))
 
 
-def _image_tuple(directory: Path, node: compat.CompatTuple) -> compat.CompatTuple:
+def _image_tuple(directory: Path, node: compat.CompatTuple) -> tuple[compat.CompatTuple, str | None]:
     """The tuple DIR's image is published under: the one `thaw checkpoint` recorded in its
     thaw.json (issue 30: it was the pushing node's, so an image made elsewhere was published
     as this node's), with a warning where it differs from this node's; this node's, with a
@@ -130,15 +132,14 @@ def _image_tuple(directory: Path, node: compat.CompatTuple) -> compat.CompatTupl
         meta = None
     tup = compatmod.image_tuple(meta, str(directory)) if isinstance(meta, dict) else None
     if tup is None:
-        log.warning("%s records no compatibility tuple (a plain runsc image, or one of a thaw before it recorded "
-                    "one): publishing it under this node's", directory)
-        return node
+        return node, (f"{directory} records no compatibility tuple (a plain runsc image, or one of a thaw before "
+                      "it recorded one): published under this node's")
     bad = compatmod.check(tup, node)
     if tup != node:
-        log.warning("%s was made on another node (%s): published under the tuple it was made with, which this node "
-                    "%s", directory, tup.hash()[:12], "cannot restore: " + "; ".join(map(str, bad)) if bad
-                    else "can restore too")
-    return tup
+        return tup, (f"{directory} was made on another node ({tup.hash()[:12]}): published under the tuple it was "
+                     "made with, which this node " + ("cannot restore: " + "; ".join(map(str, bad)) if bad
+                                                     else "can restore too"))
+    return tup, None
 
 
 def _check_portable(directory: Path, allow: bool) -> None:

@@ -46,8 +46,33 @@ while true; do i=$((i+1)); echo "$boot $i" > /tmp/state; [ -n "$TICK" ] && [ $((
 ANNOTATIONS = {"thaw.dev/workload": "counter", "thaw.dev/ready": "file:/tmp/ready"}
 
 
+MARK = ".thaw-testbed"   # what says a base directory is a Stack's, its contents ours to remove
+
+
+def fresh_base(base: Path) -> None:
+    """`base` without what an earlier Stack's run left there (a session stopped during a
+    test leaves its cache, quarantine marks, store and logs, which would otherwise be the
+    next run's starting state). Only a directory a Stack marked is emptied (MARK): one a
+    caller filled before start() is theirs. Mounts under it are detached first, deepest first."""
+    import shutil
+    if (base / MARK).exists():
+        prefix = str(base.resolve()) + "/"
+        try:
+            mounts = [ln.split()[4] for ln in Path("/proc/self/mountinfo").read_text().splitlines()]
+        except OSError:
+            mounts = []
+        for m in sorted((m for m in mounts if m.startswith(prefix)), key=len, reverse=True):
+            subprocess.run(["umount", "-l", m], capture_output=True)
+        shutil.rmtree(base, ignore_errors=True)
+        if base.exists():
+            raise PreconditionError(f"{base}: an earlier run's state could not be removed")
+    base.mkdir(parents=True, exist_ok=True)
+    (base / MARK).write_text("")
+
+
 class Stack:
-    """SeaweedFS + thawd + a private containerd, all under one base directory."""
+    """SeaweedFS + thawd + a private containerd, all under one base directory
+    (emptied first: fresh_base)."""
 
     def __init__(self, base: Path, name: str, extra_env: dict[str, str] | None = None) -> None:
         self.base, self.name = base, name
@@ -79,7 +104,7 @@ class Stack:
         return configmod.load(environ=self.env(), config_file=self.base / "empty.toml")
 
     def start(self) -> "Stack":
-        self.base.mkdir(parents=True, exist_ok=True)
+        fresh_base(self.base)
         self.weed.start()
         self.weed.credentials.write_aws_file(self.base / "aws-credentials")
         self.start_thawd()
@@ -216,7 +241,7 @@ class CriStack(Stack):
 
     def start(self) -> "CriStack":
         from control.dev import cri as crimod
-        self.base.mkdir(parents=True, exist_ok=True)
+        fresh_base(self.base)
         # thawd asks ci/cri.sh's containerd (its socket and runsc root under BASE)
         # whose a pod is: the tenant is the pod's Kubernetes namespace (issue 13).
         self.extra_env = {"THAW_CONTAINERD_ADDRESS": str(self.base / "cri" / "containerd.sock"),

@@ -59,7 +59,9 @@ def test_restore_variants_answer_identically(runsc_bin, work, tmp_path, thp_dir,
     copy.chmod(0o755)
     opts = models.Options(runsc=runsc_bin, out=tmp_path / "out", work=work, models=["tiny"], variants=variants,
                           device="cpu", backend="fake", channel=channel, python=sys.executable,
-                          restore_runsc={"copy": copy}, thp_dir=thp_dir)
+                          restore_runsc={"copy": copy}, thp_dir=thp_dir,
+                          # the *-verified variants read the image through thaw-gofer (issue 30)
+                          gofer=REPO / "build" / "thaw-gofer", chunker=REPO / "build" / "thaw-chunk")
     result = models.run(opts)
     r = result["models"]["tiny"]
     assert r["errors"] == [], r["errors"]

@@ -355,7 +355,9 @@ def test_kill_9_mid_restore_then_sandbox_gc_removes_everything(net, name, when):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert sb.get(rid).state is State.RESTORING
+    # What the killed owner left, read without settling it (get() would undo it on sight,
+    # issue 30): sandbox-gc is the other way it goes.
+    assert sb.get(rid, reap=False).state is State.RESTORING
     assert leftovers(s, [rid]) != {}
     assert gatemod.is_closed(rid)  # traffic never reached the half-restored sandbox
     p = thaw(net, "sandbox-gc", "--json", timeout=180)

@@ -82,6 +82,9 @@ def _bad_inputs(base: Path, name: str) -> dict[str, list[tuple[list[str], dict, 
                  (["pull", "user-root.some-key"], {}, 69, "store")],
         "ls": [(["ls"], {}, 69, "store")],
         "gc": [(["gc", "--budget", "abc"], {}, 78, "cache.budget_bytes")],
+        "rm": [(["rm", "../k"], {}, 2, "key"),
+               (["rm", "other-tenant.k"], {}, 2, "is not tenant 'user-root''s"),
+               (["rm", "user-root.k"], {}, 69, "store")],
         "verify": [(["verify", "no-such-key"], {}, 2, "no entry")],
     }
 
@@ -167,6 +170,7 @@ NON_ROOT = {
     "pull": (["pull", "k"], 69, "permission denied"),
     "ls": (["ls", "--local"], 69, "permission denied"),
     "gc": (["gc"], 69, "permission denied"),
+    "rm": (["rm", "user-nobody.k"], 69, "store"),
     "verify": (["verify"], 69, "permission denied"),
 }
 
