@@ -418,6 +418,8 @@ ENV_NOT_KEYS: dict[str, str] = {
     "THAW_NODE_SITE": "bench/gpu/node.sh", "THAW_NODE_STATE": "bench/gpu/node.sh",
     "THAW_NODE_WAIT_S": "bench/gpu/node.sh",
     "THAW_BENCH_BUDGET_S": "bench/gpu/run-*.sh", "THAW_BENCH_WORK": "bench/gpu/run-*.sh",
+    "THAW_BENCH_GOFER_READERS": "bench/gpu/verified.py (experiments)",
+    "THAW_BENCH_GOFER_READ_KIB": "bench/gpu/verified.py (experiments)",
     "THAW_LIFECYCLE_WORK": "bench/gpu/lifecycle.sh",
     "THAW_SPEED_MODELS": "bench/gpu/run-speed.sh", "THAW_SPEED_VARIANTS": "bench/gpu/run-speed.sh",
     "THAW_SPEED_8B_VARIANTS": "bench/gpu/run-speed.sh", "THAW_SPEED_BUDGET_S": "bench/gpu/run-speed.sh",

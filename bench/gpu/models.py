@@ -770,7 +770,8 @@ class ModelBench:
             chunks = self.dir / f"{variant.image}.chunks.json"
             if "verify_chunks" not in image:
                 image["verify_chunks"] = verified.chunk_list(image_path, self.o.chunker, chunks)
-            image_path, env = verified.view(image_path, chunks, self.o.gofer, self.dir / "verified")
+            image_path, env = verified.view(image_path, chunks, self.o.gofer, self.dir / "verified",
+                                               huge=variant.thp)
             rec["verified"] = dict(image["verify_chunks"])
         try:
             if variant.thp:

@@ -22,6 +22,14 @@ for x in .carry/runsc-*.xz; do
   alts+=(--restore-runsc "${name#runsc-}=/tmp/thaw-bin/$name")
 done
 cp .carry/thaw-cuda-checkpoint /tmp/thaw-bin/ && chmod 755 /tmp/thaw-bin/thaw-cuda-checkpoint || exit 1
+# thaw-gofer and thaw-chunk (ci/carry.sh): the *-verified variants read the image through
+# thaw-gofer, every chunk checked (issue 30).
+for b in thaw-gofer thaw-chunk; do
+  [[ -f ".carry/$b.xz" ]] || continue
+  python3 -c 'import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2],"wb"))' ".carry/$b.xz" "/tmp/thaw-bin/$b" || exit 1
+  chmod 755 "/tmp/thaw-bin/$b"
+done
+[[ -x /tmp/thaw-bin/thaw-gofer && -x /tmp/thaw-bin/thaw-chunk ]] && alts+=(--gofer /tmp/thaw-bin/thaw-gofer --chunker /tmp/thaw-bin/thaw-chunk)
 # pyroute2 (for --channel http) is missing there; it travels as a wheel.
 if compgen -G ".carry/wheels/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .carry/wheels/*.whl

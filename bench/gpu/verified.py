@@ -59,8 +59,16 @@ def chunk_list(image: Path, chunker: Path, out: Path) -> dict:
             "chunk_s": round(time.monotonic() - t0, 3), "hash": "blake3"}
 
 
-def view(image: Path, chunks: Path, gofer: Path, work: Path) -> tuple[Path, tuple[tuple[str, str], ...]]:
-    """A fresh view of `image` for one restore: (its path, runsc restore's extra environment)."""
+def view(image: Path, chunks: Path, gofer: Path, work: Path,
+         huge: bool = False) -> tuple[Path, tuple[tuple[str, str], ...]]:
+    """A fresh view of `image` for one restore: (its path, runsc restore's extra environment).
+    `huge`: the restore's memory file is on huge pages (a *-thp variant), which decides the
+    reads the gofer offers, as on a node (control/node/hugepages.py gofer_read_shape)."""
+    from control.node.hugepages import gofer_read_shape
+    parallel, read_bytes = gofer_read_shape(huge, len(os.sched_getaffinity(0)))
+    # Experiments only (docs/benchmarks.md says which were run): another read shape.
+    parallel = int(os.environ.get("THAW_BENCH_GOFER_READERS", parallel))
+    read_bytes = int(os.environ.get("THAW_BENCH_GOFER_READ_KIB", read_bytes >> 10)) << 10
     v = work / "view"
     shutil.rmtree(v, ignore_errors=True)
     v.mkdir(parents=True, mode=0o700)
@@ -71,7 +79,7 @@ def view(image: Path, chunks: Path, gofer: Path, work: Path) -> tuple[Path, tupl
             if p.name in RUNSC_FILES:
                 served.append({"name": p.name, "path": str(p), "size": p.stat().st_size, "pages": p.name == "pages.img"})
     cfg = {"version": GOFER_CONFIG_VERSION, "socket": "", "complete": "", "files": served, "deadline_s": 60.0,
-           "boost_s": 0.0, "max_parallel": 32, "max_read_bytes": 256 << 10, "log": str(v / "gofer.log"), "verify": str(chunks),
+           "boost_s": 0.0, "max_parallel": parallel, "max_read_bytes": read_bytes, "log": str(v / "gofer.log"), "verify": str(chunks),
            "corrupt": str(v / CORRUPT_REPORT)}
     (v / "gcs_opts.json").write_text(json.dumps(cfg))
     side = work / "sidecars"
@@ -88,4 +96,5 @@ def report(v: Path) -> dict:
     log line (its reads and the chunks it checked: proof the restore read through it)."""
     p, log = v / CORRUPT_REPORT, v / "gofer.log"
     lines = log.read_text().splitlines() if log.exists() else []
-    return {"corrupt": p.read_text() if p.exists() else None, "gofer": lines[-1] if lines else None}
+    return {"corrupt": p.read_text() if p.exists() else None, "gofer": lines[-1] if lines else None,
+            "gofer_log": lines[:8]}

@@ -48,10 +48,13 @@ log = logging.getLogger(__name__)
 
 # A local entry has no late bytes: the deadline only bounds a read that hangs on the disk.
 DEADLINE_S = 60.0
-# What the gofer offers the sentry: runsc's own reads of 256 KiB (stateio/pagesfile.go),
-# as many in flight as a streamed restore allows.
-MAX_PARALLEL = streammod.MAX_PARALLEL
-MAX_READ_BYTES = streammod.MAX_READ_BYTES
+
+
+def read_shape() -> tuple[int, int]:
+    """What the gofer offers the sentry on this node (reads in flight, bytes per read):
+    control/node/hugepages.py gofer_read_shape, from the host's THP settings and CPUs."""
+    from control.node import hugepages
+    return hugepages.gofer_read_shape(hugepages.host_huge_pages(), len(os.sched_getaffinity(0)))
 
 
 class Served:
@@ -245,9 +248,10 @@ def write_view(view: Path, files: list[tuple[str, Path, int]], manifest: Path) -
     machine without thaw's dependencies)."""
     served = [{"name": name, "path": str(path), "size": size, "pages": name == streammod.PAGES}
               for name, path, size in files if name in streammod.RUNSC_FILES]
+    parallel, read_bytes = read_shape()
     cfg = {"version": streammod.GOFER_CONFIG_VERSION, "socket": "", "complete": "", "files": served,
-           "deadline_s": DEADLINE_S, "boost_s": 0.0, "max_parallel": MAX_PARALLEL,
-           "max_read_bytes": MAX_READ_BYTES, "log": "", "verify": str(manifest), "corrupt": str(view / CORRUPT_REPORT)}
+           "deadline_s": DEADLINE_S, "boost_s": 0.0, "max_parallel": parallel,
+           "max_read_bytes": read_bytes, "log": "", "verify": str(manifest), "corrupt": str(view / CORRUPT_REPORT)}
     write_bytes_atomic(view / streammod.GOFER_CONFIG, json.dumps(cfg).encode(), mode=0o600)
 
 

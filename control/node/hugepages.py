@@ -54,6 +54,43 @@ def huge_pages_off(thp_dir: Path = THP_DIR) -> str:
     return ", ".join(bad)
 
 
+# The reads thaw-gofer offers the sentry for a complete image (cache.verify = read,
+# control/images/served.py): the shape ci/patch-runsc-loader.py gives runsc's own
+# pages-file loader, which such a restore bypasses (runsc/boot/controller.go
+# getRestoreReadersForCheckpointGofer takes the gofer's MaxParallel and MaxReadBytes).
+# Twins: ci/build-go.sh RESTORE_HUGE_READERS and RESTORE_HUGE_READ_KIB. On the H200 the
+# gofer's 32 reads of 256 KiB made a ~3B restore 1.33x slower than the loader's 12 of
+# 4 MiB on huge pages (docs/benchmarks.md, 2026-12-03).
+GOFER_HUGE_READERS = 12
+GOFER_HUGE_READ_BYTES = 4096 << 10
+# Elsewhere: 32 reads of runsc's 256 KiB, as a streamed restore (control/images/stream.py);
+# measured against runsc's own reads on the 2-core VM: 0.80x the first answer.
+GOFER_SMALL_READERS = 32
+GOFER_SMALL_READ_BYTES = 256 << 10
+
+
+def runsc_huge_pages(thp: dict[str, str]) -> bool:
+    """Whether runsc (--app-huge-pages, its default) backs a sandbox's memory file with
+    huge pages under these host THP settings (runsc/boot/loader.go createMemoryFile)."""
+    shmem, defrag = thp.get("shmem_enabled", ""), thp.get("defrag", "")
+    return shmem in ("always", "within_size", "force") or (shmem == "advise" and defrag in THP_DEFRAG_OK)
+
+
+def host_huge_pages(thp_dir: Path = THP_DIR) -> bool:
+    """runsc_huge_pages of this host's settings; False when they cannot be read."""
+    try:
+        return runsc_huge_pages(thp_read(thp_dir))
+    except OSError:
+        return False
+
+
+def gofer_read_shape(huge: bool, cpus: int) -> tuple[int, int]:
+    """(reads in flight, bytes per read) thaw-gofer offers for a complete image."""
+    if huge and cpus >= GOFER_HUGE_READERS:
+        return GOFER_HUGE_READERS, GOFER_HUGE_READ_BYTES
+    return GOFER_SMALL_READERS, GOFER_SMALL_READ_BYTES
+
+
 def thp_wanted(layout: Layout) -> dict[str, str]:
     """The values provision sets: shmem_enabled advise; the host's defrag where runsc
     accepts it, else defer."""

@@ -348,3 +348,42 @@ def test_provision_makes_the_stand_ins_log_dir_and_seeds_its_log_bounds(tmp_path
     names = [st.name for st in provision.steps(s, provision.Options(source_dir=tmp_path, root=tmp_path,
                                                                     systemd=False), gpu=False)]
     assert "stand-in log dir" in names and "shim log dir" in names
+
+
+# -- the reads thaw-gofer offers a verified restore (control/node/hugepages.py) --------------
+
+@pytest.mark.parametrize("shmem, defrag, huge", [
+    ("always", "madvise", True), ("within_size", "never", True), ("force", "", True),
+    ("advise", "defer", True), ("advise", "always", True), ("advise", "never", True),
+    ("advise", "madvise", False), ("advise", "defer+madvise", False), ("advise", "", False),
+    ("never", "defer", False), ("deny", "defer", False), ("", "", False),
+])
+def test_runsc_huge_pages_follows_runsc_create_memory_file(shmem, defrag, huge):
+    from control.node.hugepages import runsc_huge_pages
+    assert runsc_huge_pages({"shmem_enabled": shmem, "defrag": defrag}) is huge
+
+
+def test_gofer_read_shape_is_the_loader_patchs_on_huge_pages_with_enough_cpus():
+    from control.node.hugepages import gofer_read_shape
+    assert gofer_read_shape(True, 16) == (12, 4 << 20)
+    assert gofer_read_shape(True, 12) == (12, 4 << 20)
+    assert gofer_read_shape(True, 11) == (32, 256 << 10)
+    assert gofer_read_shape(False, 64) == (32, 256 << 10)
+
+
+def test_gofer_huge_readers_name_the_build_scripts_values():
+    """Twins: ci/build-go.sh passes the same shape to ci/patch-runsc-loader.py."""
+    from control.node import hugepages
+    text = (config.REPO_ROOT / "ci" / "build-go.sh").read_text()
+    assert f"RESTORE_HUGE_READERS={hugepages.GOFER_HUGE_READERS} " in text
+    assert f"RESTORE_HUGE_READ_KIB={hugepages.GOFER_HUGE_READ_BYTES >> 10}\n" in text
+
+
+def test_host_huge_pages_reads_a_thp_tree(tmp_path):
+    from control.node.hugepages import host_huge_pages
+    (tmp_path / "shmem_enabled").write_text("always within_size [advise] never deny force\n")
+    (tmp_path / "defrag").write_text("always [defer] defer+madvise madvise never\n")
+    assert host_huge_pages(tmp_path) is True
+    (tmp_path / "defrag").write_text("always defer defer+madvise [madvise] never\n")
+    assert host_huge_pages(tmp_path) is False
+    assert host_huge_pages(tmp_path / "missing") is False
