@@ -341,3 +341,30 @@ def test_a_pod_with_an_init_container_restores_and_its_init_container_is_answere
     assert (st["state"], st["exitCode"]) == ("CONTAINER_EXITED", 0), st
     assert entry["key"].startswith(f"k8s-default.{w}.")
     cs.cri.remove_pod(pod)
+
+
+def test_the_first_pod_on_a_node_that_never_assembled_one_restores_with_the_stores_table(cs):
+    """Issue 28: a node that never assembled a pod of the workload (scale-out: no pod table
+    of its own, no cache entry) finds the table in the store, where the node that assembled
+    the first pod published it, and restores the pod from the store's image. Here the new
+    node is this one with thawd's table and cache entry of the workload removed: what a new
+    node holds of it (nothing), against the same store."""
+    w = "pods-newnode"
+    saved = seed(cs, w)
+    key = cs.wait_key(f"k8s-default.{w}.")["key"]
+    tables = list((cs.base / "state" / "thawd" / "pods").glob(f"*/{key}.json"))
+    assert len(tables) == 1, tables
+    assert cs.thaw("evict", key).returncode == 0
+    cs.stop_thawd()
+    tables[0].unlink()
+    cs.start_thawd()
+    marks = len((cs.base / "thawd.log").read_text())
+    pod, _, ids = cs.run_pod(f"{w}-b", pod_annotations(w), uid=f"{w}-b-uid")
+    for n, cid in ids.items():
+        assert cs.state(cid)[0] == saved[n][0], f"{n} must come back with its own saved memory"
+    assert decisions(cs, pod, *ids.values()) == {
+        i: [("create", "restore"), ("start", "restored")] for i in (pod, *ids.values())}, reason(cs, pod)
+    log = (cs.base / "thawd.log").read_text()[marks:]
+    assert f"restores {key} (pod table from the store" in log, log[-3000:]
+    assert tables[0].is_file(), "the store's table is kept on the node from then on"
+    cs.cri.remove_pod(pod)
