@@ -127,6 +127,35 @@ def probe(nvml: Any = None, procfs: Path = PROCFS) -> NodeGpus:
             pass
 
 
+def used_bytes(minors: Iterable[int], nvml: Any = None) -> int:
+    """Device memory in use, summed over the GPUs /dev/nvidia<minor> of `minors`
+    (what a checkpoint of a sandbox holding them may have to save: the deadline of
+    control/lifecycle/deadlines.py). 0 where NVML says there is no NVIDIA stack."""
+    want = set(minors)
+    if not want:
+        return 0
+    nvml = _pynvml() if nvml is None else nvml
+    no_gpu = {getattr(nvml, name) for name in _NO_GPU_ERRORS}
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError as e:
+        if getattr(e, "value", None) in no_gpu:
+            return 0
+        raise GpuError("nvmlInit", str(e)) from None
+    try:
+        total = 0
+        for i in range(_call(nvml, "nvmlDeviceGetCount")):
+            h = _call(nvml, "nvmlDeviceGetHandleByIndex", i)
+            if int(_call(nvml, "nvmlDeviceGetMinorNumber", h)) in want:
+                total += int(_call(nvml, "nvmlDeviceGetMemoryInfo", h).used)
+        return total
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except nvml.NVMLError:
+            pass
+
+
 def from_procfs(root: Path = PROCFS) -> NodeGpus:
     """The driver version and GPUs the NVIDIA kernel module lists under `root`.
 

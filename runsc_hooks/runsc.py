@@ -331,10 +331,11 @@ class Runsc:
     def delete(self, cid: str, force: bool = False) -> None:
         self._run(["delete"] + (["--force"] if force else []) + [cid], check_id=cid)
 
-    def wait(self, cid: str, timeout_s: float | None = None, restore: bool = False) -> int:
+    def wait(self, cid: str, timeout_s: float | None = None, restore: bool = False,
+             timeout_key: str | None = None) -> int:
         """Wait for the container (or, with restore=True, for restore to finish); exit status."""
         args = ["wait"] + (["--restore"] if restore else []) + [cid]
-        out = self._run(args, timeout_s, check_id=cid).stdout
+        out = self._run(args, timeout_s, check_id=cid, timeout_key=timeout_key).stdout
         try:
             return int(json.loads(out).get("exitStatus", 0)) if out.strip() else 0
         except ValueError:
@@ -349,16 +350,32 @@ class Runsc:
         """
         return self._run(["exec", cid, *argv], timeout_s, check_id=cid, timeout_key=timeout_key)
 
-    def checkpoint(self, cid: str, opts: CheckpointOptions, timeout_s: float | None = None) -> None:
+    def checkpoint(self, cid: str, opts: CheckpointOptions, timeout_s: float | None = None,
+                   timeout_key: str | None = None) -> None:
         """With umask 077: runsc creates the image directory and files (runsc/sandbox
         createSaveFiles, mode 0644 and the caller's umask) and they hold the workload's
-        memory, owner-only whatever the caller's umask (issue 30)."""
-        self._run(["checkpoint", *opts.argv(), cid], timeout_s, check_id=cid, umask=0o077)
+        memory, owner-only whatever the caller's umask (issue 30). `timeout_key`: what
+        a timeout names as its bound (a scaled deadline, control/lifecycle/deadlines.py)."""
+        self._run(["checkpoint", *opts.argv(), cid], timeout_s, check_id=cid, umask=0o077,
+                  timeout_key=timeout_key)
 
     def restore(self, cid: str, opts: RestoreOptions, timeout_s: float | None = None,
-                stdio: "int | tuple[int, int, int] | None" = None) -> None:
+                stdio: "int | tuple[int, int, int] | None" = None, timeout_key: str | None = None) -> None:
         """`stdio`: as for create; the restored workload's stdout and stderr."""
-        self._run(["restore", *opts.argv(), cid], timeout_s, env=opts.env, stdio=stdio)
+        self._run(["restore", *opts.argv(), cid], timeout_s, env=opts.env, stdio=stdio, timeout_key=timeout_key)
+
+    def memory_usage(self, cid: str) -> int:
+        """The sandbox's memory as runsc accounts it (`runsc events --stats`:
+        data.memory.usage.usage, the sentry's own count, its tmpfs files included)."""
+        out = self._run(["events", "--stats", cid], check_id=cid).stdout
+        try:
+            usage = json.loads(out)["data"]["memory"]["usage"]["usage"]
+        except (ValueError, KeyError, TypeError):
+            usage = None
+        if not isinstance(usage, int) or usage < 0:
+            raise RunscError(self.argv("events", "--stats", cid), 0, out[-500:],
+                             "runsc events --stats printed no memory usage", subcommand="events")
+        return usage
 
     def pids(self, cid: str) -> list[int]:
         """The container's process ids in the sandbox's pid namespace. `runsc ps

@@ -35,7 +35,7 @@ from control.config import Settings
 from control.errors import (CheckpointFailed, CheckpointNoSpace, HookError, NotFound, RunscError,
                             ThawError)
 from control.files import fsync_path
-from control.lifecycle import profiles
+from control.lifecycle import deadlines, profiles
 from nvproxy import cuda as cudamod
 from runsc_hooks import gate as gatemod
 from runsc_hooks import probe as probemod
@@ -191,10 +191,15 @@ class Engine:
             # app container of it (`hooks_on`, control/thawd/pods.py).
             hooks = self.hooks(hooks_on, hooks_on.spec(), "pre_checkpoint") if hooks_on else \
                 self.hooks(h, spec, "pre_checkpoint")
+            # A deadline that scales with what is saved (XLA's default preallocation
+            # alone can be 100+ GB of GPU memory): control/lifecycle/deadlines.py.
+            deadline = deadlines.for_checkpoint(self.s, h.runsc, h.id, [g.spec() for g in gpu_containers]) \
+                if timeout_s is None else deadlines.Deadline(timeout_s, "")
             t1 = time.monotonic()
             h.runsc.checkpoint(h.id, CheckpointOptions(image_path=out, leave_running=True,
                                                        compression=self.s.checkpoint_compression,
-                                                       cuda_checkpoint_path=cuda), timeout_s)
+                                                       cuda_checkpoint_path=cuda), deadline.seconds,
+                               timeout_key=deadline.key)
             seconds = time.monotonic() - t1
             files = check_image_files(out)
         except BaseException as e:
@@ -264,8 +269,12 @@ class Engine:
         and thawd wait for the stream) nor a pod's sandbox (`await_pages` off: its
         memory loads only when its last container registers)."""
         from control.errors import UnhealthyRestore
+        # runsc restore, and the wait for the last pages, get a deadline that scales
+        # with the image (control/lifecycle/deadlines.py); a caller's own wins.
+        deadline = deadlines.for_restore(self.s, image) if timeout_s is None else deadlines.Deadline(timeout_s, "")
+        timeout_s = deadline.seconds
         t0 = time.monotonic()
-        h.runsc.restore(h.id, opts, timeout_s, stdio=stdio)
+        h.runsc.restore(h.id, opts, timeout_s, stdio=stdio, timeout_key=deadline.key)
         runsc_s = time.monotonic() - t0
         result = None
         loads = await_pages and loads_after_return(opts)
@@ -275,7 +284,7 @@ class Engine:
                 if loads:
                     # The workload may be gone because the loader failed (a short pages
                     # file): then that is the restore's error, and it says what is wrong.
-                    h.runsc.wait(h.id, timeout_s, restore=True)
+                    h.runsc.wait(h.id, timeout_s, restore=True, timeout_key=deadline.key)
                 raise UnhealthyRestore(h.id, str(image), result.to_dict(), result.summary())
         try:
             hooks = self.hooks(h, h.spec(), "post_restore") if post_restore_hooks else []
@@ -286,7 +295,7 @@ class Engine:
         ready_s = time.monotonic() - t0
         loaded_s = None
         if loads:
-            h.runsc.wait(h.id, timeout_s, restore=True)
+            h.runsc.wait(h.id, timeout_s, restore=True, timeout_key=deadline.key)
             loaded_s = time.monotonic() - t0
         return Restored(time.monotonic() - t0, runsc_s, result, hooks, dropped, ready_s, loaded_s)
 

@@ -318,7 +318,8 @@ class Pods:
                 p.members[name] = MemberState(name, rt, ident)
             lease = self.containers.lease_of(p.sandbox)
             return Decision(True, "pod-restoring", p.key, str(lease.path) if lease else "",
-                            self.preparer.restore_deadline_s(spec) + self.s.thawd_health_timeout_s * len(p.table))
+                            self.preparer.restore_deadline_s(spec, Path(lease.path) if lease else None)
+                            + self.s.thawd_health_timeout_s * len(p.table))
         with self._lock:
             known = name in p.members
             p.members[name] = MemberState(name, rt, ident)

@@ -20,11 +20,12 @@ import shutil
 import threading
 import time
 from concurrent.futures import Future
+from pathlib import Path
 
 from control.errors import (IntegrityError, KeyMissing, ManifestError, ManifestRefused, NotFound, ThawError, Timeout,
                             TupleMismatch)
 from control.lifecycle import image_meta
-from control.lifecycle import profiles
+from control.lifecycle import deadlines, profiles
 from control.thawd.containers import Containers, Decision, RuntimeRef, State
 from nvproxy import cdi
 from nvproxy import cuda as cudamod
@@ -148,17 +149,19 @@ class Preparer:
         if h.gate is not None:  # no packet reaches the sandbox until the restore is healthy
             gatemod.close(h.gate, self.s.network_probe_mark, f"restore of {rt.container_id}")
         self.containers.remember_network(rt, spec)
-        return Decision(True, "image-ready", key, str(lease.path), self.restore_deadline_s(spec))
+        return Decision(True, "image-ready", key, str(lease.path), self.restore_deadline_s(spec, Path(lease.path)))
 
     def _cold(self, rt: RuntimeRef, key: str, reason: str) -> Decision:
         self.containers.decide(rt, State.COLD, key, reason=reason)
         return Decision(False, reason, key)
 
-    def restore_deadline_s(self, spec: dict) -> float:
-        """How long a Restore call may take: runsc restore, the health check, the
-        post-restore hooks (the stand-in's deadline; PrepareRestore tells it)."""
+    def restore_deadline_s(self, spec: dict, image: Path | None = None) -> float:
+        """How long a Restore call may take: runsc restore (its deadline scaled by the
+        image's size, control/lifecycle/deadlines.py, as the engine scales it), the health
+        check, the post-restore hooks (the stand-in's deadline; PrepareRestore tells it)."""
         hooks = sum(h.timeout_s + 5 for h in profiles.for_spec(spec).hooks("post_restore"))
-        return self.s.runsc_timeout_s + self.s.thawd_health_timeout_s + hooks + 5.0
+        runsc_s = deadlines.for_restore(self.s, image).seconds if image is not None else self.s.runsc_timeout_s
+        return runsc_s + self.s.thawd_health_timeout_s + hooks + 5.0
 
     def prepare_spec(self, rt: RuntimeRef, spec: dict, *, visible_devices: bool = False) -> None:
         """What thaw adds to an opted-in container's config.json at its create, cold or

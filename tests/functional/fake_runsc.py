@@ -152,8 +152,15 @@ elif cmd == "delete":
     os.unlink(path(cid))
     if os.path.exists(marker(cid)):
         os.unlink(marker(cid))
+elif cmd == "events":
+    # events --stats ID: runsc's stats line; the memory usage from FAKE_RUNSC_MEMORY (bytes).
+    load(cid)
+    usage = int(os.environ.get("FAKE_RUNSC_MEMORY", str(1 << 20)))
+    print(json.dumps({"type": "stats", "id": cid, "data": {"memory": {"usage": {"limit": 0, "usage": usage}}}}))
 elif cmd == "checkpoint":
     load(cid)
+    if os.environ.get("FAKE_RUNSC_CHECKPOINT_SLEEP"):
+        time.sleep(float(os.environ["FAKE_RUNSC_CHECKPOINT_SLEEP"]))
     if os.environ.get("FAKE_RUNSC_CHECKPOINT_FAIL"):
         fail(os.environ["FAKE_RUNSC_CHECKPOINT_FAIL"])
     img = opts["image-path"]

@@ -305,3 +305,29 @@ def test_the_tuple_travels_with_the_image_and_restore_checks_it_before_runsc(nod
     (img / IMAGE_META).write_text(json.dumps(meta))
     r = CliRunner().invoke(_main(), ["restore", str(img), "--id", "u"], env=node)
     assert r.exit_code == 3 and "runsc_version: image has 'thaw-gvisor-000000000000', node has 'fake-1'" in r.stderr
+
+
+def test_a_checkpoint_deadline_scales_with_the_footprint_and_a_timeout_names_it(node, tmp_path, monkeypatch):
+    """A sandbox holding 2 GiB gets runsc.timeout_s + 2 x runsc.timeout_per_gib_s for its
+    save (issue 32: a JAX server's 108 GB checkpoint ran past a fixed 120 s); a save that
+    outlasts it fails in one line naming both settings and the size, the workload serving on."""
+    env = {**node, "THAW_RUNSC_TIMEOUT_S": "1", "THAW_RUNSC_TIMEOUT_PER_GIB_S": "2"}
+    sb = sandboxes(env)
+    (tmp_path / "rootfs" / "big").mkdir(parents=True)
+    sb.run("big", server_spec(tmp_path, "big"), network=False)
+    monkeypatch.setenv("FAKE_RUNSC_MEMORY", str(2 << 30))
+    out = tmp_path / "images"
+    out.mkdir()
+    # 1 + 2 x 2 = 5 s: a 2.5 s save fits, where the fixed 1 s would have killed it.
+    monkeypatch.setenv("FAKE_RUNSC_CHECKPOINT_SLEEP", "2.5")
+    saved = sb.checkpoint("big", out / "ok", leave_running=True)
+    assert saved.image_bytes > 0
+    monkeypatch.setenv("FAKE_RUNSC_CHECKPOINT_SLEEP", "8")
+    with pytest.raises(CheckpointFailed) as ei:
+        sb.checkpoint("big", out / "late")
+    e = ei.value
+    assert "\n" not in str(e) and e.workload == "running"
+    assert "no answer within 5 s (runsc.timeout_s + runsc.timeout_per_gib_s x 2.0 GiB)" in str(e)
+    assert not (out / "late").exists()
+    [row] = sb.ps()
+    assert row["state"] == "running"

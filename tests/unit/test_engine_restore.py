@@ -18,10 +18,10 @@ class _Runsc:
         self.calls: list[tuple] = []
         self.load_error = load_error
 
-    def restore(self, cid, opts, timeout_s=None, stdio=None):
+    def restore(self, cid, opts, timeout_s=None, stdio=None, timeout_key=None):
         self.calls.append(("restore", opts.background))
 
-    def wait(self, cid, timeout_s=None, restore=False):
+    def wait(self, cid, timeout_s=None, restore=False, timeout_key=None):
         self.calls.append(("wait", restore))
         if self.load_error:
             raise RunscError(["runsc", "wait", "--restore", cid], 128, self.load_error, subcommand="wait")

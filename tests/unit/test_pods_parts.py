@@ -51,7 +51,7 @@ class FakePreparer:
         self.containers.decide(rt, State.RESTORE, key)
         return Decision(True, "image-ready", key, str(self.images / key), 10.0)
 
-    def restore_deadline_s(self, spec: dict) -> float:
+    def restore_deadline_s(self, spec: dict, image=None) -> float:
         return 10.0
 
     def prepare_spec(self, rt: RuntimeRef, spec: dict, *, visible_devices: bool = False) -> None:

@@ -162,7 +162,7 @@ def test_for_spec_reads_annotations(tmp_path):
     with pytest.raises(SpecError, match="not a TCP port"):
         profiles.for_spec(sp)
     sp["annotations"][profiles.PROFILE_ANNOTATION] = "tensorflow"
-    with pytest.raises(NotFound, match="known: none, pytorch, pytorch-offload, vllm"):
+    with pytest.raises(NotFound, match="known: jax, none, pytorch, pytorch-offload, vllm"):
         profiles.for_spec(sp)
 
 
@@ -208,3 +208,13 @@ def test_http_hook_via_exec_error_is_a_hook_error():
             profiles.run_hooks(p, "pre_checkpoint", probe.Target(exec=_local_exec))
     with pytest.raises(HookError, match="no network address and no way to exec"):
         profiles.run_hooks(profiles.get("pytorch"), "pre_checkpoint", probe.Target())
+
+
+def test_jax_profile_turns_off_xla_preallocation_and_has_no_hooks():
+    """XLA reserves 75 % of the GPU at its first use by default, and the CUDA checkpoint
+    saves every reserved byte (issue 32): the profile keeps it to what the workload used."""
+    p = profiles.get("jax")
+    assert p.env == {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    assert p.hooks("pre_checkpoint") == () and p.hooks("post_restore") == ()
+    spec = profiles.apply_env({"process": {"env": ["XLA_PYTHON_CLIENT_PREALLOCATE=true", "A=1"]}}, p)
+    assert spec["process"]["env"] == ["A=1", "XLA_PYTHON_CLIENT_PREALLOCATE=false"]
