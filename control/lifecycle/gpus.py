@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from control.errors import ImageError, NotFound, PreconditionError, UserError
-from nvproxy import cdi, helper
+from nvproxy import cdi
 from nvproxy import cuda as cudamod
 from nvproxy.gpu import Gpu, NodeGpus
 
@@ -106,11 +106,7 @@ def with_helper(spec: dict, helper_host_dir: Path | None) -> dict:
 
 
 def _with_helper(spec: dict, helper_host_dir: Path | None) -> dict:
-    if cudamod.uses_gpu(spec):
-        if helper_host_dir is None:
-            raise PreconditionError("a GPU sandbox needs the CUDA checkpoint helper (thaw-cuda-checkpoint "
-                                    "beside runsc): run `make setup`")
-        helper.add_to_spec(spec, helper_host_dir)
+    cudamod.mount_helper(spec, helper_host_dir)
     return spec
 
 
