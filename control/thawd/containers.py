@@ -191,6 +191,8 @@ class Containers:
             return self._move_locked(rt, wanted, **fields)
 
     def _move_locked(self, rt: RuntimeRef, wanted: State, **fields) -> Container:
+        """The one place a record's state changes, through the table (check_transition);
+        the lock is held."""
         c = self._map.get(rt.k)
         check_transition(rt.container_id, c.state if c else None, wanted)
         if c is None:
@@ -385,8 +387,8 @@ class Containers:
             c = self._map.get(rt.k)
             if c is None or not c.pending:
                 return
-            key, gate, c.gate = c.key, c.gate, None
-            c.state = State.PREPARING   # no decision now (PREPARING allows every next one)
+            key, gate = c.key, c.gate
+            self._move_locked(rt, State.PREPARING, gate=None)   # no decision now (PREPARING allows every next one)
         if gate is not None:
             gatemod.open(gate, f"restore of {rt.container_id} abandoned")
         log.info("outcome %s key=%s ABANDONED %s", rt.container_id, key, why,
@@ -411,9 +413,10 @@ class Containers:
         sandbox it adopted)."""
         self.settle(rt, why)
         with self._lock:
-            c = self._map.pop(rt.k, None)
+            c = self._map.get(rt.k)
             if c is not None:
-                c.state = State.RELEASED
+                self._move_locked(rt, State.RELEASED)
+                del self._map[rt.k]
         if c is not None and c.image is not None:
             c.image.release()
         return c
