@@ -13,7 +13,7 @@ gave it as stdio (for parking) and the parked sandbox it adopted.
 
 The states are the words of the Go stand-in's marker (preparing, restore,
 adopt, restored, cold, cold-fallback, satisfied; twin:
-go/internal/standin/standin.go marker.Decision) plus the two only thawd sees: restoring (its Restore call is
+go/internal/standin/marker.go marker.Decision) plus the two only thawd sees: restoring (its Restore call is
 running, the engine owns the gate) and released (the record is gone). A
 decision is *pending* while the record is in restore or adopt: it then ends
 in exactly one outcome, RESTORED, RESTORE_FAILED, or ABANDONED when the
@@ -37,6 +37,7 @@ from control.lifecycle import tenant as tenantmod
 from control.lifecycle import workload as workloadmod
 from control.lifecycle.engine import Handle
 from runsc_hooks import gate as gatemod
+from runsc_hooks import netns as netnsmod
 from runsc_hooks import network as netmod
 from runsc_hooks import spec as specmod
 from runsc_hooks.runsc import GlobalOptions, Runsc
@@ -143,7 +144,7 @@ class Container:
     identity: object | None = None    # ctrinfo.Identity, established once
     image: object | None = None       # the leased image (images.source.Restorable)
     gate: str | None = None           # closed for its restore until the engine takes it over
-    network: tuple[str, list] | None = None   # (netns path, network.snapshot) before runsc took it
+    network: tuple[str, list] | None = None   # (netns path, netns.snapshot) before runsc took it
     stdio: str = ""                   # what the shim gave it (PrepareRestoreRequest.stdio)
     adopted: str = ""                 # the parked sandbox it adopted (its runsc id)
 
@@ -263,12 +264,12 @@ class Containers:
 
     def remember_network(self, rt: RuntimeRef, spec: dict) -> None:
         """Keep the container's network namespace configuration from before runsc
-        takes it over, for a cold start after a failed restore (network.snapshot)."""
+        takes it over, for a cold start after a failed restore (netns.snapshot)."""
         path = specmod.netns_path(spec)
         if not path:
             return
         try:
-            snap = netmod.snapshot(path)
+            snap = netnsmod.snapshot(path)
         except Exception as e:  # noqa: BLE001 - a namespace thaw cannot read: nothing to put back later
             log.warning("network of %s not recorded: %s", rt.container_id, e)
             return

@@ -47,7 +47,7 @@ def rt(cid: str = "c1") -> RuntimeRef:
 
 
 def test_the_states_are_the_markers_words():
-    """Twin: go/internal/standin/standin.go marker.Decision, plus thawd's own two."""
+    """Twin: go/internal/standin/marker.go marker.Decision, plus thawd's own two."""
     assert {s.value for s in State} == {"preparing", "restore", "adopt", "restoring", "restored", "cold",
                                         "cold-fallback", "satisfied", "released"}
     assert set(TRANSITIONS) == set(ALL), "every state has a row"
