@@ -30,11 +30,11 @@ const (
 	origConfigName          = "config.json.thaw-orig"
 	// podFailedReason starts thawd's reason when it removed a pod's sandbox (the
 	// pod cannot be restored and, its sandbox's start spent on the restore,
-	// cannot start cold either). Twin: control/thawd/pods.py POD_FAILED.
+	// cannot start cold either). Twin: control/thawd/podrecord.py POD_FAILED.
 	podFailedReason = "pod-failed"
 	// stoppedWhileRestoring starts the reason the stand-in reports when a kill
 	// of a container of a restoring pod failed (runsc has no process to signal
-	// before the pod's last container registers). Twin: control/thawd/pods.py
+	// before the pod's last container registers). Twin: control/thawd/podrecord.py
 	// STOPPED_WHILE_RESTORING.
 	stoppedWhileRestoring = "stopped-while-restoring"
 	// CRI's pod name annotation: on a pod's sandbox (pause) container only.
