@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.probe_sandbox import sh  # noqa: E402
 from bench.report import emit, spread  # noqa: E402
-from runsc_hooks import network as netmod  # noqa: E402
+from runsc_hooks import netns as netnsmod  # noqa: E402
 from runsc_hooks import probe  # noqa: E402
 from runsc_hooks import spec as specmod  # noqa: E402
 from runsc_hooks.runsc import remove_root  # noqa: E402
@@ -75,8 +75,8 @@ def main() -> int:
     spec["root"] = {"path": str(rootfs), "readonly": False}
     # A namespace with only its loopback up, as `ctr run` callers without CNI
     # make (bench/gpu/node.py): runsc's netstack takes the interfaces it finds.
-    netmod.remove_netns(NETNS)
-    spec = specmod.with_netns(spec, netmod.create_loopback_netns(NETNS))
+    netnsmod.remove(NETNS)
+    spec = specmod.with_netns(spec, netnsmod.create_loopback(NETNS))
     (bundle / "config.json").write_text(json.dumps(spec, indent=2))
 
     def exec_(argv: list[str], timeout_s: float) -> tuple[int, str]:
@@ -121,7 +121,7 @@ def main() -> int:
         subprocess.run([*g, "delete", "--force", cid], capture_output=True)
         remove_root(root)
         shutil.rmtree(work, ignore_errors=True)
-        netmod.remove_netns(NETNS)
+        netnsmod.remove(NETNS)
     same = len({body for _, body in answers}) == 1
     result = {
         "bench": "probe-exec", "date": time.strftime("%Y-%m-%d"), "machine": "this VM (2 cores), systrap, no GPU",

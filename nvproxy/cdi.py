@@ -12,9 +12,10 @@ runsc does not read CDI itself; the caller merges CDI edits into the OCI spec
 - resolves CDI device requests (annotations `cdi.k8s.io/<key>` whose values are
   comma-separated `vendor/class=name`) into spec.linux.devices, mounts, env and
   hooks (`inject`);
-- on restore, re-injects the GPUs this node assigns, possibly other minors
-  than at checkpoint, keeping every mount destination identical so runsc's
-  restore spec validation passes (`for_restore`, `check_restore_compatible`).
+- takes its own injection out again (`strip`), for a re-injection at restore
+  (nvproxy/restore_spec.py: the GPUs this node assigns, possibly other minors
+  than at checkpoint, with every mount destination kept for runsc's restore
+  spec validation).
 
 Device nodes become OCI devices with type/major/minor read from the host node
 when the CDI spec leaves them out. Mounts default to type "bind". Env entries
@@ -31,7 +32,7 @@ import re
 import stat as statmod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable
 
 from control.errors import NotFound, PreconditionError, SpecError, UserError
 from nvproxy.gpu import NodeGpus
@@ -48,8 +49,8 @@ HOOK_NAMES = ("prestart", "createRuntime", "createContainer", "startContainer", 
 _PATH_LISTS = ("LD_LIBRARY_PATH", "PATH")
 _QUALIFIED = re.compile(r"^(?P<kind>[A-Za-z0-9][A-Za-z0-9.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*)="
                         r"(?P<name>[A-Za-z0-9][A-Za-z0-9_.:-]*)$")
-# /dev/nvidiaN: the only device nodes allowed to differ at restore.
-_GPU_NODE = re.compile(r"^/dev/nvidia[0-9]+$")
+# /dev/nvidiaN: the only device nodes allowed to differ at restore (restore_spec.py).
+GPU_NODE = re.compile(r"^/dev/nvidia[0-9]+$")
 
 
 # -- the CDI data model ------------------------------------------------------------
@@ -535,74 +536,9 @@ def strip(spec: dict) -> dict:
     return out
 
 
-# -- restore ---------------------------------------------------------------------
+# -- GPUs in a spec (nvproxy/restore_spec.py pairs them at restore) ------------------
 
 def gpu_nodes(spec: dict) -> list[str]:
     """The /dev/nvidiaN paths in spec.linux.devices, sorted by minor (as runsc pairs them)."""
-    devs = [d for d in (spec.get("linux") or {}).get("devices") or [] if _GPU_NODE.match(str(d.get("path", "")))]
+    devs = [d for d in (spec.get("linux") or {}).get("devices") or [] if GPU_NODE.match(str(d.get("path", "")))]
     return [d["path"] for d in sorted(devs, key=lambda d: (d.get("minor", 0), d["path"]))]
-
-
-def for_restore(spec: dict, saved: dict, registry: Registry, devices: Iterable[str],
-                stat: Callable[[str], os.stat_result] = os.stat) -> dict:
-    """The spec to restore `saved`'s image with, on this node, with `devices` assigned.
-
-    `spec` is the spec the container is started with now (its own earlier
-    injection, if any, is taken out first); `saved` is the spec the image was
-    checkpointed with. The GPUs may be other minors than at checkpoint; a
-    mount whose destination moved (a driver file in another directory on this
-    node) is put back at the saved destination, matched by file name. Raises
-    SpecError when the result would fail runsc's restore validation.
-    """
-    new = inject(strip(spec), registry, devices, stat)
-    saved_dests = {m.get("destination") for m in saved.get("mounts") or []}
-    new_dests = {m.get("destination") for m in new.get("mounts") or []}
-    orphans = {}   # basename -> saved destination with no counterpart now
-    for d in saved_dests - new_dests:
-        orphans.setdefault(os.path.basename(d), []).append(d)
-    for m in new.get("mounts") or []:
-        d = m.get("destination")
-        if d in saved_dests:
-            continue
-        cands = orphans.get(os.path.basename(d), [])
-        if len(cands) == 1:
-            m["destination"] = cands.pop()
-    check_restore_compatible(saved, new)
-    return new
-
-
-def _mount_key(m: Mapping[str, Any]) -> tuple:
-    return (m.get("destination"), m.get("type", "bind"), tuple(m.get("options") or []))
-
-
-def check_restore_compatible(saved: dict, new: dict) -> None:
-    """Raise SpecError where `new` differs from `saved` in what runsc restore
-    validates about GPUs and mounts (docs/notes/gvisor-facts.md "checkpoint / restore"):
-    mount destinations, types and options; the device set other than
-    /dev/nvidiaN; and the number of GPUs (runsc pairs saved and new GPUs by
-    minor and needs one for each)."""
-    sm = {_mount_key(m)[0]: _mount_key(m) for m in saved.get("mounts") or []}
-    nm = {_mount_key(m)[0]: _mount_key(m) for m in new.get("mounts") or []}
-    gone, added = sorted(set(sm) - set(nm)), sorted(set(nm) - set(sm))
-    if gone:
-        raise SpecError("mounts", f"{', '.join(gone)} mounted in the checkpoint but not on this node "
-                        "(a driver file missing or in another place?)")
-    if added:
-        raise SpecError("mounts", f"{', '.join(added)} mounted on this node but not in the checkpoint "
-                        "(a different driver or CDI spec?)")
-    changed = [d for d in sorted(sm) if sm[d] != nm[d]]
-    if changed:
-        d = changed[0]
-        raise SpecError("mounts", f"{d}: type/options {sm[d][1:]} at checkpoint, {nm[d][1:]} now")
-
-    def others(s: dict) -> dict:
-        return {d.get("path"): (d.get("type"), d.get("major"), d.get("minor"))
-                for d in (s.get("linux") or {}).get("devices") or [] if not _GPU_NODE.match(str(d.get("path", "")))}
-    so, no = others(saved), others(new)
-    if so != no:
-        diff = sorted(set(so.items()) ^ set(no.items()), key=str)
-        raise SpecError("linux.devices", f"device set differs from the checkpoint: {diff}")
-    sg, ng = gpu_nodes(saved), gpu_nodes(new)
-    if len(sg) != len(ng):
-        raise SpecError("linux.devices", f"the checkpoint has {len(sg)} GPU(s) ({', '.join(sg) or 'none'}), "
-                        f"this restore assigns {len(ng)} ({', '.join(ng) or 'none'})")

@@ -24,7 +24,7 @@ import logging
 import threading
 from pathlib import Path
 
-from control.errors import SpecError, ThawError
+from control.errors import PreconditionError, SpecError, ThawError
 from nvproxy import helper
 
 log = logging.getLogger(__name__)
@@ -61,13 +61,18 @@ def stage_for(settings) -> Path:
     return d
 
 
-def mount_helper(spec: dict, settings) -> bool:
-    """Mount the staged helper into a GPU `spec` (in place); False for a CPU spec or
-    one that already has exactly this mount (nothing changed)."""
+def mount_helper(spec: dict, host_dir: Path | None) -> bool:
+    """Mount the staged helper (`host_dir`, stage_for's) into a GPU `spec`, in place: the
+    one mount of both doors (thawd's create, the CLI's run and restore). False for a CPU
+    spec or one that already has exactly this mount (nothing changed); PreconditionError
+    for a GPU spec with no staged helper (`host_dir` None)."""
     if not uses_gpu(spec):
         return False
-    before = list(spec.get("mounts") or [])
-    helper.add_to_spec(spec, stage_for(settings))
+    if host_dir is None:
+        raise PreconditionError("a GPU sandbox needs the CUDA checkpoint helper (thaw-cuda-checkpoint "
+                                "beside runsc): run `make setup`")
+    before = [dict(m) for m in spec.get("mounts") or []]
+    helper.add_to_spec(spec, host_dir)
     return spec.get("mounts") != before
 
 

@@ -32,7 +32,6 @@ import ipaddress
 import logging
 import os
 import sys
-import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -40,11 +39,10 @@ from pathlib import Path
 from control.errors import PreconditionError, ThawError, UserError
 from control.logfields import fields
 from runsc_hooks import nft
+from runsc_hooks.netns import NETNS_DIR, NETNS_PREFIX, create, enter, iproute, is_netns
 
 log = logging.getLogger(__name__)
 
-NETNS_DIR = Path("/var/run/netns")
-NETNS_PREFIX = "thaw-"     # netns name: thaw-<sandbox name>
 HOST_IF_PREFIX = "th"      # host veth: th<10 hex of sha256(name)>, <= 15 chars (IFNAMSIZ-1)
 SANDBOX_IF = "eth0"
 NAT_KIND = "nat"           # nftables tag kind of DNAT/SNAT/masquerade rules
@@ -169,82 +167,6 @@ def slot_of(subnet: str, sandbox_ip: str) -> int:
     return (int(ip) - int(net.network_address)) // 4
 
 
-def _ipr():
-    try:
-        from pyroute2 import IPRoute
-    except ImportError as e:  # pragma: no cover - a broken install
-        raise PreconditionError(f"pyroute2 is not importable: {e}") from None
-    return IPRoute()
-
-
-_CLONE_NEWNET = 0x40000000   # <sched.h>
-
-
-def _on_thread(work):
-    """work() on a thread of its own, its result or exception handed back to the
-    caller: setns(2) and unshare(2) move only the calling thread, and that thread
-    ends with the call, so no namespace change leaks into the caller's threads."""
-    box: dict = {}
-
-    def run() -> None:
-        try:
-            box["value"] = work()
-        except BaseException as e:  # noqa: BLE001 - raised again in the caller's thread
-            box["error"] = e
-
-    t = threading.Thread(target=run, name="thaw-netns", daemon=True)
-    t.start()
-    t.join()
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
-
-
-def _ns_call(name: str, *args: int, what: str) -> None:
-    """setns(2) or unshare(2) for the calling thread: os.setns / os.unshare where
-    Python has them (3.12), else libc's, with errno in the OSError."""
-    call = getattr(os, name, None)
-    if call is not None:
-        call(*args)
-        return
-    import ctypes
-    libc = ctypes.CDLL(None, use_errno=True)
-    if getattr(libc, name)(*args) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
-
-
-def _in_netns(netns_path: str, fn):
-    """fn(ipr) with an IPRoute inside the network namespace at `netns_path`, run on
-    a thread of its own that setns(2) moves there (`_on_thread`). pyroute2's NetNS
-    forks a child to open each socket instead; in thawd's multi-threaded gRPC
-    server that child died of SIGSEGV in 13-17 % of the flood bench's
-    PrepareRestore calls ("network of on0004 not recorded: child process is dead,
-    status: -11"), and a cold start after a failed restore then had no network
-    (docs/network.md)."""
-    def work():
-        fd = os.open(netns_path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            _ns_call("setns", fd, _CLONE_NEWNET, what=f"setns {netns_path}")
-        finally:
-            os.close(fd)
-        with _ipr() as ipr:
-            return fn(ipr)
-    return _on_thread(work)
-
-
-def _create_netns(ns: str) -> None:
-    """pyroute2's `netns.create` on a thread instead of a forked child (see
-    `_in_netns`): the thread unshares a new network namespace and pyroute2 binds
-    it, by the thread's id, to /var/run/netns/<ns>; it outlives the thread."""
-    from pyroute2 import netns as pnetns
-
-    def work() -> None:
-        _ns_call("unshare", _CLONE_NEWNET, what=f"unshare(CLONE_NEWNET) for {ns}")
-        pnetns.attach(ns, threading.get_native_id())
-    _on_thread(work)
-
-
 def namespace_address(netns_path: str | None) -> tuple[str | None, str | None]:
     """(sandbox address the node reaches, gate name) of a container whose network
     namespace is `netns_path` (its OCI spec's), for probes and the gate of the
@@ -259,13 +181,13 @@ def namespace_address(netns_path: str | None) -> tuple[str | None, str | None]:
     path = Path(netns_path)
     if path.parent == NETNS_DIR and path.name.startswith(NETNS_PREFIX):
         name = path.name[len(NETNS_PREFIX):]
-        with _ipr() as ipr:
+        with iproute() as ipr:
             idx = ipr.link_lookup(ifname=host_if_name(name))
             for addr in ipr.get_addr(family=2, index=idx[0]) if idx else []:
                 host_ip = ipaddress.IPv4Address(addr.get_attr("IFA_ADDRESS"))
                 return str(host_ip + 1), name  # slot_addresses: host .1, sandbox .2 of the /30
         return None, name
-    if not _is_netns(path):
+    if not is_netns(path):
         log.info("network namespace %s of a spec is not a namespace file; probes go inside", netns_path)
         return None, None
     def first_address(ns) -> str | None:
@@ -276,7 +198,7 @@ def namespace_address(netns_path: str | None) -> tuple[str | None, str | None]:
         return None
 
     try:
-        ip = _in_netns(str(path), first_address)
+        ip = enter(str(path), first_address)
         if ip:
             return ip, None
     except Exception as e:  # noqa: BLE001 - an unreadable namespace: probes go inside instead
@@ -284,105 +206,10 @@ def namespace_address(netns_path: str | None) -> tuple[str | None, str | None]:
     return None, None
 
 
-def loopback_only(netns_path: str) -> bool:
-    """Is the network namespace at `netns_path` one with a loopback interface that
-    is up and no other interface (what `ctr run` callers without CNI make so that a
-    sandbox has 127.0.0.1: bench/gpu/node.py netns)? Such a namespace gives a
-    sandbox nothing but its loopback, so another one like it is the same network
-    to the workload (control/thawd/parking.py adopts across them)."""
-    if not _is_netns(Path(netns_path)):
-        return False
-
-    def check(ns) -> bool:
-        links = ns.get_links()
-        return len(links) == 1 and links[0].get_attr("IFLA_IFNAME") == "lo" and bool(links[0]["flags"] & 1)
-    return _in_netns(netns_path, check)
-
-
-def create_loopback_netns(name: str) -> str:
-    """A new named network namespace (/var/run/netns/<name>) with its loopback up and
-    nothing else; its path. Not named thaw-<...>: that prefix means a namespace thaw
-    plumbed with a veth and a gate (namespace_address)."""
-    if name.startswith(NETNS_PREFIX):
-        raise ValueError(f"{name}: the {NETNS_PREFIX} prefix is for namespaces thaw plumbs")
-    _create_netns(name)
-    path = str(NETNS_DIR / name)
-    _in_netns(path, lambda ns: ns.link("set", index=ns.link_lookup(ifname="lo")[0], state="up"))
-    return path
-
-
-def remove_netns(name: str) -> None:
-    """Remove the named network namespace (gone already: nothing to do)."""
-    from pyroute2 import netns as pnetns
-    if (NETNS_DIR / name).exists():
-        pnetns.remove(name)
-
-
-def snapshot(netns_path: str) -> list[dict]:
-    """The IPv4 addresses and routes of a network namespace's interfaces, before
-    runsc takes them over: runsc removes the addresses from the host side of the
-    namespace it runs in (runsc/sandbox/network.go removeLinkAddresses, so the
-    host stack does not answer too), and the kernel drops the routes through
-    them. A restore that fails leaves the namespace without them, and the cold
-    start that follows in the same namespace would have no network:
-    `reapply` puts them back first."""
-    if not _is_netns(Path(netns_path)):   # a spec may name any path: never open a FIFO
-        return []
-    return _in_netns(netns_path, _snapshot)
-
-
-def _snapshot(ns) -> list[dict]:
-    out = []
-    names = {link["index"]: link.get_attr("IFLA_IFNAME") for link in ns.get_links()}
-    for addr in ns.get_addr(family=2):
-        name = names.get(addr["index"], "")
-        if name and name != "lo":
-            out.append({"kind": "addr", "ifname": name, "address": addr.get_attr("IFA_ADDRESS"),
-                        "prefixlen": addr["prefixlen"]})
-    for r in ns.get_routes(family=2, table=254):
-        oif = names.get(r.get_attr("RTA_OIF"), "")
-        if oif and oif != "lo":
-            out.append({"kind": "route", "ifname": oif, "dst": r.get_attr("RTA_DST"), "dst_len": r["dst_len"],
-                        "gateway": r.get_attr("RTA_GATEWAY"), "scope": r["scope"],
-                        "proto": r["proto"]})
-    return out
-
-
-def reapply(netns_path: str, snap: list[dict]) -> None:
-    """Put a `snapshot`'s addresses, then its routes, back (what exists is kept)."""
-    _in_netns(netns_path, lambda ns: _reapply(ns, snap))
-
-
-def _reapply(ns, snap: list[dict]) -> None:
-    from pyroute2.netlink.exceptions import NetlinkError
-    idx = {link.get_attr("IFLA_IFNAME"): link["index"] for link in ns.get_links()}
-    for kind in ("addr", "route"):
-        for e in (x for x in snap if x["kind"] == kind and x["ifname"] in idx):
-            try:
-                if kind == "addr":
-                    ns.addr("add", index=idx[e["ifname"]], address=e["address"], prefixlen=e["prefixlen"])
-                elif e["proto"] != 2:   # RTPROT_KERNEL: the kernel adds the prefix route with the address
-                    kw = {"dst": f"{e['dst']}/{e['dst_len']}"} if e["dst"] else {"dst": "0.0.0.0/0"}
-                    ns.route("add", oif=idx[e["ifname"]], gateway=e["gateway"], scope=e["scope"], **kw)
-            except NetlinkError as err:
-                if err.code != errno.EEXIST:
-                    raise
-
-
-def _is_netns(path: Path) -> bool:
-    """Is `path` a namespace file (nsfs)? A spec may name any path; opening a
-    FIFO there would block forever. stat never blocks, and every namespace
-    file lives on the one nsfs superblock, so its device is that of our own."""
-    try:
-        return os.stat(path).st_dev == os.stat("/proc/self/ns/net").st_dev
-    except OSError:
-        return False
-
-
 def addresses_in_use(exclude_if: str | None = None) -> set[str]:
     """IPv4 addresses on this node's host-side thaw interfaces (but `exclude_if`)."""
     used = set()
-    with _ipr() as ipr:
+    with iproute() as ipr:
         names = {link.get("index"): link.get_attr("IFLA_IFNAME") for link in ipr.get_links()}
         for addr in ipr.get_addr(family=2):
             n = names.get(addr["index"]) or ""
@@ -404,7 +231,7 @@ def plumb(name: str, host_ip: str, sandbox_ip: str, prefixlen: int = 30, subnet:
     try:
         if subnet:
             ensure_subnet_route(subnet)
-        _create_netns(ns)
+        create(ns)
         # The node routes the sandbox address through the veth from the moment the
         # host end has its address and is up, so that comes last, once both ends pass
         # traffic: a veth end has a no-op qdisc, which drops what it is handed unseen,
@@ -415,7 +242,7 @@ def plumb(name: str, host_ip: str, sandbox_ip: str, prefixlen: int = 30, subnet:
         # health probe's SYN too, queued behind it: the containerd door's first probe
         # waited ~0.6 s under the flood bench (docs/network.md, "The first probe after
         # a restore").
-        with _ipr() as ipr:
+        with iproute() as ipr:
             ipr.link("add", ifname=host_if, kind="veth", peer={"ifname": host_if + "p"})
             peer = ipr.link_lookup(ifname=host_if + "p")[0]
             ipr.link("set", index=peer, net_ns_fd=ns)
@@ -430,8 +257,8 @@ def plumb(name: str, host_ip: str, sandbox_ip: str, prefixlen: int = 30, subnet:
             nsr.link("set", index=p, state="up")     # carrier on both ends; this end's qdisc now
             nsr.route("add", dst="0.0.0.0/0", gateway=host_ip)
 
-        _in_netns(str(NETNS_DIR / ns), inside)
-        with _ipr() as ipr:
+        enter(str(NETNS_DIR / ns), inside)
+        with iproute() as ipr:
             _wait_operstate_up(ipr, idx, host_if)    # the host end's qdisc: when linkwatch ran
             ipr.addr("add", index=idx, address=host_ip, prefixlen=prefixlen)
         net = SandboxNet(name=name, netns=ns, host_if=host_if, host_ip=host_ip, sandbox_ip=sandbox_ip,
@@ -505,7 +332,7 @@ def _check_ip(addr: str, what: str) -> None:
 def ensure_subnet_route(subnet: str) -> None:
     """`unreachable <subnet>` in the main table (idempotent): a sandbox address
     with no live sandbox fails fast on the node instead of leaving it."""
-    with _ipr() as ipr:
+    with iproute() as ipr:
         try:
             ipr.route("replace", dst=subnet, type="unreachable")
         except Exception as e:  # noqa: BLE001
@@ -514,7 +341,7 @@ def ensure_subnet_route(subnet: str) -> None:
 
 def subnet_route_present(subnet: str) -> bool:
     net = ipaddress.ip_network(subnet)
-    with _ipr() as ipr:
+    with iproute() as ipr:
         for r in ipr.get_routes(family=2, table=254):
             if r["dst_len"] == net.prefixlen and r.get_attr("RTA_DST") == str(net.network_address) \
                     and r["type"] == 7:  # RTN_UNREACHABLE
@@ -524,7 +351,7 @@ def subnet_route_present(subnet: str) -> bool:
 
 def remove_subnet_route(subnet: str) -> None:
     net = ipaddress.ip_network(subnet)
-    with _ipr() as ipr:
+    with iproute() as ipr:
         try:
             ipr.route("del", dst=subnet, type="unreachable")
         except Exception as e:  # noqa: BLE001
@@ -541,7 +368,7 @@ def unplumb(name: str, keep_gate: bool = False) -> None:
     nft.delete_rules(kind=NAT_KIND, sandbox=name)
     if not keep_gate:
         nft.delete_rules(kind="gate", sandbox=name)
-    with _ipr() as ipr:
+    with iproute() as ipr:
         for ifname in (host_if, host_if + "p"):
             for idx in ipr.link_lookup(ifname=ifname):
                 try:
@@ -562,7 +389,7 @@ def unplumb(name: str, keep_gate: bool = False) -> None:
 def leftovers() -> dict[str, list[str]]:
     """thaw's namespaces, host interfaces and nftables rules on this node, by name."""
     ns = sorted(p.name for p in NETNS_DIR.glob(NETNS_PREFIX + "*")) if NETNS_DIR.is_dir() else []
-    with _ipr() as ipr:
+    with iproute() as ipr:
         ifs = sorted(n for n in (link.get_attr("IFLA_IFNAME") for link in ipr.get_links())
                      if n and n.startswith(HOST_IF_PREFIX))
     return {"netns": ns, "interfaces": ifs, "rules": sorted(r.tag for r in nft.rules() if r.tag)}
@@ -574,7 +401,7 @@ def sandbox_leftovers(name: str) -> list[str]:
     if (NETNS_DIR / netns_name(name)).exists():
         found.append("netns")
     host_if = host_if_name(name)
-    with _ipr() as ipr:
+    with iproute() as ipr:
         idx = ipr.link_lookup(ifname=host_if) + ipr.link_lookup(ifname=host_if + "p")
         if idx:
             found.append("host veth")
@@ -600,7 +427,7 @@ def cleanup_leftovers(keep: set[str] = frozenset(), prefix: str = "") -> list[st
             removed.append(f"nft rule {r.tag}")
     if prefix:  # a host veth's name is a hash: only a full sweep can tell whose it is
         return removed
-    with _ipr() as ipr:
+    with iproute() as ipr:
         for link in ipr.get_links():
             n = link.get_attr("IFLA_IFNAME") or ""
             if n.startswith(HOST_IF_PREFIX) and n.removesuffix("p") not in keep_ifs:

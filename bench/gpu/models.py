@@ -30,7 +30,7 @@ the driver's own checkpoint/restore of the same model outside any sandbox
 
 The GPU goes in through thaw's own path: nvproxy.gpu (NVML) -> nvproxy.cdi
 (the node's CDI spec, generated when none exists; re-injected for each
-restore with cdi.for_restore) and nvproxy.helper (the CUDA checkpoint helper
+restore with nvproxy.restore_spec.for_restore) and nvproxy.helper (the CUDA checkpoint helper
 mounted at its fixed path). The channel to the server is the spool directory
 (default) or HTTP over a veth into the sandbox's netns (runsc_hooks.network;
 needs pyroute2): bench/gpu/README.md.
@@ -62,7 +62,7 @@ from control.node.provision import THP_DEFRAG, THP_DIR, THP_SHMEM, thp_read, thp
 # A sandbox's host memory: its memory file counted once, and its processes' RSS (what thawd's
 # parked sandboxes report too).
 from control.thawd.parked import host_memory as sandbox_host_memory  # noqa: E402
-from nvproxy import cdi, gpu, helper  # noqa: E402
+from nvproxy import cdi, gpu, helper, restore_spec  # noqa: E402
 from runsc_hooks import spec as specmod  # noqa: E402
 from runsc_hooks.runsc import (CheckpointOptions, CreateOptions, GlobalOptions,  # noqa: E402
                                RestoreOptions, Runsc)
@@ -751,7 +751,7 @@ class ModelBench:
         if self.o.device == "cuda" and self.o.cdi:
             # Re-inject the GPUs for the restore the way the node would (same GPU here).
             bundle = specmod.Bundle(self.dir / "bundle-restore")
-            bundle.write(cdi.for_restore(self.spec, self.spec, self.registry, self.devices))
+            bundle.write(restore_spec.for_restore(self.spec, self.spec, self.registry, self.devices))
         if self.net is not None:
             from runsc_hooks import network
             self.net = network.plumb(*self.net_args)   # same addresses, fresh namespace

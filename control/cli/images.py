@@ -301,6 +301,7 @@ def _store_gc(obj: Context, dry_run: bool, max_age_s: float | None, keep: int | 
     from control.errors import PreconditionError, ThawError
     from control.images import gc
     from control.images.keys import Keyring
+    from control.images.source import tenant_store
     from control.images.store import Store
     s = obj.settings
     age = s.store_retain_max_age_s if max_age_s is None else max_age_s
@@ -309,7 +310,7 @@ def _store_gc(obj: Context, dry_run: bool, max_age_s: float | None, keep: int | 
         if os.geteuid() != 0:
             raise PreconditionError("`thaw gc --store --all-tenants` needs root: it reads every tenant's images")
         root, ring = Store(s), Keyring.from_settings(s)
-        views = [(t, lambda t=t: root.for_tenant(t, ring)) for t in root.list_dirs("tenants/")]
+        views = [(t, lambda t=t: tenant_store(s, t, root, ring)) for t in root.list_dirs("tenants/")]
     else:
         views = [(None, lambda: _store(obj))]
     out = []

@@ -279,7 +279,6 @@ def restore_from_store(obj: Context, sb, key: str, sid: str, probes: list | None
     page, so an altered byte anywhere in the image is reported here (exit 65, or a cold
     start with --cold-fallback), and the entry ends up in the cache as after a pull."""
     from control.images import image as images
-    from control.images import served
     from control.images import stream as streammod
     from control.images.source import open_restorable
     from control.cli.images import _store
@@ -292,12 +291,11 @@ def restore_from_store(obj: Context, sb, key: str, sid: str, probes: list | None
     # streams (store.stream on, the default), unless `why` says why not.
     src, why, _ = open_restorable(cache, store, s, key, node)
     streamed = src.streamed
-    # A Stream or a Served view knows why the sentry's reads failed (a plain lease: stat mode).
-    checked = streamed or isinstance(src, served.Served)
+    # A Stream or a checked read knows why the sentry's reads failed (a plain lease: stat mode).
+    checked = src.checked
     kw = {"runsc_env": tuple(src.env().items()), "background": True} if streamed else \
         {"runsc_env": tuple(src.env().items())}
-    if isinstance(src, served.Served):   # messages and the record name the entry, not its view
-        kw["source"] = src.entry.path
+    kw["source"] = src.source   # messages and the record name the entry, not the view runsc reads
     if checked:   # restoring until every page is in (_loaded): a kill meanwhile leaves nothing that looks done
         kw["settle"] = False
     kw["gpus"] = gpus
@@ -339,7 +337,6 @@ def _loaded(sb, s, src, key: str, sid: str, out: dict, cold_fallback: bool, prob
     """Wait until the restored sandbox has every page (its background load reads the rest of
     the image through thaw-gofer); a failure there is the stream's or an altered chunk's:
     the sandbox is removed and the error raised, or with --cold-fallback it starts cold."""
-    from control.images import stream as streammod
     try:
         sb.wait_restored(sid, s.runsc_timeout_s)
         sb.settled(sid)
@@ -347,10 +344,10 @@ def _loaded(sb, s, src, key: str, sid: str, out: dict, cold_fallback: bool, prob
     except ThawError as e:
         sb.delete(sid, force=True)
         failed = src.verdict()
-        if cold_fallback and failed is not None and not isinstance(src, streammod.Stream):
+        if cold_fallback and failed is not None and not src.streamed:
             start = sb.cold_start(src.path, sid, f"corrupt: {failed.message}", probes=probes, gpus=gpus)
             return {**start.to_dict(), **{k: out[k] for k in ("source", "ready_s") if k in out}}
-        how = "streamed in" if isinstance(src, streammod.Stream) else "loaded"
+        how = "streamed in" if src.streamed else "loaded"
         msg = f"the restore of {key} as {sid} failed while its image {how} ({failed or e}); the sandbox was removed"
         if isinstance(failed, NoSpace):   # exit 4, as a pull into a full cache
             raise NoSpace(msg, **failed.fields) from None

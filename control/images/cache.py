@@ -145,6 +145,9 @@ class Cache:
     @contextmanager
     def key_lock(self, key: str, timeout_s: float | None = None) -> Iterator[None]:
         """Hold the key's lock file; raises Timeout naming the lock path."""
+        # Again, though every entry point (image.pull, stream.open_image, ...) validated it
+        # first for its own error: here the key becomes a file name under the cache root,
+        # and the cache's public methods do not trust five callers for that (~1 us a call).
         manifestmod.validate_key(key)
         path = self.root / "locks" / f"{key}.lock"
         t = self.lock_timeout_s if timeout_s is None else timeout_s
@@ -422,7 +425,7 @@ class Cache:
         """A new, empty directory for an entry of `key` (entry id, path), named
         with this process as its writer: recovery removes it only once this
         process is gone. The caller removes it if it does not install it."""
-        manifestmod.validate_key(key)
+        manifestmod.validate_key(key)   # a file name under the cache root (key_lock says why again)
         eid = f"{key}@{tuple_hash[:16]}@{secrets.token_hex(4)}"
         me = Owner.me()
         p = self.root / "tmp" / f"{eid}.{me.pid}-{me.start}{_PARTIAL}"

@@ -59,18 +59,20 @@ class Lease:
     """Pins an entry until released: eviction leaves it alone (the runsc files stay put).
 
     A restorable image (control/images/source.py Restorable), as a Stream is:
-    `path`, `hit` (whether the entry was already in the cache when asked for),
-    `streamed` (False), `env()` (nothing runsc needs), `verdict()` (a complete
-    entry has no stream to fail), `release()`."""
+    `path` (and `source`: the entry itself), `hit` (whether the entry was already in
+    the cache when asked for), `streamed` and `checked` (False: runsc reads the entry's
+    files as they are), `env()` (nothing runsc needs), `verdict()` (a complete entry has
+    no stream to fail), `wait()` (it is whole), `release()`."""
 
     streamed = False
+    checked = False
 
     def __init__(self, cache, lease_id: int, entry: Entry, hit: bool = False) -> None:
         """`cache`: the control/images/cache.py Cache whose index holds the lease."""
         self._cache = cache
         self.id = lease_id
         self.entry = entry
-        self.path = entry.path
+        self.path = self.source = entry.path
         self.hit = hit
         self.released = False
 
@@ -79,6 +81,12 @@ class Lease:
 
     def verdict(self, wait_s: float = 0.0) -> None:
         return None
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return True
+
+    def to_dict(self) -> dict:
+        return {"entry": self.entry.id, "path": str(self.path), "verified_reads": False}
 
     def describe(self, holder: str) -> None:
         """Say who holds this lease ("container <id>", "parked sandbox <id>"): what

@@ -59,14 +59,16 @@ def read_shape() -> tuple[int, int]:
 
 class Served:
     """A leased cache entry as runsc restores it: through thaw-gofer, every chunk checked
-    (a Restorable: control/images/source.py)."""
+    (a Restorable: control/images/source.py; its `source` is the entry, `path` the view)."""
     streamed = False
+    checked = True
 
     def __init__(self, cache: Cache, lease: Lease, path: Path, sidecar_dir: Path) -> None:
         self.cache = cache
         self.lease = lease
         self.entry = lease.entry
         self.path = path
+        self.source = self.entry.path
         self.sidecar_dir = sidecar_dir
         self.hit = lease.hit
         self._error: IntegrityError | None = None
@@ -88,6 +90,9 @@ class Served:
                                              "corrupt and fetched again on its next use")
                 self.cache.mark_corrupt(self.entry.id)
         return self._error
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return True
 
     def describe(self, holder: str) -> None:
         self.lease.describe(holder)
@@ -115,10 +120,11 @@ class ServedDirectory:
     No lease: DIR is the user's to keep in place. An altered chunk is IntegrityError; when DIR
     is an entry of `cache`, that entry is marked corrupt too."""
     streamed = False
+    checked = True
     hit = True
 
     def __init__(self, image: Path, path: Path, sidecar_dir: Path, cache: Cache | None) -> None:
-        self.image = image
+        self.image = self.source = image
         self.path = path
         self.sidecar_dir = sidecar_dir
         self.cache = cache
@@ -138,6 +144,13 @@ class ServedDirectory:
                 if entry:
                     self.cache.mark_corrupt(self.image.name)
         return self._error
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return True
+
+    def to_dict(self) -> dict:
+        return {"image": str(self.image), "path": str(self.path), "verified_reads": True,
+                "error": str(self._error) if self._error else None}
 
     def describe(self, holder: str) -> None:
         pass   # nothing is leased

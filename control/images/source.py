@@ -14,9 +14,12 @@ What comes back is a `Restorable`: a cache entry served through thaw-gofer with
 every chunk checked as runsc reads it (control/images/served.py Served, issue 30;
 with cache.verify = stat, the cache Lease itself, control/images/cache.py) or a
 Stream (control/images/stream.py), each with `path` (the image directory runsc
-restores from), `hit`, `streamed`, `env()` (what `runsc restore` needs in its
-environment: thaw-gofer's sidecar directory), `verdict()` (why its stream failed,
-or which chunk of the entry was altered; None otherwise) and `release()`.
+restores from), `source` (the directory messages and records name: the cache
+entry, not the view of it runsc reads), `hit`, `streamed`, `checked` (whether
+`verdict()` can tell why the sentry's reads failed), `env()` (what `runsc restore`
+needs in its environment: thaw-gofer's sidecar directory), `verdict()` (why its
+stream failed, or which chunk of the entry was altered; None otherwise),
+`wait()` (until its image is whole: a stream's end), `to_dict()` and `release()`.
 """
 from __future__ import annotations
 
@@ -43,12 +46,18 @@ log = logging.getLogger(__name__)
 
 class Restorable(Protocol):
     path: Path
+    source: Path        # what messages and records name (a Served view's entry, not the view)
     hit: bool
     streamed: bool
+    checked: bool       # verdict() can tell why the sentry's reads failed (a stream, a checked read)
 
     def env(self) -> dict[str, str]: ...
 
     def verdict(self, wait_s: float = ...) -> ThawError | None: ...
+
+    def wait(self, timeout: float | None = ...) -> bool: ...   # until the image is whole (a stream's end)
+
+    def to_dict(self) -> dict: ...
 
     def describe(self, holder: str) -> None: ...   # who holds it (Cache.lease_holders, `thaw evict`)
 

@@ -128,10 +128,11 @@ class Stream:
     """
     hit = False
     streamed = True
+    checked = True
 
     def __init__(self, key: str, path: Path, sidecar_dir: Path) -> None:
         self.key = key
-        self.path = path
+        self.path = self.source = path
         self.sidecar_dir = sidecar_dir
         self.entry_id: str | None = None       # once installed
         self.error: ThawError | None = None     # why it failed

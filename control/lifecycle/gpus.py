@@ -18,7 +18,7 @@ version: docs/notes/gvisor-facts.md), the NVML indexes it ran on and its CDI
 devices. `thaw restore` without --gpus restores onto the same indexes:
 the one choice that means the same thing on every node (a UUID names one
 physical GPU of one node). With --gpus, the GPUs given now, through
-nvproxy/cdi.py for_restore (strip the saved injection, inject the new
+nvproxy/restore_spec.py for_restore (strip the saved injection, inject the new
 devices, check the mounts and the count). Every refusal happens before runsc
 runs and says what the image needs and what the node has.
 
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from control.errors import ImageError, NotFound, PreconditionError, UserError
-from nvproxy import cdi, helper
+from nvproxy import cdi, restore_spec
 from nvproxy import cuda as cudamod
 from nvproxy.gpu import Gpu, NodeGpus
 
@@ -106,11 +106,7 @@ def with_helper(spec: dict, helper_host_dir: Path | None) -> dict:
 
 
 def _with_helper(spec: dict, helper_host_dir: Path | None) -> dict:
-    if cudamod.uses_gpu(spec):
-        if helper_host_dir is None:
-            raise PreconditionError("a GPU sandbox needs the CUDA checkpoint helper (thaw-cuda-checkpoint "
-                                    "beside runsc): run `make setup`")
-        helper.add_to_spec(spec, helper_host_dir)
+    cudamod.mount_helper(spec, helper_host_dir)
     return spec
 
 
@@ -198,7 +194,7 @@ def for_restore(saved_spec: dict, need: dict, request: list[str] | None, dev: De
         raise NotFound(e.what, e.name, f"{what}: this node has GPUs "
                        f"{', '.join(f'{g.index} ({g.uuid})' for g in dev.gpus.gpus)}") from None
     check_node(need, assigned(probe, dev.gpus), dev.gpus, image, what)
-    new = cdi.for_restore(saved_spec, saved_spec, dev.registry, names, dev.stat)
+    new = restore_spec.for_restore(saved_spec, saved_spec, dev.registry, names, dev.stat)
     return _with_helper(new, helper_host_dir)
 
 

@@ -60,15 +60,15 @@ def saved_spec(image: Path) -> dict | None:
 
 def spec_mismatch(image: Path, spec: dict) -> str:
     """Why runsc would refuse to restore `image` into a container with `spec`
-    (mount destinations/types/options, devices, the GPU count: nvproxy/cdi.py
+    (mount destinations/types/options, devices, the GPU count: nvproxy/restore_spec.py
     check_restore_compatible), said before runsc runs; "" when it would not,
     or when the image does not carry its spec (runsc's own validation decides)."""
-    from nvproxy import cdi
+    from nvproxy import restore_spec
     saved = saved_spec(image)
     if saved is None:
         return ""
     try:
-        cdi.check_restore_compatible(saved, spec)
+        restore_spec.check_restore_compatible(saved, spec)
     except ThawError as e:
         return e.message
     return ""

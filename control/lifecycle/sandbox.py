@@ -45,6 +45,7 @@ from control.lifecycle.records import (TRANSITIONAL, CheckpointResult, Mitigatio
 from control.lifecycle import logs as logsmod
 from control.lifecycle import profiles
 from control.lifecycle import recovery
+from control.lifecycle import status as statusmod
 from control.lifecycle.engine import Engine, Handle, status as engine_status
 from nvproxy.cuda import stage_for, uses_gpu
 from control.errors import (AlreadyExists, CheckpointFailed, ImageError, InUse, InvalidTransition, NotFound,
@@ -215,7 +216,7 @@ class Sandboxes:
         back to running and CheckpointFailed says so. Without `leave_running` the
         sandbox is removed only after the image is complete and renamed into place.
         """
-        rec = self._require(sid)
+        rec = self.require(sid)
         out = Path(out)
         if os.path.lexists(out):   # a dangling symbolic link too: it is someone's name
             raise AlreadyExists("image directory", str(out), "checkpoint writes a new directory")
@@ -430,25 +431,11 @@ class Sandboxes:
                            fallback_reason=reason)
 
     def watch(self, sid: str, seconds: float, poll_s: float = 0.05) -> logsmod.Exit | None:
-        """Watch a just-started workload for `seconds`: its exit status when it
-        exits meanwhile (its monitor saw it, or runsc has it stopped), else None."""
-        rec = self._require(sid)
-        logs = logsmod.SandboxLogs.of(self.settings, sid)
-        deadline = time.monotonic() + seconds
-        while True:
-            ex = logs.exit()
-            if ex is not None:
-                return ex
-            if time.monotonic() >= deadline:
-                break
-            time.sleep(poll_s)
-        if seconds > 0 and self.gone(sid):   # runsc saw it first: the monitor writes it in a moment
-            return logsmod.settled_exit(logs, rec.monitor) or logsmod.Exit(None, time.time(), "no monitor saw it")
-        return None
+        return statusmod.watch(self, sid, seconds, poll_s)
 
     def settled(self, sid: str) -> None:
         """A restore made with settle=False is complete (every page in): running."""
-        rec = self._require(sid)
+        rec = self.require(sid)
         if rec.state is State.RESTORING:
             rec.owner = None
             self._move(rec, State.RUNNING)
@@ -456,7 +443,7 @@ class Sandboxes:
     def wait_restored(self, sid: str, timeout_s: float | None = None) -> None:
         """Until the sandbox's restore is complete, every page loaded (`runsc wait
         --restore`); RunscError when it failed, when runsc killed the sandbox."""
-        rec = self._require(sid)
+        rec = self.require(sid)
         self.handle(rec).runsc.wait(runsc_id(sid), timeout_s, restore=True)
 
     def health(self, sid: str, probes: list | None = None,
@@ -464,7 +451,7 @@ class Sandboxes:
         """Run the sandbox's health check now (probes default to its own); (result,
         gate closed?). Fails at once when the workload has exited. The result is
         recorded in the sandbox's record."""
-        rec = self._require(sid)
+        rec = self.require(sid)
         result = Engine(self.settings).check(self.handle(rec), rec.probes if probes is None else probes, policy)
         closed = gatemod.is_closed(sid) if rec.net else None
         current = self.get(sid)
@@ -503,71 +490,24 @@ class Sandboxes:
         self._undo(r, rec or Record(id=sid, state=State.STOPPED, bundle=str(self.bundles_dir / sid)))
 
     def ps(self) -> list[dict]:
-        """Records joined with runsc's view (runsc may know sandboxes thaw does not).
-        A record whose workload exited shows as stopped, whatever the record said."""
-        r = self.runsc()
-        live = {c.id: c for c in r.list()}
-        closed = set(gatemod.closed_gates())
-        rows = []
-        for rec in self.list_records():
-            c = live.pop(runsc_id(rec.id), None)
-            state = rec.state.value
-            logs = logsmod.SandboxLogs.of(self.settings, rec.id)
-            ex = logs.exit()
-            if rec.state is State.RUNNING and (c is None or c.status == "stopped" or ex is not None):
-                state = State.STOPPED.value
-                if ex is None:   # runsc saw the exit first; the monitor writes it in a moment
-                    ex = logsmod.settled_exit(logs, rec.monitor)
-            stopped = state == State.STOPPED.value
-            rows.append({"id": rec.id, "state": state, "runsc_status": c.status if c else "absent",
-                         "pid": c.pid if c else 0, "address": (rec.net or {}).get("sandbox_ip"),
-                         "ports": (rec.net or {}).get("ports", []),
-                         "gate": ("closed" if rec.id in closed else "open") if rec.net else None,
-                         "healthy": rec.health.get("healthy") if rec.health else None,
-                         "exit_status": ex.status if (ex and stopped) else None,
-                         "exit": (ex.describe() if ex else "exit status unknown (no monitor saw it)")
-                         if stopped else None,
-                         "gpus": rec.gpus, "restored_from": rec.restored_from, "created_at": rec.created_at})
-        for c in live.values():
-            rows.append({"id": c.id, "state": "unmanaged", "runsc_status": c.status, "pid": c.pid,
-                         "address": None, "ports": [], "gate": None, "healthy": None, "exit_status": None,
-                         "exit": None, "gpus": [], "restored_from": None, "created_at": None})
-        return rows
+        return statusmod.rows(self)
 
     def logs(self, sid: str) -> tuple[logsmod.SandboxLogs, Callable[[], bool]]:
-        """Sandbox `sid`'s log files, and whether its monitor still writes them."""
-        validate_id(sid)
-        rec = self.get(sid)
-        files = logsmod.SandboxLogs.of(self.settings, sid)
-        if rec is None and not files.dir.is_dir():
-            raise NotFound("sandbox", sid, "`thaw ps` lists the sandboxes thaw manages")
-        if rec is not None and rec.monitor is None:
-            raise NotFound("log of sandbox", sid, "it was started by a thaw without sandbox logs")
-        return files, lambda: logsmod.monitor_alive(rec.monitor if rec else None)
+        return statusmod.logs(self, sid)
 
     def gone(self, sid: str) -> bool:
-        """The workload has exited: its monitor saw it (runsc's own view lags that,
-        see Handle.exited), or runsc says so, or its container is gone."""
-        rec = self._require(sid)
-        if logsmod.SandboxLogs.of(self.settings, sid).exit() is not None:
-            return True
-        return _status(self.runsc("sandbox" if rec.net else "none"), runsc_id(sid)) in ("stopped", "absent")
+        return statusmod.gone(self, sid)
 
     def exit_of(self, sid: str) -> logsmod.Exit | None:
-        """The workload's exit status, once its monitor saw it exit (for a workload
-        runsc already calls gone, the monitor is given a moment to write it)."""
-        rec = self.get(sid)
-        return logsmod.settled_exit(logsmod.SandboxLogs.of(self.settings, sid), rec.monitor if rec else None)
+        return statusmod.exit_of(self, sid)
 
     def address(self, sid: str) -> str:
-        rec = self._require(sid)
-        if not rec.net:
-            raise UserError(f"sandbox {sid!r} has no network")
-        return rec.net["sandbox_ip"]
+        return statusmod.address(self, sid)
 
     # -- helpers ----------------------------------------------------------------
 
-    def _require(self, sid: str) -> Record:
+    def require(self, sid: str) -> Record:
+        """Sandbox `sid`'s record; NotFound when thaw manages none of that id."""
         validate_id(sid)  # before the id names a path
         rec = self.get(sid)
         if rec is None:

@@ -42,6 +42,16 @@ class AutoCheckpointer:
         self._lock = threading.Lock()
         self._running: set[str] = set()     # keys a job runs for
 
+    def cold_started(self, rt: RuntimeRef, key: str, reason: str) -> None:
+        """A lone container started cold (the stand-in's COLD_STARTED): its record ends
+        cold, the start is counted, and it is checkpointed once it is ready."""
+        self.containers.end(rt, "COLD_STARTED", reason)
+        log.info("outcome %s key=%s COLD_STARTED %s", rt.container_id, key, reason,
+                 extra=fields(container=rt.container_id, key=key or None, decision="COLD_STARTED",
+                              reason=reason or None))
+        self.metrics.inc("thaw_cold_starts_total")
+        self.lone(rt, key)
+
     def lone(self, rt: RuntimeRef, key: str) -> None:
         """A lone container of `key` started cold: checkpoint it once it is ready."""
         self.maybe(key, lambda: self._lone_job(rt, key), rt.container_id)

@@ -13,7 +13,7 @@ gave it as stdio (for parking) and the parked sandbox it adopted.
 
 The states are the words of the Go stand-in's marker (preparing, restore,
 adopt, restored, cold, cold-fallback, satisfied; twin:
-go/internal/standin/standin.go marker.Decision) plus the two only thawd sees: restoring (its Restore call is
+go/internal/standin/marker.go marker.Decision) plus the two only thawd sees: restoring (its Restore call is
 running, the engine owns the gate) and released (the record is gone). A
 decision is *pending* while the record is in restore or adopt: it then ends
 in exactly one outcome, RESTORED, RESTORE_FAILED, or ABANDONED when the
@@ -37,6 +37,7 @@ from control.lifecycle import tenant as tenantmod
 from control.lifecycle import workload as workloadmod
 from control.lifecycle.engine import Handle
 from runsc_hooks import gate as gatemod
+from runsc_hooks import netns as netnsmod
 from runsc_hooks import network as netmod
 from runsc_hooks import spec as specmod
 from runsc_hooks.runsc import GlobalOptions, Runsc
@@ -143,7 +144,7 @@ class Container:
     identity: object | None = None    # ctrinfo.Identity, established once
     image: object | None = None       # the leased image (images.source.Restorable)
     gate: str | None = None           # closed for its restore until the engine takes it over
-    network: tuple[str, list] | None = None   # (netns path, network.snapshot) before runsc took it
+    network: tuple[str, list] | None = None   # (netns path, netns.snapshot) before runsc took it
     stdio: str = ""                   # what the shim gave it (PrepareRestoreRequest.stdio)
     adopted: str = ""                 # the parked sandbox it adopted (its runsc id)
 
@@ -191,6 +192,8 @@ class Containers:
             return self._move_locked(rt, wanted, **fields)
 
     def _move_locked(self, rt: RuntimeRef, wanted: State, **fields) -> Container:
+        """The one place a record's state changes, through the table (check_transition);
+        the lock is held."""
         c = self._map.get(rt.k)
         check_transition(rt.container_id, c.state if c else None, wanted)
         if c is None:
@@ -261,12 +264,12 @@ class Containers:
 
     def remember_network(self, rt: RuntimeRef, spec: dict) -> None:
         """Keep the container's network namespace configuration from before runsc
-        takes it over, for a cold start after a failed restore (network.snapshot)."""
+        takes it over, for a cold start after a failed restore (netns.snapshot)."""
         path = specmod.netns_path(spec)
         if not path:
             return
         try:
-            snap = netmod.snapshot(path)
+            snap = netnsmod.snapshot(path)
         except Exception as e:  # noqa: BLE001 - a namespace thaw cannot read: nothing to put back later
             log.warning("network of %s not recorded: %s", rt.container_id, e)
             return
@@ -385,8 +388,8 @@ class Containers:
             c = self._map.get(rt.k)
             if c is None or not c.pending:
                 return
-            key, gate, c.gate = c.key, c.gate, None
-            c.state = State.PREPARING   # no decision now (PREPARING allows every next one)
+            key, gate = c.key, c.gate
+            self._move_locked(rt, State.PREPARING, gate=None)   # no decision now (PREPARING allows every next one)
         if gate is not None:
             gatemod.open(gate, f"restore of {rt.container_id} abandoned")
         log.info("outcome %s key=%s ABANDONED %s", rt.container_id, key, why,
@@ -411,9 +414,10 @@ class Containers:
         sandbox it adopted)."""
         self.settle(rt, why)
         with self._lock:
-            c = self._map.pop(rt.k, None)
+            c = self._map.get(rt.k)
             if c is not None:
-                c.state = State.RELEASED
+                self._move_locked(rt, State.RELEASED)
+                del self._map[rt.k]
         if c is not None and c.image is not None:
             c.image.release()
         return c

@@ -35,7 +35,7 @@ PARKED_DIR = "parked"
 RECORD = "parked.json"
 RUNSC_LOG = "runsc.log.json"
 ID_PREFIX = "thaw-parked-"
-NETNS_PREFIX = "thawpark-"           # not runsc_hooks/network.py's "thaw-": no veth, no gate
+NETNS_PREFIX = "thawpark-"           # not runsc_hooks/netns.py's "thaw-": no veth, no gate
 # Global flags whose value names a per-container file (the shim's --log is
 # <bundle>/log.json, its --panic-log the pod's log dir): not part of what an
 # adopter must share with the template, and rewritten into the parked
@@ -193,9 +193,9 @@ def parkable(spec: dict) -> str:
     cannot move into it."""
     path = specmod.netns_path(spec)
     if path:
-        from runsc_hooks import network as netmod
+        from runsc_hooks import netns as netnsmod
         try:
-            lo_only = netmod.loopback_only(path)
+            lo_only = netnsmod.loopback_only(path)
         except Exception as e:  # noqa: BLE001 - an unreadable namespace is not parkable
             return f"its network namespace {path} cannot be read ({e})"
         if not lo_only:

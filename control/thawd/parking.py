@@ -260,10 +260,10 @@ class Parking:
             spec = copy.deepcopy(tpl.spec)
             spec["root"]["path"] = str(d / "rootfs")
             if specmod.netns_path(spec):      # loopback-only (parkable): one like it of its own
-                from runsc_hooks import network as netmod
+                from runsc_hooks import netns as netnsmod
                 p.netns = NETNS_PREFIX + pid[len(ID_PREFIX):]
                 self._save(p)
-                spec = specmod.with_netns(spec, netmod.create_loopback_netns(p.netns))
+                spec = specmod.with_netns(spec, netnsmod.create_loopback(p.netns))
             if (spec.get("linux") or {}).get("cgroupsPath"):
                 spec["linux"]["cgroupsPath"] = cgroups_path(spec["linux"]["cgroupsPath"], pid)
             specmod.Bundle(d).write(spec)
@@ -507,9 +507,9 @@ class Parking:
         elif p.relay_pid:
             _kill_relay(p.relay_pid, p.relay_socket)
         if p.netns:
-            from runsc_hooks import network as netmod
+            from runsc_hooks import netns as netnsmod
             try:
-                netmod.remove_netns(p.netns)
+                netnsmod.remove(p.netns)
             except Exception as e:  # noqa: BLE001 - a namespace file left: logged, nothing else holds it
                 log.warning("park %s: network namespace %s stays: %s", p.id, p.netns, e)
         with self._lock:

@@ -30,14 +30,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from control.errors import IdentityError, ThawError
 from control.lifecycle import pod as podmod
 from control.lifecycle.engine import Engine, loads_after_return
+from control.lifecycle.workload import workload_of
 from control.thawd.containers import Containers, Decision, RuntimeRef, State
+from control.thawd.podrecord import (COLD, FAILED, INIT_KEY_PREFIX, INIT_SATISFIED, POD_FAILED, RESTORED, RESTORING,
+                                     STOPPED_WHILE_RESTORING, MemberState, Pod)
 from control.thawd.podtables import PodTables, hint_of
 from control.thawd.restore import restore_failure, restore_options
 from control.thawd.standin import CONFIRM_TIMEOUT_S, Standin
@@ -51,57 +53,6 @@ if TYPE_CHECKING:
     from control.thawd.restore import Restorer
 
 log = logging.getLogger("thawd")
-
-# The reason prefix of a pod thawd removed: the stand-in fails the container's
-# create with it instead of creating a container in a sandbox that is gone.
-# Twin: go/internal/standin/standin.go podFailedReason.
-POD_FAILED = "pod-failed"
-# The reason prefix the stand-in reports when a kill of a container of a
-# restoring pod failed (the kubelet stops a pod before its last container
-# came): thawd removes the sandbox so the pod can go. Twin:
-# go/internal/standin/standin.go stoppedWhileRestoring.
-STOPPED_WHILE_RESTORING = "stopped-while-restoring"
-
-COLD, RESTORING, RESTORED, FAILED = "cold", "restoring", "restored", "failed"
-# The reason of an init container answered as done in a restoring pod (Decision.satisfied;
-# the stand-in's marker says "satisfied": go/internal/standin satisfied.go).
-INIT_SATISFIED = "init-satisfied"
-# An init container's identity in the pod's key: beside the app containers', named apart.
-INIT_KEY_PREFIX = "init/"
-
-
-@dataclass
-class MemberState:
-    name: str
-    rt: RuntimeRef
-    identity: dict
-    started: bool = False        # cold: started; restoring: its `runsc restore` registered it
-
-
-@dataclass
-class Pod:
-    sandbox: RuntimeRef        # the pause container: the sandbox runsc checkpoints and restores
-    uid: str
-    lookup: str
-    declared: dict               # name -> pod.Member
-    state: str = COLD
-    reason: str = ""
-    key: str = ""                # the image restoring; for a cold pod, its key once assembled
-    table: dict = field(default_factory=dict)      # name -> identity the image was saved with
-    members: dict = field(default_factory=dict)    # name -> MemberState
-    undeclared: list = field(default_factory=list)
-    unkeyed: str = ""            # why a container's identity (so the pod's key) cannot be told: never checkpointed
-    hint: str = ""               # which version of its workload the pod is (podtables.hint_of)
-    # Init containers: cold, those that ran and ended before the pod was assembled (name ->
-    # identity); restoring, those of the image's pod (its table's), answered as done.
-    init: dict = field(default_factory=dict)
-    table_init: dict = field(default_factory=dict)
-    bound_any: str = ""          # the container a thaw.dev/ready-alone declaration was bound to
-    restored_at: float = 0.0
-    timer: threading.Timer | None = None
-
-    def summary(self) -> str:
-        return f"pod {self.sandbox.container_id} ({self.lookup}, {self.state})"
 
 
 class Pods:
@@ -160,26 +111,9 @@ class Pods:
                     for name, m in list(q.members.items()):
                         if m.rt.container_id == container_id and str(m.rt.runsc_root) == root:
                             del q.members[name]
-                            self._ended_locked(q, name, m)
+                            q.ended_locked(name, m)
         if p is not None and p.timer:
             p.timer.cancel()
-
-    @staticmethod
-    def _ended_locked(p: Pod, name: str, m: MemberState) -> None:
-        """Member `name` of `p` was deleted: an init container's end, while `p` is cold and
-        unassembled (forget says why); the lock is held."""
-        if p.state != COLD or p.key or not name:
-            return
-        if name in p.declared and name != p.bound_any:
-            return                    # a declared app container that ended: the kubelet restarts it
-        if name == p.bound_any:       # thaw.dev/ready was bound to what turned out an init container
-            d = p.declared.pop(name)
-            p.declared[podmod.ANY] = podmod.Member(podmod.ANY, d.ready, d.health)
-            p.bound_any = ""
-        if name in p.undeclared:
-            p.undeclared.remove(name)
-        p.init[name] = m.identity
-        log.info("%s: container %s ended before the pod was assembled: an init container", p.summary(), name)
 
     # -- the pause container ---------------------------------------------------
 
@@ -217,7 +151,9 @@ class Pods:
         if not d.restore:
             p.reason = d.reason
             return d
-        log.info("%s: restores %s (pod table from the %s, hint %r)", p.summary(), table.key, source, p.hint)
+        log.info("%s: restores %s (pod table from the %s, hint %r)", p.summary(), table.key, source, p.hint,
+                 extra=fields(container=rt.container_id, key=table.key, decision="restore", role="pod-sandbox",
+                              reason=f"pod table from the {source}"))
         p.state, p.key, p.table = RESTORING, table.key, table.containers
         return d
 
@@ -271,8 +207,7 @@ class Pods:
         loading the kernel through thaw-gofer (its reads are bounded by store.stream_deadline_s
         each: docs/store.md "Pods"). A stream that failed meanwhile is the reason."""
         if p.state == RESTORING:
-            missing = sorted(n for n in p.table if not (n in p.members and p.members[n].started))
-            why = (f"assembly-timeout: {', '.join(missing)} not restored within {timeout:.0f}s "
+            why = (f"assembly-timeout: {', '.join(p.missing())} not restored within {timeout:.0f}s "
                    "(thawd.pod_assembly_timeout_s)")
             lease = self.containers.lease_of(p.sandbox)
             if lease is not None and lease.streamed and lease.verdict(0) is not None:
@@ -303,14 +238,14 @@ class Pods:
         except IdentityError as e:
             ident, unkeyed = {}, f"{e} (container {name!r})"
         if p.state != RESTORING or name in p.table:
-            self._bind(p, name)
+            p.bind(name)
         if p.state == RESTORING:
             if unkeyed:   # nobody can tell it is the image's container: the pod starts again, cold
                 self.fail(p, unkeyed)
                 return Decision(False, f"{POD_FAILED}: {p.reason}", p.key)
             if name in p.table_init and name not in p.table:
                 return self._satisfy(p, rt, name, ident)
-            problem = self._mismatch(p, name, ident)
+            problem = p.mismatch(name, ident)
             if problem:
                 self.fail(p, f"container-mismatch: {problem}", refuse_table=True)
                 return Decision(False, f"{POD_FAILED}: {p.reason}", p.key)
@@ -335,15 +270,6 @@ class Pods:
         self._assembled(p)
         return Decision(False, f"pod-cold: {unkeyed or p.reason}", p.key or p.lookup)
 
-    @staticmethod
-    def _bind(p: Pod, name: str) -> None:
-        """A pod declared by thaw.dev/ready alone: its first container is the declared one
-        (unbound again if it ends as an init container: _ended_locked)."""
-        if name and podmod.ANY in p.declared and name not in p.declared:
-            m = p.declared.pop(podmod.ANY)
-            p.declared[name] = podmod.Member(name, m.ready, m.health)
-            p.bound_any = name
-
     def _satisfy(self, p: Pod, rt: RuntimeRef, name: str, ident: dict) -> Decision:
         """An init container of a restoring pod: the image's pod ran it to its end before
         it was saved, and what it left in memory comes back with the restore. The kubelet
@@ -361,15 +287,6 @@ class Pods:
         self.containers.decide(rt, State.SATISFIED, p.key, reason=INIT_SATISFIED)
         return Decision(False, f"{INIT_SATISFIED}: the image's pod ran it; its work is in the restored memory",
                         p.key, satisfied=True)
-
-    def _mismatch(self, p: Pod, name: str, ident: dict) -> str:
-        if name not in p.table:
-            return (f"container {name!r} is not one of the image's ({', '.join(sorted(p.table))})"
-                    if name else "a container without io.kubernetes.cri.container-name")
-        if name in p.members:
-            return f"container {name!r} created twice while the pod restores"
-        diff = podmod.differences(p.table[name], ident)
-        return f"container {name!r} differs from the image's: {', '.join(diff)}" if diff else ""
 
     def _assembled(self, p: Pod) -> None:
         """A cold pod whose declared containers have all been created: its key and container
@@ -402,7 +319,7 @@ class Pods:
             return False, "thawd holds no restoring pod for this container", 0.0
         with self._lock:
             p.members[name].started = True
-            done = all(n in p.members and p.members[n].started for n in p.table)
+            done = not p.missing()
         if not done:
             self._watch_standin(rt, standin, p)
             return True, "registered; the sandbox restores with its last container", time.monotonic() - t0
@@ -444,6 +361,10 @@ class Pods:
                  extra=fields(container=p.sandbox.container_id, key=p.key, decision="RESTORED", pod=True,
                               duration_s=round(secs, 4)))
         self.metrics.inc("thaw_restores_total")
+        # What thawd times of a pod's restore: from the last container's Restore (its
+        # `runsc restore`, the stand-in's, has registered it) to every container healthy,
+        # the hooks run and, for a --background restore, every page in.
+        self.metrics.observe("thaw_restore_seconds", secs, workload=workload_of(p.key))
         self.metrics.observe("thaw_health_seconds", secs)
         self.quarantine.succeeded(p.key)
         if lease is not None:
@@ -491,6 +412,20 @@ class Pods:
         threading.Thread(target=watch, daemon=True, name=f"confirm-{rt.container_id}"[:15]).start()
 
     # -- outcomes the stand-in reports ----------------------------------------------
+
+    def outcome(self, rt: RuntimeRef, spec: dict, outcome: str, reason: str) -> None:
+        """What the stand-in reports for a pod's container (control/thawd/roles.py sends it
+        here): RESTORE_FAILED (its part of the pod's restore, or a pause container's
+        create that failed) or COLD_STARTED."""
+        role = podmod.role(spec)
+        log.info("outcome %s (pod %s) %s %s", rt.container_id, role, outcome, reason,
+                 extra=fields(container=rt.container_id, role=role, decision=outcome, reason=reason or None))
+        self.containers.end(rt, outcome, reason)
+        if outcome == "RESTORE_FAILED":
+            self.restore_failed(rt, spec, reason)
+        else:
+            self.metrics.inc("thaw_cold_starts_total")
+            self.cold_started(rt, spec)
 
     def cold_started(self, rt: RuntimeRef, spec: dict) -> None:
         role = podmod.role(spec)
@@ -546,7 +481,8 @@ class Pods:
         if refuse_table:   # a pod of another version: its hint picks this table no more here
             self.tables.refuse(p.lookup, p.key, p.hint)
         log.warning("%s: %s; removing its sandbox: the kubelet re-creates the pod, which then starts cold",
-                    p.summary(), reason)
+                    p.summary(), reason, extra=fields(container=p.sandbox.container_id, key=p.key or None,
+                                                      decision="pod-failed", reason=reason))
         r = p.sandbox.runsc(self.s.runsc_path, self.s.runsc_timeout_s)
         try:
             if r.exists(p.sandbox.container_id):

@@ -192,7 +192,8 @@ class Preparer:
             spec.clear()
             spec.update(injected)
             changed = True
-        changed = cudamod.mount_helper(spec, self.s) or changed
+        if cudamod.uses_gpu(spec):   # staged only where a GPU asks: a CPU node need not have the helper
+            changed = cudamod.mount_helper(spec, cudamod.stage_for(self.s)) or changed
         if not changed:
             return
         orig = rt.bundle / ORIG_CONFIG

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 from pathlib import Path
 
 from control.config import Settings
+from control.errors import UserError
 from control.files import write_json_atomic
 from control.logfields import fields
 
@@ -81,6 +83,25 @@ class Quarantine:
             if found:
                 self._save_locked()
         return found
+
+    def mark(self, entries: list[dict]) -> list[dict]:
+        """Cache entries (ImageSource.entries, `thaw stats`) with each quarantined key's
+        said so: state "quarantined", and why."""
+        q = self.items()
+        for e in entries:
+            if e["key"] in q:
+                e["state"], e["reason"] = "quarantined", q[e["key"]]
+        return entries
+
+    def evict(self, key: str, images) -> bool:
+        """`thaw evict KEY`: the key's unleased cache entries go (`images`: the image
+        source; the store keeps its copy), and so does its quarantine. True when an
+        entry went."""
+        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,200}", key or ""):
+            raise UserError(f"workload_key {key!r} is not a valid key", field="workload_key")
+        removed = images.evict(key)
+        self.lift(key)
+        return removed
 
     def _save_locked(self) -> None:
         """Precondition: self._lock is held."""

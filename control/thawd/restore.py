@@ -26,7 +26,7 @@ from control.lifecycle.engine import Engine, Handle, Restored
 from control.thawd.containers import Containers, RuntimeRef
 from control.thawd.standin import CONFIRM_TIMEOUT_S, Standin
 from runsc_hooks import gate as gatemod
-from runsc_hooks import network as netmod
+from runsc_hooks import netns as netnsmod
 from runsc_hooks.runsc import RestoreOptions
 from control.logfields import fields
 from control.lifecycle.workload import workload_of
@@ -175,7 +175,7 @@ class Restorer:
         net = self.containers.take_network(rt)
         if net is not None:
             try:
-                netmod.reapply(*net)
+                netnsmod.reapply(*net)
             except Exception as e:  # noqa: BLE001 - the cold start goes on; it may lack its network
                 log.warning("network of %s not put back after its failed restore: %s", rt.container_id, e)
         if h.gate is not None:

@@ -28,6 +28,7 @@ from control.errors import RunscError, UnhealthyRestore
 from control.lifecycle.sandbox import Mitigations, Sandboxes, State, runsc_id
 from runsc_hooks import gate as gatemod
 from runsc_hooks import probe as probemod
+from runsc_hooks import netns as netnsmod
 from runsc_hooks import network as netmod
 from runsc_hooks import nft
 
@@ -195,15 +196,15 @@ def test_namespace_reads_and_writes_never_fork(net, name, monkeypatch):
     monkeypatch.setattr(os, "fork", no_fork)
     try:
         n = netmod.plumb(sid, host_ip, sandbox_ip, plen, subnet=NET_SUBNET)   # the CLI's, in its threads too
-        snap = netmod.snapshot(n.netns_path)
+        snap = netnsmod.snapshot(n.netns_path)
         assert {(e["kind"], e.get("address")) for e in snap} >= {("addr", sandbox_ip)}
         assert any(e["kind"] == "route" and e["gateway"] == host_ip for e in snap), snap
         # runsc takes the address away at create; reapply puts address and default route back.
-        netmod._in_netns(n.netns_path, lambda ns: ns.addr("del", index=ns.link_lookup(ifname="eth0")[0],
+        netnsmod.enter(n.netns_path, lambda ns: ns.addr("del", index=ns.link_lookup(ifname="eth0")[0],
                                                            address=sandbox_ip, prefixlen=plen))
-        assert not [e for e in netmod.snapshot(n.netns_path) if e["kind"] == "addr"]
-        netmod.reapply(n.netns_path, snap)
-        assert sorted(map(str, netmod.snapshot(n.netns_path))) == sorted(map(str, snap))
+        assert not [e for e in netnsmod.snapshot(n.netns_path) if e["kind"] == "addr"]
+        netnsmod.reapply(n.netns_path, snap)
+        assert sorted(map(str, netnsmod.snapshot(n.netns_path))) == sorted(map(str, snap))
         # A namespace thaw did not plumb is read from inside: its first global address.
         os.symlink(n.netns_path, net / "foreign-ns")
         assert netmod.namespace_address(str(net / "foreign-ns")) == (sandbox_ip, None)

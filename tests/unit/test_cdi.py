@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from control.errors import NotFound, PreconditionError, SpecError
-from nvproxy import cdi
+from nvproxy import cdi, restore_spec
 from nvproxy.gpu import Gpu, NodeGpus
 from runsc_hooks import spec as specmod
 
@@ -302,7 +302,7 @@ NODE_8 = NodeGpus(DRIVER, "13.0", tuple(Gpu(i, "NVIDIA H200", f"GPU-{i}", i, 150
 def test_restore_on_other_minors_keeps_mounts(tmp_path, base):
     reg = registry_for(tmp_path, "drv")
     saved = cdi.inject(base, reg, ["nvidia.com/gpu=0"], stat=fake_stat)
-    new = cdi.for_restore(saved, saved, reg, ["nvidia.com/gpu=5"], stat=fake_stat)
+    new = restore_spec.for_restore(saved, saved, reg, ["nvidia.com/gpu=5"], stat=fake_stat)
     assert cdi.gpu_nodes(saved) == ["/dev/nvidia0"]
     assert cdi.gpu_nodes(new) == ["/dev/nvidia5"]
     assert [m["destination"] for m in new["mounts"]] == [m["destination"] for m in saved["mounts"]]
@@ -313,16 +313,16 @@ def test_restore_on_other_minors_keeps_mounts(tmp_path, base):
 def test_restore_several_gpus(tmp_path, base):
     reg = registry_for(tmp_path, "drv")
     saved = cdi.inject(base, reg, ["nvidia.com/gpu=0", "nvidia.com/gpu=1"], stat=fake_stat)
-    new = cdi.for_restore(base, saved, reg, ["nvidia.com/gpu=6", "nvidia.com/gpu=3"], stat=fake_stat)
+    new = restore_spec.for_restore(base, saved, reg, ["nvidia.com/gpu=6", "nvidia.com/gpu=3"], stat=fake_stat)
     assert cdi.gpu_nodes(new) == ["/dev/nvidia3", "/dev/nvidia6"]     # sorted by minor, as runsc pairs them
     with pytest.raises(SpecError, match=r"checkpoint has 2 GPU\(s\) .*assigns 1 \(/dev/nvidia3\)"):
-        cdi.for_restore(base, saved, reg, ["nvidia.com/gpu=3"], stat=fake_stat)
+        restore_spec.for_restore(base, saved, reg, ["nvidia.com/gpu=3"], stat=fake_stat)
 
 
 def test_restore_maps_moved_driver_files_back_to_saved_destinations(tmp_path, base):
     saved = cdi.inject(base, registry_for(tmp_path, "usr/local/nvidia/lib64"), ["nvidia.com/gpu=0"], stat=fake_stat)
     other = registry_for(tmp_path, "usr/lib64/nvidia")      # the driver lives elsewhere on this node
-    new = cdi.for_restore(base, saved, other, ["nvidia.com/gpu=2"], stat=fake_stat)
+    new = restore_spec.for_restore(base, saved, other, ["nvidia.com/gpu=2"], stat=fake_stat)
     by_dest = {m["destination"]: m["source"] for m in new["mounts"]}
     dest = str(tmp_path / "usr-local-nvidia-lib64/usr/local/nvidia/lib64" / f"libcuda.so.{DRIVER}")
     assert by_dest[dest] == str(tmp_path / "usr-lib64-nvidia/usr/lib64/nvidia" / f"libcuda.so.{DRIVER}")
@@ -335,15 +335,15 @@ def test_restore_refuses_mount_differences(tmp_path, base):
     fewer = json.loads(json.dumps(saved))
     fewer["mounts"] = [m for m in fewer["mounts"] if "ptxjit" not in m["destination"]]
     with pytest.raises(SpecError, match="ptxjitcompiler.* mounted on this node but not in the checkpoint"):
-        cdi.for_restore(base, fewer, reg, ["nvidia.com/gpu=1"], stat=fake_stat)
+        restore_spec.for_restore(base, fewer, reg, ["nvidia.com/gpu=1"], stat=fake_stat)
     more = json.loads(json.dumps(saved))
     more["mounts"].append(specmod.bind_mount("/srv/models", "/models"))
     with pytest.raises(SpecError, match="/models mounted in the checkpoint but not on this node"):
-        cdi.for_restore(base, more, reg, ["nvidia.com/gpu=1"], stat=fake_stat)
+        restore_spec.for_restore(base, more, reg, ["nvidia.com/gpu=1"], stat=fake_stat)
     rw = json.loads(json.dumps(saved))
     rw["mounts"][-1]["options"] = ["rw", "bind"]
     with pytest.raises(SpecError, match="type/options"):
-        cdi.for_restore(base, rw, reg, ["nvidia.com/gpu=1"], stat=fake_stat)
+        restore_spec.for_restore(base, rw, reg, ["nvidia.com/gpu=1"], stat=fake_stat)
 
 
 def test_restore_refuses_other_non_gpu_devices(tmp_path, base):
@@ -351,11 +351,11 @@ def test_restore_refuses_other_non_gpu_devices(tmp_path, base):
     saved = cdi.inject(base, reg, ["nvidia.com/gpu=0"], stat=fake_stat)
     saved["linux"]["devices"].append({"path": "/dev/fuse", "type": "c", "major": 10, "minor": 229})
     with pytest.raises(SpecError, match="device set differs.*fuse"):
-        cdi.for_restore(base, saved, reg, ["nvidia.com/gpu=0"], stat=fake_stat)
+        restore_spec.for_restore(base, saved, reg, ["nvidia.com/gpu=0"], stat=fake_stat)
 
 
 def test_restore_with_a_device_this_node_lacks(tmp_path, base):
     reg = registry_for(tmp_path, "drv")
     saved = cdi.inject(base, reg, ["nvidia.com/gpu=0"], stat=fake_stat)
     with pytest.raises(NotFound, match="nvidia.com/gpu=9"):
-        cdi.for_restore(base, saved, reg, ["nvidia.com/gpu=9"], stat=fake_stat)
+        restore_spec.for_restore(base, saved, reg, ["nvidia.com/gpu=9"], stat=fake_stat)

@@ -47,7 +47,7 @@ def rt(cid: str = "c1") -> RuntimeRef:
 
 
 def test_the_states_are_the_markers_words():
-    """Twin: go/internal/standin/standin.go marker.Decision, plus thawd's own two."""
+    """Twin: go/internal/standin/marker.go marker.Decision, plus thawd's own two."""
     assert {s.value for s in State} == {"preparing", "restore", "adopt", "restoring", "restored", "cold",
                                         "cold-fallback", "satisfied", "released"}
     assert set(TRANSITIONS) == set(ALL), "every state has a row"
@@ -183,3 +183,43 @@ def test_a_claimed_or_adopted_image_says_which_container_holds_it(box):
     c.begin(rt("c2"))
     c.decide(rt("c2"), State.ADOPT, "ctr-a.w", adopted="park-1", image=parked)
     assert parked.holder == "container c2 (adopted parked sandbox park-1)"
+
+
+def test_every_state_change_passes_the_table(box, monkeypatch):
+    """No verb sets a record's state behind the table's back: begin, decide, start,
+    restored, end, and the settle (ABANDONED) and release a delete does all move the
+    record through check_transition, so an illegal one would fail loudly there."""
+    seen: list[tuple[str, str]] = []
+    check = cm.check_transition
+
+    def spy(cid, current, wanted):
+        seen.append((current.value if current else "absent", wanted.value))
+        check(cid, current, wanted)
+    monkeypatch.setattr(cm, "check_transition", spy)
+    r = rt()
+    box.begin(r)
+    box.claim(r, FakeLease("img"))
+    box.decide(r, State.RESTORE, "k", gate="g1")
+    box.release(r, "deleted before its start")
+    assert seen == [("absent", "preparing"), ("preparing", "restore"), ("restore", "preparing"),
+                    ("preparing", "released")], "settle, then release, each through the table"
+    seen.clear()
+    r2 = rt("c2")
+    box.begin(r2)
+    box.decide(r2, State.RESTORE, "k")
+    box.start_restore(r2)
+    box.restored(r2)
+    box.end(r2, "RESTORE_FAILED", "the stand-in died")
+    box.release(r2)
+    assert seen == [("absent", "preparing"), ("preparing", "restore"), ("restore", "restoring"),
+                    ("restoring", "restored"), ("restored", "cold-fallback"), ("cold-fallback", "released")]
+
+
+def test_a_record_whose_state_allows_no_release_fails_loudly_at_its_delete(box):
+    """release moves through the table too: a record already RELEASED (a bug: it should
+    have left the map) is refused, not silently released twice."""
+    r = rt()
+    box._map[r.k] = cm.Container(r, state=State.RELEASED, key="k")
+    with pytest.raises(InvalidTransition):
+        box.release(r)
+    assert box.get(r) is not None

@@ -197,7 +197,7 @@ def test_cuda_sandbox_spec_has_gpus_from_cdi_and_the_helper(tmp_path, monkeypatc
     import os
     import stat as statmod
 
-    from nvproxy import cdi
+    from nvproxy import cdi, restore_spec
     from nvproxy.gpu import Gpu, NodeGpus
 
     node = NodeGpus("580.159.04", "13.0", (Gpu(0, "NVIDIA H200", "GPU-abc", 4, 150 << 30, "0000:01:00.0"),))
@@ -237,7 +237,7 @@ def test_cuda_sandbox_spec_has_gpus_from_cdi_and_the_helper(tmp_path, monkeypatc
     assert b.runsc.options.nvproxy and b.runsc.options.network == "none"
     assert b.devices == ["nvidia.com/gpu=GPU-abc"]
     # The spec a restore gets on this node passes the restore checks.
-    cdi.for_restore(b.spec, b.spec, reg, b.devices)
+    restore_spec.for_restore(b.spec, b.spec, reg, b.devices)
 
 
 def test_waiting_stops_when_the_server_is_dead(tmp_path):

@@ -11,7 +11,7 @@ import pytest
 from control.errors import ImageError, NotFound, PreconditionError, UserError
 from control.lifecycle import gpus
 from nvproxy.cuda import helper_path as cuda_helper_path
-from nvproxy import cdi, helper
+from nvproxy import cdi, helper, restore_spec
 from nvproxy.gpu import Gpu, NodeGpus
 from runsc_hooks import spec as specmod
 
@@ -131,7 +131,7 @@ def test_restore_without_gpus_uses_the_saved_indexes(tmp_path, saved, helper_dir
     sp, need = saved
     new = gpus.for_restore(sp, need, None, devices(tmp_path), helper_dir, "/img")
     assert cdi.gpu_nodes(new) == ["/dev/nvidia0"]
-    cdi.check_restore_compatible(sp, new)
+    restore_spec.check_restore_compatible(sp, new)
 
 
 def test_restore_onto_another_gpu(tmp_path, saved, tmp_path_factory):

@@ -232,3 +232,21 @@ def test_add_to_spec_replaces_the_old_source_and_refuses_mounts_inside(built, tm
     sp["mounts"] = [m for m in sp["mounts"] if m["destination"] != helper.HELPER_DIR]
     with pytest.raises(SpecError, match="reserves"):
         helper.add_to_spec(sp, tmp_path / "a")
+
+
+def test_one_helper_mount_for_both_doors(built, tmp_path):
+    """nvproxy/cuda.py mount_helper, which thawd's create and the CLI's GPU specs both
+    call: a CPU spec is left alone, a GPU spec gets the mount once (a second call
+    changes nothing), and a GPU spec with no staged helper is refused with the fix."""
+    from nvproxy import cuda
+    helper.stage(built["helper"], tmp_path / "a")
+    cpu = specmod.command_spec(["/bin/true"], rootfs=str(tmp_path / "root"))
+    assert cuda.mount_helper(cpu, None) is False and cpu == specmod.command_spec(["/bin/true"],
+                                                                                 rootfs=str(tmp_path / "root"))
+    gpu = specmod.command_spec(["/bin/true"], rootfs=str(tmp_path / "root"))
+    gpu.setdefault("linux", {})["devices"] = [{"path": cuda.CONTROL_NODE, "type": "c", "major": 195, "minor": 255}]
+    assert cuda.mount_helper(gpu, tmp_path / "a") is True
+    assert cuda.mount_helper(gpu, tmp_path / "a") is False
+    assert cuda.helper_path(gpu) == helper.HELPER_PATH
+    with pytest.raises(PreconditionError, match="make setup"):
+        cuda.mount_helper(gpu, None)

@@ -7,6 +7,7 @@ import pytest
 
 from control.errors import UserError
 from runsc_hooks import gate as gatemod
+from runsc_hooks import netns as netnsmod
 from runsc_hooks import network as netmod
 from runsc_hooks import nft
 
@@ -156,6 +157,6 @@ def test_listeners_finds_a_real_one():
 def test_a_fifo_is_not_a_network_namespace(tmp_path):
     import os
     os.mkfifo(tmp_path / "ns")
-    assert netmod._is_netns(tmp_path / "ns") is False
+    assert netnsmod.is_netns(tmp_path / "ns") is False
     assert netmod.namespace_address(str(tmp_path / "ns")) == (None, None)   # returns: no open of the FIFO
-    assert netmod._is_netns("/proc/self/ns/net") is True
+    assert netnsmod.is_netns("/proc/self/ns/net") is True

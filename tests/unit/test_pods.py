@@ -1,22 +1,39 @@
-"""thawd's pod decisions (control/thawd/pods.py) with a fake image source and a
-fake runsc that records its argv; bundles, specs and the pod tables are real."""
+"""thawd's pods (control/thawd/pods.py) given small fakes of the parts it uses, not a
+daemon: the preparer that leases an image and prepares a container's spec, the
+restorer that undoes a restore and counts a stream, the automatic checkpoint, the
+quarantine. The container records (control/thawd/containers.py, with a fake of
+containerd's identities), the metrics table, bundles, specs and the pod tables are
+real; the runsc the engine runs is a fake that records its argv (FAKE_RUNSC).
+
+What the real parts do with a pod's container is their own tests': the spec a
+pod's container gets (tests/unit/test_prepare.py), the checkpoint of a GPU pod's
+sandbox (tests/unit/test_autocheckpoint.py), the role routing
+(tests/unit/test_roles.py); a pod under containerd's CRI with real runsc is
+tests/integration/test_cri_restore.py's."""
 from __future__ import annotations
 
 import json
+import logging
 import stat
+import subprocess
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from control import config
+from control.errors import IdentityError, IntegrityError, NoSpace, UserError
 from control.lifecycle import pod as podmod
-from control.thawd.podtables import hint_of
-from control.thawd.service import RuntimeRef, Thawd
-from runsc_hooks import spec as specmod
-from control.errors import IdentityError, IntegrityError, NoSpace
+from control.lifecycle.workload import workload_of
+from control.thawd.containers import Containers, Decision, RuntimeRef, State
 from control.thawd.ctrinfo import Identity
+from control.thawd.metrics import Metrics
+from control.thawd.podtables import hint_of
+from control.thawd.pods import Pods
+from control.thawd.standin import Standin
+from runsc_hooks import spec as specmod
 from tests.unit.test_pod import POD_ANN, TENANT, digest, identity, lookup, member, sandbox
-from tests.unit.test_service import FakeImages, FakeStream
 
 FAKE_RUNSC = """#!/bin/sh
 echo "$@${GVISOR_SIDECAR_BINARIES_DIR:+ sidecars=$GVISOR_SIDECAR_BINARIES_DIR}" >> "$(dirname "$0")/argv.log"
@@ -49,6 +66,119 @@ class FakePodIdentities:
         return Identity(TENANT, "", "test sandbox")
 
 
+class FakeLease:
+    """A leased image (control/images/source.py Restorable) from the cache."""
+    streamed, hit = False, True
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.released = path, False
+
+    def env(self) -> dict:
+        return {}
+
+    def verdict(self, wait_s: float = 0):
+        return None
+
+    def describe(self, holder: str) -> None:
+        self.holder = holder
+
+    def release(self) -> None:
+        self.released = True
+
+
+class FakeStream(FakeLease):
+    """A streamed image: the sidecar directory runsc takes thaw-gofer from, and how the
+    stream ended (`error` None: installed)."""
+    streamed, hit = True, False
+
+    def __init__(self, path: Path, error=None) -> None:
+        super().__init__(path)
+        self.error = error
+
+    def env(self) -> dict:
+        return {"GVISOR_SIDECAR_BINARIES_DIR": str(self.path.parent / "sidecars")}
+
+    def verdict(self, wait_s: float = 0):
+        return self.error
+
+
+class FakePreparer:
+    """control/thawd/prepare.py's part in a pod: `claim_image` leases a key's image when
+    `available` holds the key (a FakeLease, or what `lease_for` makes), else answers
+    cold as claim_image does; `prepare_spec` records whom it prepared and raises
+    what `spec_errors[container id]` holds."""
+
+    def __init__(self, containers: Containers, images: Path) -> None:
+        self.containers, self.images = containers, images
+        self.available: set[str] = set()
+        self.lease_for = lambda key: FakeLease(images / key)
+        self.claimed: list[str] = []
+        self.leases: list[FakeLease] = []
+        self.specs: list[tuple[str, bool]] = []
+        self.spec_errors: dict[str, Exception] = {}
+
+    def claim_image(self, rt: RuntimeRef, spec: dict, key: str, t0=None) -> Decision:
+        self.claimed.append(key)
+        if key not in self.available:
+            self.containers.decide(rt, State.COLD, key, reason="no-image")
+            return Decision(False, "no-image", key)
+        lease = self.lease_for(key)
+        self.leases.append(lease)
+        self.containers.claim(rt, lease)
+        self.containers.decide(rt, State.RESTORE, key)
+        return Decision(True, "image-ready", key, str(lease.path), 10.0)
+
+    def restore_deadline_s(self, spec: dict, image=None) -> float:
+        return 10.0
+
+    def prepare_spec(self, rt: RuntimeRef, spec: dict, *, visible_devices: bool = False) -> None:
+        self.specs.append((rt.container_id, visible_devices))
+        if rt.container_id in self.spec_errors:
+            raise self.spec_errors[rt.container_id]
+
+
+class FakeRestorer:
+    def __init__(self) -> None:
+        self.undone: list[tuple[str, str, bool]] = []
+        self.streams: list = []
+
+    def undo_restore(self, h, rt, key, reason, quarantine=True) -> None:
+        self.undone.append((rt.container_id, reason, quarantine))
+
+    def count_stream(self, lease) -> None:
+        self.streams.append(lease)
+
+
+class FakeAutoCheckpointer:
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+        self.checkpoints: list[dict] = []
+
+    def maybe(self, key: str, job, what: str = "") -> None:
+        self.asked.append(key)
+
+    def checkpoint(self, rt, leave_running=True, key=None, hooks_rt=None, gpu_rts=None) -> dict:
+        self.checkpoints.append({"id": rt.container_id, "key": key, "hooks_on": hooks_rt.container_id,
+                                 "gpu": [g.container_id for g in gpu_rts or []]})
+        return {"workload_key": key, "published": True}
+
+
+class FakeQuarantine:
+    def __init__(self) -> None:
+        self.failures: list[tuple[str, str]] = []
+        self.successes: list[str] = []
+
+    def reason(self, key: str):
+        return None
+
+    def failed(self, key: str, reason: str) -> bool:
+        self.failures.append((key, reason))
+        return False
+
+    def succeeded(self, key: str) -> None:
+        self.successes.append(key)
+
+
 @pytest.fixture
 def env(tmp_path):
     (tmp_path / "empty.toml").write_text("")
@@ -56,16 +186,16 @@ def env(tmp_path):
     runsc.parent.mkdir()
     runsc.write_text(FAKE_RUNSC)
     runsc.chmod(runsc.stat().st_mode | stat.S_IEXEC)
-    s = config.load(environ={"THAW_NODE_STATE_DIR": str(tmp_path / "state"), "THAW_THAWD_PREPARE_TIMEOUT_S": "1",
-                             "THAW_RUNSC_PATH": str(runsc)}, config_file=tmp_path / "empty.toml")
-    images = FakeImages(tmp_path)
-    ids = FakePodIdentities()
-    t = Thawd(s, images, identify=ids.container, identify_sandbox=ids.sandbox)
-    t.fake_ids = ids
-    checkpoints: list[str] = []
-    t.autocheckpoint.maybe = lambda key, job, what="": checkpoints.append(key)
-    yield t, images, tmp_path, checkpoints
-    t.close()
+    s = config.load(environ={"THAW_NODE_STATE_DIR": str(tmp_path / "state"), "THAW_RUNSC_PATH": str(runsc)},
+                    config_file=tmp_path / "empty.toml")
+    ids, metrics = FakePodIdentities(), Metrics()
+    containers = Containers(s, metrics, ids.container, ids.sandbox)
+    pods = Pods(s, tmp_path / "state" / "thawd", containers, FakePreparer(containers, tmp_path / "images"),
+                FakeRestorer(), FakeAutoCheckpointer(), FakeQuarantine(), metrics)
+    yield SimpleNamespace(pods=pods, tmp=tmp_path, ids=ids, metrics=metrics, preparer=pods.preparer,
+                          restorer=pods.restorer, autocheckpoint=pods.autocheckpoint, quarantine=pods.quarantine,
+                          argv=tmp_path / "bin" / "argv.log")
+    containers.close()
 
 
 def rt_of(tmp: Path, cid: str, spec: dict) -> RuntimeRef:
@@ -75,100 +205,124 @@ def rt_of(tmp: Path, cid: str, spec: dict) -> RuntimeRef:
     return RuntimeRef.validate(cid, str(b), "/run/test-root", ["--root=/run/test-root"])
 
 
-def cold_pod(t: Thawd, tmp: Path, sid: str = "s1", uid: str = "uid-1", images=("thaw.dev/web:1",) * 2) -> dict:
-    """A pod the kubelet starts cold: pause, app, sidecar (create, start each)."""
-    box = rt_of(tmp, sid, sandbox(uid=uid) | {"annotations": {**sandbox(uid=uid)["annotations"],
-                                                             "io.kubernetes.cri.sandbox-id": sid}})
-    decisions = {"sandbox": t.prepare_restore(box)}
-    t.report_outcome(box, "COLD_STARTED", decisions["sandbox"].reason)
+def box_spec(sid: str, uid: str, ann: dict | None = None) -> dict:
+    sp = sandbox(ann, uid=uid)
+    sp["annotations"]["io.kubernetes.cri.sandbox-id"] = sid
+    return sp
+
+
+def member_of(sid: str, name: str, **kw) -> dict:
+    m = member(name, **kw)
+    m["annotations"]["io.kubernetes.cri.sandbox-id"] = sid
+    return m
+
+
+def create(e, cid: str, spec: dict) -> tuple[RuntimeRef, Decision]:
+    """A pod's container created, as control/thawd/roles.py hands it to Pods: its record
+    begins, then its pod decides."""
+    rt = rt_of(e.tmp, cid, spec)
+    e.pods.containers.begin(rt)
+    if podmod.role(spec) == podmod.SANDBOX:
+        return rt, e.pods.prepare_sandbox(rt, spec)
+    return rt, e.pods.prepare_member(rt, spec)
+
+
+def started_cold(e, rt: RuntimeRef, spec: dict, reason: str = "") -> None:
+    e.pods.outcome(rt, spec, "COLD_STARTED", reason)
+
+
+def cold_pod(e, sid: str = "s1", uid: str = "uid-1", images=("thaw.dev/web:1",) * 2) -> dict:
+    """A pod the kubelet starts cold: pause, app, sidecar (create, then start, each)."""
+    spec = box_spec(sid, uid)
+    box, d = create(e, sid, spec)
+    decisions = {"sandbox": d}
+    started_cold(e, box, spec, d.reason)
     for name, image in zip(("app", "sidecar"), images):
-        m = member(name, image=image)
-        m["annotations"]["io.kubernetes.cri.sandbox-id"] = sid
-        r = rt_of(tmp, f"{sid}-{name}", m)
-        decisions[name] = t.prepare_restore(r)
-        t.report_outcome(r, "COLD_STARTED", decisions[name].reason)
+        m = member_of(sid, name, image=image)
+        r, decisions[name] = create(e, f"{sid}-{name}", m)
+        started_cold(e, r, m, decisions[name].reason)
     return decisions
 
 
-def test_cold_pod_is_keyed_by_its_containers_and_checkpointed_once_all_started(env):
-    t, images, tmp, checkpoints = env
-    d = cold_pod(t, tmp)
-    assert not d["sandbox"].restore and d["sandbox"].reason.startswith("no-image")
+def table_key(e, names=("app", "sidecar")) -> str:
+    return e.pods.tables.pick(lookup(sandbox(), list(names)), "")[0].key
+
+
+def restoring_pod(e, sid: str = "s2", uid: str = "uid-2") -> tuple[RuntimeRef, str]:
+    """After a cold pod of the workload: its image is there, and the next sandbox restores it."""
+    cold_pod(e)
+    key = table_key(e)
+    e.preparer.available.add(key)
+    box, d = create(e, sid, box_spec(sid, uid))
+    assert d.restore and d.key == key, d
+    return box, key
+
+
+def test_a_cold_pod_is_keyed_by_its_containers_and_checkpointed_once_all_started(env):
+    d = cold_pod(env)
+    assert not d["sandbox"].restore and d["sandbox"].reason.startswith("no-image") and env.preparer.claimed == []
     assert [d[n].reason.split(":")[0] for n in ("app", "sidecar")] == ["pod-cold", "pod-cold"]
     lk = lookup(sandbox(), ["app", "sidecar"])
-    table = t.pods.tables.pick(lk, "")[0]
+    table = env.pods.tables.pick(lk, "")[0]
     assert table.key == podmod.key(lk, {n: identity(member(n)) for n in ("app", "sidecar")})
-    assert checkpoints == [table.key]  # once, after the last declared container started
+    assert env.autocheckpoint.asked == [table.key]   # once, after the last declared container started
+    assert env.metrics.counters().get("thaw_cold_starts_total") == 3
 
 
 def test_a_pod_whose_identity_cannot_be_told_starts_cold_and_is_never_keyed(env):
     """The sandbox's tenant or a member's image digest unknown (ctrinfo): that pod is
     cold with the reason, gets no table, and is never checkpointed."""
-    t, images, tmp, checkpoints = env
-    t.fake_ids.fail["s1"] = IdentityError("identity-unknown", "containerd did not answer")
-    d = cold_pod(t, tmp)
+    env.ids.fail["s1"] = IdentityError("identity-unknown", "containerd did not answer")
+    d = cold_pod(env)
     assert not d["sandbox"].restore and d["sandbox"].reason.startswith("identity-unknown: containerd did not")
     assert all(d[n].reason.startswith("pod-cold: identity-unknown") for n in ("app", "sidecar"))
-    assert t.pods.tables.pick(lookup(sandbox(), ["app", "sidecar"]), "")[0] is None and checkpoints == []
-    t.fake_ids.fail = {"s2-sidecar": IdentityError("no-image-digest", "no digest recorded")}
-    d = cold_pod(t, tmp, sid="s2", uid="uid-2")
+    assert env.pods.tables.pick(lookup(sandbox(), ["app", "sidecar"]), "")[0] is None
+    assert env.autocheckpoint.asked == []
+    env.ids.fail = {"s2-sidecar": IdentityError("no-image-digest", "no digest recorded")}
+    d = cold_pod(env, sid="s2", uid="uid-2")
     assert d["app"].reason.startswith("pod-cold: no-image") and d["sidecar"].reason.startswith(
         "pod-cold: no-image-digest: no digest recorded (container 'sidecar')")
-    assert t.pods.tables.pick(lookup(sandbox(), ["app", "sidecar"]), "")[0] is None and checkpoints == []
+    assert env.pods.tables.pick(lookup(sandbox(), ["app", "sidecar"]), "")[0] is None
+    assert env.autocheckpoint.asked == []
 
 
 def test_a_member_whose_identity_cannot_be_told_fails_a_restoring_pod(env):
-    t, images, tmp, _ = env
-    cold_pod(t, tmp)
-    images.available[t.pods.tables.pick(lookup(sandbox(), ["app", "sidecar"]), "")[0].key] = True
-    box = rt_of(tmp, "s2", sandbox(uid="uid-2"))
-    assert t.prepare_restore(box).restore
-    t.fake_ids.fail["s2-app"] = IdentityError("image-moved", "the tag moved")
-    m = member("app")
-    m["annotations"]["io.kubernetes.cri.sandbox-id"] = "s2"
-    d = t.prepare_restore(rt_of(tmp, "s2-app", m))
+    restoring_pod(env)
+    env.ids.fail["s2-app"] = IdentityError("image-moved", "the tag moved")
+    _, d = create(env, "s2-app", member_of("s2", "app"))
     assert not d.restore and d.reason.startswith("pod-failed: image-moved: the tag moved (container 'app')")
 
 
-def test_next_pod_restores_with_the_image_of_its_container_set(env):
-    t, images, tmp, _ = env
-    cold_pod(t, tmp)
-    key = t.pods.tables.pick(lookup(sandbox(), ["app", "sidecar"]), "")[0].key
-    images.available[key] = True
-    box = rt_of(tmp, "s2", sandbox(uid="uid-2"))
-    d = t.prepare_restore(box)
-    assert d.restore and d.key == key and d.image_path == str(tmp / key)
+def test_the_next_pod_restores_with_the_image_of_its_container_set(env):
+    box, key = restoring_pod(env)
+    assert env.preparer.claimed == [key] and env.pods.pod_of(box, box_spec("s2", "uid-2")).state == "restoring"
     for name in ("app", "sidecar"):
-        m = member(name)
-        m["annotations"]["io.kubernetes.cri.sandbox-id"] = "s2"
-        dm = t.prepare_restore(rt_of(tmp, f"s2-{name}", m))
-        assert dm.restore and dm.key == key and dm.image_path == str(tmp / key), dm
+        _, dm = create(env, f"s2-{name}", member_of("s2", name))
+        assert dm.restore and dm.key == key and dm.image_path == str(env.tmp / "images" / key), dm
+    # Its GPUs and CUDA helper (the preparer's) come before its identity, for every app container.
+    assert [s for s in env.preparer.specs if s[0].startswith("s2-")] == [("s2-app", True), ("s2-sidecar", True)]
 
 
-class PodStream(FakeStream):
-    """A Stream as thawd sees it (test_service.FakeStream): the sidecar directory runsc
-    takes thaw-gofer from, and how the stream ended (error None: installed)."""
-
-    def env(self) -> dict:
-        return {"GVISOR_SIDECAR_BINARIES_DIR": str(self.path.parent / "sidecars")}
-
-
-def streamed_pod(env, error=None):
-    """A cold pod, then a second sandbox of it whose image misses the cache and streams:
-    (thawd, tmp, key, the sandbox, its members)."""
-    t, images, tmp, _ = env
-    cold_pod(t, tmp)
-    key = t.pods.tables.pick(lookup(sandbox(), ["app", "sidecar"]), "")[0].key
-    images.pull = lambda k: PodStream(tmp / k, error)
-    box = rt_of(tmp, "s2", sandbox(uid="uid-2"))
-    d = t.prepare_restore(box)
-    assert d.restore and d.image_path == str(tmp / key), d
+def restored_pod(e, lease_for=None) -> tuple[RuntimeRef, str, dict]:
+    """A pod restored whole: its sandbox's `runsc restore` (thawd's), then each app
+    container's (the stand-in's) registered with Restore."""
+    cold_pod(e)
+    key = table_key(e)
+    e.preparer.available.add(key)
+    if lease_for is not None:
+        e.preparer.lease_for = lease_for
+    spec = box_spec("s2", "uid-2")
+    box, d = create(e, "s2", spec)
+    assert d.restore
+    ok, detail, _ = e.pods.restore_sandbox(box)
+    assert ok, detail
     members = {}
     for name in ("app", "sidecar"):
-        m = member(name)
-        m["annotations"]["io.kubernetes.cri.sandbox-id"] = "s2"
-        members[name] = rt_of(tmp, f"s2-{name}", m)
-    return t, tmp, key, box, members
+        m = member_of("s2", name)
+        rt, dm = create(e, f"s2-{name}", m)
+        assert dm.restore
+        members[name] = (rt, m)
+    return box, key, members
 
 
 def test_a_pod_whose_image_streams_restores_through_thaw_gofer(env):
@@ -176,19 +330,45 @@ def test_a_pod_whose_image_streams_restores_through_thaw_gofer(env):
     that reads the image, gets thaw-gofer's sidecar directory and --background, as a
     lone container's; the members' restores are the stand-in's. The stream is counted
     once the pod is restored."""
-    t, tmp, key, box, members = streamed_pod(env)
-    assert t.metrics.counters().get("thaw_cache_misses_total") == 1
-    ok, detail, _ = t.restore(box)
+    box, key, members = restored_pod(env, lambda k: FakeStream(env.tmp / "images" / k))
+    [line] = [x for x in env.argv.read_text().splitlines() if " restore " in f" {x} "]
+    images = env.tmp / "images"
+    assert line.endswith(f"--image-path={images / key} --detach --background s2 sidecars={images / 'sidecars'}"), line
+    rt, m = members["app"]
+    ok, detail, _ = env.pods.restore_member(rt, m)
+    assert ok and detail.startswith("registered") and env.restorer.streams == []
+    rt, m = members["sidecar"]
+    ok, detail, _ = env.pods.restore_member(rt, m)
     assert ok, detail
-    [line] = [x for x in (tmp / "bin" / "argv.log").read_text().splitlines() if " restore " in f" {x} "]
-    assert line.endswith(f"--image-path={tmp / key} --detach --background s2 sidecars={tmp / 'sidecars'}"), line
-    for name, rt in members.items():
-        assert t.prepare_restore(rt).restore
-        assert 'thaw_streams_total{result="installed"}' not in t.metrics.counters()
-        ok, detail, _ = t.restore(rt, subcontainer_restored=True)
-        assert ok, detail
-    c = t.metrics.counters()
-    assert c.get('thaw_streams_total{result="installed"}') == 1 and c.get("thaw_restores_total") == 1, c
+    assert env.restorer.streams == env.preparer.leases and len(env.preparer.leases) == 1
+    assert env.metrics.counters().get("thaw_restores_total") == 1 and env.quarantine.successes == [key]
+
+
+def test_a_restored_pod_observes_its_workloads_restore_histogram(env):
+    """issue 33: a pod's restore is in thaw_restore_seconds by workload, as a lone
+    container's (control/thawd/restore.py _restored)."""
+    box, key, members = restored_pod(env)
+    for rt, m in members.values():
+        assert env.pods.restore_member(rt, m)[0]
+    series = [x for x in env.metrics.render().splitlines() if x.startswith("thaw_restore_seconds_count{")]
+    assert series == [f'thaw_restore_seconds_count{{workload="{workload_of(key)}"}} 1.0'], series
+
+
+def test_a_pods_decision_lines_carry_their_facts_as_fields(env, caplog):
+    """issue 33: which image a pod restores, and why a pod is removed (it starts cold in
+    its next sandbox), are lines whose container, key, decision and reason are fields."""
+    caplog.set_level(logging.INFO, logger="thawd")
+    box, key = restoring_pod(env)
+    _, d = create(env, "s2-app", member_of("s2", "app", image="thaw.dev/web:2"))
+    assert not d.restore
+
+    [restores] = [r.fields for r in caplog.records if r.getMessage().startswith("pod s2 ")
+                  and f": restores {key} " in r.getMessage()]
+    assert restores["container"] == "s2" and restores["key"] == key and restores["decision"] == "restore"
+    assert restores["reason"] == "pod table from the node"
+    [failed] = [r.fields for r in caplog.records if "removing its sandbox" in r.getMessage()]
+    assert failed["container"] == "s2" and failed["key"] == key and failed["decision"] == "pod-failed"
+    assert failed["reason"].startswith("container-mismatch: container 'app' differs")
 
 
 @pytest.mark.parametrize("where", ["sandbox", "last-container", "assembly-timeout"])
@@ -201,140 +381,130 @@ def test_a_pod_whose_stream_failed_says_why(env, where, error, counted):
     container's (the stand-in's: the pod is removed); or the pod's assembly timed out
     after it failed. The reason is the stream's, and it counts towards quarantine only
     when the store served wrong bytes, as for a lone container."""
-    t, tmp, key, box, members = streamed_pod(env, error)
-    t.quarantine.after = 1
+    cold_pod(env)
+    key = table_key(env)
+    env.preparer.available.add(key)
+    env.preparer.lease_for = lambda k: FakeStream(env.tmp / "images" / k, error)
+    spec = box_spec("s2", "uid-2")
+    box, d = create(env, "s2", spec)
+    assert d.restore
     if where == "sandbox":
-        (tmp / "bin" / "fail-restore").touch()
-        ok, reason, _ = t.restore(box)
-        assert not ok and t.pods._get("/run/test-root", "s2").state == "cold"
+        (env.tmp / "bin" / "fail-restore").touch()
+        ok, reason, _ = env.pods.restore_sandbox(box)
+        assert not ok and env.pods.pod_of(box, spec).state == "cold"
+        assert env.restorer.undone == [("s2", reason, counted)], "undone, counted as the stream's failure says"
     else:
-        assert t.restore(box)[0]
-        for rt in members.values():
-            assert t.prepare_restore(rt).restore
-        p = t.pods._get("/run/test-root", "s2")
+        assert env.pods.restore_sandbox(box)[0]
+        members = {n: member_of("s2", n) for n in ("app", "sidecar")}
+        rts = {n: create(env, f"s2-{n}", m)[0] for n, m in members.items()}
+        p = env.pods.pod_of(box, spec)
         if where == "assembly-timeout":
-            t.pods._assembly_deadline(p, 120)   # what the timer calls once thawd.pod_assembly_timeout_s passed
+            env.pods._assembly_deadline(p, 120)   # what the timer calls once thawd.pod_assembly_timeout_s passed
         else:
-            t.report_outcome(members["sidecar"], "RESTORE_FAILED", "runsc restore: exit status 128")
-        assert p.state == "failed" and "delete --force s2" in (tmp / "bin" / "argv.log").read_text()
+            env.pods.outcome(rts["sidecar"], members["sidecar"], "RESTORE_FAILED", "runsc restore: exit status 128")
+        assert p.state == "failed" and "delete --force s2" in env.argv.read_text()
         reason = p.reason
+        assert bool(env.quarantine.failures) is counted
+        assert env.preparer.leases[0].released and env.pods.containers.lease_of(box) is None
     assert reason.startswith(f"{type(error).__name__}: the image's stream failed: "), reason
-    assert (key in t.quarantined()) is counted
-    assert t.lease_of(box) is None   # released with the sandbox
 
 
 def test_a_container_that_differs_fails_the_pod_and_its_next_sandbox_starts_cold(env):
-    t, images, tmp, _ = env
-    cold_pod(t, tmp)
-    lk = lookup(sandbox(), ["app", "sidecar"])
-    images.available[t.pods.tables.pick(lk, "")[0].key] = True
-    box = rt_of(tmp, "s2", sandbox(uid="uid-2"))
-    assert t.prepare_restore(box).restore
-    m = member("sidecar", image="thaw.dev/web:2")
-    m["annotations"]["io.kubernetes.cri.sandbox-id"] = "s2"
-    d = t.prepare_restore(rt_of(tmp, "s2-sidecar", m))
+    box, key = restoring_pod(env)
+    _, d = create(env, "s2-sidecar", member_of("s2", "sidecar", image="thaw.dev/web:2"))
     assert not d.restore and d.reason.startswith("pod-failed: container-mismatch: container 'sidecar' differs")
     assert "workload key" in d.reason
-    assert "delete --force s2" in (tmp / "bin" / "argv.log").read_text()   # the sandbox is removed
-    assert t.pods.tables.pick(lk, hint_of(sandbox()))[0] is None   # this node picks that set no more for its version
+    assert "delete --force s2" in env.argv.read_text()   # the sandbox is removed
+    assert env.preparer.leases[0].released and env.pods.containers.lease_of(box) is None, "its lease went"
+    lk = lookup(sandbox(), ["app", "sidecar"])
+    assert env.pods.tables.pick(lk, hint_of(sandbox()))[0] is None, "this node picks that set no more for its version"
     # The kubelet's next sandbox for that pod (same uid) starts cold, and says why.
-    again = t.prepare_restore(rt_of(tmp, "s3", sandbox(uid="uid-2")))
+    _, again = create(env, "s3", box_spec("s3", "uid-2"))
     assert not again.restore and again.reason.startswith("pod-failed-before")
+    assert env.metrics.counters().get('thaw_fallbacks_total{reason="container-mismatch"}') == 1
 
 
 def test_a_container_the_image_does_not_hold_fails_the_pod(env):
-    t, images, tmp, _ = env
-    cold_pod(t, tmp)
-    images.available[t.pods.tables.pick(lookup(sandbox(), ["app", "sidecar"]), "")[0].key] = True
-    assert t.prepare_restore(rt_of(tmp, "s2", sandbox(uid="uid-2"))).restore
-    m = member("other")
-    m["annotations"]["io.kubernetes.cri.sandbox-id"] = "s2"
-    d = t.prepare_restore(rt_of(tmp, "s2-other", m))
+    restoring_pod(env)
+    _, d = create(env, "s2-other", member_of("s2", "other"))
     assert d.reason.startswith("pod-failed: container-mismatch: container 'other' is not one of the image's")
 
 
 def test_another_declared_set_is_another_lookup_and_starts_cold(env):
-    t, images, tmp, _ = env
-    cold_pod(t, tmp)
-    images.available[t.pods.tables.pick(lookup(sandbox(), ["app", "sidecar"]), "")[0].key] = True
+    cold_pod(env)
+    env.preparer.available.add(table_key(env))
     ann = {k: v for k, v in POD_ANN.items() if "sidecar" not in k} | {"thaw.dev/ready.other": "running"}
-    d = t.prepare_restore(rt_of(tmp, "s2", sandbox(ann, uid="uid-2")))
+    _, d = create(env, "s2", box_spec("s2", "uid-2", ann))
     assert not d.restore and d.reason.startswith("no-image")
 
 
 def test_a_container_recreated_in_a_running_pod_starts_cold(env):
-    t, images, tmp, checkpoints = env
-    cold_pod(t, tmp)
-    m = member("app")
-    m["annotations"]["io.kubernetes.cri.sandbox-id"] = "s1"
-    d = t.prepare_restore(rt_of(tmp, "s1-app-1", m))  # the kubelet's restart of a container that exited
+    cold_pod(env)
+    _, d = create(env, "s1-app-1", member_of("s1", "app"))   # the kubelet's restart of a container that exited
     assert not d.restore and d.reason.startswith("pod-running")
-    assert len(checkpoints) == 1
+    assert len(env.autocheckpoint.asked) == 1
 
 
 def test_undeclared_containers_and_pods_declaring_none_are_not_checkpointed(env):
-    t, images, tmp, checkpoints = env
-    box = rt_of(tmp, "s1", sandbox({"thaw.dev/workload": "web"}))
-    d = t.prepare_restore(box)
+    _, d = create(env, "s1", box_spec("s1", "uid-1", {"thaw.dev/workload": "web"}))
     assert not d.restore and d.reason.startswith("no-declared-containers")
-    cold_pod(t, tmp, sid="s2")
-    m = member("extra")
-    m["annotations"]["io.kubernetes.cri.sandbox-id"] = "s2"
-    r = rt_of(tmp, "s2-extra", m)
-    t.prepare_restore(r)
-    t.report_outcome(r, "COLD_STARTED", "")
-    assert len(checkpoints) == 1   # the one of the complete pod, before the extra container came
+    cold_pod(env, sid="s2")
+    m = member_of("s2", "extra")
+    r, _ = create(env, "s2-extra", m)
+    started_cold(env, r, m)
+    assert len(env.autocheckpoint.asked) == 1   # the one of the complete pod, before the extra container came
 
 
 def test_a_single_container_pod_with_a_pod_wide_probe_is_the_same_path(env):
     """thaw.dev/ready alone (deploy/kubernetes/examples/pod.yaml): the pod's one
     container, named when the kubelet creates it."""
-    t, images, tmp, checkpoints = env
     ann = {"thaw.dev/workload": "llm", "thaw.dev/ready": "file:/tmp/ready"}
 
     def run(sid, uid):
-        d = [t.prepare_restore(rt_of(tmp, sid, sandbox(ann, uid=uid)))]
-        m = member("server", ann=ann)
-        m["annotations"]["io.kubernetes.cri.sandbox-id"] = sid
-        r = rt_of(tmp, f"{sid}-server", m)
-        d.append(t.prepare_restore(r))
-        t.report_outcome(r, "COLD_STARTED", d[-1].reason)
+        d = [create(env, sid, box_spec(sid, uid, ann))[1]]
+        m = member_of(sid, "server", ann=ann)
+        r, dm = create(env, f"{sid}-server", m)
+        d.append(dm)
+        started_cold(env, r, m, dm.reason)
         return d
 
     cold = run("s1", "u1")
-    assert [x.restore for x in cold] == [False, False] and len(checkpoints) == 1
-    images.available[checkpoints[0]] = True
+    assert [x.restore for x in cold] == [False, False] and len(env.autocheckpoint.asked) == 1
+    env.preparer.available.add(env.autocheckpoint.asked[0])
     warm = run("s2", "u2")
-    assert [x.restore for x in warm] == [True, True] and warm[1].key == checkpoints[0]
+    assert [x.restore for x in warm] == [True, True] and warm[1].key == env.autocheckpoint.asked[0]
 
 
 def test_a_pod_stopped_while_restoring_is_removed_and_a_running_one_is_not(env):
-    t, images, tmp, _ = env
-    cold_pod(t, tmp)
-    images.available[t.pods.tables.pick(lookup(sandbox(), ["app", "sidecar"]), "")[0].key] = True
-    assert t.prepare_restore(rt_of(tmp, "s2", sandbox(uid="uid-2"))).restore
-    m = member("app")
-    m["annotations"]["io.kubernetes.cri.sandbox-id"] = "s2"
-    app = rt_of(tmp, "s2-app", m)
-    assert t.prepare_restore(app).restore
-    argv = tmp / "bin" / "argv.log"
-    t.report_outcome(app, "RESTORE_FAILED", "stopped-while-restoring: kill: exit status 128")
-    assert "delete --force s2" in argv.read_text()
+    restoring_pod(env)
+    m = member_of("s2", "app")
+    app, d = create(env, "s2-app", m)
+    assert d.restore
+    env.pods.outcome(app, m, "RESTORE_FAILED", "stopped-while-restoring: kill: exit status 128")
+    assert "delete --force s2" in env.argv.read_text()
     # A restored pod's failed kill (say, of a container that already exited) is runsc's business.
-    t.pods._get("/run/test-root", "s1").state = "restored"
-    m1 = member("app")
-    m1["annotations"]["io.kubernetes.cri.sandbox-id"] = "s1"
-    before = argv.read_text()
-    t.report_outcome(rt_of(tmp, "s1-app-x", m1), "RESTORE_FAILED", "stopped-while-restoring: kill: exit status 1")
-    assert argv.read_text() == before
+    env.pods._get("/run/test-root", "s1").state = "restored"
+    m1 = member_of("s1", "app")
+    before = env.argv.read_text()
+    env.pods.outcome(rt_of(env.tmp, "s1-app-x", m1), m1, "RESTORE_FAILED",
+                     "stopped-while-restoring: kill: exit status 1")
+    assert env.argv.read_text() == before
+
+
+def test_a_pause_container_whose_create_failed_leaves_its_pod_cold(env):
+    """The stand-in could not even try the sandbox's restore (its create failed): the
+    pod is cold, the record ends cold-fallback, and nothing is removed."""
+    box, key = restoring_pod(env)
+    spec = box_spec("s2", "uid-2")
+    env.pods.outcome(box, spec, "RESTORE_FAILED", "runsc create: exit status 1")
+    p = env.pods.pod_of(box, spec)
+    assert p.state == "cold" and p.reason == "restore could not be tried: runsc create: exit status 1"
+    assert env.pods.containers.state_of(box) == State.COLD_FALLBACK
+    assert not env.argv.exists(), "no runsc ran: nothing is removed"
 
 
 def _standin_process(tmp: Path, cid: str, decision: str):
     """A process named like the stand-in (argv[0]) and its marker saying `decision`."""
-    import subprocess
-    import time
-
-    from control.thawd.service import Standin
     marker = tmp / f"marker-{cid}.json"
     marker.write_text(json.dumps({"id": cid, "decision": decision}))
     p = subprocess.Popen(["bash", "-c", "exec -a thaw-runsc-hooks sleep 30"])
@@ -342,44 +512,40 @@ def _standin_process(tmp: Path, cid: str, decision: str):
         if Path(f"/proc/{p.pid}/cmdline").read_bytes().startswith(b"thaw-runsc-hooks"):
             break
         time.sleep(0.01)
-    return p, Standin.validate(p.pid, str(marker))
+    s = Standin.validate(p.pid, str(marker))
+    s.observe()   # as control/thawd/roles.py does first: its identity, while it surely lives
+    return p, s
 
 
 def test_a_pod_whose_standin_dies_before_committing_its_start_is_removed(env):
     """The stand-in kill safety (issue 14) for pods: a pod container's stand-in that
     exits having committed its start keeps the pod; one killed after thawd's answer,
     before its commit, is a start containerd reports failed: thawd removes the pod."""
-    import time
-    t, images, tmp, _ = env
-    cold_pod(t, tmp)
-    images.available[t.pods.tables.pick(lookup(sandbox(), ["app", "sidecar"]), "")[0].key] = True
-    box = rt_of(tmp, "s2", sandbox(uid="uid-2"))
-    assert t.prepare_restore(box).restore
-    argv = tmp / "bin" / "argv.log"
+    box, key = restoring_pod(env)
     procs = []
     try:
-        p, s = _standin_process(tmp, "s2", "restored")        # the pause container's, committed
+        p, s = _standin_process(env.tmp, "s2", "restored")        # the pause container's, committed
         procs.append(p)
-        ok, detail, _ = t.restore(box, standin=s)
+        ok, detail, _ = env.pods.restore_sandbox(box, standin=s)
         assert ok, detail
-        m = member("app")
-        m["annotations"]["io.kubernetes.cri.sandbox-id"] = "s2"
-        app = rt_of(tmp, "s2-app", m)
-        assert t.prepare_restore(app).restore
-        p, s = _standin_process(tmp, "s2-app", "restore")     # the app's, killed before its commit
+        m = member_of("s2", "app")
+        app, d = create(env, "s2-app", m)
+        assert d.restore
+        p, s = _standin_process(env.tmp, "s2-app", "restore")     # the app's, killed before its commit
         procs.append(p)
-        ok, detail, _ = t.restore(app, standin=s, subcontainer_restored=True)
+        ok, detail, _ = env.pods.restore_member(app, m, standin=s)
         assert ok, detail
         procs[0].kill()
         time.sleep(0.3)
-        assert "delete --force s2" not in argv.read_text()    # the committed one kept the pod
+        assert "delete --force s2" not in env.argv.read_text()    # the committed one kept the pod
         p.kill()
         for _ in range(100):
-            if "delete --force s2" in argv.read_text():
+            if "delete --force s2" in env.argv.read_text():
                 break
             time.sleep(0.05)
-        assert "delete --force s2" in argv.read_text()
-        assert t.pods._get("/run/test-root", "s2").state == "failed"
+        assert "delete --force s2" in env.argv.read_text()
+        assert env.pods._get("/run/test-root", "s2").state == "failed"
+        assert env.quarantine.failures == [], "not the image's fault"
     finally:
         for p in procs:
             p.kill()
@@ -388,202 +554,111 @@ def test_a_pod_whose_standin_dies_before_committing_its_start_is_removed(env):
 
 # -- GPU containers in pods (issue 28) ------------------------------------------------
 
-def gpu_member(name: str, minors=(0,), env: dict | None = None) -> dict:
-    """An app container of pod s2 holding the GPUs of `minors` (as containerd's CDI injection leaves them)."""
-    m = member(name, env=env)
-    m["annotations"]["io.kubernetes.cri.sandbox-id"] = "s2"
+def gpu_member(name: str, sid: str = "s2", minors=(0,)) -> dict:
+    """An app container holding the GPUs of `minors` (as containerd's CDI injection leaves them)."""
+    m = member_of(sid, name)
     m.setdefault("linux", {})["devices"] = [
         {"path": p, "type": "c", "major": 195, "minor": n}
         for p, n in [("/dev/nvidiactl", 255), *((f"/dev/nvidia{i}", i) for i in minors)]]
     return m
 
 
-@pytest.fixture
-def gpu_env(env):
-    """The test pod's thawd with the CUDA helper installed beside its (fake) runsc."""
-    t, images, tmp, checkpoints = env
-    helper = tmp / "bin" / "thaw-cuda-checkpoint"
-    helper.write_text("#!/bin/sh\nexit 0\n")
-    helper.chmod(0o755)
-    return env
-
-
-def test_a_gpu_container_of_a_pod_gets_the_cuda_helper_cold_or_restoring(gpu_env):
-    from nvproxy import helper
-    t, images, tmp, checkpoints = gpu_env
-    box = rt_of(tmp, "s2", sandbox(uid="uid-2"))
-    t.prepare_restore(box)
-    app = rt_of(tmp, "s2-app", gpu_member("app"))
-    d = t.prepare_restore(app)
-    assert not d.restore and d.reason.startswith("pod-cold")
-    saved = specmod.Bundle(app.bundle).load()
-    assert any(m["destination"] == helper.HELPER_DIR for m in saved["mounts"]), "config.json names the helper"
-    assert (app.bundle / "config.json.thaw-orig").is_file(), "the shim's own config is kept"
-
-
-def test_a_gpu_pod_is_checkpointed_with_the_helper_named_for_its_gpu_containers(gpu_env, monkeypatch):
-    """No longer refused: the pause container's checkpoint names the helper, which
-    every GPU container has at the same path (runsc runs it in each CUDA process's
-    own container), and the CPU sidecar goes along."""
-    from control.lifecycle.engine import Engine, Saved
-    t, images, tmp, checkpoints = gpu_env
-    asked = {}
-
-    def checkpoint(self, h, out, stop_after=False, timeout_s=None, hooks_on=None, cuda_on=None):
-        asked.update(id=h.id, cuda_on=[g.id for g in cuda_on or []])
-        out.mkdir()
-        return Saved(out, 0.1, {"checkpoint.img": 1}, bool(cuda_on))
-    monkeypatch.setattr(Engine, "checkpoint", checkpoint)
+def test_a_gpu_pod_is_checkpointed_with_its_gpu_containers_named(env, monkeypatch):
+    """The pause container's checkpoint names the GPU containers (runsc runs the CUDA
+    helper in each CUDA process's own container), the CPU sidecar goes along, and the
+    profile's hooks run against the pod's first container."""
+    from control.lifecycle.engine import Engine
     monkeypatch.setattr(Engine, "check", lambda self, h, probes, policy=None: type(
         "R", (), {"healthy": True, "summary": lambda s: "ok"})())
-    box = rt_of(tmp, "s2", sandbox(uid="uid-2"))
-    t.report_outcome(box, "COLD_STARTED", t.prepare_restore(box).reason)
-    members = {"app": rt_of(tmp, "s2-app", gpu_member("app"))}
-    side = member("sidecar")
-    side["annotations"]["io.kubernetes.cri.sandbox-id"] = "s2"
-    members["sidecar"] = rt_of(tmp, "s2-sidecar", side)
-    for r in members.values():
-        t.prepare_restore(r)
-        t.report_outcome(r, "COLD_STARTED", "")
-    [key] = checkpoints
-    p = t.pods.pod_of(box, specmod.Bundle(box.bundle).load())
-    staged = []
-
-    class Staged:
-        def __init__(self, path):
-            self.path, self.key = path, key
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-    images.staged = lambda k: Staged(tmp / "staged")
-    images.publish = lambda image: staged.append(image.key) or True
-    res = t.pods._auto_checkpoint(p)
-    assert res["published"] and staged == [key]
-    assert asked == {"id": "s2", "cuda_on": ["s2-app"]}, "the sandbox saved, the GPU container named"
+    spec = box_spec("s2", "uid-2")
+    box, d = create(env, "s2", spec)
+    started_cold(env, box, spec, d.reason)
+    for cid, m in (("s2-app", gpu_member("app")), ("s2-sidecar", member_of("s2", "sidecar"))):
+        r, _ = create(env, cid, m)
+        started_cold(env, r, m)
+    [key] = env.autocheckpoint.asked
+    res = env.pods._auto_checkpoint(env.pods.pod_of(box, spec))
+    assert res["published"]
+    assert env.autocheckpoint.checkpoints == [{"id": "s2", "key": key, "hooks_on": "s2-app", "gpu": ["s2-app"]}]
 
 
-def test_a_restoring_pod_whose_gpu_container_holds_another_gpu_count_fails_with_that_reason(gpu_env):
-    t, images, tmp, _ = gpu_env
-    box = rt_of(tmp, "s1", sandbox(uid="uid-1"))
-    t.report_outcome(box, "COLD_STARTED", t.prepare_restore(box).reason)
-    one = gpu_member("app")
-    one["annotations"]["io.kubernetes.cri.sandbox-id"] = "s1"
-    side = member("sidecar")
-    side["annotations"]["io.kubernetes.cri.sandbox-id"] = "s1"
-    for r in (rt_of(tmp, "s1-app", one), rt_of(tmp, "s1-sidecar", side)):
-        t.prepare_restore(r)
-    key = t.pods.tables.pick(lookup(sandbox(), ["app", "sidecar"]), "")[0].key
-    images.available[key] = True
-    box2 = rt_of(tmp, "s2", sandbox(uid="uid-2"))
-    assert t.prepare_restore(box2).restore
-    d = t.prepare_restore(rt_of(tmp, "s2-app", gpu_member("app", minors=(0, 1))))
+def test_a_restoring_pod_whose_gpu_container_holds_another_gpu_count_fails_with_that_reason(env):
+    spec = box_spec("s1", "uid-1")
+    box, d = create(env, "s1", spec)
+    started_cold(env, box, spec, d.reason)
+    create(env, "s1-app", gpu_member("app", sid="s1"))
+    create(env, "s1-sidecar", member_of("s1", "sidecar"))
+    env.preparer.available.add(table_key(env))
+    assert create(env, "s2", box_spec("s2", "uid-2"))[1].restore
+    _, d = create(env, "s2-app", gpu_member("app", minors=(0, 1)))
     assert not d.restore and "GPU count 1 (the image's) vs 2 (this container's)" in d.reason, d.reason
-    again = t.prepare_restore(rt_of(tmp, "s3", sandbox(uid="uid-2")))
+    _, again = create(env, "s3", box_spec("s3", "uid-2"))
     assert not again.restore and again.reason.startswith("pod-failed-before") and "GPU count" in again.reason
 
 
-def test_nvidia_visible_devices_become_cdi_devices_of_this_node(gpu_env, monkeypatch):
-    """The device plugin's envvar strategy: thaw injects the GPUs it names through
-    the node's CDI registry (here a spec file of fake devices), as the NVIDIA
-    container runtime would, before the container's identity is taken."""
-    from control.lifecycle import gpus as gpumod
-    from nvproxy import cdi
-    t, images, tmp, _ = gpu_env
-    doc = {"cdiVersion": "0.6.0", "kind": "nvidia.com/gpu", "containerEdits": {
-        "deviceNodes": [{"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255}]},
-        "devices": [{"name": str(i), "containerEdits": {"deviceNodes": [
-            {"path": f"/dev/nvidia{i}", "type": "c", "major": 195, "minor": i}]}} for i in range(2)]}
-    reg = cdi.Registry()
-    reg.add(cdi.parse(doc))
-    from nvproxy.gpu import NodeGpus
-    monkeypatch.setattr(gpumod, "node_devices", lambda: gpumod.Devices(NodeGpus(), reg))
-    box = rt_of(tmp, "s2", sandbox(uid="uid-2"))
-    t.prepare_restore(box)
-    app = rt_of(tmp, "s2-app", member_env("app", {"NVIDIA_VISIBLE_DEVICES": "1"}))
-    t.prepare_restore(app)
-    devices = [d["path"] for d in specmod.Bundle(app.bundle).load()["linux"]["devices"]]
-    assert devices == ["/dev/nvidiactl", "/dev/nvidia1"]
-    bad = rt_of(tmp, "s2-sidecar", member_env("sidecar", {"NVIDIA_VISIBLE_DEVICES": "gpu-one"}))
-    d = t.prepare_restore(bad)
-    assert not d.restore and "NVIDIA_VISIBLE_DEVICES='gpu-one'" in d.reason, d.reason
-
-
-def member_env(name: str, env: dict) -> dict:
-    m = member(name, env=env)
-    m["annotations"]["io.kubernetes.cri.sandbox-id"] = "s2"
-    return m
+def test_a_spec_the_preparer_refuses_keeps_a_cold_pod_cold_and_fails_a_restoring_one(env):
+    """The preparer's ThawError for an app container (a NVIDIA_VISIBLE_DEVICES value
+    that names no GPU of this node: tests/unit/test_prepare.py) makes a cold pod
+    unkeyed, and a restoring pod cannot take that container: it fails."""
+    env.preparer.spec_errors["s1-sidecar"] = UserError("NVIDIA_VISIBLE_DEVICES='gpu-one' names no GPU")
+    d = cold_pod(env)
+    assert d["sidecar"].reason == "pod-cold: spec: container 'sidecar': NVIDIA_VISIBLE_DEVICES='gpu-one' names " \
+                                  "no GPU"
+    assert env.autocheckpoint.asked == [], "a pod whose spec thaw cannot prepare is never checkpointed"
+    env.preparer.spec_errors = {}
+    cold_pod(env, sid="s2", uid="uid-2")
+    env.preparer.available.add(table_key(env))
+    assert create(env, "s3", box_spec("s3", "uid-3"))[1].restore
+    env.preparer.spec_errors["s3-app"] = UserError("NVIDIA_VISIBLE_DEVICES='gpu-one' names no GPU")
+    _, d = create(env, "s3-app", member_of("s3", "app"))
+    assert not d.restore and d.reason.startswith("pod-failed: spec: container 'app': NVIDIA_VISIBLE_DEVICES")
 
 
 # -- init containers (issue 28) ---------------------------------------------------------
 
-def init_pod(t, tmp, sid: str, uid: str, init_image: str = "thaw.dev/init:1"):
+def init_pod(e, sid: str, uid: str, init_image: str = "thaw.dev/init:1") -> dict:
     """A pod the kubelet starts with an init container before its app and sidecar: the
     init container is created, started, and deleted (CRI deletes an exited task) first."""
-    box = rt_of(tmp, sid, sandbox(uid=uid) | {"annotations": {**sandbox(uid=uid)["annotations"],
-                                                             "io.kubernetes.cri.sandbox-id": sid}})
-    decisions = {"sandbox": t.prepare_restore(box)}
-    t.report_outcome(box, "COLD_STARTED", decisions["sandbox"].reason)
-    m = member("fetch", image=init_image)
-    m["annotations"]["io.kubernetes.cri.sandbox-id"] = sid
-    r = rt_of(tmp, f"{sid}-fetch", m)
-    decisions["fetch"] = t.prepare_restore(r)
+    spec = box_spec(sid, uid)
+    box, d = create(e, sid, spec)
+    decisions = {"sandbox": d}
+    started_cold(e, box, spec, d.reason)
+    m = member_of(sid, "fetch", image=init_image)
+    r, decisions["fetch"] = create(e, f"{sid}-fetch", m)
     if not decisions["fetch"].satisfied:
-        t.report_outcome(r, "COLD_STARTED", decisions["fetch"].reason)
-    t.release(r.container_id, str(r.runsc_root))                 # it exited: CRI deleted its task
+        started_cold(e, r, m, decisions["fetch"].reason)
+    e.pods.forget(str(r.runsc_root), r.container_id)                # it exited: CRI deleted its task
+    e.pods.containers.release(r)
     for name in ("app", "sidecar"):
-        mm = member(name)
-        mm["annotations"]["io.kubernetes.cri.sandbox-id"] = sid
-        rr = rt_of(tmp, f"{sid}-{name}", mm)
-        decisions[name] = t.prepare_restore(rr)
+        mm = member_of(sid, name)
+        rr, decisions[name] = create(e, f"{sid}-{name}", mm)
         if not decisions[name].restore:
-            t.report_outcome(rr, "COLD_STARTED", decisions[name].reason)
-    return box, decisions
+            started_cold(e, rr, mm, decisions[name].reason)
+    return decisions
 
 
 def test_a_pod_with_an_init_container_is_checkpointed_and_its_init_container_is_in_the_key(env):
-    t, images, tmp, checkpoints = env
-    init_pod(t, tmp, "s1", "uid-1")
-    table = t.pods.tables.pick(lookup(sandbox(), ["app", "sidecar"]), "")[0]
+    init_pod(env, "s1", "uid-1")
+    table = env.pods.tables.pick(lookup(sandbox(), ["app", "sidecar"]), "")[0]
     assert sorted(table.containers) == ["app", "sidecar"] and sorted(table.init) == ["fetch"]
-    assert checkpoints == [table.key], "an init container that ended does not keep the pod from its checkpoint"
+    assert env.autocheckpoint.asked == [table.key], "an init container that ended does not keep the pod from it"
     other_init = member("fetch", image="thaw.dev/init:2")
     assert table.key != podmod.key(table.lookup, {**table.containers, "init/fetch": identity(other_init)})
 
 
 def test_a_restoring_pod_answers_its_init_containers_as_done(env):
-    t, images, tmp, _ = env
-    init_pod(t, tmp, "s1", "uid-1")
-    images.available[t.pods.tables.pick(lookup(sandbox(), ["app", "sidecar"]), "")[0].key] = True
-    box, d = init_pod(t, tmp, "s2", "uid-2")
+    init_pod(env, "s1", "uid-1")
+    env.preparer.available.add(table_key(env))
+    d = init_pod(env, "s2", "uid-2")
     assert d["sandbox"].restore
     assert d["fetch"].satisfied and not d["fetch"].restore and d["fetch"].reason.startswith("init-satisfied")
     assert d["app"].restore and d["sidecar"].restore, "the app containers restore after it"
 
 
 def test_a_restoring_pod_whose_init_container_changed_fails_and_starts_again_cold(env):
-    t, images, tmp, _ = env
-    init_pod(t, tmp, "s1", "uid-1")
-    images.available[t.pods.tables.pick(lookup(sandbox(), ["app", "sidecar"]), "")[0].key] = True
-    box, d = init_pod(t, tmp, "s2", "uid-2", init_image="thaw.dev/init:2")
+    init_pod(env, "s1", "uid-1")
+    env.preparer.available.add(table_key(env))
+    d = init_pod(env, "s2", "uid-2", init_image="thaw.dev/init:2")
     assert not d["fetch"].satisfied and d["fetch"].reason.startswith("pod-failed: container-mismatch: init container")
-    again = t.prepare_restore(rt_of(tmp, "s3", sandbox(uid="uid-2")))
+    _, again = create(env, "s3", box_spec("s3", "uid-2"))
     assert not again.restore and again.reason.startswith("pod-failed-before")
-
-
-def test_a_pods_profile_sets_its_environment_on_every_app_container(env):
-    """The vllm profile's settings for C/R (loopback host IP, spawned workers, an
-    IPC path inside the sandbox) are thaw's to set, not the user's."""
-    t, images, tmp, _ = env
-    ann = {**POD_ANN, "thaw.dev/profile": "vllm"}
-    box = rt_of(tmp, "s2", sandbox(uid="uid-2", ann=ann))
-    t.prepare_restore(box)
-    m = member("app", ann=ann, env={"VLLM_HOST_IP": "10.0.0.9"})
-    m["annotations"]["io.kubernetes.cri.sandbox-id"] = "s2"
-    app = rt_of(tmp, "s2-app", m)
-    t.prepare_restore(app)
-    env_ = dict(e.split("=", 1) for e in specmod.Bundle(app.bundle).load()["process"]["env"])
-    assert env_["VLLM_HOST_IP"] == "127.0.0.1" and env_["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
-    assert env_["VLLM_RPC_BASE_PATH"] == "/tmp"

@@ -228,3 +228,32 @@ def test_a_directory_with_a_manifest_is_served_checked_and_marks_its_entry(tmp_p
     assert [e.state for e in cache.entries()] == ["corrupt"]
     v.release()
     assert not v.path.exists()
+
+
+def test_every_restorable_answers_the_protocol_the_cli_uses(tmp_path, store):
+    """The CLI (control/cli/sandbox.py restore_from_store) sees only Restorable
+    (control/images/source.py): each kind names its entry as `source`, says whether its
+    `verdict()` can tell why reads failed (`checked`), and answers `wait()` and `to_dict()`."""
+    from typing import get_type_hints
+
+    from control.images.source import Restorable
+    from control.images.stream import Stream
+    members = {n for n in vars(Restorable) if not n.startswith("_")} | set(get_type_hints(Restorable))
+    assert {"path", "source", "hit", "streamed", "checked", "env", "verdict", "wait", "to_dict", "describe",
+            "release"} <= members
+    cache, lease = cached(tmp_path, store)
+    view = served.for_restore(cache, settings(tmp_path), cache.lease(lease.entry.id))
+    directory = served.for_directory(settings(tmp_path), lease.path, cache)
+    stream = Stream("k", tmp_path / "streaming", tmp_path / "sidecars")
+    kinds = {"lease": lease, "served": view, "directory": directory, "stream": stream}
+    for name, src in kinds.items():
+        missing = [m for m in members if not hasattr(src, m)]
+        assert not missing, f"{name} lacks {missing}"
+    assert [(k, src.checked) for k, src in kinds.items()] == [
+        ("lease", False), ("served", True), ("directory", True), ("stream", True)]
+    assert lease.source == lease.path and view.source == lease.entry.path != view.path
+    assert directory.source == lease.path and stream.source == stream.path
+    assert lease.wait() and view.wait() and directory.wait() and not stream.wait(0)
+    assert lease.to_dict()["verified_reads"] is False and view.to_dict()["verified_reads"] is True
+    view.release()
+    directory.release()

@@ -20,6 +20,7 @@ from control.thawd.prepare import ORIG_CONFIG
 from control.thawd.service import RuntimeRef, Thawd
 from control.lifecycle.engine import Engine
 from runsc_hooks import gate as gatemod
+from runsc_hooks import netns as netnsmod
 from runsc_hooks import network as netmod
 from runsc_hooks import spec as specmod
 
@@ -422,7 +423,7 @@ def test_gate_and_health_check_follow_the_diagnostic_keys(tmp_path, monkeypatch,
                     config_file=tmp_path / "empty.toml")
     closed, asked = [], []
     monkeypatch.setattr(netmod, "namespace_address", lambda path: ("10.0.0.2", "web-a"))
-    monkeypatch.setattr(netmod, "snapshot", lambda path: [])
+    monkeypatch.setattr(netnsmod, "snapshot", lambda path: [])
     monkeypatch.setattr(gatemod, "close", lambda name, mark, reason="": closed.append(name) or True)
 
     def restore(self, h, image, probes, *, opts, health_check=True, **kw):
@@ -589,7 +590,7 @@ def test_a_restore_not_tried_opens_its_gate(tmp_path, monkeypatch):
                     config_file=tmp_path / "empty.toml")
     opened = []
     monkeypatch.setattr(netmod, "namespace_address", lambda path: ("10.0.0.2", "web-a"))
-    monkeypatch.setattr(netmod, "snapshot", lambda path: [])
+    monkeypatch.setattr(netnsmod, "snapshot", lambda path: [])
     monkeypatch.setattr(gatemod, "close", lambda name, mark, reason="": True)
     monkeypatch.setattr(gatemod, "open", lambda name, reason="": opened.append(name) or True)
     monkeypatch.setattr(Engine, "restore", lambda *a, **k: pytest.fail("the engine must not run"))

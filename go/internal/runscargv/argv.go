@@ -233,7 +233,7 @@ const AliasPrefix = "thaw-alias."
 // container of a pod being restored, which ran to its end in the pod the image
 // was saved from, and which thaw reports as exited 0 without running it
 // (go/internal/standin/satisfied.go). No runsc id can be it: runsc ids have no
-// such prefix in thaw's roots (control/thawd/pods.py INIT_SATISFIED says why).
+// such prefix in thaw's roots (control/thawd/podrecord.py INIT_SATISFIED says why).
 const Satisfied = "thaw-satisfied"
 
 // Alias is the id of the sandbox that container id stands for in root, "" when

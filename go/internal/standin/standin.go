@@ -2,8 +2,6 @@ package standin
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -32,44 +30,16 @@ const (
 	origConfigName          = "config.json.thaw-orig"
 	// podFailedReason starts thawd's reason when it removed a pod's sandbox (the
 	// pod cannot be restored and, its sandbox's start spent on the restore,
-	// cannot start cold either). Twin: control/thawd/pods.py POD_FAILED.
+	// cannot start cold either). Twin: control/thawd/podrecord.py POD_FAILED.
 	podFailedReason = "pod-failed"
 	// stoppedWhileRestoring starts the reason the stand-in reports when a kill
 	// of a container of a restoring pod failed (runsc has no process to signal
-	// before the pod's last container registers). Twin: control/thawd/pods.py
+	// before the pod's last container registers). Twin: control/thawd/podrecord.py
 	// STOPPED_WHILE_RESTORING.
 	stoppedWhileRestoring = "stopped-while-restoring"
 	// CRI's pod name annotation: on a pod's sandbox (pause) container only.
 	annotationSandboxName = "io.kubernetes.cri.sandbox-name"
 )
-
-// marker carries create's decision to start and delete of the same container.
-type marker struct {
-	ID       string `json:"id"`
-	Root     string `json:"root"`
-	Bundle   string `json:"bundle"`
-	Key      string `json:"workload_key"`
-	Decision string `json:"decision"` // preparing | restore | adopt | restored | cold | cold-fallback | satisfied
-	Reason   string `json:"reason,omitempty"`
-	// How long start may wait for thawd's Restore: thawd's own settings bound
-	// it (PrepareRestoreResponse.restore_timeout_ms), so no stand-in constant
-	// can drift from them.
-	RestoreTimeoutMs uint32 `json:"restore_timeout_ms,omitempty"`
-	PidFile          string `json:"pid_file,omitempty"`
-	// A pod's app container (CRI): restored by its own `runsc restore`, which
-	// the stand-in runs with the shim's stdio (control/thawd/pods.py).
-	Member    bool   `json:"member,omitempty"`
-	ImagePath string `json:"image_path,omitempty"`
-	// A pod's sandbox (pause) container (CRI).
-	PodSandbox bool    `json:"pod_sandbox,omitempty"`
-	Created    float64 `json:"created"`
-	// The parked sandbox this container adopted (decision "adopt"): its runsc id.
-	AdoptID string `json:"adopt_id,omitempty"`
-	// Decision "satisfied": the pid its pid file names (its pod's sandbox process),
-	// and whether the shim has started it (from then on it has exited).
-	Pid     int  `json:"pid,omitempty"`
-	Started bool `json:"started,omitempty"`
-}
 
 // Standin handles one invocation.
 type Standin struct {
@@ -168,35 +138,6 @@ func (s *Standin) runtime() *pb.Runtime {
 	}
 	return &pb.Runtime{ContainerId: s.a.ContainerID(), Bundle: bundle, RunscRoot: s.a.GlobalValue("root"),
 		GlobalFlags: s.a.Global}
-}
-
-func (s *Standin) markerPath(id string) string {
-	h := sha256.Sum256([]byte(s.a.GlobalValue("root")))
-	return filepath.Join(s.cfg.StateDir, hex.EncodeToString(h[:6])+"-"+id+".json")
-}
-
-func (s *Standin) saveMarker(m *marker) error {
-	if err := os.MkdirAll(s.cfg.StateDir, 0o700); err != nil {
-		return err
-	}
-	b, _ := json.Marshal(m)
-	tmp := s.markerPath(m.ID) + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, s.markerPath(m.ID))
-}
-
-func (s *Standin) loadMarker(id string) *marker {
-	b, err := os.ReadFile(s.markerPath(id))
-	if err != nil {
-		return nil
-	}
-	var m marker
-	if json.Unmarshal(b, &m) != nil {
-		return nil
-	}
-	return &m
 }
 
 func (s *Standin) dial() (pb.ThawdClient, func(), error) {
@@ -340,41 +281,6 @@ func (s *Standin) prepare(rt *pb.Runtime) (*pb.PrepareRestoreResponse, error) {
 	return c.PrepareRestore(ctx, &pb.PrepareRestoreRequest{Runtime: rt, Stdio: stdioKinds()})
 }
 
-// stdioKinds says what this process's descriptors 0, 1 and 2 are (the shim's
-// stdio for the container): PrepareRestoreRequest.stdio. Twin:
-// control/thawd/containers.py STDIO_KINDS.
-func stdioKinds() string {
-	kinds := make([]string, 3)
-	for fd := 0; fd < 3; fd++ {
-		var st syscall.Stat_t
-		if err := syscall.Fstat(fd, &st); err != nil {
-			kinds[fd] = "none"
-			continue
-		}
-		switch st.Mode & syscall.S_IFMT {
-		case syscall.S_IFIFO:
-			kinds[fd] = "pipe"
-		case syscall.S_IFREG:
-			kinds[fd] = "file"
-		case syscall.S_IFSOCK:
-			kinds[fd] = "socket"
-		case syscall.S_IFCHR:
-			major, minor := (st.Rdev>>8)&0xfff, (st.Rdev&0xff)|((st.Rdev>>12)&0xfff00)
-			switch {
-			case major == 1 && minor == 3:
-				kinds[fd] = "null"
-			case major == 136 || major == 5 || major == 4:
-				kinds[fd] = "tty"
-			default:
-				kinds[fd] = "char"
-			}
-		default:
-			kinds[fd] = "other"
-		}
-	}
-	return strings.Join(kinds, ",")
-}
-
 func (s *Standin) report(m *marker, outcome pb.ReportOutcomeRequest_Outcome, reason string) {
 	c, closer, err := s.dial()
 	if err != nil {
@@ -476,17 +382,6 @@ func (s *Standin) startMember(m *marker, t0 time.Time) int {
 	s.log.Write("start", m, "restored", "", t0)
 	s.commitRestored(m)
 	return 0
-}
-
-// commitRestored is the commit, and the last thing before a restored start
-// exits 0: thawd keeps the restore once this process has exited with the
-// marker saying so (Restore's standin_pid). A SIGKILL before this rename ends
-// in thawd removing the restore (for a pod's container, its pod), matching
-// the failed start containerd then reports. kill still routes a pod's container
-// that has committed (kill).
-func (s *Standin) commitRestored(m *marker) {
-	m.Decision = "restored"
-	s.saveMarker(m)
 }
 
 // restore asks thawd to restore the container it prepared. Without thawd (it
