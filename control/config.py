@@ -114,11 +114,9 @@ KEYS: tuple[Key, ...] = (
         "Extra runsc global flags (`--name` or `--name=value`) on every call, also written into "
         "runsc.toml's [runsc_config] for containerd's shim."),
     Key("runsc.timeout_s", SECONDS, 120.0, "Deadline of one runsc call.", range=(1, _DAY)),
-    Key("runsc.timeout_per_gib_s", SECONDS, 4.0,
-        "Seconds added to runsc.timeout_s for each GiB a checkpoint saves (the sandbox's memory and the "
-        "GPU memory its devices hold) or a restore loads (the image), so a large footprint gets a deadline "
-        "that scales with it (control/lifecycle/deadlines.py). 0: the fixed runsc.timeout_s.",
-        range=(0, 3600)),
+    Key("runsc.timeout_per_gib_s", SECONDS, 4.0, "Seconds added to runsc.timeout_s per GiB a checkpoint "
+        "saves (sandbox and GPU memory) or a restore loads (the image): deadlines scale with the footprint "
+        "(control/lifecycle/deadlines.py). 0: the fixed runsc.timeout_s.", range=(0, 3600)),
     # [node]
     Key("node.state_dir", ABS_PATH, Path("/var/lib/thaw"),
         "thaw's own state: sandbox records, netns leases.", field="state_dir"),
