@@ -275,6 +275,9 @@ def build(settings: Settings, images, tuple_hash: str) -> tuple[grpc.Server, Tha
         log.warning("process exit events unavailable (%s): a stand-in killed after committing a restore "
                     "is judged by its marker alone (control/thawd/exits.py)", exits.why_not)
     thawd = Thawd(settings, images, metrics, exits=exits)
+    if cache is not None:   # every idle cache entry re-hashed in the background (issue 30); thawd.close stops it
+        from control.images import scrub
+        thawd.scrub = scrub.start(cache, settings)
     thawd.parking.recover()    # what a previous thawd parked goes; what containers adopted stays theirs
     thawd.parking.start()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.thawd_rpc_workers, thread_name_prefix="rpc"),
@@ -297,9 +300,6 @@ def serve(settings: Settings, images, tuple_hash: str, ready: threading.Event | 
     configure_logs(verbose, json_lines=True, daemon=True)
     server, thawd, metrics = build(settings, images, tuple_hash)
     server.start()
-    if getattr(images, "cache", None) is not None:   # every idle cache entry re-hashed in the background (issue 30)
-        from control.images import scrub
-        scrub.start(images.cache, settings)
     os.chmod(settings.thawd_socket, 0o600)
     msrv = serve_metrics(metrics, settings.thawd_metrics_addr) if settings.thawd_metrics_addr else None
     log.info("thawd %s serving on %s (metrics %s, tuple %s)", VERSION, settings.thawd_socket,
