@@ -358,7 +358,9 @@ KEYS: tuple[Key, ...] = (
         "container's delete the stand-in removes the oldest beyond this. A running container's is never removed.",
         range=(1, 1_000_000), standin=True),
     Key("standin.shim_log_max_bytes", SIZE, 8 * _M,
-        "A deleted container's shim log larger than this is cut to its last this many bytes.",
+        "A deleted container's shim log larger than this is cut to its last this many bytes; a running "
+        "container's holds at most this many on disk (thawd frees the older ones in place every minute: "
+        "docs/operate.md).",
         range=(64 * _K, 1 * _G), standin=True),
     # [checkpoint]
     Key("checkpoint.compression", one_of("none", "flate-best-speed"), "none", "runsc checkpoint --compression."),

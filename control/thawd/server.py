@@ -34,6 +34,7 @@ from control.thawd.metrics import Metrics, serve as serve_metrics
 from control.thawd.rpc import thawd_pb2 as pb
 from control.thawd.rpc import thawd_pb2_grpc as pbg
 from control.thawd.service import RuntimeRef, Standin, Thawd
+from control.thawd.shimlogs import ShimLogs
 from control.version import VERSION
 
 log = logging.getLogger("thawd")
@@ -278,6 +279,8 @@ def build(settings: Settings, images, tuple_hash: str) -> tuple[grpc.Server, Tha
     if cache is not None:   # every idle cache entry re-hashed in the background (issue 30); thawd.close stops it
         from control.images import scrub
         thawd.scrub = scrub.start(cache, settings)
+    # Running containers' shim logs, bounded on disk (control/thawd/shimlogs.py says how, and why so).
+    thawd.shim_logs = ShimLogs(settings.log_dir / "shim", settings.standin_shim_log_max_bytes).start()
     thawd.parking.recover()    # what a previous thawd parked goes; what containers adopted stays theirs
     thawd.parking.start()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.thawd_rpc_workers, thread_name_prefix="rpc"),

@@ -76,6 +76,7 @@ class Thawd:
         self.autocheckpoint = AutoCheckpointer(settings, self.containers, images, self.quarantine, self.metrics,
                                                self._pool, self.parking)
         self.scrub = None   # the cache scrub (control/images/scrub.py): server.build starts it, close stops it
+        self.shim_logs = None   # control/thawd/shimlogs.py: the same
         self.pods = Pods(settings, self.state_dir, self.containers, self.preparer, self.restorer,
                          self.autocheckpoint, self.quarantine, self.metrics, store_for=images.store_for,
                          pool=self._pool)
@@ -218,8 +219,9 @@ class Thawd:
         return removed
 
     def close(self) -> None:
-        if self.scrub is not None:
-            self.scrub.stop()
+        for background in (self.scrub, self.shim_logs):
+            if background is not None:
+                background.stop()
         self.parking.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.containers.close()
