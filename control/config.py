@@ -143,7 +143,7 @@ KEYS: tuple[Key, ...] = (
         "Host shmem transparent huge pages, without which runsc backs a sandbox's memory with 4 KiB pages "
         "(it needs shmem_enabled = advise and defrag always, defer or never: runsc/boot/loader.go "
         "createMemoryFile). `thaw provision` sets them now and at every boot (/etc/tmpfiles.d). auto: on a "
-        "GPU node (H200, 2026-12-01: ~8B restore 7.84 -> 4.47 s, GPT-2-large 2.15 -> 1.64 s, docs/gpu.md); "
+        "GPU node (H200, 2026-12-01: ~8B restore 7.84 -> 4.47 s, GPT-2-large 2.15 -> 1.64 s, docs/notes/2026-11-29-gpu-restore-journal.md); "
         "yes: on any node; no: the host's settings are left as they are.", field="huge_pages"),
     # [containerd]
     Key("containerd.config", ABS_PATH, Path("/etc/containerd/config.toml"),
@@ -365,7 +365,7 @@ KEYS: tuple[Key, ...] = (
     # [checkpoint]
     Key("checkpoint.compression", one_of("none", "flate-best-speed"), "none", "runsc checkpoint --compression."),
     # On by default since 2026-12-01: an ~8B GPU restore answered in 6.2 s without it and
-    # 3.6 s with it (bench/results/gpu-speed-2026-12-01-loader.json, docs/gpu.md); a save
+    # 3.6 s with it (bench/results/gpu-speed-2026-12-01-loader.json, docs/notes/2026-11-29-gpu-restore-journal.md); a save
     # waits for the loading to end (pgalloc MemoryFile.SaveTo -> AwaitLoadAll).
     Key("checkpoint.restore_background", BOOL, True,
         "runsc restore --background: the workload runs while its memory still loads (off: every page is "
