@@ -263,7 +263,9 @@ KEYS: tuple[Key, ...] = (
         range=(1, _DAY)),
     Key("cache.verify", one_of("read", "stat", "full"), "read",
         "How a restore from the node cache trusts the entry (issue 30). read: runsc reads it through thaw-gofer, "
-        "which checks every chunk against its SHA-256 as it is read, so an altered byte fails the restore "
+        "which checks every chunk as it is read (against its BLAKE3-256 where the manifest carries one, else "
+        "its SHA-256 name; a BLAKE3 mismatch is checked against the SHA-256 before it counts), so an altered "
+        "byte fails the restore "
         "(cold start, entry marked corrupt and fetched again) instead of restoring altered memory; without "
         "thaw-gofer at store.gofer, a full check first. stat: runsc reads the files directly, checked by size, "
         "inode, mtime and ctime only. full: every chunk re-hashed before every use (docs/store.md \"Cache\")."),
