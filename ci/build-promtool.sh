@@ -4,9 +4,10 @@
 # the unit test of deploy/prometheus/thaw-rules.yaml (tests/unit/test_monitoring.py).
 # Cached like the other upstream binaries: rebuilt only when its inputs (the
 # version below, this script, the Go version) change (.promtool-stamp).
-# Lazy, not part of ci/build-go.sh: on the 2-core development machine the first
-# build took minutes (docs/operate.md "promtool"), for a test tool no node needs;
-# the test runs this script, which returns at once when the stamp matches.
+# Not part of ci/build-go.sh (a test tool no node needs, and the release takes
+# that script's outputs): ci/setup.sh runs this after it. On the 2-core development
+# machine the first build took minutes (docs/operate.md "promtool"); later runs
+# return at once when the stamp matches.
 # Built with `go install pkg@version` against Prometheus' own go.mod: its
 # dependency graph (every service discovery SDK) stays out of go/go.mod.
 set -euo pipefail

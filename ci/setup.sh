@@ -5,6 +5,7 @@
 #   3. the Go builds (ci/build-go.sh: runsc, shim, containerd, ctr, crictl, CNI plugins)
 #   4. the CUDA checkpoint helper (C, libcuda loaded at run time)
 #   5. the DaemonSet image (ci/build-image.sh: an OCI archive, no daemon)
+#   6. promtool (ci/build-promtool.sh), which the unit tier's rules test runs
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
@@ -60,5 +61,9 @@ if [[ ! -x "$build/busybox" ]]; then
 fi
 
 bash ci/build-image.sh
+# A test tool no node needs, kept out of ci/build-go.sh, but built here so that no
+# test tier builds anything: minutes the first time (docs/operate.md "promtool"),
+# a stamp check afterwards.
+bash ci/build-promtool.sh
 
 echo "setup: ready"

@@ -146,7 +146,7 @@ KEYS: tuple[Key, ...] = (
         "Host shmem transparent huge pages, without which runsc backs a sandbox's memory with 4 KiB pages "
         "(it needs shmem_enabled = advise and defrag always, defer or never: runsc/boot/loader.go "
         "createMemoryFile). `thaw provision` sets them now and at every boot (/etc/tmpfiles.d). auto: on a "
-        "GPU node (H200, 2026-12-01: ~8B restore 7.84 -> 4.47 s, GPT-2-large 2.15 -> 1.64 s, docs/gpu.md); "
+        "GPU node (H200, 2026-12-01: ~8B restore 7.84 -> 4.47 s, GPT-2-large 2.15 -> 1.64 s, docs/notes/2026-11-29-gpu-restore-journal.md); "
         "yes: on any node; no: the host's settings are left as they are.", field="huge_pages"),
     # [containerd]
     Key("containerd.config", ABS_PATH, Path("/etc/containerd/config.toml"),
@@ -266,7 +266,9 @@ KEYS: tuple[Key, ...] = (
         range=(1, _DAY)),
     Key("cache.verify", one_of("read", "stat", "full"), "read",
         "How a restore from the node cache trusts the entry (issue 30). read: runsc reads it through thaw-gofer, "
-        "which checks every chunk against its SHA-256 as it is read, so an altered byte fails the restore "
+        "which checks every chunk as it is read (against its BLAKE3-256 where the manifest carries one, else "
+        "its SHA-256 name; a BLAKE3 mismatch is checked against the SHA-256 before it counts), so an altered "
+        "byte fails the restore "
         "(cold start, entry marked corrupt and fetched again) instead of restoring altered memory; without "
         "thaw-gofer at store.gofer, a full check first. stat: runsc reads the files directly, checked by size, "
         "inode, mtime and ctime only. full: every chunk re-hashed before every use (docs/store.md \"Cache\")."),
@@ -361,12 +363,14 @@ KEYS: tuple[Key, ...] = (
         "container's delete the stand-in removes the oldest beyond this. A running container's is never removed.",
         range=(1, 1_000_000), standin=True),
     Key("standin.shim_log_max_bytes", SIZE, 8 * _M,
-        "A deleted container's shim log larger than this is cut to its last this many bytes.",
+        "A deleted container's shim log larger than this is cut to its last this many bytes; a running "
+        "container's holds at most this many on disk (thawd frees the older ones in place every minute: "
+        "docs/operate.md).",
         range=(64 * _K, 1 * _G), standin=True),
     # [checkpoint]
     Key("checkpoint.compression", one_of("none", "flate-best-speed"), "none", "runsc checkpoint --compression."),
     # On by default since 2026-12-01: an ~8B GPU restore answered in 6.2 s without it and
-    # 3.6 s with it (bench/results/gpu-speed-2026-12-01-loader.json, docs/gpu.md); a save
+    # 3.6 s with it (bench/results/gpu-speed-2026-12-01-loader.json, docs/notes/2026-11-29-gpu-restore-journal.md); a save
     # waits for the loading to end (pgalloc MemoryFile.SaveTo -> AwaitLoadAll).
     Key("checkpoint.restore_background", BOOL, True,
         "runsc restore --background: the workload runs while its memory still loads (off: every page is "

@@ -41,11 +41,25 @@ class Series:
 
 
 _FALLBACK_REASONS = ("restore-failed", "health-failed", "hook-failed", "stream-failed")
+# Every reason thawd answers a create cold with (its text up to the first ':'), so that
+# each rate starts at zero; tests/unit/test_metrics.py finds them in the source and
+# fails on one missing here.
+_COLD_REASONS = (
+    # control/thawd/service.py and prepare.py: a lone container, and a pod's sandbox image
+    "not-opted-in", "spec", "quarantined", "fetch-in-progress", "no-image", "spec-mismatch",
+    # control/thawd/prepare.py fetch_reason: a pull that failed
+    "manifest-refused", "no-tenant-key", "manifest-invalid", "tuple-mismatch", "fetch-failed",
+    # IdentityError codes (control/thawd/ctrinfo.py, control/lifecycle/tenant.py)
+    "identity-unknown", "no-image-digest", "image-moved", "tenant-refused",
+    # control/thawd/pods.py: a pod's containers
+    "no-declared-containers", "pod-failed-before", "pod-unknown", "pod-failed", "pod-cold", "pod-running",
+    "init-satisfied",
+)
 SERIES: tuple[Series, ...] = (
     # Decisions at create, and how the start went (thawd).
     Series("thaw_restore_decisions_total", COUNTER, "Create calls answered with restore.", zero=((),)),
     Series("thaw_cold_decisions_total", COUNTER, "Create calls answered cold, by reason.", ("reason",),
-           zero=(("no-image",), ("not-opted-in",), ("fetch-failed",), ("quarantined",))),
+           zero=tuple((r,) for r in _COLD_REASONS)),
     Series("thaw_restores_total", COUNTER, "Containers started by restore.", zero=((),)),
     Series("thaw_cold_starts_total", COUNTER, "Opted-in containers started cold.", zero=((),)),
     Series("thaw_fallbacks_total", COUNTER, "Restores that failed and fell back to a cold start, by reason.",

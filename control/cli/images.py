@@ -337,7 +337,7 @@ def _store_gc(obj: Context, dry_run: bool, max_age_s: float | None, keep: int | 
 @click.pass_obj
 @handle_errors
 def rm_cmd(obj: Context, key: str, tuple_hash: str | None, dry_run: bool) -> None:
-    """Remove KEY's image from the store (its manifests; the packs go with the next store GCs)
+    """Remove KEY's image from the store (its manifests and pod tables; the packs go with the next store GCs)
     and from this node's cache. Other nodes' caches keep their copies until evicted."""
     from control.images import gc
     from control.images import image as images

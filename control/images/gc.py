@@ -11,7 +11,11 @@ What can reference a pack:
       it probed a chunk pointer naming   (the pointer may be old; the publish may then put a
       an older pack (dedup)               manifest naming that pack any time until its bound)
 Pulls read only manifests; pointers are a dedup index that no manifest
-depends on, so deleting a pointer never breaks an image.
+depends on, so deleting a pointer never breaks an image. Pod tables
+(pods/<lookup>/<key>.json, control/thawd/podtables.py) are hints that name an
+image key: `thaw rm KEY` deletes the ones naming KEY, and a run deletes those whose
+key has no live manifest once they are older than G (a table is published when its
+pod is assembled, before the pod's image: a young one may be waiting for it).
 
 So a pack that no live manifest names goes in two runs (store.gc_grace_s = G):
     run 1: every pointer naming it is deleted (once the pointer and the pack are older
@@ -56,6 +60,7 @@ class Report:
     grace_s: float = 0.0
     removed_manifests: list[dict] = field(default_factory=list)   # retention: key, tuple_hash, age_s, why
     removed_orders: list[str] = field(default_factory=list)
+    removed_pod_tables: list[str] = field(default_factory=list)   # pods/<lookup>/<key>.json
     removed_pointers: int = 0
     condemned_packs: list[str] = field(default_factory=list)
     deleted_packs: list[str] = field(default_factory=list)
@@ -73,7 +78,8 @@ class Report:
     def summary(self) -> str:
         verb = "would remove" if self.dry_run else "removed"
         return (f"tenant {self.tenant}: {verb} {len(self.removed_manifests)} images by retention, "
-                f"{self.removed_pointers} of {self.pointers} chunk pointers, {len(self.deleted_packs)} packs "
+                f"{len(self.removed_pod_tables)} pod tables, {self.removed_pointers} of {self.pointers} chunk pointers, "
+                f"{len(self.deleted_packs)} packs "
                 f"({self.deleted_bytes} bytes); {'would condemn' if self.dry_run else 'condemned'} "
                 f"{len(self.condemned_packs)} packs, {self.waiting_packs} waiting out the grace "
                 f"({self.grace_s:g} s), {self.young_packs} young; {self.live_manifests} live images in "
@@ -100,12 +106,23 @@ def _manifest_objects(store: Store) -> tuple[dict[tuple[str, str], Obj], dict[tu
     return manifests, orders
 
 
+def _pod_tables(store: Store) -> dict[str, list[Obj]]:
+    """Image key -> the tenant's pod tables naming it (pods/<lookup>/<key>.json)."""
+    out: dict[str, list[Obj]] = {}
+    for o in store.list_objects("pods/"):
+        lookup, _, leaf = o.name[len("pods/"):].partition("/")
+        if lookup and leaf.endswith(".json") and "/" not in leaf:
+            out.setdefault(leaf[:-len(".json")], []).append(o)
+    return out
+
+
 # -- thaw rm --------------------------------------------------------------------------------
 
 def remove(store: Store, key: str, tuple_hash: str | None = None, dry_run: bool = False) -> list[str]:
-    """Delete the tenant's manifests of `key` (of one tuple with `tuple_hash`) and their
-    fetch-order hints: the image is gone for every node that has not cached it. Its packs
-    stay until a store GC finds them unreferenced. NotFound when there is none."""
+    """Delete the tenant's manifests of `key` (of one tuple with `tuple_hash`), their
+    fetch-order hints and, once no manifest of `key` is left, the pod tables naming it:
+    the image is gone for every node that has not cached it. Its packs stay until a
+    store GC finds them unreferenced. NotFound when there is none of these."""
     _need_tenant(store)
     manifestmod.validate_key(key)
     tenant = store.tenant
@@ -113,10 +130,13 @@ def remove(store: Store, key: str, tuple_hash: str | None = None, dry_run: bool 
         raise UserError(f"key {key!r} is not tenant {tenant!r}'s: its keys start with {tenant + '.'!r}", field="key")
     manifests, orders = _manifest_objects(store)
     pick = [kt for kt in manifests if kt[0] == key and (tuple_hash is None or kt[1].startswith(tuple_hash))]
-    if not pick:
+    # A table is one per key, whatever the tuple: it goes with the key's last manifest.
+    last = not any(kt[0] == key and kt not in pick for kt in manifests)
+    tables = [o.name for o in _pod_tables(store).get(key, [])] if last else []
+    if not pick and not tables:
         what = f" for tuple {tuple_hash}" if tuple_hash else ""
         raise NotFound("image", key, f"the store holds no manifest of it{what} (`thaw ls` lists them)")
-    names = [manifests[kt].name for kt in pick] + [orders[kt].name for kt in pick if kt in orders]
+    names = [manifests[kt].name for kt in pick] + [orders[kt].name for kt in pick if kt in orders] + tables
     if not dry_run:
         store.delete(names)
         log.info("rm %s: deleted %s", key, ", ".join(names), extra=fields(key=key, tenant=tenant, decision="removed"))
@@ -265,5 +285,16 @@ def collect(store: Store, *, grace_s: float, max_age_s: float = 0.0, keep: int =
     rep.removed_orders = stale
     if stale and not dry_run:
         store.delete(stale)
+
+    # Pod tables naming a key with no live manifest (left by `thaw rm` of one tuple, by
+    # retention, or by a pod never saved). Only old ones: a pod's table is published
+    # when it is assembled, before its image, so a young one may be waiting for it.
+    live_keys = {k for k, _ in manifests}
+    rep.removed_pod_tables = sorted(o.name for k, objs in _pod_tables(store).items() if k not in live_keys
+                                    for o in objs if old(o))
+    if rep.removed_pod_tables and not dry_run:
+        store.delete(rep.removed_pod_tables)
+        log.info("gc %s: deleted %d pod tables", store.tenant, len(rep.removed_pod_tables),
+                 extra=fields(tenant=store.tenant, decision="deleted-pod-tables", count=len(rep.removed_pod_tables)))
     log.info("gc %s: %s", store.tenant, rep.summary(), extra=fields(tenant=store.tenant, dry_run=dry_run))
     return rep

@@ -26,7 +26,8 @@ Profiles:
   process, serially); the route's shutdown covers a workload that overrides it.
   The workload serves that route (bench/gpu/server.py does).
 - pytorch-offload: pytorch, plus the weights out of the CUDA driver's copy
-  path (docs/gpu.md, "Cooperative restore"): after /thaw/pre-checkpoint,
+  path (docs/notes/2026-11-29-gpu-restore-journal.md, the cooperative
+  restores of "Restore speed levers"): after /thaw/pre-checkpoint,
   POST /thaw/offload-weights, where the workload copies its parameters into
   host memory it has page-locked (cudaHostRegister), points them there and
   frees their GPU memory (empty_cache), so the CUDA image holds only the

@@ -113,13 +113,17 @@ def from_spec(spec: dict, tenant: str, image: str) -> Workload | None:
                     health=health)
 
 
-_DIGEST_TAIL = re.compile(r"\.[0-9a-f]{16}$")   # workload_key's last field
+# workload_key's last field, or a pod key's two (control/lifecycle/pod.py key:
+# `<lookup>-<10 hex>`, its lookup `<tenant>.<name>.<10 hex>`): without the second, every
+# version of a pod would be a workload of its own, out of reach of retention by count.
+_DIGEST_TAIL = re.compile(r"\.(?:[0-9a-f]{16}|[0-9a-f]{10}-[0-9a-f]{10})$")
 
 
 def workload_of(key: str) -> str:
     """The workload a key is an image of: the key less its identity digest
     (`<tenant>.<name>.<16 hex>`, workload_key); a key without one (the CLI's
-    `user-root.myapp`) is its own workload. Retention counts images per
+    `user-root.myapp`) is its own workload; a pod's key (`<tenant>.<name>.<10 hex>-<10
+    hex>`) is an image of `<tenant>.<name>`. Retention counts images per
     workload (control/images/gc.py) and the per-workload histograms use it as
     their label (control/metrics.py): bounded by the workloads, not the keys."""
     return _DIGEST_TAIL.sub("", key)

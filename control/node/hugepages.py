@@ -12,7 +12,8 @@ from control.node.steps import NONE, SKIP, UPDATE, Layout, Plan, Skip, Step, Wri
 # pages only when shmem_enabled is "advise" and defrag one of THP_DEFRAG_OK
 # (runsc/boot/loader.go createMemoryFile: the others may direct-compact where
 # native anonymous memory would not). Not "always": it halves nvproxy's pageable
-# copies (gVisor #12804). Measured on the H200: docs/gpu.md "Measured (H200, 2026-12-01)".
+# copies (gVisor #12804). Measured on the H200: docs/notes/2026-11-29-gpu-restore-journal.md
+# "Measured (H200, 2026-12-01, medians of 3)".
 THP_DIR = Path("/sys/kernel/mm/transparent_hugepage")
 THP_SHMEM = "advise"
 THP_DEFRAG_OK = ("always", "defer", "never")

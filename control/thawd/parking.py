@@ -4,8 +4,9 @@ their workload (config [park], off by default; docs/parking.md).
 A restore under containerd pays, before the workload answers, `runsc restore`
 until the CUDA helper runs (0.32-0.43 s on the H200), the helper's start, and
 a CUDA restore that right after `runsc restore` runs 0.25-0.6 s slower than
-the same step in a sandbox that has run since (docs/gpu.md, "Measured ...
-third session"). A parked sandbox has paid all of that before any container
+the same step in a sandbox that has run since (the GPU restore journal,
+docs/notes/2026-11-29-gpu-restore-journal.md, "Measured ... third session"). A
+parked sandbox has paid all of that before any container
 asked: thawd restored it from the node cache under an id of its own, waited
 until every page was in, and toggled its CUDA processes back to checkpointed
 (GPU memory free, the device state in host memory). When containerd's shim

@@ -34,6 +34,7 @@ from control.thawd.metrics import Metrics, serve as serve_metrics
 from control.thawd.rpc import thawd_pb2 as pb
 from control.thawd.rpc import thawd_pb2_grpc as pbg
 from control.thawd.service import RuntimeRef, Standin, Thawd
+from control.thawd.shimlogs import ShimLogs
 from control.version import VERSION
 
 log = logging.getLogger("thawd")
@@ -275,6 +276,11 @@ def build(settings: Settings, images, tuple_hash: str) -> tuple[grpc.Server, Tha
         log.warning("process exit events unavailable (%s): a stand-in killed after committing a restore "
                     "is judged by its marker alone (control/thawd/exits.py)", exits.why_not)
     thawd = Thawd(settings, images, metrics, exits=exits)
+    if cache is not None:   # every idle cache entry re-hashed in the background (issue 30); thawd.close stops it
+        from control.images import scrub
+        thawd.scrub = scrub.start(cache, settings)
+    # Running containers' shim logs, bounded on disk (control/thawd/shimlogs.py says how, and why so).
+    thawd.shim_logs = ShimLogs(settings.log_dir / "shim", settings.standin_shim_log_max_bytes).start()
     thawd.parking.recover()    # what a previous thawd parked goes; what containers adopted stays theirs
     thawd.parking.start()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.thawd_rpc_workers, thread_name_prefix="rpc"),
@@ -297,9 +303,6 @@ def serve(settings: Settings, images, tuple_hash: str, ready: threading.Event | 
     configure_logs(verbose, json_lines=True, daemon=True)
     server, thawd, metrics = build(settings, images, tuple_hash)
     server.start()
-    if getattr(images, "cache", None) is not None:   # every idle cache entry re-hashed in the background (issue 30)
-        from control.images import scrub
-        scrub.start(images.cache, settings)
     os.chmod(settings.thawd_socket, 0o600)
     msrv = serve_metrics(metrics, settings.thawd_metrics_addr) if settings.thawd_metrics_addr else None
     log.info("thawd %s serving on %s (metrics %s, tuple %s)", VERSION, settings.thawd_socket,

@@ -64,6 +64,8 @@ class Thawd:
         self.restorer = Restorer(settings, self.containers, self.quarantine, self.metrics, self.parking)
         self.autocheckpoint = AutoCheckpointer(settings, self.containers, images, self.quarantine, self.metrics,
                                                self._pool, self.parking)
+        self.scrub = None   # the cache scrub (control/images/scrub.py): server.build starts it, close stops it
+        self.shim_logs = None   # control/thawd/shimlogs.py: the same
         self.pods = Pods(settings, self.state_dir, self.containers, self.preparer, self.restorer,
                          self.autocheckpoint, self.quarantine, self.metrics, store_for=images.store_for,
                          pool=self._pool)
@@ -123,6 +125,9 @@ class Thawd:
         return self.quarantine.evict(key, self.images)
 
     def close(self) -> None:
+        for background in (self.scrub, self.shim_logs):
+            if background is not None:
+                background.stop()
         self.parking.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.containers.close()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
+import time
 
 import grpc
 import pytest
@@ -184,3 +186,58 @@ def test_evict_says_why_it_refuses_and_who_holds_the_entry(tmp_path):
     finally:
         server.stop(0)
         t.close()
+
+
+@pytest.mark.parametrize("interval", ["2", "0"])
+def test_startup_sets_build_info_and_starts_the_cache_scrub_unless_it_is_off(tmp_path, interval):
+    """server.build (what `thaw serve` runs): thaw_build_info is 1 with this build's labels
+    at once; running containers' shim logs are bounded (control/thawd/shimlogs.py); with a
+    node cache the scrub runs on its thread and checks the idle entry within its interval
+    (cache.scrub_interval_s); 0 starts no scrub thread; close stops both."""
+    from control.config import RUNSC_VERSION_LABEL
+    from control.version import VERSION
+    if os.geteuid() != 0:
+        pytest.fail("thawd's socket directory is root-only: run the tests as root", pytrace=False)
+    (tmp_path / "empty.toml").write_text("")
+    s = config.load(environ={"THAW_NODE_STATE_DIR": str(tmp_path / "state"),
+                             "THAW_THAWD_SOCKET": str(tmp_path / "run" / "thawd.sock"),
+                             "THAW_THAWD_METRICS_ADDR": "", "THAW_CACHE_SCRUB_INTERVAL_S": interval,
+                             "THAW_NODE_LOG_DIR": str(tmp_path / "log"), "THAW_STANDIN_SHIM_LOG_MAX_BYTES": "64k"},
+                    config_file=tmp_path / "empty.toml")
+    # A running container's shim log (held open without O_APPEND, as gVisor's shim holds it).
+    (tmp_path / "log" / "shim").mkdir(parents=True)
+    shim_log = tmp_path / "log" / "shim" / "runsc-shim-c1.log"
+    shim_fd = os.open(shim_log, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.write(shim_fd, b"".join(b"level=debug msg=%08d\n" % i for i in range(100_000)))
+    imgs = CachedImages(tmp_path)
+    imgs.lease.release()                      # idle: the scrub's to check
+    [before] = imgs.cache.entries()
+    server, t, metrics = daemon.build(s, imgs, "tuplehash")
+    server.start()
+    thread = t.scrub._thread
+    try:
+        deadline = time.monotonic() + 10      # the shim-log thread's first pass runs at once
+        while os.stat(shim_log).st_blocks * 512 > (64 << 10) + 8192 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert os.stat(shim_log).st_blocks * 512 <= (64 << 10) + 8192 and t.shim_logs._thread.is_alive()
+        assert f'thaw_build_info{{runsc="{RUNSC_VERSION_LABEL}",version="{VERSION}"}} 1.0' in metrics.render()
+        if interval == "0":
+            assert thread is None and "cache-scrub" not in {th.name for th in threading.enumerate()}
+            time.sleep(3)
+            assert t.scrub.checked == 0
+        else:
+            assert thread is not None and thread.is_alive() and thread.name == "cache-scrub"
+            deadline = time.monotonic() + 30
+            while t.scrub.checked == 0 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            [after] = imgs.cache.entries()
+            assert t.scrub.checked >= 1 and not t.scrub.found and after.verified > before.verified
+    finally:
+        server.stop(0)
+        t.close()
+        os.close(shim_fd)
+    t.shim_logs._thread.join(timeout=10)
+    assert not t.shim_logs._thread.is_alive()
+    if thread is not None:
+        thread.join(timeout=10)
+        assert not thread.is_alive(), "thawd's close stops the scrub"

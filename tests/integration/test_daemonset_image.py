@@ -162,6 +162,9 @@ def test_image_carries_this_thaw_and_what_it_runs_with(image):
         assert name in installed, f"dependency {d} is not installed in the image"
     # Nor the demo's store (the `demo` extra).
     assert not any("seaweedfs" in p.lower() or p.endswith("/weed") for p in image.files), "seaweedfs is in the image"
+    # Nor the dev harness (the `dev` extra): no file or directory of control/dev, wherever it lies.
+    dev = [p for p in image.files if "/control/dev/" in p + "/"]
+    assert not dev, f"control/dev is in the image: {dev[:5]}"
     # The configmap restarts containerd through nsenter: it must be on PATH.
     restart = tomllib.loads(_configmap_toml())["containerd"]["restart_command"][0]
     assert any(image.files.get(image.resolve(f"{d}/{restart}"), {}).get("type") == tarfile.REGTYPE

@@ -45,6 +45,7 @@ class Objects(dict):
         self.token = secrets.token_hex(8)
         self.gets = 0              # ranged pack GETs served
         self.fail_gets = False     # answer them 500 InternalError (retryable: retried, then given up)
+        self.fail_next_gets = 0    # answer only the next n of them so (a transient failure: retried)
         self.lock = threading.Lock()
 
 
@@ -63,11 +64,14 @@ class _PackServer:
             def do_GET(self) -> None:
                 token, _, name = self.path.lstrip("/").partition("/")
                 objs = stores.get(token)
+                failing = False
                 if objs is not None:
                     with objs.lock:
                         objs.gets += 1
+                        failing = objs.fail_gets or objs.fail_next_gets > 0
+                        objs.fail_next_gets = max(0, objs.fail_next_gets - 1)
                 body = objs.get(name) if objs is not None else None
-                if objs is not None and objs.fail_gets:
+                if failing:
                     return self._send(500, b"<Error><Code>InternalError</Code><Message>fake store says no"
                                            b"</Message></Error>")
                 if body is None:

@@ -158,6 +158,43 @@ def test_rm_removes_the_manifests_and_hints_of_one_key_only(store, tmp_path):
         gc.remove(store, "ctr-other.a")
 
 
+LOOKUP = f"{TENANT}.web.0123456789"      # a pod's lookup key (control/lifecycle/pod.py lookup)
+
+
+def put_table(store, key: str, lookup: str = LOOKUP) -> str:
+    """A pod table naming `key`, as control/thawd/podtables.py publishes it (its body is
+    not read by the GC); its name in the tenant's view."""
+    name = f"pods/{lookup}/{key}.json"
+    store.objects[store.prefix + name] = b'{"schema": "thaw.pod-table"}'
+    return name
+
+
+def tables(store) -> set[str]:
+    return {n[len(store.prefix):] for n in store.objects if n.startswith(store.prefix + "pods/")}
+
+
+def test_rm_removes_the_pod_tables_naming_its_key_with_its_last_manifest(store, tmp_path):
+    key, other = f"{LOOKUP}-00000000aa", f"{LOOKUP}-00000000bb"
+    m = publish(store, tmp_path, key, files(30))
+    publish(store, tmp_path, other, files(31))
+    mine, theirs = put_table(store, key), put_table(store, other)
+    another_lookup = put_table(store, key, lookup=f"{TENANT}.web.abcdefabcd")   # the GC never parses keys
+    # A second tuple of the key: rm of one tuple leaves the key alive, and its tables.
+    store.objects[store.manifest_name(key, "f" * 64)] = store.get_manifest(key, m.tuple_hash)
+    assert gc.remove(store, key, tuple_hash="f" * 12) == [f"manifests/{key}/{'f' * 64}.json"]
+    assert tables(store) == {mine, theirs, another_lookup}
+    dry = gc.remove(store, key, dry_run=True)
+    assert set(dry) == {f"manifests/{key}/{m.tuple_hash}.json", mine, another_lookup}
+    assert tables(store) == {mine, theirs, another_lookup}
+    assert set(gc.remove(store, key)) == set(dry)
+    assert tables(store) == {theirs}
+    # A table left without any manifest (a pod never saved) is still the key's to remove.
+    orphan = put_table(store, f"{LOOKUP}-00000000cc")
+    assert gc.remove(store, f"{LOOKUP}-00000000cc") == [orphan]
+    with pytest.raises(NotFound, match="holds no manifest"):
+        gc.remove(store, f"{LOOKUP}-00000000cc")
+
+
 def test_the_lifecycle_refuses_a_store_that_is_no_tenants_view(shared):
     with pytest.raises(UserError, match="one tenant's prefix"):
         gc.collect(shared, grace_s=GRACE)
@@ -186,6 +223,7 @@ def test_retention_by_age_and_by_count_per_workload_and_tuple():
     assert all("newest of workload t.web" in r["why"] for r in keep1)
     assert gc.workload_of("k8s-ns.model.0123456789abcdef") == "k8s-ns.model"
     assert gc.workload_of("user-root.myapp") == "user-root.myapp"
+    assert gc.workload_of("k8s-ns.web.0123456789-abcdef0123") == "k8s-ns.web"    # a pod's key
 
 
 def test_retention_runs_inside_the_gc_and_its_packs_follow_in_two_runs(store, tmp_path):
@@ -201,6 +239,22 @@ def test_retention_runs_inside_the_gc_and_its_packs_follow_in_two_runs(store, tm
     assert sorted(r2.deleted_packs) == sorted(r.condemned_packs) and not r2.removed_manifests
     intact(store)
     pull_ok(store, tmp_path, f"{TENANT}.web.0000000000000002")
+
+
+def test_retention_removes_the_pod_tables_of_the_images_it_removes(store, tmp_path):
+    old_key, new_key = f"{LOOKUP}-0000000001", f"{LOOKUP}-0000000002"
+    t_old = put_table(store, old_key)              # assembled, then saved: the table comes first
+    publish(store, tmp_path, old_key, files(32))
+    store.t += 100
+    t_new = put_table(store, new_key)
+    publish(store, tmp_path, new_key, files(33))
+    store.t += 100
+    dry = run(store, keep=1, dry_run=True)
+    assert dry.removed_pod_tables == [t_old] and "1 pod tables" in dry.summary()
+    assert tables(store) == {t_old, t_new}
+    r = run(store, keep=1)
+    assert [x["key"] for x in r.removed_manifests] == [old_key] and r.removed_pod_tables == [t_old]
+    assert tables(store) == {t_new}
 
 
 # -- the sweep ------------------------------------------------------------------------
@@ -335,6 +389,23 @@ def test_orphan_markers_and_hints_go(store, tmp_path):
     assert [n for n in store.objects if n.endswith(("gc/condemned/" + "f" * 64, ".order"))] == []
 
 
+def test_a_pod_table_without_a_live_manifest_goes_once_older_than_the_grace(store, tmp_path):
+    live_key = f"{LOOKUP}-00000000aa"
+    publish(store, tmp_path, live_key, files(34))
+    live = put_table(store, live_key)
+    orphan = put_table(store, f"{LOOKUP}-00000000dd")            # its pod was never saved
+    store.t += GRACE / 2
+    waiting = put_table(store, f"{LOOKUP}-00000000ee")           # assembled now: its image may follow
+    store.t += GRACE / 2 + 2
+    r = run(store)
+    assert r.removed_pod_tables == [orphan] and tables(store) == {live, waiting}
+    assert store.put_manifest_if_absent(*(lambda m: (m.key, m.tuple_hash, m.to_json()))(
+        upload(store, tmp_path, f"{LOOKUP}-00000000ee", files(35))))
+    store.t += 10 * GRACE
+    assert run(store).removed_pod_tables == [] and tables(store) == {live, waiting}
+    intact(store)
+
+
 @pytest.mark.parametrize("after", range(0, 6))
 def test_a_run_killed_at_any_delete_leaves_every_live_image_whole(store, tmp_path, after):
     publish(store, tmp_path, f"{TENANT}.a", files(13))
@@ -365,10 +436,15 @@ def test_tenants_never_cross(shared, tmp_path):
     mine, theirs = shared.for_tenant(TENANT), shared.for_tenant("ctr-other")
     publish(theirs, tmp_path, "ctr-other.a", files(16))
     publish(mine, tmp_path, f"{TENANT}.a", files(17))
+    # The other tenant's tables: one of a key only it has, one of a key that is also mine.
+    theirs_tables = {put_table(theirs, "ctr-other.b", lookup="ctr-other.b"),
+                     put_table(theirs, f"{TENANT}.a", lookup=LOOKUP)}
+    put_table(mine, f"{TENANT}.orphan")
     gc.remove(mine, f"{TENANT}.a")
     for _ in range(3):
         shared.t += GRACE + 2
         gc.collect(mine, grace_s=GRACE)
     assert packs(theirs) and not packs(mine)
+    assert tables(theirs) == theirs_tables and not tables(mine)
     assert all(n.startswith(("tenants/ctr-other/", f"tenants/{TENANT}/gc/")) for n in shared.objects)
     intact(theirs)

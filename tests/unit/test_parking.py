@@ -124,6 +124,20 @@ def test_take_matches_key_root_flags_and_spec(tmp_path):
     assert take(p, created(p, "y"), SPEC, "k") is None, "a parked sandbox is adopted once"
 
 
+def test_the_gauges_count_parking_and_parked_sandboxes_and_their_host_memory(tmp_path):
+    """thaw_parked_sandboxes and thaw_parked_host_bytes: what a park holds (measured, or
+    its estimate while it parks); an adopted one is the container's, no longer counted."""
+    p = parking(tmp_path)
+    parked(p, "p-a", key="k", host=400 << 20)
+    parked(p, "p-b", key="other", host=300 << 20)
+    parking_now = parked(p, "p-c", key="other", state=pd.PARKING, host=0)
+    parking_now.estimate_bytes = 50 << 20
+    parked(p, "p-d", key="k", state=pd.ADOPTED, host=900 << 20)
+    assert take(p, created(p, "x"), SPEC, "k").id == "p-a"        # adopting: the gauges move
+    v = {ln.split()[0]: float(ln.split()[1]) for ln in p.metrics.render().splitlines() if ln.startswith("thaw_parked")}
+    assert v["thaw_parked_host_bytes"] == (300 + 50) << 20 and v["thaw_parked_sandboxes"] == 2
+
+
 def test_stdio_kinds_are_checked(tmp_path):
     c = parking(tmp_path).containers
     c.begin(rt("a"), "pipe,pipe,pipe")

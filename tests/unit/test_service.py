@@ -382,6 +382,11 @@ def test_checkpoint_writes_into_the_cache_and_the_entry_is_that_directory(tmp_pa
             assert meta["door"] == "containerd" and meta["spec"]["annotations"] == OPT_IN
             assert {p.name: p.stat().st_ino for p in e.path.iterdir() if p.name in written} == written
             assert src.has(e.key)
+            # thaw_checkpoint_seconds by workload: the key less its identity digest.
+            from control.lifecycle.workload import workload_of
+            wl = workload_of(e.key)
+            assert wl != e.key and e.key.startswith(wl + ".")
+            assert f'thaw_checkpoint_seconds_count{{workload="{wl}"}} 1.0' in t.metrics.render()
         assert list((tmp_path / "cache" / "tmp").iterdir()) == []
         assert not (tmp_path / "state" / "thawd" / "staging").exists()
     finally:

@@ -25,7 +25,10 @@ import (
 //
 // The shim's logs (<node.log_dir>/shim/runsc-shim-<id>.log, gVisor
 // pkg/shim/v1/runsc/container.go: os.Create, written by the shim for the
-// container's life): a running container's is never touched. At a container's
+// container's life): a running container's is never touched here (thawd frees
+// its bytes before the last shim_log_max_bytes in place, control/thawd/shimlogs.py:
+// the shim holds the file open without O_APPEND, so rename would bound nothing,
+// and the stand-in runs only for create, start, kill and delete). At a container's
 // delete the stand-in adds the id to shim/.deleted (one id a line), cuts that
 // container's log to its last shim_log_max_bytes, and removes the logs of the
 // oldest deleted ids beyond shim_logs_keep, all under an flock of
@@ -54,6 +57,7 @@ func rotateLog(path string, max int64, keep int) {
 
 // shimLogName is the shim's log of container id (runsccmd.FormatShimLogPath
 // with a log_path ending in "/"; control/node/containerd_config.py writes that).
+// Twin: control/thawd/shimlogs.py PATTERN.
 func shimLogName(dir, id string) string {
 	return filepath.Join(dir, "runsc-shim-"+id+".log")
 }

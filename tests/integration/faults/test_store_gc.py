@@ -25,6 +25,7 @@ from control.errors import StoreError
 from control.images import gc
 from control.images import image as images
 from control.images.store import Store
+from control.thawd import podtables
 from tests.conftest import REPO
 
 from ..conftest import cli_env, make_settings, store_thaw_json
@@ -97,6 +98,19 @@ def gc_json(s, *args) -> dict:
     return store_thaw_json(s, "gc", "--store", *args, **env_of(s))["store"][0]
 
 
+def publish_table(s, key: str, tenant: str = TENANT) -> str:
+    """A pod table naming `key`, published as thawd publishes one (podtables.PodTables.publish);
+    its name in the tenant's view."""
+    lookup = f"{tenant}.gcpod.0123456789"
+    t = podtables.Table(lookup, key, {"app": {"key": key, "spec": "0" * 16, "gpus": 0}}, ["gcpod"], time.time())
+    podtables.PodTables(Path("/nonexistent"), lambda _lookup: view(s, tenant)).publish(t)
+    return f"pods/{lookup}/{key}.json"
+
+
+def table_names(s, tenant=TENANT) -> set[str]:
+    return {o.name for o in view(s, tenant).list_objects("pods/")}
+
+
 def pack_names(s, tenant=TENANT) -> set[str]:
     return {o.name[len("packs/"):] for o in view(s, tenant).list_objects("packs/")}
 
@@ -108,17 +122,33 @@ def test_rm_and_two_gc_runs_reclaim_an_image_and_keep_what_others_name(s, scratc
     other = push(s, make_image(scratch / "o", 3), "ctr-other.gc-o", tenant="ctr-other")
     ma, mb, mc = (images.read_manifest(view(s), x.key, x.tuple_hash) for x in (a, b, c))
     assert set(ma.packs) <= set(mb.packs), "b names a's packs through the pointers it found"
+    ta, tb = publish_table(s, a.key), publish_table(s, b.key)
+    orphan = publish_table(s, f"{TENANT}.gc-never-saved")         # a pod whose image never came
+    t_other = publish_table(s, "ctr-other.gc-o", tenant="ctr-other")
     time.sleep(GRACE + 2)
-    for x in (a, c):
+    for x, t in ((a, ta), (c, None)):
         rm = store_thaw_json(s, "rm", x.key, **env_of(s))
-        assert [n.rsplit(".", 1)[1] for n in rm["removed"]] == ["json"]
+        assert sorted(rm["removed"]) == sorted([f"manifests/{x.key}/{x.tuple_hash}.json"] + ([t] if t else []))
+    young = publish_table(s, f"{TENANT}.gc-saved-soon")           # within the grace: its image may follow
+    born = view(s).head(young).mtime
+    assert table_names(s) == {tb, orphan, young}
+
+    def tables_gone(r) -> list[str]:   # what a run must remove, by the store's clock it read
+        return sorted([orphan] + ([young] if r["now"] - born > GRACE + gc.SLACK_S else []))
     dry = gc_json(s, "--dry-run")
     r1 = gc_json(s)
     assert dry["condemned_packs"] == r1["condemned_packs"] and r1["deleted_packs"] == []
+    assert dry["removed_pod_tables"] == tables_gone(dry) and r1["removed_pod_tables"] == tables_gone(r1)
+    assert table_names(s) == {tb} | ({young} if young not in r1["removed_pod_tables"] else set())
     assert set(r1["condemned_packs"]) == set(mc.packs) and r1["removed_pointers"] > 0   # a's: b names them
-    assert gc_json(s)["deleted_packs"] == []                 # the markers are not old yet
+    r2 = gc_json(s)
+    assert r2["deleted_packs"] == []                         # the markers are not old yet
     time.sleep(GRACE + 2)
     r3 = gc_json(s)
+    # The young table went in the one run that found it older than the grace (by the store's clock).
+    took = [r for r in (r1, r2, r3) if young in r["removed_pod_tables"]]
+    assert len(took) == 1 and took[0]["now"] - born > GRACE + gc.SLACK_S, (born, [r["now"] for r in (r1, r2, r3)])
+    assert table_names(s) == {tb}
     assert set(r3["deleted_packs"]) == set(mc.packs)
     assert pack_names(s) == set(mb.packs)
     assert missing_packs(s) == {}
@@ -129,6 +159,8 @@ def test_rm_and_two_gc_runs_reclaim_an_image_and_keep_what_others_name(s, scratc
     # Retention through the CLI: a 1 s age limit takes b.
     r4 = gc_json(s, "--max-age", "1s")
     assert [x["key"] for x in r4["removed_manifests"]] == [b.key]
+    assert r4["removed_pod_tables"] == [tb] and table_names(s) == set()   # b's table with b
+    assert table_names(s, "ctr-other") == {t_other}
     assert store_thaw_json(s, "ls", **env_of(s))["remote"] == []
 
 
