@@ -8,8 +8,9 @@ by call and why; in short:
   and every container's identity; its image is leased and its start is `runsc
   restore` of the sandbox's root (runsc/boot/restore.go: the restore runs when the
   last container the image holds has registered).
-- Each app container's create is checked against the table (name, identity, GPU
-  count); a match is restored by the stand-in itself (only the process the shim
+- Each app container's create is checked against the table (name, identity) and
+  against the spec the image saved it with, as a lone container's is (its GPUs:
+  another index restores, another count does not; nvproxy/cdi.py); a match is restored by the stand-in itself (only the process the shim
   started holds the container's stdio). A mismatch after the root's restore cannot
   start cold in that sandbox: thawd removes it, the kubelet re-creates the pod,
   whose next sandbox starts cold.
@@ -35,13 +36,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from control.errors import IdentityError, ThawError
+from control.lifecycle import image_meta
 from control.lifecycle import pod as podmod
 from control.lifecycle.engine import Engine, loads_after_return
 from control.thawd.containers import Containers, Decision, RuntimeRef, State
 from control.thawd.podtables import PodTables, hint_of
 from control.thawd.restore import restore_failure, restore_options
 from control.thawd.standin import CONFIRM_TIMEOUT_S, Standin
-from nvproxy.cuda import uses_gpu
 from runsc_hooks import spec as specmod
 from control.logfields import fields
 
@@ -310,7 +311,7 @@ class Pods:
                 return Decision(False, f"{POD_FAILED}: {p.reason}", p.key)
             if name in p.table_init and name not in p.table:
                 return self._satisfy(p, rt, name, ident)
-            problem = self._mismatch(p, name, ident)
+            problem = self._mismatch(p, name, ident, spec)
             if problem:
                 self.fail(p, f"container-mismatch: {problem}", refuse_table=True)
                 return Decision(False, f"{POD_FAILED}: {p.reason}", p.key)
@@ -361,12 +362,18 @@ class Pods:
         return Decision(False, f"{INIT_SATISFIED}: the image's pod ran it; its work is in the restored memory",
                         p.key, satisfied=True)
 
-    def _mismatch(self, p: Pod, name: str, ident: dict) -> str:
+    def _mismatch(self, p: Pod, name: str, ident: dict, spec: dict) -> str:
         if name not in p.table:
             return (f"container {name!r} is not one of the image's ({', '.join(sorted(p.table))})"
                     if name else "a container without io.kubernetes.cri.container-name")
         if name in p.members:
             return f"container {name!r} created twice while the pod restores"
+        # The GPUs it holds now (another index is fine, another count is not), its mounts
+        # and devices: a lone container's judgement, against the spec it was saved with.
+        lease = self.containers.lease_of(p.sandbox)
+        why = image_meta.spec_mismatch(Path(lease.path), spec, name) if lease is not None else ""
+        if why:
+            return f"container {name!r}: {why}"
         diff = podmod.differences(p.table[name], ident)
         return f"container {name!r} differs from the image's: {', '.join(diff)}" if diff else ""
 
@@ -592,7 +599,6 @@ class Pods:
         # The profile's pre-checkpoint hooks run against the pod's first container
         # (the kubelet starts them in the pod spec's order); runsc saves the sandbox.
         first = next(iter(p.members.values()))
-        gpu = [m.rt for m in p.members.values() if uses_gpu(specmod.Bundle(m.rt.bundle).load())]
         return self.autocheckpoint.checkpoint(p.sandbox, leave_running=self.s.thawd_leave_running, key=p.key,
-                                              hooks_rt=first.rt, gpu_rts=gpu)
+                                              hooks_rt=first.rt, members={n: m.rt for n, m in p.members.items()})
 

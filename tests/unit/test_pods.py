@@ -485,6 +485,81 @@ def test_a_restoring_pod_whose_gpu_container_holds_another_gpu_count_fails_with_
     assert not again.restore and again.reason.startswith("pod-failed-before") and "GPU count" in again.reason
 
 
+def saved_gpu_pod(gpu_env, monkeypatch) -> tuple[str, Path]:
+    """A cold pod s1 (a GPU app on /dev/nvidia0, a CPU sidecar) checkpointed by thawd
+    into the directory the next pod's lease opens (FakeImages: tmp/<key>), its thaw.json
+    as autocheckpoint writes it: (key, image directory)."""
+    from control.lifecycle.engine import Engine, Saved
+    from nvproxy import gpu as nvgpu
+    t, images, tmp, checkpoints = gpu_env
+
+    def checkpoint(self, h, out, stop_after=False, timeout_s=None, hooks_on=None, cuda_on=None):
+        out.mkdir()
+        return Saved(out, 0.1, {"checkpoint.img": 1}, bool(cuda_on))
+    monkeypatch.setattr(Engine, "checkpoint", checkpoint)
+    monkeypatch.setattr(Engine, "check", lambda self, h, probes, policy=None: type(
+        "R", (), {"healthy": True, "summary": lambda s: "ok"})())
+    h200 = nvgpu.Gpu(0, "NVIDIA H200", "GPU-0", 0, 1, "0"), nvgpu.Gpu(1, "NVIDIA H200", "GPU-1", 1, 1, "1")
+    monkeypatch.setattr(nvgpu, "probe", lambda: nvgpu.NodeGpus("580.159.04", "13.0", h200, "nvml"))
+    box = rt_of(tmp, "s1", sandbox(uid="uid-1"))
+    t.report_outcome(box, "COLD_STARTED", t.prepare_restore(box).reason)
+    app, side = gpu_member("app"), member("sidecar")
+    for m, name in ((app, "app"), (side, "sidecar")):
+        m["annotations"]["io.kubernetes.cri.sandbox-id"] = "s1"
+        r = rt_of(tmp, f"s1-{name}", m)
+        t.prepare_restore(r)
+        t.report_outcome(r, "COLD_STARTED", "")
+    [key] = checkpoints
+
+    class Staged:
+        path = tmp / key
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+    images.staged = lambda k: Staged()
+    images.publish = lambda image: True
+    assert t.pods._auto_checkpoint(t.pods.pod_of(box, specmod.Bundle(box.bundle).load()))["published"]
+    images.available[key] = True
+    return key, tmp / key
+
+
+def test_a_gpu_pods_image_says_each_containers_spec_and_its_gpu_containers_needs(gpu_env, monkeypatch):
+    key, image = saved_gpu_pod(gpu_env, monkeypatch)
+    meta = json.loads((image / "thaw.json").read_text())
+    assert sorted(meta["containers"]) == ["app", "sidecar"]
+    assert [d["path"] for d in meta["containers"]["app"]["linux"]["devices"]] == ["/dev/nvidiactl", "/dev/nvidia0"]
+    assert meta["gpu"] == {"containers": {"app": {"count": 1, "product": "NVIDIA H200", "driver_version": "580.159.04",
+                                                  "indexes": [0], "devices": []}}}, "the GPU container's, not the pause's"
+
+
+def test_a_gpu_pod_saved_on_gpu_0_restores_into_a_container_given_gpu_1(gpu_env, monkeypatch):
+    """runsc pairs saved and new GPUs by minor, whatever their numbers: the GPU index is no
+    part of a container's identity; the GPUs it holds now are judged as a lone container's."""
+    t, images, tmp, _ = gpu_env
+    key, image = saved_gpu_pod(gpu_env, monkeypatch)
+    assert t.prepare_restore(rt_of(tmp, "s2", sandbox(uid="uid-2"))).restore
+    side = member("sidecar")
+    side["annotations"]["io.kubernetes.cri.sandbox-id"] = "s2"
+    for name, spec in (("app", gpu_member("app", minors=(1,))), ("sidecar", side)):
+        d = t.prepare_restore(rt_of(tmp, f"s2-{name}", spec))
+        assert d.restore and d.key == key and d.image_path == str(image), (name, d)
+
+
+def test_a_gpu_pod_given_another_gpu_count_refuses_with_a_one_line_reason(gpu_env, monkeypatch):
+    t, images, tmp, _ = gpu_env
+    saved_gpu_pod(gpu_env, monkeypatch)
+    assert t.prepare_restore(rt_of(tmp, "s2", sandbox(uid="uid-2"))).restore
+    d = t.prepare_restore(rt_of(tmp, "s2-app", gpu_member("app", minors=(0, 1))))
+    assert not d.restore and "\n" not in d.reason
+    assert d.reason == ("pod-failed: container-mismatch: container 'app': spec field linux.devices: the checkpoint has 1 GPU(s) "
+                        "(/dev/nvidia0), this restore assigns 2 (/dev/nvidia0, /dev/nvidia1)"), d.reason
+    again = t.prepare_restore(rt_of(tmp, "s3", sandbox(uid="uid-2")))
+    assert not again.restore and again.reason.startswith("pod-failed-before") and "2 (/dev/nvidia0" in again.reason
+
+
 def test_nvidia_visible_devices_become_cdi_devices_of_this_node(gpu_env, monkeypatch):
     """The device plugin's envvar strategy: thaw injects the GPUs it names through
     the node's CDI registry (here a spec file of fake devices), as the NVIDIA
