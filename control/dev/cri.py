@@ -119,15 +119,21 @@ def down(base: Path, build: Path) -> None:
         raise ThawError(f"ci/cri.sh down {base} failed: {r.stderr.strip()[-1000:]}")
 
 
-def up(base: Path, build: Path, thaw_config: Path | None = None) -> Cri:
+def up(base: Path, build: Path, thaw_config: Path | None = None, *, cdi_dirs: list[Path] | None = None,
+       runsc_flags: list[str] | None = None) -> Cri:
     """ci/cri.sh up at `base` (anything left there first goes down). `thaw_config`:
     the stand-in's configuration file (thawd's socket, its state and log), as
-    /etc/thaw/config.toml is on a node."""
+    /etc/thaw/config.toml is on a node; `cdi_dirs`: where CRI reads CDI specs
+    (THAW_CRI_CDI_DIRS); `runsc_flags`: "name=value" runsc flags (THAW_CRI_RUNSC_FLAGS)."""
     down(base, build)
     env = {k: v for k, v in os.environ.items() if not k.startswith("THAW_")}
     env["THAW_BUILD_DIR"] = str(build)
     if thaw_config is not None:
         env["THAW_CONFIG"] = str(thaw_config)
+    if cdi_dirs:
+        env["THAW_CRI_CDI_DIRS"] = ":".join(map(str, cdi_dirs))
+    if runsc_flags:
+        env["THAW_CRI_RUNSC_FLAGS"] = " ".join(runsc_flags)
     r = subprocess.run(["bash", str(CRI_SH), "up", str(base)], capture_output=True, text=True, timeout=180, env=env)
     if r.returncode != 0:
         raise ThawError(f"ci/cri.sh up {base} failed:\n{r.stdout}\n{r.stderr}")
