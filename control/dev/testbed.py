@@ -291,12 +291,13 @@ class CriStack(Stack):
     many fake GPUs in CRI's CDI registry (write_fake_gpus; a container's config asks
     for one as the kubelet does: CDI_devices nvidia.com/gpu=<index>); `cdi_dirs`:
     CRI's CDI directories instead (containerd's default when neither is given);
-    `runsc_flags`: more runsc global flags for the handlers ("name=value")."""
+    `runsc_flags`: more runsc global flags for the handlers ("name=value"); `subnet`:
+    the pods' addresses (ci/cri.sh's default else: two stacks at once need two)."""
 
     def __init__(self, *args, gpus: int = 0, cdi_dirs: list[Path] | None = None,
-                 runsc_flags: list[str] | None = None, **kw) -> None:
+                 runsc_flags: list[str] | None = None, subnet: str = "", **kw) -> None:
         super().__init__(*args, **kw)
-        self.gpus, self.cdi_dirs, self.runsc_flags = gpus, cdi_dirs, runsc_flags or []
+        self.gpus, self.cdi_dirs, self.runsc_flags, self.subnet = gpus, cdi_dirs, runsc_flags or [], subnet
 
     def start(self) -> "CriStack":
         from control.dev import cri as crimod
@@ -318,7 +319,8 @@ class CriStack(Stack):
         if self.gpus:
             write_fake_gpus(self.base / "cdi", self.gpus, self.base / "fake-gpu")
             cdi_dirs = [self.base / "cdi"]
-        self.cri = crimod.up(self.base / "cri", self.build, cfg, cdi_dirs=cdi_dirs, runsc_flags=self.runsc_flags)
+        self.cri = crimod.up(self.base / "cri", self.build, cfg, cdi_dirs=cdi_dirs, runsc_flags=self.runsc_flags,
+                             subnet=self.subnet)
         files = ocibuild.busybox_files(self.build / "busybox", {"/app/run.sh": ocibuild.File(POD_SCRIPT, 0o755),
                                                            "/bin/httpd": ocibuild.File(link="busybox"),
                                                            "/bin/mv": ocibuild.File(link="busybox")})
