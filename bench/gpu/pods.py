@@ -402,15 +402,17 @@ class Run:
                 pass
         return out
 
-    def wait_published(self, node_name: str, prefix: str, marks: int) -> dict:
-        """The published image of `prefix`, or the reason thawd logged (after line `marks`) for none."""
+    def wait_published(self, node_name: str, prefix: str, marks: int, who: str) -> dict:
+        """The published image of `prefix`, or the reason thawd logged (after line `marks`) for
+        none of `who` (its automatic checkpoint's log line names it so)."""
         end = time.monotonic() + self.o.publish_timeout_s
         while time.monotonic() < end:
             ready = [e for e in self.thaw(self.nodes[node_name], "stats")["entries"]
                      if e["state"] == "ready" and e["key"].startswith(prefix)]
             if ready:
                 return ready[0]
-            failed = [m for m in self.log(node_name)[marks:] if re.search(r"auto-checkpoint of .* (failed|skipped)", m)]
+            failed = [m for m in self.log(node_name)[marks:]
+                      if m.startswith(f"auto-checkpoint of {who}") and re.search(r" (failed|skipped)", m)]
             if failed:
                 raise StepFailed(f"thawd on {node_name}: {failed[0]}")
             time.sleep(1.0)
@@ -491,7 +493,9 @@ class Run:
         for name, n in self.nodes.items():
             sources += [(n.base / "thawd.log", f"{name}/thawd.log"), (n.base / "standin.log", f"{name}/standin.log"),
                         (n.base / "cri" / "containerd.log", f"{name}/containerd.log"),
-                        (n.base / "cri" / "shim-logs", f"{name}/shim-logs")]
+                        (n.base / "cri" / "shim-logs", f"{name}/shim-logs"),
+                        # the containers' logs (the server's output) and runsc's panic log of each pod
+                        (n.base / "cri" / "logs", f"{name}/pod-logs")]
         try:
             with tarfile.open(self.o.out / "pods-logs.tar.xz", "w:xz") as tar:
                 for src, arc in sources:
@@ -531,7 +535,7 @@ def measure(o: Options, run: Run, report: Report, results: dict) -> None:
                  f"/dev/nvidia{g[0][0]}" in gpu_nodes and (not o.gpu or "/dev/nvidiactl" in gpu_nodes), gpu_nodes)
     run.check_gpu("cold#1", cold)
     t0 = time.monotonic()
-    entry = run.wait_published("a", prefix, marks)
+    entry = run.wait_published("a", prefix, marks, f"pod {cold['ids']['pod']} ")
     key = entry["key"]
     ck = [m for m in run.log("a") if m.startswith("checkpoint of ")]
     results["checkpoint"] = report.step("checkpoint", key=key, bytes=entry["bytes"],
@@ -588,18 +592,28 @@ def measure(o: Options, run: Run, report: Report, results: dict) -> None:
         twin = f"{WORKLOAD}-cold{k}"
         rec = keep("cold", run.start_pod("a", g[0], twin, f"gpu:{NEVER_READY_PORT}/gpu"))
         rec.update(round=k, workload=twin, answers_equal_first_cold=rec["answer"] == cold["answer"])
-        report.step("cold", **rec)
         report.check(f"cold#{k}: a twin workload's pod (another name) starts cold, a new process answering alike",
                      all([d for _, d, _ in r] == ["cold", "started-cold"] for r in rec["decisions"].values())
                      and rec["boot"] != cold["boot"] and rec["answers_equal_first_cold"], rec["decisions"])
         run.check_gpu(f"cold#{k}", rec)
         run.nodes["a"].cri.remove_pod(rec["ids"]["pod"])
+        # thawd's probing of it ends with the pod (node.py cold_again says why to wait for it).
+        end = time.monotonic() + (60 if o.gpu else 20)
+        while not (ended := [m for m in run.log("a") if m.startswith(f"auto-checkpoint of pod {rec['ids']['pod']} ")]) \
+                and time.monotonic() < end:
+            time.sleep(0.2)
+        rec["auto_checkpoint"] = ended[0][:500] if ended else None
+        report.step("cold", **rec)
+        report.check(f"cold#{k}: thawd probed the twin, found it never ready and made no image of it",
+                     bool(ended) and "never ready" in ended[0] and not [
+                         e for e in run.thaw(run.nodes["a"], "stats")["entries"] if f".{twin}." in e["key"]],
+                     rec["auto_checkpoint"])
 
     o.need("the lone container's cold start and checkpoint", "cold", "checkpoint")
     marks = len(run.log("a"))
     lone_cold = keep("lone_cold", run.start_lone("lone-cold", g[0]))
     report.step("lone_cold", **lone_cold)
-    lone_key = run.wait_published("a", f"ctr-{LONE_NAMESPACE}.{LONE}.", marks)["key"]
+    lone_key = run.wait_published("a", f"ctr-{LONE_NAMESPACE}.{LONE}.", marks, "lone-cold ")["key"]
     run.remove_lone("lone-cold")
     report.check("lone: the same image as a lone container answers as the pod did",
                  lone_cold["answer"] == cold["answer"], {"lone": lone_cold["answer"], "pod": cold["answer"]})

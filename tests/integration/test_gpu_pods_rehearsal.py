@@ -69,6 +69,7 @@ def test_gpu_pods_script_rehearsed_on_cpu(name, tmp_path):
     assert [x["stream"] for x in steps["thawd_restart"]] == [False]
     twin = steps["cold"][1]
     assert twin["workload"] == "gpu-pod-cold2" and twin["boot"] != cold["boot"] and twin["answers_equal_first_cold"]
+    assert "never ready" in twin["auto_checkpoint"], twin["auto_checkpoint"]
     lone = steps["lone_cold"][0]
     assert [d[:2] for d in lone["decisions"]] == [["create", "cold"], ["start", "started-cold"]]
     for lc in steps["lone_cache"]:
