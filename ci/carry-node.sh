@@ -33,6 +33,7 @@ while read -r part kind name; do
     bin)
       src=$(src_of "$name")
       [[ -f "$src" ]] || { echo "carry-node: $src is missing (make setup)" >&2; exit 1; }
+      mkdir -p "$(dirname "$dir/$name")"   # cni-bin/ptp: a directory of the part
       if [[ ! -f "$dir/$name.xz" || "$src" -nt "$dir/$name.xz" ]]; then
         xz -T2 -9e -c "$src" > "$dir/$name.xz.tmp" && mv "$dir/$name.xz.tmp" "$dir/$name.xz"
       fi

@@ -24,6 +24,12 @@
 # THAW_THAWD_SOCKET, THAW_THAWD_PREPARE_TIMEOUT_S, THAW_THAWD_HEALTH_TIMEOUT_S
 # are handed to the stand-in when set (its config keys, control/config.py,
 # which override THAW_CONFIG's; it ignores unknown THAW_* names).
+# THAW_CRI_CDI_DIRS: the directories (":"-separated) CRI reads CDI specs from
+# for a container's CDI devices (default containerd's: /etc/cdi, /var/run/cdi);
+# control/dev/testbed.py CriStack gives it one of fake GPUs. THAW_CRI_RUNSC_FLAGS:
+# more runsc global flags, "name=value" words, for both handlers' runsc.toml
+# (a GPU node's nvproxy=true: a pod's sandbox is made from its pause container,
+# which names no GPU, so nvproxy must be on for the whole sandbox).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 build=${THAW_BUILD_DIR:-"$here/build"}
@@ -52,6 +58,11 @@ log_path = "$base/shim-logs/"
 [runsc_config]
 platform = "systrap"
 EOF
+  local w
+  for w in ${THAW_CRI_RUNSC_FLAGS:-}; do
+    [[ $w == *=* ]] || die "THAW_CRI_RUNSC_FLAGS: $w is not name=value"
+    echo "${w%%=*} = \"${w#*=}\"" >> "$1"
+  done
 }
 
 runtime_table() { # HANDLER RUNSC_TOML (control/node/containerd_config.py runtime_table's keys)
@@ -102,6 +113,13 @@ up() {
   {"type": "ptp", "ipam": {"type": "host-local", "ranges": [[{"subnet": "$subnet"}]],
    "dataDir": "$base/cni/ipam", "routes": [{"dst": "0.0.0.0/0"}]}}]}
 EOF
+  local cdi_dirs="" d
+  if [[ -n ${THAW_CRI_CDI_DIRS:-} ]]; then
+    local -a dirs
+    IFS=: read -ra dirs <<< "$THAW_CRI_CDI_DIRS"
+    for d in "${dirs[@]}"; do cdi_dirs+="${cdi_dirs:+, }\"$d\""; done
+    cdi_dirs="  cdi_spec_dirs = [$cdi_dirs]"
+  fi
   # No imports: the node's /etc/containerd is not read. CRI keys:
   # containerd v2.4.2 internal/cri/config (config.go, config_unix.go).
   {
@@ -134,6 +152,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   restrict_oom_score_adj = true
   # Pod network namespaces under BASE instead of /var/run/netns.
   netns_mounts_under_state_dir = true
+$cdi_dirs
 [plugins."io.containerd.cri.v1.runtime".cni]
   bin_dirs = ["$build/cni-bin"]
   conf_dir = "$base/cni/net.d"

@@ -538,6 +538,11 @@ def strip(spec: dict) -> dict:
 
 # -- GPUs in a spec (nvproxy/restore_spec.py pairs them at restore) ------------------
 
+def is_gpu_node(path: str) -> bool:
+    """/dev/nvidiaN: a GPU's device node, the one kind allowed to differ at restore."""
+    return bool(GPU_NODE.match(path))
+
+
 def gpu_nodes(spec: dict) -> list[str]:
     """The /dev/nvidiaN paths in spec.linux.devices, sorted by minor (as runsc pairs them)."""
     devs = [d for d in (spec.get("linux") or {}).get("devices") or [] if GPU_NODE.match(str(d.get("path", "")))]

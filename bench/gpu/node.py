@@ -149,8 +149,8 @@ def say(msg: str) -> None:
 # -- the report ---------------------------------------------------------------------
 
 class Report:
-    def __init__(self, out: Path, head: dict) -> None:
-        self.out = out
+    def __init__(self, out: Path, head: dict, name: str = "node.json") -> None:
+        self.out, self.name = out, name
         self.data: dict = {**head, "steps": [], "checks": [], "skipped": [], "errors": [], "ok": None}
 
     def step(self, name: str, **facts) -> dict:
@@ -176,9 +176,9 @@ class Report:
 
     def save(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
-        tmp = self.out / "node.json.partial"
+        tmp = self.out / f"{self.name}.partial"
         tmp.write_text(json.dumps(self.data, indent=2, default=str) + "\n")
-        tmp.replace(self.out / "node.json")
+        tmp.replace(self.out / self.name)
 
 
 # -- options ------------------------------------------------------------------------
@@ -240,17 +240,18 @@ def bind_source(work: Path, path: str) -> Path:
 
 
 class Isolation:
-    """The node's paths as bind mounts of directories under `work`, in a mount
-    namespace of this process's own (inherited by every process it starts)."""
+    """The node's paths (`paths`, default NODE_PATHS) as bind mounts of directories
+    under `work`, in a mount namespace of this process's own (inherited by every
+    process it starts)."""
 
-    def __init__(self, work: Path) -> None:
-        self.work = work
+    def __init__(self, work: Path, paths: tuple[str, ...] = NODE_PATHS) -> None:
+        self.work, self.paths = work, paths
         self.created: list[Path] = []
         self.mounted: list[str] = []
         self.cgroup_mounted = False
 
     def enter(self) -> None:
-        for p in NODE_PATHS:
+        for p in self.paths:
             missing = []
             q = Path(p)
             while not q.exists():
@@ -272,7 +273,7 @@ class Isolation:
                 # without a cgroup file system mounted gets one, in this namespace only.
                 sh("mount", "-t", "cgroup2", "cgroup2", "/sys/fs/cgroup")
                 self.cgroup_mounted = True
-        for p in NODE_PATHS:
+        for p in self.paths:
             src = bind_source(self.work, p)
             src.mkdir(parents=True, exist_ok=True)
             sh("mount", "--bind", src, p)

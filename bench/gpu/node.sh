@@ -21,24 +21,28 @@
 # an error (node.json says which); 3 a carry part is still missing; 4 the run is still
 # going: call again (same command) within 30 s; 2 a set-up error.
 # Writes $OUT/node.json, $OUT/node.log, $OUT/node-logs.tar.xz ($OUT/unpack.json too).
+#
+# THAW_NODE_NAME=pods: the same for bench/gpu/pods.py (bench/gpu/pods.sh sets it): the
+# same carry, its own state (/var/tmp/thaw-pods), pods.json, pods.log, pods-logs.tar.xz.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+name=${THAW_NODE_NAME:-node}
 
 if [[ "${1:-}" == "--cpu" ]]; then
   shift
   py=.venv/bin/python
   weed=$("$py" -c 'from control.dev.seaweed import weed_binary; print(weed_binary())') || exit 2
-  exec "$py" bench/gpu/node.py --mode cpu --bin "${THAW_BUILD_DIR:-build}" --weed "$weed" "$@"
+  exec "$py" "bench/gpu/$name.py" --mode cpu --bin "${THAW_BUILD_DIR:-build}" --weed "$weed" "$@"
 fi
 
-out=${OUT:-/tmp/thaw-node-out}
-state=${THAW_NODE_STATE:-/var/tmp/thaw-node}
+out=${OUT:-/tmp/thaw-$name-out}
+state=${THAW_NODE_STATE:-/var/tmp/thaw-$name}
 bin=$state/bin
 wait_s=${THAW_NODE_WAIT_S:-540}
 # Seams for tests/functional/test_gpu_node_sh.py (the defaults are the real run's).
 parts=${THAW_NODE_PARTS:-.carry-node}
 list=${THAW_NODE_LIST:-bench/gpu/node-parts.txt}
-driver=${THAW_NODE_DRIVER:-bench/gpu/node.py}
+driver=${THAW_NODE_DRIVER:-bench/gpu/$name.py}
 mkdir -p "$out" "$state"
 
 python3 bench/gpu/node_unpack.py --parts "$parts" --list "$list" --bin "$bin" > "$out/unpack.json"
@@ -52,12 +56,12 @@ export PYTHONPATH="$PWD:$bin/site" THAW_NODE_SITE="$bin/site" PYTHONUNBUFFERED=1
 
 pid_alive() { [[ -f "$state/driver.pid" ]] && kill -0 "$(cat "$state/driver.pid")" 2>/dev/null; }
 collect() {
-  cp -f "$state/run/node.json" "$state/run/node-logs.tar.xz" "$out/" 2>/dev/null
-  tail -c 4000000 "$state/node.log" > "$out/node.log" 2>/dev/null
+  cp -f "$state/run/$name.json" "$state/run/$name-logs.tar.xz" "$out/" 2>/dev/null
+  tail -c 4000000 "$state/$name.log" > "$out/$name.log" 2>/dev/null
 }
 
 if [[ "${THAW_NODE_AGAIN:-}" == 1 ]] && ! pid_alive; then
-  rm -rf "$state/run" "$state/node.log" "$state/driver.pid" "$state/rc"
+  rm -rf "$state/run" "$state/$name.log" "$state/driver.pid" "$state/rc"
 fi
 if ! pid_alive && [[ ! -f "$state/rc" ]]; then
   nvidia-smi --query-gpu=index,name,uuid,driver_version,memory.total --format=csv,noheader 2>&1
@@ -67,10 +71,10 @@ if ! pid_alive && [[ ! -f "$state/rc" ]]; then
   # Its stdio is not this call's: the tool would wait for the pipe to close.
   rm -f "$state/driver.pid"
   setsid bash -c 'echo $$ > "$2/driver.pid"; python3 "$3" --mode gpu --bin "$1" --work "$2/work" \
-      --out "$2/run" "${@:4}" > "$2/node.log" 2>&1; echo $? > "$2/rc"' _ "$bin" "$state" "$driver" "$@" \
+      --out "$2/run" "${@:5}" > "$2/$4.log" 2>&1; echo $? > "$2/rc"' _ "$bin" "$state" "$driver" "$name" "$@" \
       > /dev/null 2>&1 < /dev/null &
   for _ in $(seq 50); do [[ -s "$state/driver.pid" ]] && break; sleep 0.1; done
-  echo "node.sh: run started (pid $(cat "$state/driver.pid" 2>/dev/null)); log $state/node.log"
+  echo "node.sh: run started (pid $(cat "$state/driver.pid" 2>/dev/null)); log $state/$name.log"
 fi
 
 end=$((SECONDS + wait_s))
@@ -79,20 +83,20 @@ while pid_alive && [[ ! -f "$state/rc" ]] && (( SECONDS < end )); do
   sleep 2
   if (( SECONDS - last >= 30 )); then
     last=$SECONDS
-    tail -n 3 "$state/node.log" 2>/dev/null | cut -c1-300
+    tail -n 3 "$state/$name.log" 2>/dev/null | cut -c1-300
   fi
 done
 collect
 if [[ -f "$state/rc" ]]; then
-  tail -n 40 "$state/node.log" | cut -c1-400
+  tail -n 40 "$state/$name.log" | cut -c1-400
   rc=$(cat "$state/rc")
-  echo "node.sh: run finished, exit $rc; $out/node.json"
+  echo "node.sh: run finished, exit $rc; $out/$name.json"
   exit $(( rc == 0 ? 0 : 1 ))
 fi
 if pid_alive; then
-  tail -n 5 "$state/node.log" | cut -c1-300
+  tail -n 5 "$state/$name.log" | cut -c1-300
   echo "node.sh: still running: call again (same command) within 30 s"
   exit 4
 fi
-echo "node.sh: the run died without an exit status; see $out/node.log"
+echo "node.sh: the run died without an exit status; see $out/$name.log"
 exit 1

@@ -54,6 +54,12 @@ def wheel_dist(filename: str) -> str:
     return filename.split("-")[0].replace("_", "-").lower()
 
 
+def marker(bindir: Path, name: str) -> Path:
+    """What says binary `name` (cni-bin/ptp: below a directory) was unpacked and checked."""
+    dest = bindir / name
+    return dest.with_name(f".{dest.name}.sha256")
+
+
 def unpack(parts: Path, bindir: Path, rows: list[tuple[str, str, str]], rpc: Path = RPC) -> dict:
     bindir.mkdir(parents=True, exist_ok=True)
     site = bindir / "site"
@@ -71,13 +77,14 @@ def unpack(parts: Path, bindir: Path, rows: list[tuple[str, str, str]], rpc: Pat
         for p, kind, name in rows:
             if p != part or kind != "bin":
                 continue
-            src, dest, mark = pdir / f"{name}.xz", bindir / name, bindir / f".{name}.sha256"
+            src, dest, mark = pdir / f"{name}.xz", bindir / name, marker(bindir, name)
             if not src.is_file():
                 continue
             want = sums.get(name, "")
             if dest.is_file() and mark.is_file() and mark.read_text().strip() == want and want:
                 continue
-            tmp = dest.with_name(f".{name}.partial")
+            dest.parent.mkdir(parents=True, exist_ok=True)     # cni-bin/ptp
+            tmp = dest.with_name(f".{dest.name}.partial")
             with lzma.open(src) as fin, open(tmp, "wb") as fout:
                 shutil.copyfileobj(fin, fout, 1 << 20)
             got = sha256(tmp)
@@ -108,7 +115,7 @@ def unpack(parts: Path, bindir: Path, rows: list[tuple[str, str, str]], rpc: Pat
                 tar.extractall(rpc, filter="data")
     missing = []
     for part, kind, name in rows:
-        if kind == "bin" and not ((bindir / name).is_file() and (bindir / f".{name}.sha256").is_file()):
+        if kind == "bin" and not ((bindir / name).is_file() and marker(bindir, name).is_file()):
             missing.append(f"{part}: {name}")
         if kind == "wheel" and not any(wheel_dist(m.name[len(".installed-"):]) == name.lower()
                                        for m in site.glob(".installed-*")):

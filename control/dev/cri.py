@@ -32,11 +32,20 @@ class Cri:
     def __init__(self, base: Path, build: Path, env: dict[str, str]) -> None:
         self.base, self.build, self.env = base, build, env
         self.config = env["CRI_CONFIG_FILE"]
+        # record(argv, returncode, seconds): every crictl and ctr command, for a benchmark's
+        # report (bench/gpu/pods.py); None: not recorded.
+        self.record = None
+
+    def _run(self, argv: list[str], timeout: float) -> subprocess.CompletedProcess:
+        t0 = time.monotonic()
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        if self.record is not None:
+            self.record(argv, p.returncode, time.monotonic() - t0)
+        return p
 
     def crictl(self, *args: str, check: bool = True, timeout: float = 90) -> subprocess.CompletedProcess:
         # crictl (urfave/cli) reads a command's flags only before its first argument.
-        p = subprocess.run([str(self.build / "crictl"), "--config", self.config, *args], capture_output=True,
-                           text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        p = self._run([str(self.build / "crictl"), "--config", self.config, *args], timeout)
         if check and p.returncode != 0:
             raise CrictlError(args, p.returncode, p.stderr)
         return p
@@ -45,9 +54,8 @@ class Cri:
         return json.loads(self.crictl(command, "-o", "json", *args).stdout)
 
     def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        p = subprocess.run([str(self.build / "ctr"), "--address", self.env["CONTAINERD_ADDRESS"],
-                            "--namespace", NAMESPACE, *args], capture_output=True, text=True, timeout=120,
-                           stdin=subprocess.DEVNULL)
+        p = self._run([str(self.build / "ctr"), "--address", self.env["CONTAINERD_ADDRESS"],
+                       "--namespace", NAMESPACE, *args], 120)
         if check and p.returncode != 0:
             raise ThawError(f"ctr {' '.join(args[:3])} failed: {p.stderr.strip()[-500:]}")
         return p
@@ -119,15 +127,24 @@ def down(base: Path, build: Path) -> None:
         raise ThawError(f"ci/cri.sh down {base} failed: {r.stderr.strip()[-1000:]}")
 
 
-def up(base: Path, build: Path, thaw_config: Path | None = None) -> Cri:
+def up(base: Path, build: Path, thaw_config: Path | None = None, *, cdi_dirs: list[Path] | None = None,
+       runsc_flags: list[str] | None = None, subnet: str = "") -> Cri:
     """ci/cri.sh up at `base` (anything left there first goes down). `thaw_config`:
     the stand-in's configuration file (thawd's socket, its state and log), as
-    /etc/thaw/config.toml is on a node."""
+    /etc/thaw/config.toml is on a node; `cdi_dirs`: where CRI reads CDI specs
+    (THAW_CRI_CDI_DIRS); `runsc_flags`: "name=value" runsc flags (THAW_CRI_RUNSC_FLAGS);
+    `subnet`: the pods' addresses (THAW_CRI_SUBNET)."""
     down(base, build)
     env = {k: v for k, v in os.environ.items() if not k.startswith("THAW_")}
     env["THAW_BUILD_DIR"] = str(build)
     if thaw_config is not None:
         env["THAW_CONFIG"] = str(thaw_config)
+    if cdi_dirs:
+        env["THAW_CRI_CDI_DIRS"] = ":".join(map(str, cdi_dirs))
+    if runsc_flags:
+        env["THAW_CRI_RUNSC_FLAGS"] = " ".join(runsc_flags)
+    if subnet:
+        env["THAW_CRI_SUBNET"] = subnet
     r = subprocess.run(["bash", str(CRI_SH), "up", str(base)], capture_output=True, text=True, timeout=180, env=env)
     if r.returncode != 0:
         raise ThawError(f"ci/cri.sh up {base} failed:\n{r.stdout}\n{r.stderr}")

@@ -72,12 +72,19 @@ def fresh_base(base: Path) -> None:
 
 class Stack:
     """SeaweedFS + thawd + a private containerd, all under one base directory
-    (emptied first: fresh_base)."""
+    (emptied first: fresh_base). `weed`: a store another owner runs and stops (two
+    nodes of one store: bench/gpu/pods.py), else this stack's own; `build`: the
+    binaries (runsc, containerd, thaw's Go commands); `thaw`: the argv of thaw's
+    CLI (default the virtualenv's console script)."""
 
-    def __init__(self, base: Path, name: str, extra_env: dict[str, str] | None = None) -> None:
+    def __init__(self, base: Path, name: str, extra_env: dict[str, str] | None = None, *,
+                 weed: Seaweed | None = None, build: Path = BUILD, thaw: list[str] | None = None) -> None:
         self.base, self.name = base, name
         self.extra_env = extra_env or {}
-        self.weed = Seaweed(base / "weed")
+        self.own_weed = weed is None
+        self.weed = weed or Seaweed(base / "weed")
+        self.build = build
+        self.thaw_argv = thaw or [str(THAW)]
         self.thawd: subprocess.Popen | None = None
 
     def env(self) -> dict[str, str]:
@@ -85,16 +92,16 @@ class Stack:
         env.update({
             "THAW_NODE_STATE_DIR": str(self.base / "state"), "THAW_NODE_LOG_DIR": str(self.base / "log"),
             "THAW_CACHE_DIR": str(self.base / "cache"), "THAW_THAWD_SOCKET": str(self.base / "thawd" / "thawd.sock"),
-            "THAW_THAWD_METRICS_ADDR": "", "THAW_RUNSC_PATH": str(BUILD / "runsc"),
+            "THAW_THAWD_METRICS_ADDR": "", "THAW_RUNSC_PATH": str(self.build / "runsc"),
             "THAW_RUNSC_ROOT": str(self.base / "thaw-runsc-root"),
             "THAW_STORE_ENDPOINT": self.weed.endpoint, "THAW_STORE_BUCKET": self.name,
             "THAW_STORE_CREDENTIALS_FILE": str(self.base / "aws-credentials"),
-            "THAW_PACK_CHUNKER": str(BUILD / "thaw-chunk"), "THAW_STORE_FETCHER": str(BUILD / "thaw-fetch"),
+            "THAW_PACK_CHUNKER": str(self.build / "thaw-chunk"), "THAW_STORE_FETCHER": str(self.build / "thaw-fetch"),
             "THAW_THAWD_HEALTH_TIMEOUT_S": "20",
             # thawd asks this stack's containerd whose a container is (issue 13).
             "THAW_CONTAINERD_ADDRESS": str(self.base / "ctrd" / "containerd.sock"),
             "THAW_CONTAINERD_RUNSC_ROOT": str(self.base / "ctrd" / "runsc-root"),
-            "THAW_CONTAINERD_INFO": str(BUILD / "thaw-ctrinfo"),
+            "THAW_CONTAINERD_INFO": str(self.build / "thaw-ctrinfo"),
             **self.extra_env,
         })
         return env
@@ -103,20 +110,24 @@ class Stack:
         (self.base / "empty.toml").write_text("")
         return configmod.load(environ=self.env(), config_file=self.base / "empty.toml")
 
+    def start_store(self) -> None:
+        if self.own_weed:
+            self.weed.start()
+        self.weed.credentials.write_aws_file(self.base / "aws-credentials")
+
     def start(self) -> "Stack":
         fresh_base(self.base)
-        self.weed.start()
-        self.weed.credentials.write_aws_file(self.base / "aws-credentials")
+        self.start_store()
         self.start_thawd()
-        self.ctrd = PrivateContainerd(self.base / "ctrd", BUILD, self.settings()).start()
+        self.ctrd = PrivateContainerd(self.base / "ctrd", self.build, self.settings()).start()
         ocibuild.build(self.base / "image.tar", IMAGE, ocibuild.busybox_files(
-            BUILD / "busybox", {"/app/run.sh": ocibuild.File(COUNTER, 0o755)}), ["/app/run.sh"])
+            self.build / "busybox", {"/app/run.sh": ocibuild.File(COUNTER, 0o755)}), ["/app/run.sh"])
         self.ctrd.import_image(self.base / "image.tar")
         return self
 
     def start_thawd(self) -> None:
         self.thawd_log = open(self.base / "thawd.log", "ab")
-        self.thawd = subprocess.Popen([str(THAW), "serve"], env=self.env(), stdout=self.thawd_log,
+        self.thawd = subprocess.Popen([*self.thaw_argv, "serve"], env=self.env(), stdout=self.thawd_log,
                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         sock = self.base / "thawd" / "thawd.sock"
         end = time.monotonic() + 60
@@ -153,16 +164,24 @@ class Stack:
             try:
                 self.stop_thawd()
             finally:
-                self.weed.stop()
+                if self.own_weed:
+                    self.weed.stop()
 
     def thaw(self, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([str(THAW), *args], env=self.env(), capture_output=True, text=True, timeout=60)
+        return subprocess.run([*self.thaw_argv, *args], env=self.env(), capture_output=True, text=True, timeout=60)
 
     def stats(self) -> dict:
         p = self.thaw("stats", "--json")
         if p.returncode != 0:
             raise ThawError(f"thaw stats failed: {p.stderr.strip()}")
         return json.loads(p.stdout)
+
+    def stats_decisions(self, container: str, n: int = 20) -> list[dict]:
+        """thawd's last decisions about `container`, oldest first (`thaw stats --decisions`)."""
+        p = self.thaw("stats", "--decisions", str(n), "--container", container, "--json")
+        if p.returncode != 0:
+            raise ThawError(f"thaw stats --decisions failed: {p.stderr.strip()}")
+        return json.loads(p.stdout)["decisions"]
 
     def metrics(self) -> dict[str, float]:
         """thawd's counters (the same as its /metrics endpoint's)."""
@@ -235,9 +254,50 @@ def pod_annotations(workload: str, containers=("app", "sidecar"), probe: str = "
     return {"thaw.dev/workload": workload, **{f"thaw.dev/ready.{c}": probe for c in containers}}
 
 
+def write_fake_gpus(directory: Path, n: int, files: Path) -> list[tuple[int, str]]:
+    """A CDI spec of kind nvidia.com/gpu in `directory` for `n` fake GPUs, as a node's
+    GPU registry names them (nvidia.com/gpu=<index>): each GPU is its device node
+    /dev/nvidia<index> (no host node behind it: CDI takes the type and numbers given)
+    and a directory of its own under `files`, bound at FAKE_GPU_DIR, with a fake
+    nvidia-smi that prints its UUID. No /dev/nvidiactl: that control node turns
+    runsc's nvproxy on (runsc/specutils/nvidia.go GPUFunctionalityRequested), which
+    cannot start without a driver ("failed to get Nvidia driver version: failed to
+    open /dev/nvidiactl"), so on CPU a fake GPU is what thaw can tell of one without
+    nvproxy: the GPU nodes a container holds. [(index, UUID)]."""
+    devices, out = [], []
+    for i in range(n):
+        uuid = f"GPU-fake-{i:04d}"
+        d = files / str(i)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "nvidia-smi").write_text(f"#!/bin/sh\necho 'GPU 0: Fake GPU (UUID: {uuid})'\n")
+        os.chmod(d / "nvidia-smi", 0o755)
+        devices.append({"name": str(i), "containerEdits": {
+            "deviceNodes": [{"path": f"/dev/nvidia{i}", "type": "c", "major": 195, "minor": i}],
+            "mounts": [{"hostPath": str(d), "containerPath": FAKE_GPU_DIR, "type": "bind",
+                        "options": ["ro", "nosuid", "nodev", "bind"]}]}})
+        out.append((i, uuid))
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "thaw-fake-gpu.json").write_text(json.dumps(
+        {"cdiVersion": "0.6.0", "kind": "nvidia.com/gpu", "devices": devices}, indent=2))
+    return out
+
+
+FAKE_GPU_DIR = "/thaw-fake-gpu"   # where a fake GPU's files appear in its container
+
+
 class CriStack(Stack):
     """SeaweedFS + thawd + a private containerd with CRI (ci/cri.sh), the
-    `runsc-thaw` handler's stand-in configured to reach this thawd."""
+    `runsc-thaw` handler's stand-in configured to reach this thawd. `gpus`: that
+    many fake GPUs in CRI's CDI registry (write_fake_gpus; a container's config asks
+    for one as the kubelet does: CDI_devices nvidia.com/gpu=<index>); `cdi_dirs`:
+    CRI's CDI directories instead (containerd's default when neither is given);
+    `runsc_flags`: more runsc global flags for the handlers ("name=value"); `subnet`:
+    the pods' addresses (ci/cri.sh's default else: two stacks at once need two)."""
+
+    def __init__(self, *args, gpus: int = 0, cdi_dirs: list[Path] | None = None,
+                 runsc_flags: list[str] | None = None, subnet: str = "", **kw) -> None:
+        super().__init__(*args, **kw)
+        self.gpus, self.cdi_dirs, self.runsc_flags, self.subnet = gpus, cdi_dirs, runsc_flags or [], subnet
 
     def start(self) -> "CriStack":
         from control.dev import cri as crimod
@@ -246,8 +306,7 @@ class CriStack(Stack):
         # whose a pod is: the tenant is the pod's Kubernetes namespace (issue 13).
         self.extra_env = {"THAW_CONTAINERD_ADDRESS": str(self.base / "cri" / "containerd.sock"),
                           "THAW_CONTAINERD_RUNSC_ROOT": str(self.base / "cri" / "runsc-root"), **self.extra_env}
-        self.weed.start()
-        self.weed.credentials.write_aws_file(self.base / "aws-credentials")
+        self.start_store()
         self.start_thawd()
         self.standin_log = self.base / "standin.log"
         settings = configmod.replace(self.settings(), standin_state_dir=self.base / "standin",
@@ -256,8 +315,13 @@ class CriStack(Stack):
         cfg.write_text(configmod.render_toml(
             [(k, v) for k, v in configmod.values(settings) if k.standin],
             header=("# The stand-in's keys, from the settings thawd runs with (control/dev/testbed.py).",)))
-        self.cri = crimod.up(self.base / "cri", BUILD, cfg)
-        files = ocibuild.busybox_files(BUILD / "busybox", {"/app/run.sh": ocibuild.File(POD_SCRIPT, 0o755),
+        cdi_dirs = self.cdi_dirs
+        if self.gpus:
+            write_fake_gpus(self.base / "cdi", self.gpus, self.base / "fake-gpu")
+            cdi_dirs = [self.base / "cdi"]
+        self.cri = crimod.up(self.base / "cri", self.build, cfg, cdi_dirs=cdi_dirs, runsc_flags=self.runsc_flags,
+                             subnet=self.subnet)
+        files = ocibuild.busybox_files(self.build / "busybox", {"/app/run.sh": ocibuild.File(POD_SCRIPT, 0o755),
                                                            "/bin/httpd": ocibuild.File(link="busybox"),
                                                            "/bin/mv": ocibuild.File(link="busybox")})
         for ref in (POD_IMAGE, POD_IMAGE_2):
@@ -273,10 +337,13 @@ class CriStack(Stack):
         from control.dev import cri as crimod
         try:
             if hasattr(self, "cri"):
-                crimod.down(self.base / "cri", BUILD)
+                crimod.down(self.base / "cri", self.build)
         finally:
-            self.stop_thawd()
-            self.weed.stop()
+            try:
+                self.stop_thawd()
+            finally:
+                if self.own_weed:
+                    self.weed.stop()
 
     def decisions(self) -> list[dict]:
         p = self.base / "standin.log"

@@ -10,6 +10,11 @@ restore), "files" (runsc's files and their sizes), "gpu" (what a restore
 needs in GPUs: control/lifecycle/gpus.py needs), "checkpoint_s",
 "created_at"; the CLI's also "sandbox", "net", "probes", "runsc_version",
 "platform", "network", "nvproxy", "rootfs" (rootfs_layout).
+
+A Kubernetes pod's image (control/thawd/pods.py) is its sandbox's: "spec" is
+the pause container's, "containers" maps each app container's name to its spec
+as runsc saved it, and "gpu" is {"containers": {name: needs}} for the pod's
+GPU containers (None when none holds a GPU).
 """
 
 from __future__ import annotations
@@ -49,22 +54,27 @@ def write(image: Path, door: str, spec: dict, files: dict[str, int], gpu: dict |
     return meta
 
 
-def saved_spec(image: Path) -> dict | None:
-    """The spec an image was saved with; None for an image without it (an older thaw)."""
+def saved_spec(image: Path, container: str = "") -> dict | None:
+    """The spec an image was saved with (`container`: that app container's, in a pod's
+    image); None for an image without it (an older thaw)."""
     try:
-        spec = json.loads((Path(image) / IMAGE_META).read_text())["spec"]
+        meta = json.loads((Path(image) / IMAGE_META).read_text())
+        spec = meta["containers"][container] if container else meta["spec"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return spec if isinstance(spec, dict) else None
 
 
-def spec_mismatch(image: Path, spec: dict) -> str:
+def spec_mismatch(image: Path, spec: dict, container: str = "") -> str:
     """Why runsc would refuse to restore `image` into a container with `spec`
     (mount destinations/types/options, devices, the GPU count: nvproxy/restore_spec.py
     check_restore_compatible), said before runsc runs; "" when it would not,
-    or when the image does not carry its spec (runsc's own validation decides)."""
+    or when the image does not carry its spec (runsc's own validation decides).
+    `container`: an app container of a pod's image, by name. One judgement for a
+    lone container and a pod's: the GPUs assigned now may be others than at
+    checkpoint, never another number of them."""
     from nvproxy import restore_spec
-    saved = saved_spec(image)
+    saved = saved_spec(image, container)
     if saved is None:
         return ""
     try:
@@ -143,6 +153,22 @@ def gpu_needs(spec: dict, node: Callable[[], gpumod.NodeGpus] | None = None) -> 
         log.warning("GPU facts for the image metadata: %s", e)
         facts = None
     return gpumod.needs(spec, facts)
+
+
+def pod_gpu_needs(specs: dict[str, dict], node: Callable[[], gpumod.NodeGpus] | None = None) -> dict | None:
+    """thaw.json "gpu" of a pod's image whose app containers had `specs` (by name):
+    each GPU container's needs (gpu_needs); None when none holds a GPU."""
+    gpu = {n: s for n, s in specs.items() if uses_gpu(s)}
+    if not gpu:
+        return None
+    facts: list = []
+
+    def once() -> gpumod.NodeGpus:   # NVML once for all of them
+        if not facts:
+            from nvproxy import gpu as nvgpu
+            facts.append(node() if node is not None else nvgpu.probe())
+        return facts[0]
+    return {"containers": {n: gpu_needs(s, once) for n, s in sorted(gpu.items())}}
 
 
 def injected_devices(spec: dict) -> list[str]:

@@ -54,6 +54,7 @@ from dataclasses import dataclass
 
 from control.errors import UserError
 from control.lifecycle import workload
+from nvproxy import cdi
 from runsc_hooks import probe as probemod
 
 # CRI's annotations on every container's OCI spec (containerd internal/cri/annotations;
@@ -169,7 +170,11 @@ def fingerprint(spec: dict) -> dict[str, str]:
     (runsc/specutils/restore.go validateSpecForContainer): what may differ between the
     saved and the restoring container (hostname, env, cgroups path, hooks, resources,
     root and mount sources, namespace paths) is left out; arrays runsc compares as sets
-    are sorted."""
+    are sorted. GPU device nodes (/dev/nvidiaN) are left out too: runsc pairs saved
+    and new GPUs by minor whatever their numbers (specutils removeNvproxyFrontendDevices),
+    so a pod saved on GPU 0 restores onto GPU 1; how many a container holds is in its
+    identity, and the GPUs it holds now are judged at its create as a lone container's
+    are (control/thawd/pods.py, nvproxy/cdi.py check_restore_compatible)."""
     s = copy.deepcopy(spec)
     proc = s.get("process") or {}
     linux = s.get("linux") or {}
@@ -193,7 +198,8 @@ def fingerprint(spec: dict) -> dict[str, str]:
         "rlimits": _h(sorted(json.dumps(r, sort_keys=True) for r in proc.get("rlimits") or [])),
         "linux.sysctl": _h(linux.get("sysctl") or {}),
         "linux.seccomp": _h(linux.get("seccomp")),
-        "linux.devices": _h(sorted((d.get("path", ""), d.get("type", "")) for d in linux.get("devices") or [])),
+        "linux.devices": _h(sorted((d.get("path", ""), d.get("type", "")) for d in linux.get("devices") or []
+                                   if not cdi.is_gpu_node(str(d.get("path", ""))))),
         "linux.namespaces": _h(sorted(n.get("type", "") for n in linux.get("namespaces") or [])),
         "linux": _h(rest_linux),
     }
@@ -203,9 +209,7 @@ def identity(spec: dict, key: str) -> dict:
     """One container's part of its pod's key: its own workload key (`key`, thawd's
     from the container's recorded tenant and image), the fingerprint, and how many
     GPUs it holds (in the key too; said on its own so that a mismatch names it)."""
-    gpus = sum(1 for d in (spec.get("linux") or {}).get("devices") or []
-               if re.fullmatch(r"/dev/nvidia\d+", str(d.get("path", ""))))
-    return {"key": key, "spec": fingerprint(spec), "gpus": gpus}
+    return {"key": key, "spec": fingerprint(spec), "gpus": len(cdi.gpu_nodes(spec))}
 
 
 def lookup(sandbox_spec: dict, names, tenant: str) -> str:

@@ -23,6 +23,7 @@ from control.lifecycle import image_meta
 from control.lifecycle import workload as workloadmod
 from control.lifecycle.engine import Engine
 from control.thawd.containers import Containers, RuntimeRef
+from nvproxy.cuda import uses_gpu
 from runsc_hooks import spec as specmod
 from control.logfields import fields
 from control.lifecycle.workload import workload_of
@@ -117,10 +118,12 @@ class AutoCheckpointer:
         return res
 
     def checkpoint(self, rt: RuntimeRef, leave_running: bool = True, key: str | None = None,
-                   hooks_rt: RuntimeRef | None = None, gpu_rts: list[RuntimeRef] | None = None) -> dict:
+                   hooks_rt: RuntimeRef | None = None, members: dict[str, RuntimeRef] | None = None) -> dict:
         """Checkpoint a running container and publish the image (under `key`, default
-        the container's workload key; a pod's sandbox passes the pod's, and its hooks run
-        against `hooks_rt`, an app container of it, and its GPU containers are `gpu_rts`).
+        the container's workload key; a pod's sandbox passes the pod's, its hooks run
+        against `hooks_rt`, an app container of it, and `members` are its app containers
+        by name: the GPU ones get the CUDA helper named, and every one's spec goes into
+        the image's metadata).
         The engine saves with the workload
         left running: a failed save never loses it; without `leave_running` it is
         stopped only after the image is complete."""
@@ -130,15 +133,21 @@ class AutoCheckpointer:
         # A pod's key was made from its containers' identities (pods.py); its pause
         # container has no image digest of its own to ask for (ctrinfo.identify).
         key = key or self.containers.workload(rt, spec).key
+        specs = {n: specmod.Bundle(m.bundle).load() for n, m in (members or {}).items()}
         with self.images.staged(key) as image:
             hooks_on = self.containers.handle(hooks_rt, specmod.Bundle(hooks_rt.bundle).load()) if hooks_rt else None
-            cuda_on = [self.containers.handle(g, specmod.Bundle(g.bundle).load()) for g in gpu_rts or []]
+            cuda_on = [self.containers.handle(members[n], s) for n, s in specs.items() if uses_gpu(s)]
             saved = Engine(self.s).checkpoint(self.containers.handle(rt, spec), image.path,
                                               stop_after=not leave_running, hooks_on=hooks_on, cuda_on=cuda_on)
             # What a restore needs, with the image (thaw.json, as the CLI's images
-            # carry it): the spec runsc validates at restore and the GPUs it holds.
-            image_meta.write(image.path, image_meta.DOOR_CONTAINERD, spec, saved.files,
-                             image_meta.gpu_needs(spec), saved.seconds)
+            # carry it): the spec runsc validates at restore and the GPUs it holds;
+            # a pod's, every app container's spec and its GPU containers' needs.
+            if members:
+                image_meta.write(image.path, image_meta.DOOR_CONTAINERD, spec, saved.files,
+                                 image_meta.pod_gpu_needs(specs), saved.seconds, containers=specs)
+            else:
+                image_meta.write(image.path, image_meta.DOOR_CONTAINERD, spec, saved.files,
+                                 image_meta.gpu_needs(spec), saved.seconds)
             published = self.images.publish(image)
         self.metrics.inc("thaw_checkpoints_total")
         self.metrics.observe("thaw_checkpoint_seconds", saved.seconds, workload=workload_of(key))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
+from typing import Callable
 
 from control.lifecycle import pod as podmod
 from control.thawd.containers import RuntimeRef
@@ -92,14 +93,19 @@ class Pod:
             self.declared[name] = podmod.Member(name, m.ready, m.health)
             self.bound_any = name
 
-    def mismatch(self, name: str, ident: dict) -> str:
+    def mismatch(self, name: str, ident: dict, spec_why: Callable[[], str] = lambda: "") -> str:
         """Why app container `name` of identity `ident` is not the restoring image's; ""
-        when it is."""
+        when it is. `spec_why`: why its spec (the GPUs it holds now: another index is fine,
+        another count is not; its mounts and devices) would not restore the image's, a lone
+        container's judgement against the spec it was saved with."""
         if name not in self.table:
             return (f"container {name!r} is not one of the image's ({', '.join(sorted(self.table))})"
                     if name else "a container without io.kubernetes.cri.container-name")
         if name in self.members:
             return f"container {name!r} created twice while the pod restores"
+        why = spec_why()
+        if why:
+            return f"container {name!r}: {why}"
         diff = podmod.differences(self.table[name], ident)
         return f"container {name!r} differs from the image's: {', '.join(diff)}" if diff else ""
 

@@ -8,8 +8,9 @@ by call and why; in short:
   and every container's identity; its image is leased and its start is `runsc
   restore` of the sandbox's root (runsc/boot/restore.go: the restore runs when the
   last container the image holds has registered).
-- Each app container's create is checked against the table (name, identity, GPU
-  count); a match is restored by the stand-in itself (only the process the shim
+- Each app container's create is checked against the table (name, identity) and
+  against the spec the image saved it with, as a lone container's is (its GPUs:
+  another index restores, another count does not; nvproxy/restore_spec.py); a match is restored by the stand-in itself (only the process the shim
   started holds the container's stdio). A mismatch after the root's restore cannot
   start cold in that sandbox: thawd removes it, the kubelet re-creates the pod,
   whose next sandbox starts cold.
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from control.errors import IdentityError, ThawError
+from control.lifecycle import image_meta
 from control.lifecycle import pod as podmod
 from control.lifecycle.engine import Engine, loads_after_return
 from control.lifecycle.workload import workload_of
@@ -43,7 +45,6 @@ from control.thawd.podrecord import (COLD, FAILED, INIT_KEY_PREFIX, INIT_SATISFI
 from control.thawd.podtables import PodTables, hint_of
 from control.thawd.restore import restore_failure, restore_options
 from control.thawd.standin import CONFIRM_TIMEOUT_S, Standin
-from nvproxy.cuda import uses_gpu
 from runsc_hooks import spec as specmod
 from control.logfields import fields
 
@@ -245,7 +246,7 @@ class Pods:
                 return Decision(False, f"{POD_FAILED}: {p.reason}", p.key)
             if name in p.table_init and name not in p.table:
                 return self._satisfy(p, rt, name, ident)
-            problem = p.mismatch(name, ident)
+            problem = p.mismatch(name, ident, lambda: self._spec_mismatch(p, name, spec))
             if problem:
                 self.fail(p, f"container-mismatch: {problem}", refuse_table=True)
                 return Decision(False, f"{POD_FAILED}: {p.reason}", p.key)
@@ -287,6 +288,10 @@ class Pods:
         self.containers.decide(rt, State.SATISFIED, p.key, reason=INIT_SATISFIED)
         return Decision(False, f"{INIT_SATISFIED}: the image's pod ran it; its work is in the restored memory",
                         p.key, satisfied=True)
+
+    def _spec_mismatch(self, p: Pod, name: str, spec: dict) -> str:
+        lease = self.containers.lease_of(p.sandbox)
+        return image_meta.spec_mismatch(Path(lease.path), spec, name) if lease is not None else ""
 
     def _assembled(self, p: Pod) -> None:
         """A cold pod whose declared containers have all been created: its key and container
@@ -529,7 +534,6 @@ class Pods:
         # The profile's pre-checkpoint hooks run against the pod's first container
         # (the kubelet starts them in the pod spec's order); runsc saves the sandbox.
         first = next(iter(p.members.values()))
-        gpu = [m.rt for m in p.members.values() if uses_gpu(specmod.Bundle(m.rt.bundle).load())]
         return self.autocheckpoint.checkpoint(p.sandbox, leave_running=self.s.thawd_leave_running, key=p.key,
-                                              hooks_rt=first.rt, gpu_rts=gpu)
+                                              hooks_rt=first.rt, members={n: m.rt for n, m in p.members.items()})
 

@@ -19,6 +19,7 @@ LIST = """# part kind name
 a bin  tool-a
 a wheel fake-pkg
 b bin  tool-b
+b bin  cni-bin/tool-c
 """
 
 
@@ -42,6 +43,7 @@ def _part(root: Path, part: str, bins: dict[str, bytes], wheel: bool = False, ba
     d.mkdir(parents=True)
     sums = []
     for name, data in bins.items():
+        (d / f"{name}.xz").parent.mkdir(parents=True, exist_ok=True)
         (d / f"{name}.xz").write_bytes(lzma.compress(data))
         digest = hashlib.sha256(data if name != bad else b"other").hexdigest()
         sums.append(f"{digest} {name}\n")
@@ -79,10 +81,11 @@ def test_parts_arrive_one_call_at_a_time(tmp_path):
     assert probe.stdout.strip() == "42", probe.stderr
 
     # The next call carries only part b; part a's files are still on the machine.
-    _part(call2, "b", {"tool-b": b"b-binary"})
+    _part(call2, "b", {"tool-b": b"b-binary", "cni-bin/tool-c": b"c-binary"})   # a binary below a directory
     rc, out = _run(tmp_path, call2)
     assert rc == 0 and '"missing": []' in out, out
     assert (tmp_path / "bin" / "tool-b").read_bytes() == b"b-binary"
+    assert (tmp_path / "bin" / "cni-bin" / "tool-c").read_bytes() == b"c-binary"
     rc, out = _run(tmp_path, call2)      # a third call: nothing to do, still complete
     assert rc == 0 and '"unpacked": []' in out, out
 

@@ -6,6 +6,10 @@ StartContainer per container. The pod is an app and a sidecar, each with a
 boot id and a counter in memory (testbed POD_SCRIPT). Nothing is faked.
 store.stream is on, thaw-gofer at build/thaw-gofer: a pod whose image is not in
 the node cache streams it (issue 18); the other tests restore from the cache.
+CRI's CDI registry holds two fake GPUs (testbed.write_fake_gpus: device nodes
+/dev/nvidia0 and /dev/nvidia1 and a fake nvidia-smi each; no /dev/nvidiactl,
+which turns runsc's nvproxy on and cannot start without a driver), asked for as
+the kubelet asks for a device plugin's GPU: CDI_devices in the container config.
 
 One stack serves the module (its start is most of the cost); every test uses
 its own workload name, so their images and pod records do not meet."""
@@ -19,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from control.dev.cri import CrictlError
-from control.dev.testbed import POD_CONTAINERS, POD_IMAGE, POD_IMAGE_2, CriStack, pod_annotations
+from control.dev.testbed import FAKE_GPU_DIR, POD_CONTAINERS, POD_IMAGE, POD_IMAGE_2, CriStack, pod_annotations
 
 from tests.conftest import BUILD, require
 from tests.integration import streamed
@@ -33,7 +37,7 @@ def cs(runsc_bin):
         require((BUILD / b).is_file(), f"{b} built at {BUILD / b}")
     subprocess.run(["rm", "-rf", str(BASE)])
     s = CriStack(BASE, "t-cri-restore", extra_env={"THAW_STORE_STREAM": "1",
-                                                   "THAW_STORE_GOFER": str(BUILD / "thaw-gofer")})
+                                                   "THAW_STORE_GOFER": str(BUILD / "thaw-gofer")}, gpus=2)
     try:
         yield s.start()
     finally:
@@ -54,10 +58,10 @@ def reason(cs: CriStack, cid: str, cmd: str = "create") -> str:
     return next(d["reason"] for d in cs.decisions() if d["id"] == cid and d["cmd"] == cmd)
 
 
-def seed(cs: CriStack, workload: str) -> dict[str, tuple[str, int]]:
+def seed(cs: CriStack, workload: str, extra: dict | None = None) -> dict[str, tuple[str, int]]:
     """A pod of `workload` started cold, published by thawd once both containers were
-    ready, then removed: the saved state of each container."""
-    pod, _, ids = cs.run_pod(f"{workload}-seed", pod_annotations(workload))
+    ready, then removed: the saved state of each container (`extra`: run_pod's)."""
+    pod, _, ids = cs.run_pod(f"{workload}-seed", pod_annotations(workload), extra=extra)
     boots = {n: cs.state(c)[0] for n, c in ids.items()}
     entry = cs.wait_key(f"k8s-default.{workload}.")
     saved = {n: cs.state(c) for n, c in ids.items()}
@@ -368,3 +372,142 @@ def test_the_first_pod_on_a_node_that_never_assembled_one_restores_with_the_stor
     assert f"restores {key} (pod table from the store" in log, log[-3000:]
     assert tables[0].is_file(), "the store's table is kept on the node from then on"
     cs.cri.remove_pod(pod)
+
+
+# -- GPU pods on CPU (issue 28) ---------------------------------------------------------
+
+def gpus(*indexes: int) -> dict:
+    """A container config's GPUs as the kubelet passes a device plugin's: CDI devices."""
+    return {"CDI_devices": [{"name": f"nvidia.com/gpu={i}"} for i in indexes]}
+
+
+def devices(cs: CriStack, cid: str) -> list[str]:
+    """The device nodes of a container's OCI spec, as CRI made it."""
+    spec = cs.cri.json("inspect", cid)["info"]["runtimeSpec"]
+    return [d["path"] for d in (spec.get("linux") or {}).get("devices") or []]
+
+
+@pytest.fixture(scope="module")
+def gpu_image(cs):
+    """A GPU-declared pod ("app" on fake GPU 0 beside a CPU "sidecar") started cold and
+    checkpointed: the saved state of each container."""
+    return seed(cs, "pods-gpu", {"app": gpus(0)})
+
+
+def test_a_gpu_declared_pod_saved_on_gpu_0_restores_onto_gpu_1(cs, gpu_image):
+    """Issue 28: the GPUs a pod's container is given now are the node's choice, not the
+    image's. The image was saved with the app holding GPU 0; the next pod's app is given
+    GPU 1 (CDI, as the kubelet asks for a device plugin's GPU) and both containers come
+    back with their memory, the app seeing the GPU it holds now. On CPU a fake GPU is its
+    device node and its files (testbed.write_fake_gpus): runsc cannot run a container
+    with /dev/nvidiactl without a driver, so the CUDA helper and GPU memory are the H200
+    run's (bench/gpu/pods.py); what thaw decides about the GPUs a container holds, and
+    runsc's restore with another one, run here."""
+    pod, _, ids = cs.run_pod("pods-gpu-b", pod_annotations("pods-gpu"), uid="pods-gpu-b-uid",
+                             extra={"app": gpus(1)})
+    assert decisions(cs, pod, *ids.values()) == {
+        i: [("create", "restore"), ("start", "restored")] for i in (pod, *ids.values())}, reason(cs, ids["app"])
+    for n, cid in ids.items():
+        assert cs.state(cid)[0] == gpu_image[n][0], f"{n} must come back with its own saved memory"
+    assert [d for d in devices(cs, ids["app"]) if d.startswith("/dev/nvidia")] == ["/dev/nvidia1"]
+    assert not [d for d in devices(cs, ids["sidecar"]) if d.startswith("/dev/nvidia")], "the sidecar holds no GPU"
+    smi = cs.cri.exec(ids["app"], f"{FAKE_GPU_DIR}/nvidia-smi").stdout
+    assert "GPU-fake-0001" in smi, f"the restored app sees the GPU it was given now: {smi}"
+    cs.cri.remove_pod(pod)
+
+
+def test_a_gpu_pod_given_another_gpu_count_starts_cold_with_its_reason(cs, gpu_image):
+    """Issue 28: an image saved with one GPU in the app cannot restore into an app given
+    two (runsc restores onto as many GPUs as were saved). The app's create, the first
+    time thawd sees its GPUs, refuses with one line; the restoring sandbox goes (it
+    cannot start cold), and the pod the kubelet makes again starts cold, saying why:
+    in the stand-in's log and in thawd's decisions (`thaw stats --decisions`)."""
+    name, uid = "pods-gpu-count", "pods-gpu-count-uid"
+    cfg = cs.cri.pod_config(name, pod_annotations("pods-gpu"), uid=uid)
+    pod = cs.cri.runp(cfg, "runsc-thaw")
+    assert decisions(cs, pod)[pod] == [("create", "restore"), ("start", "restored")], reason(cs, pod)
+    app = cs.cri.create(pod, cs.cri.container_config(f"{name}-0", "app", POD_IMAGE, env=POD_CONTAINERS["app"],
+                                                     **gpus(0, 1)), cfg)
+    with pytest.raises(CrictlError) as e:
+        cs.cri.start(app)
+    why = ("container 'app': spec field linux.devices: the checkpoint has 1 GPU(s) (/dev/nvidia0), "
+           "this restore assigns 2 (/dev/nvidia0, /dev/nvidia1)")
+    assert f"pod-failed: container-mismatch: {why}" in e.value.stderr, e.value.stderr
+    assert reason(cs, app) == f"pod-failed: container-mismatch: {why}"
+    cs.cri.wait_pod_state(pod, "SANDBOX_NOTREADY")
+    cs.cri.remove_pod(pod)   # the kubelet: the sandbox died; stop and remove it, make a new one
+
+    pod2, _, ids = cs.run_pod(name, pod_annotations("pods-gpu"), uid=uid, attempt=1, extra={"app": gpus(0, 1)})
+    assert reason(cs, pod2) == f"pod-failed-before: an earlier sandbox of this pod was not restored " \
+                               f"(container-mismatch: {why})"
+    for n, cid in ids.items():
+        assert decisions(cs, cid)[cid] == [("create", "cold"), ("start", "started-cold")]
+        assert cs.state(cid)[0] != gpu_image[n][0], f"{n} started cold"
+    assert [d for d in devices(cs, ids["app"]) if d.startswith("/dev/nvidia")] == ["/dev/nvidia0", "/dev/nvidia1"]
+    ring = cs.stats_decisions(pod2)
+    assert [(r["decision"], r["reason"]) for r in ring][:1] == [("cold", reason(cs, pod2))], ring
+    cs.cri.remove_pod(pod2)
+
+
+# -- two versions of one workload at once (issue 28) -----------------------------------
+
+def wait_new_key(cs: CriStack, prefix: str, known: set[str], timeout_s: float = 180) -> str:
+    """The key of a published image of `prefix` not among `known`."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        keys = {e["key"] for e in cs.stats()["entries"] if e["state"] == "ready" and e["key"].startswith(prefix)}
+        if keys - known:
+            return sorted(keys - known)[0]
+        time.sleep(0.5)
+    raise AssertionError(f"no new image of {prefix} (thawd log: {(cs.base / 'thawd.log').read_text()[-3000:]})")
+
+
+def test_two_versions_of_a_workload_keep_their_own_tables_and_images(cs):
+    """Issue 28, a rolling update: the Deployment's pods of the old and the new version
+    (another image digest) run at once on the node. Each version's pods are named
+    <deployment>-<pod-template-hash>-<5 characters>, so the pod's name less its
+    generated suffix tells the version (podtables.hint_of). The first pod of the new
+    version finds only the old version's table and fails over to a cold sandbox once
+    (the cost of a wrong pick: one sandbox restart, never a wrong restore); from then on
+    both tables and both images are kept, and each version's next pod restores its own."""
+    w = "pods-roll"
+    v1, v2 = f"{w}-6b7f9c8d5f", f"{w}-7c9d6f5b4d"      # <deployment>-<pod-template-hash>
+    ann, prefix = pod_annotations(w), f"k8s-default.{w}."
+    old = {"image": POD_IMAGE}
+    new = {"app": {"image": POD_IMAGE_2}, "sidecar": {"image": POD_IMAGE_2}}
+
+    pod, _, ids = cs.run_pod(f"{v1}-x2x4z", ann, uid="roll-v1-a")
+    k1 = wait_new_key(cs, prefix, set())
+    saved1 = {n: cs.state(c)[0] for n, c in ids.items()}
+    cs.cri.remove_pod(pod)
+
+    cfg = cs.cri.pod_config(f"{v2}-k9q7m", ann, uid="roll-v2-a")
+    pod = cs.cri.runp(cfg, "runsc-thaw")
+    assert decisions(cs, pod)[pod][0] == ("create", "restore"), "the old version's table, the only one yet"
+    app = cs.cri.create(pod, cs.cri.container_config(f"{v2}-k9q7m-0", "app", POD_IMAGE_2,
+                                                     env=POD_CONTAINERS["app"]), cfg)
+    with pytest.raises(CrictlError) as e:
+        cs.cri.start(app)
+    assert "pod-failed: container-mismatch: container 'app'" in e.value.stderr, e.value.stderr
+    cs.cri.wait_pod_state(pod, "SANDBOX_NOTREADY")
+    cs.cri.remove_pod(pod)
+    pod, _, ids = cs.run_pod(f"{v2}-k9q7m", ann, uid="roll-v2-a", attempt=1, extra=new)
+    assert reason(cs, pod).startswith("pod-failed-before")
+    k2 = wait_new_key(cs, prefix, {k1})
+    saved2 = {n: cs.state(c)[0] for n, c in ids.items()}
+    cs.cri.remove_pod(pod)
+
+    tables = sorted(p.stem for p in (cs.base / "state" / "thawd" / "pods").glob(f"*/{prefix}*.json"))
+    assert tables == sorted([k1, k2]), tables
+    for version, name, extra, saved, key in ((v1, f"{v1}-p5bq8", {"app": old}, saved1, k1),
+                                             (v2, f"{v2}-z7w2n", new, saved2, k2)):
+        marks = len((cs.base / "thawd.log").read_text())
+        pod, _, ids = cs.run_pod(name, ann, uid=f"{name}-uid", extra=extra)
+        assert decisions(cs, pod, *ids.values()) == {
+            i: [("create", "restore"), ("start", "restored")] for i in (pod, *ids.values())}, reason(cs, pod)
+        assert {n: cs.state(c)[0] for n, c in ids.items()} == saved, f"{version}'s pod restores {version}'s state"
+        assert f"restores {key} (pod table from the node, hint '{version}')" in \
+            (cs.base / "thawd.log").read_text()[marks:]
+        cs.cri.remove_pod(pod)
+    ready = {e["key"] for e in cs.stats()["entries"] if e["state"] == "ready"}
+    assert {k1, k2} <= ready, "neither version's image evicted the other's"

@@ -89,11 +89,17 @@ def test_a_gpu_pods_sandbox_is_saved_with_its_gpu_containers_named_and_published
     gpu = member("app")
     gpu.setdefault("linux", {})["devices"] = [{"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255},
                                               {"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0}]
-    box, app = rt_of(tmp, "s2", sandbox()), rt_of(tmp, "s2-app", gpu)
-    res = ac.checkpoint(box, leave_running=True, key="pod-key", hooks_rt=app, gpu_rts=[app])
+    box, app, side = rt_of(tmp, "s2", sandbox()), rt_of(tmp, "s2-app", gpu), rt_of(tmp, "s2-sidecar", member("sidecar"))
+    res = ac.checkpoint(box, leave_running=True, key="pod-key", hooks_rt=app, members={"app": app, "sidecar": side})
     assert res["published"] and res["workload_key"] == "pod-key"
     assert asked == {"id": "s2", "hooks_on": "s2-app", "cuda_on": ["s2-app"], "stop_after": False}
     assert images.published == [("pod-key", "containerd")]
+    # The image says each app container's spec (a restore judges its GPUs against it, as a
+    # lone container's) and the GPU container's needs, not the pause container's.
+    meta = json.loads((tmp / "staged" / "thaw.json").read_text())
+    assert sorted(meta["containers"]) == ["app", "sidecar"]
+    assert [d["path"] for d in meta["containers"]["app"]["linux"]["devices"]] == ["/dev/nvidiactl", "/dev/nvidia0"]
+    assert meta["gpu"]["containers"]["app"]["count"] == 1 and list(meta["gpu"]["containers"]) == ["app"]
     assert ac.metrics.counters().get("thaw_checkpoints_total") == 1
 
 

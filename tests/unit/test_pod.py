@@ -125,3 +125,14 @@ def test_a_pod_wide_ready_probe_declares_the_pods_one_container():
     d = pod.declared(sandbox({"thaw.dev/workload": "web", "thaw.dev/ready": "running",
                               "thaw.dev/ready.app": "file:/tmp/ready"}))
     assert list(d) == ["app"]
+
+
+def test_the_gpu_index_is_no_part_of_a_containers_identity_but_the_count_is():
+    """runsc pairs saved and new /dev/nvidiaN by minor whatever their numbers (issue 28)."""
+    def on(*minors):
+        m = member()
+        m["linux"]["devices"] = [{"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255}] + [
+            {"path": f"/dev/nvidia{i}", "type": "c", "major": 195, "minor": i} for i in minors]
+        return m
+    assert identity(on(0)) == identity(on(1))
+    assert pod.differences(identity(on(0)), identity(on(0, 1)))[0] == "GPU count 1 (the image's) vs 2 (this container's)"

@@ -157,9 +157,9 @@ class FakeAutoCheckpointer:
     def maybe(self, key: str, job, what: str = "") -> None:
         self.asked.append(key)
 
-    def checkpoint(self, rt, leave_running=True, key=None, hooks_rt=None, gpu_rts=None) -> dict:
+    def checkpoint(self, rt, leave_running=True, key=None, hooks_rt=None, members=None) -> dict:
         self.checkpoints.append({"id": rt.container_id, "key": key, "hooks_on": hooks_rt.container_id,
-                                 "gpu": [g.container_id for g in gpu_rts or []]})
+                                 "members": {n: m.container_id for n, m in (members or {}).items()}})
         return {"workload_key": key, "published": True}
 
 
@@ -579,21 +579,8 @@ def test_a_gpu_pod_is_checkpointed_with_its_gpu_containers_named(env, monkeypatc
     [key] = env.autocheckpoint.asked
     res = env.pods._auto_checkpoint(env.pods.pod_of(box, spec))
     assert res["published"]
-    assert env.autocheckpoint.checkpoints == [{"id": "s2", "key": key, "hooks_on": "s2-app", "gpu": ["s2-app"]}]
-
-
-def test_a_restoring_pod_whose_gpu_container_holds_another_gpu_count_fails_with_that_reason(env):
-    spec = box_spec("s1", "uid-1")
-    box, d = create(env, "s1", spec)
-    started_cold(env, box, spec, d.reason)
-    create(env, "s1-app", gpu_member("app", sid="s1"))
-    create(env, "s1-sidecar", member_of("s1", "sidecar"))
-    env.preparer.available.add(table_key(env))
-    assert create(env, "s2", box_spec("s2", "uid-2"))[1].restore
-    _, d = create(env, "s2-app", gpu_member("app", minors=(0, 1)))
-    assert not d.restore and "GPU count 1 (the image's) vs 2 (this container's)" in d.reason, d.reason
-    _, again = create(env, "s3", box_spec("s3", "uid-2"))
-    assert not again.restore and again.reason.startswith("pod-failed-before") and "GPU count" in again.reason
+    assert env.autocheckpoint.checkpoints == [{"id": "s2", "key": key, "hooks_on": "s2-app",
+                                               "members": {"app": "s2-app", "sidecar": "s2-sidecar"}}]
 
 
 def test_a_spec_the_preparer_refuses_keeps_a_cold_pod_cold_and_fails_a_restoring_one(env):
@@ -612,6 +599,51 @@ def test_a_spec_the_preparer_refuses_keeps_a_cold_pod_cold_and_fails_a_restoring
     env.preparer.spec_errors["s3-app"] = UserError("NVIDIA_VISIBLE_DEVICES='gpu-one' names no GPU")
     _, d = create(env, "s3-app", member_of("s3", "app"))
     assert not d.restore and d.reason.startswith("pod-failed: spec: container 'app': NVIDIA_VISIBLE_DEVICES")
+
+
+def saved_gpu_image(e, key: str, minors=(0,)) -> Path:
+    """The image a cold GPU pod left under `key` (FakePreparer leases images/<key>): its
+    thaw.json as autocheckpoint writes a pod's, the app container saved holding `minors`."""
+    from control.lifecycle import image_meta
+    image = e.tmp / "images" / key
+    image.mkdir(parents=True)
+    specs = {"app": gpu_member("app", sid="s1", minors=minors), "sidecar": member_of("s1", "sidecar")}
+    image_meta.write(image, image_meta.DOOR_CONTAINERD, box_spec("s1", "uid-1"), {"checkpoint.img": 1},
+                     image_meta.pod_gpu_needs(specs), 0.1, containers=specs)
+    return image
+
+
+def gpu_pod_saved(e) -> str:
+    spec = box_spec("s1", "uid-1")
+    box, d = create(e, "s1", spec)
+    started_cold(e, box, spec, d.reason)
+    create(e, "s1-app", gpu_member("app", sid="s1"))
+    create(e, "s1-sidecar", member_of("s1", "sidecar"))
+    key = table_key(e)
+    saved_gpu_image(e, key)
+    e.preparer.available.add(key)
+    return key
+
+
+def test_a_gpu_pod_saved_on_gpu_0_restores_into_a_container_given_gpu_1(env):
+    """runsc pairs saved and new GPUs by minor, whatever their numbers: the GPU index is no
+    part of a container's identity; the GPUs it holds now are judged as a lone container's."""
+    key = gpu_pod_saved(env)
+    assert create(env, "s2", box_spec("s2", "uid-2"))[1].restore
+    for cid, spec in (("s2-app", gpu_member("app", minors=(1,))), ("s2-sidecar", member_of("s2", "sidecar"))):
+        _, d = create(env, cid, spec)
+        assert d.restore and d.key == key, (cid, d)
+
+
+def test_a_restoring_pod_whose_gpu_container_holds_another_gpu_count_fails_with_that_reason(env):
+    gpu_pod_saved(env)
+    assert create(env, "s2", box_spec("s2", "uid-2"))[1].restore
+    _, d = create(env, "s2-app", gpu_member("app", minors=(0, 1)))
+    assert not d.restore and "\n" not in d.reason
+    assert d.reason == ("pod-failed: container-mismatch: container 'app': spec field linux.devices: the checkpoint "
+                        "has 1 GPU(s) (/dev/nvidia0), this restore assigns 2 (/dev/nvidia0, /dev/nvidia1)"), d.reason
+    _, again = create(env, "s3", box_spec("s3", "uid-2"))
+    assert not again.restore and again.reason.startswith("pod-failed-before") and "2 (/dev/nvidia0" in again.reason
 
 
 # -- init containers (issue 28) ---------------------------------------------------------
