@@ -21,11 +21,12 @@ object with pynvml's functions, constants and NVMLError class (default: the
 
 from __future__ import annotations
 
+import contextlib
 import re
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from control.errors import GpuError, NotFound, PreconditionError
 
@@ -96,14 +97,9 @@ def probe(nvml: Any = None, procfs: Path = PROCFS) -> NodeGpus:
     """Ask NVML for the driver and every GPU, else the kernel module's procfs
     (no NVML library or driver); an empty NodeGpus when there is none."""
     nvml = _pynvml() if nvml is None else nvml
-    no_gpu = {getattr(nvml, name) for name in _NO_GPU_ERRORS}
-    try:
-        nvml.nvmlInit()
-    except nvml.NVMLError as e:
-        if getattr(e, "value", None) in no_gpu:
+    with _session(nvml, "is the NVIDIA kernel module the same version as libnvidia-ml?") as up:
+        if not up:
             return from_procfs(procfs)
-        raise GpuError("nvmlInit", str(e), "is the NVIDIA kernel module the same version as libnvidia-ml?") from None
-    try:
         driver = _call(nvml, "nvmlSystemGetDriverVersion")
         cuda = _call(nvml, "nvmlSystemGetCudaDriverVersion")
         count = _call(nvml, "nvmlDeviceGetCount")
@@ -120,11 +116,6 @@ def probe(nvml: Any = None, procfs: Path = PROCFS) -> NodeGpus:
             ))
         return NodeGpus(driver_version=_text(driver), cuda_driver_version=cuda_version(int(cuda)),
                         gpus=tuple(gpus), source="nvml")
-    finally:
-        try:
-            nvml.nvmlShutdown()
-        except nvml.NVMLError:
-            pass
 
 
 def used_bytes(minors: Iterable[int], nvml: Any = None) -> int:
@@ -135,20 +126,31 @@ def used_bytes(minors: Iterable[int], nvml: Any = None) -> int:
     if not want:
         return 0
     nvml = _pynvml() if nvml is None else nvml
-    no_gpu = {getattr(nvml, name) for name in _NO_GPU_ERRORS}
-    try:
-        nvml.nvmlInit()
-    except nvml.NVMLError as e:
-        if getattr(e, "value", None) in no_gpu:
+    with _session(nvml) as up:
+        if not up:
             return 0
-        raise GpuError("nvmlInit", str(e)) from None
-    try:
         total = 0
         for i in range(_call(nvml, "nvmlDeviceGetCount")):
             h = _call(nvml, "nvmlDeviceGetHandleByIndex", i)
             if int(_call(nvml, "nvmlDeviceGetMinorNumber", h)) in want:
                 total += int(_call(nvml, "nvmlDeviceGetMemoryInfo", h).used)
         return total
+
+
+@contextlib.contextmanager
+def _session(nvml: Any, hint: str = "") -> Iterator[bool]:
+    """NVML initialised for the block (True), or False where NVML says this node has no
+    NVIDIA stack (_NO_GPU_ERRORS); any other init failure is a GpuError. Shut down after."""
+    no_gpu = {getattr(nvml, name) for name in _NO_GPU_ERRORS}
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError as e:
+        if getattr(e, "value", None) in no_gpu:
+            yield False
+            return
+        raise GpuError("nvmlInit", str(e), hint) from None
+    try:
+        yield True
     finally:
         try:
             nvml.nvmlShutdown()
