@@ -357,6 +357,9 @@ class Run:
                      "thaw.dev/workload": LONE, "thaw.dev/ready": f"gpu:{PORT}/gpu",
                      "thaw.dev/health": f"gpu:{PORT}/gpu", "thaw.dev/profile": "pytorch"}.items():
             argv += ["--annotation", f"{k}={v}"]
+        # No --log: under `ctr run --null-io` the server's stdout is a /dev/null the stand-in
+        # made writable (runsc alone gives it the shim's read-only one: EBADF at the first
+        # write; go/internal/standin/stdio.go writableNull, docs/gvisor-notes.md).
         self.lone.append(cid)
         t0 = time.monotonic()
         self.ctr(node, *argv, SERVER_IMAGE, cid, timeout=self.o.timeout_s)

@@ -381,6 +381,10 @@ def main() -> int:
     prompt = fixed_prompt(args.prompt_len)
     emit(args.events, event="starting", boot=BOOT, pid=os.getpid())
     try:
+        # A line on stdout at start, as every real server logs one: a container whose stdout
+        # cannot be written (`ctr run --null-io` under runsc: EBADF, docs/gvisor-notes.md)
+        # fails here on CPU too, not only where a GPU library happens to print.
+        print(f"server: pid {os.getpid()} boot {BOOT} backend {args.backend} on {args.device}", flush=True)
         if args.backend == "fake":
             backend = FakeBackend(args.model_dir, prompt, args.new_tokens)
         else:

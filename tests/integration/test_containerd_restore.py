@@ -7,6 +7,7 @@ import concurrent.futures
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -75,6 +76,40 @@ def test_not_opted_in_is_plain_runsc(cs):
     cs.state("plain")
     assert [x for x in cs.decisions() if x["id"] == "plain"] == []
     cs.ctrd.remove("plain")
+
+
+# The counter, after a line on stdout (exit 3 if it cannot be written) and with a
+# writer that counts into /tmp/wrote while its stdout takes writes and removes it when one fails.
+WRITES_STDOUT = ["sh", "-c", "echo start || exit 3; "
+                 "(n=0; while sleep 0.2; do n=$((n+1)); if echo tick; then echo $n > /tmp/wrote; else rm -f /tmp/wrote; fi; done) & "
+                 "exec /app/run.sh"]
+
+
+def wrote(cs, cid: str) -> str:
+    return cs.ctrd.exec(cid, "cat", "/tmp/wrote", check=False).stdout.strip()
+
+
+def test_a_workload_without_io_can_write_its_stdout_cold_and_restored(cs):
+    # `ctr run --null-io` hands the sandbox a read-only /dev/null as stdout and stderr
+    # (go-runc NewNullIO); under plain runsc every write fails with EBADF. The stand-in
+    # makes them writable, as runc's init does (docs/gvisor-notes.md).
+    cs.ctrd.run(IMAGE, "first", ANNOTATIONS, args=WRITES_STDOUT)
+    cs.state("first")
+    cs.wait_published()
+    w1 = wrote(cs, "first")
+    assert w1, "the cold container's writes to its stdout failed"
+    cs.ctrd.remove("first")
+    cs.ctrd.run(IMAGE, "second", ANNOTATIONS, args=WRITES_STDOUT)
+    cs.state("second")
+    assert [x["decision"] for x in cs.decisions() if x["id"] == "second"] == ["restore", "restored"]
+    # The restored writer counts on from where the checkpoint caught it: two reads a
+    # second apart show it still writing.
+    time.sleep(0.5)
+    w2 = wrote(cs, "second")
+    time.sleep(1)
+    w3 = wrote(cs, "second")
+    assert w2 and w3 and int(w3) > int(w2), f"the restored process's writes to its stdout failed: {w2!r} then {w3!r}"
+    cs.ctrd.remove("second")
 
 
 def test_corrupt_cached_image_is_refetched(cs):

@@ -175,6 +175,10 @@ func optedIn(ann map[string]string) bool {
 func (s *Standin) create() int {
 	t0 := time.Now()
 	rt := s.runtime()
+	// Before any path (cold, restore, plain runsc), since the sandbox inherits
+	// them. It cannot fail short of opening /dev/null failing, and then the
+	// container gets what plain runsc gives it: nothing here stops a start.
+	_, _ = writableNull(1, 2)
 	// A container id containerd uses again after a crash left its alias
 	// behind must not reach the parked sandbox an earlier container adopted.
 	s.removeAlias(rt.ContainerId)
