@@ -103,6 +103,7 @@ class Options:
     timeout_s: float = 300.0            # one pod's start to its first answer
     publish_timeout_s: float = 600.0
     keep: bool = False
+    store_workers: int | None = None    # store.workers on both nodes (None: thaw's default)
     started: float = field(default_factory=time.monotonic)
 
     @property
@@ -179,6 +180,8 @@ class Run:
                # A pull-then-restore start waits for the whole pull (node.py says why).
                "THAW_THAWD_PREPARE_TIMEOUT_S": "60", "THAW_THAWD_HEALTH_TIMEOUT_S": "120" if self.o.gpu else "30",
                "PYTHONPATH": ":".join(p for p in (str(REPO), self.site) if p)}
+        if self.o.store_workers:   # the stream's and the pull's parallel chunk transfers alike
+            env["THAW_STORE_WORKERS"] = str(self.o.store_workers)
         # runsc's own log of every call, one path for both nodes (global flags must match at restore);
         # nvproxy for every sandbox of a GPU node (a pod's root, its pause container, holds no GPU).
         flags = [f"debug-log={self.o.work}/runsc-logs/%ID%.%COMMAND%.log"] + (["nvproxy=true"] if self.o.gpu else [])
@@ -723,13 +726,17 @@ def parse_args(argv: list[str] | None = None) -> Options:
     ap.add_argument("--repeat", type=int, default=None, help="rounds of each series (default 3 on a GPU, 1 on CPU)")
     ap.add_argument("--budget-s", type=float, default=1500.0, help="start no new step after this")
     ap.add_argument("--keep", action="store_true", help="keep --work")
+    ap.add_argument("--store-workers", type=int, default=None,
+                    help="store.workers on both nodes, for the streamed and the pulled series alike")
     a = ap.parse_args(argv)
     repeat = a.repeat if a.repeat is not None else (3 if a.mode == "gpu" else 1)
     if repeat < 1:
         ap.error(f"--repeat {repeat}: at least 1")
+    if a.store_workers is not None and a.store_workers < 1:
+        ap.error(f"--store-workers {a.store_workers}: at least 1")
     return Options(mode=a.mode, bin=a.bin.resolve(), work=a.work.resolve(), out=a.out.resolve(),
                    model=a.model or ("llama-3b" if a.mode == "gpu" else "tiny"), weed=a.weed, python=a.python,
-                   repeat=repeat, budget_s=a.budget_s, keep=a.keep,
+                   repeat=repeat, budget_s=a.budget_s, keep=a.keep, store_workers=a.store_workers,
                    publish_timeout_s=600.0 if a.mode == "gpu" else 120.0)
 
 
