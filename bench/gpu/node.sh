@@ -70,8 +70,15 @@ if ! pid_alive && [[ ! -f "$state/rc" ]]; then
   # the run outlives this call, and the next call of this script waits for it.
   # Its stdio is not this call's: the tool would wait for the pipe to close.
   rm -f "$state/driver.pid"
-  setsid bash -c 'echo $$ > "$2/driver.pid"; python3 "$3" --mode gpu --bin "$1" --work "$2/work" \
-      --out "$2/run" "${@:5}" > "$2/$4.log" 2>&1; echo $? > "$2/rc"' _ "$bin" "$state" "$driver" "$name" "$@" \
+  # The run works from its own copy of the tree: the device tool copies the working tree
+  # anew at every call, and a `thaw` started mid-copy failed its imports (2026-12-04:
+  # "cannot import name 'config' from 'control'", the run lost).
+  tree=$state/tree
+  rm -rf "$tree" && mkdir -p "$tree" &&
+    tar --exclude=./.carry-node --exclude=./.venv --exclude=./build --exclude=./.git -cf - . | tar -xf - -C "$tree" || exit 2
+  export PYTHONPATH="$tree:$bin/site"
+  setsid bash -c 'cd "$5" && echo $$ > "$2/driver.pid"; python3 "$3" --mode gpu --bin "$1" --work "$2/work" \
+      --out "$2/run" "${@:6}" > "$2/$4.log" 2>&1; echo $? > "$2/rc"' _ "$bin" "$state" "$driver" "$name" "$tree" "$@" \
       > /dev/null 2>&1 < /dev/null &
   for _ in $(seq 50); do [[ -s "$state/driver.pid" ]] && break; sleep 0.1; done
   echo "node.sh: run started (pid $(cat "$state/driver.pid" 2>/dev/null)); log $state/$name.log"
