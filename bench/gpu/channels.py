@@ -23,6 +23,7 @@ from control.lifecycle import profiles
 from runsc_hooks import probe as probemod
 
 SERVER_PORT = 8000   # twin: bench/gpu/server.py --port default
+NONCE = "nonce"      # twin: bench/gpu/server.py NONCE
 
 
 class ChannelTimeout(Exception):
@@ -68,8 +69,17 @@ class FileChannel:
                 p.unlink(missing_ok=True)
 
     def request(self, op: str, timeout_s: float, abort: Abort = None, **args) -> dict:
+        """The server's answer to `op`, with `spool_nonce_sent`: the value this request
+        wrote into the spool's NONCE file just before it, which the server reads back per
+        request into `spool_nonce` (server.py serve_spool). Equal, they prove that the
+        process that answered sees this spool directory at this moment: where each
+        sandbox has a directory of its own (bench/gpu/node.py park rounds), which
+        sandbox answered."""
         rid = uuid.uuid4().hex[:12]
+        nonce = f"{self.spool.name}:{rid}"
         tmp = self.spool / f"{rid}.tmp"
+        tmp.write_text(nonce)
+        tmp.rename(self.spool / NONCE)
         tmp.write_text(json.dumps({"op": op, **args}))
         tmp.rename(self.spool / f"{rid}.req")
         resp = self.spool / f"{rid}.resp"
@@ -77,7 +87,7 @@ class FileChannel:
         check = _Checker(abort)
         while time.monotonic() < deadline:
             try:
-                return json.loads(resp.read_text())
+                return {**json.loads(resp.read_text()), "spool_nonce_sent": nonce}
             except FileNotFoundError:
                 check(op)
                 time.sleep(0.001)

@@ -47,6 +47,7 @@ from pathlib import Path
 
 BOOT = os.urandom(8).hex()        # a restored process keeps it; a fresh start gets a new one
 T0 = time.time()
+NONCE = "nonce"                  # twin: bench/gpu/channels.py NONCE
 POLL_S = 0.002                    # spool poll interval: bounds the channel's added latency
 
 
@@ -342,7 +343,15 @@ def serve_spool(server: Server, spool: str) -> None:
             except (OSError, ValueError):
                 continue   # half-written or already taken
             os.unlink(path)
+            # What the driver wrote into this spool just before the request, read now: only a
+            # process that sees this directory can report it (bench/gpu/channels.py FileChannel).
+            try:
+                with open(os.path.join(spool, NONCE)) as f:
+                    nonce = f.read()
+            except OSError as e:
+                nonce = f"unreadable: {e.strerror}"
             resp = server.handle(str(req.get("op", "")), {k: v for k, v in req.items() if k != "op"})
+            resp["spool_nonce"] = nonce
             out = os.path.join(spool, name[:-4] + ".resp")
             with open(out + ".partial", "w") as f:
                 json.dump(resp, f)

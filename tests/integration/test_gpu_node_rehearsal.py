@@ -9,8 +9,11 @@ restore onto the other (fake) GPU, a warm-cache restore, each repeated
 nor checkpoints, evictions, restores alternating between the fake GPUs) with
 the headline's medians over the rounds, a streamed restore (issue 18: thawd
 restarted with store.stream on, the image restored while it arrives, whole in
-the cache afterwards), and a chunk altered in the store that ends in a cold
-start and a quarantined image."""
+the cache afterwards), parked sandboxes adopted (docs/parking.md: thawd
+restarted with park.enabled, each parked sandbox on a spool directory of its
+own, the template and every earlier container gone before each adoption, and
+proof of which sandbox answered: issue 32 item 5), and a chunk altered in the
+store that ends in a cold start and a quarantined image."""
 from __future__ import annotations
 
 import json
@@ -21,10 +24,13 @@ import subprocess
 import tarfile
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import BUILD, REPO, require
 
 REPEAT = 3
 STREAM = 2
+PARK = 2
 NODE_PATHS = ("/opt/thaw", "/etc/thaw", "/etc/containerd", "/etc/cdi", "/etc/tmpfiles.d", "/var/lib/thaw",
               "/var/log/thaw", "/var/lib/containerd", "/run/containerd", "/run/thaw")   # twin: bench/gpu/node.py
 
@@ -39,6 +45,7 @@ def _kill_leftovers(work: Path) -> None:
                 pass
 
 
+@pytest.mark.timeout(560)
 def test_gpu_node_script_rehearsed_on_cpu(name, tmp_path):
     require(os.geteuid() == 0, "root")
     for b in ("containerd", "ctr", "containerd-shim-runsc-v1", "runsc", "thaw-runsc", "thaw-runsc-hooks",
@@ -49,8 +56,8 @@ def test_gpu_node_script_rehearsed_on_cpu(name, tmp_path):
     existed = {p: os.path.exists(p) for p in NODE_PATHS}
     try:
         p = subprocess.run(["bash", "bench/gpu/node.sh", "--cpu", "--work", str(work), "--out", str(out),
-                            "--budget-s", "300", "--repeat", str(REPEAT), "--stream", str(STREAM)], cwd=REPO, capture_output=True,
-                           text=True, timeout=340)
+                            "--budget-s", "440", "--repeat", str(REPEAT), "--stream", str(STREAM), "--park", str(PARK)],
+                           cwd=REPO, capture_output=True, text=True, timeout=500)
         assert (out / "node.json").is_file(), p.stdout[-3000:] + p.stderr[-3000:]
         r = json.loads((out / "node.json").read_text())
         failed = [c for c in r["checks"] if not c["ok"]]
@@ -61,6 +68,7 @@ def test_gpu_node_script_rehearsed_on_cpu(name, tmp_path):
     rounds = ["cold", "evict", "restore_from_store", "restore_from_cache"]
     assert names == ["stack", "weights", "cold", "checkpoint", "evict", "restore_from_store", "restore_from_cache",
                      *rounds * (REPEAT - 1), "thawd_restart", *["evict", "restore_streamed"] * STREAM,
+                     "thawd_restart", "thawd_restart", "park_template", *["restore_parked"] * PARK,
                      "thawd_restart", "broken_image"], names
     steps = {n: [s for s in r["steps"] if s["step"] == n] for n in names}
     assert r["mode"] == "cpu" and len(r["checks"]) >= 12 * REPEAT
@@ -110,7 +118,8 @@ def test_gpu_node_script_rehearsed_on_cpu(name, tmp_path):
     # process answering the same on the other GPU, the image whole in the cache once the
     # stream ended; thawd back to pulls for the broken image.
     restarts = steps["thawd_restart"]
-    assert [x["stream"] for x in restarts] == [True, False]
+    assert [(x["stream"], x["park"]) for x in restarts] == [(True, False), (False, False), (False, True),
+                                                           (False, False)]
     streamed = steps["restore_streamed"]
     assert len(streamed) == STREAM
     for k, st in enumerate(streamed, start=1):
@@ -118,6 +127,33 @@ def test_gpu_node_script_rehearsed_on_cpu(name, tmp_path):
         assert st["decisions"][0]["decision"] == "restore" and st["same_process"] and st["identical"]
         assert st["stream"]["seconds"] > 0 and len(st["cache_entries"]) == 1
         assert st["gpu_after"] == k % 2 and st["nvidia_smi"]["uuids"] == [f"GPU-fake-000{k % 2}"]
+
+    # Parked (issue 32 item 5): each adoption answered identically, through its parked
+    # sandbox's own spool directory (the nonce written before each request read back), with
+    # the template and every earlier container gone first and only the adopted sandbox's
+    # processes holding that directory open.
+    parked = steps["restore_parked"]
+    ids = [x["parked"]["id"] for x in parked]
+    assert len(set(ids)) == PARK and all(i.startswith("thaw-parked-") for i in ids), ids
+    for k, x in enumerate(parked, start=1):
+        assert x["round"] == k and [d["decision"] for d in x["decisions"]] == ["adopt", "restored"], x
+        assert x["identical"] and x["boot_of_checkpointed_process"]
+        assert x["earlier_gone"]["gone"] and "c6-park-seed" in x["earlier_gone"]["ids"], x["earlier_gone"]
+        assert set(ids[:k - 1]) | {f"c6-park-{j}" for j in range(1, k)} <= set(x["earlier_gone"]["ids"])
+        sp = x["spool"]
+        assert sp["dir"] == f"park-{k}" and sp["linked_at"] <= sp["parked_at"] < sp["next_linked_at"], sp
+        assert [a["op"] for a in sp["answers"]] == ["generate", "gpu"]
+        assert all(a["nonce_seen"] == a["nonce_sent"] and a["nonce_sent"].startswith(f"park-{k}:")
+                   for a in sp["answers"]), sp
+        assert {h["sandbox"] for h in sp["holders"].values()} == {ids[k - 1]}, sp["holders"]
+    tpl = steps["park_template"][0]["spool"]
+    # The holders check's control: the template, which answered through park-1, held it.
+    assert tpl["dir"] == "park-1" and {h["sandbox"] for h in tpl["holders"].values()} == {"c6-park-seed"}, tpl
+    assert all(s["spool"]["dir"] == "main" for s in colds + stores + caches + streamed)
+    assert r["headline"]["restore_parked_to_first_answer_s"]["runs_s"] == [x["first_answer_s"] for x in parked]
+    # Seven checks a round on CPU (the GPU adds the CUDA wake's): each of the above, in node.json.
+    park_checks = [c["check"] for c in r["checks"] if c["check"].startswith("parked#")]
+    assert len(park_checks) == 7 * PARK and sum("hold park-" in c for c in park_checks) == PARK, park_checks
 
     # The altered chunk: refused at the pull, cold start, quarantined.
     assert broken["decisions"][0]["decision"] == "cold" and "altered" in broken["decisions"][0]["reason"]

@@ -149,8 +149,31 @@ def test_file_channel_against_the_server_loop(tmp_path):
     assert len(a["tokens"]) == 8 and models.same_answer(a, b) and a["boot"] == server.BOOT
     assert ch.request("pre-checkpoint", 10)["released_bytes"] == 0
     assert "unknown op" in ch.request("reboot", 10)["error"]
-    assert sorted(p.name for p in spool.iterdir()) == sorted(
+    assert sorted(p.name for p in spool.iterdir() if p.name != "nonce") == sorted(
         p.name for p in spool.iterdir() if p.suffix == ".resp")   # requests were consumed
+    # Each answer carries the nonce its request wrote into the spool, read back by the server.
+    assert a["spool_nonce"] == a["spool_nonce_sent"] != b["spool_nonce_sent"] == b["spool_nonce"]
+    assert a["spool_nonce_sent"].startswith("spool:")
+
+
+def test_the_nonce_names_the_spool_the_answering_server_sees(tmp_path):
+    """A server that sees another directory cannot report this spool's nonce: what
+    bench/gpu/node.py's park rounds check to tell which sandbox answered."""
+    weights.make("tiny", tmp_path / "w", fmt="fake")
+    mine = tmp_path / "mine"
+    ch = models.FileChannel(mine)
+    ch.reset()
+    srv = server.Server(server.FakeBackend(str(tmp_path / "w"), [1, 2, 3], 4))
+    threading.Thread(target=server.serve_spool, args=(srv, str(mine)), daemon=True).start()
+    a = ch.request("health", 10)
+    assert a["spool_nonce"] == a["spool_nonce_sent"] and a["spool_nonce"].startswith("mine:")
+    # A request written straight into a spool without a nonce file: the server says so.
+    (mine / "nonce").unlink()
+    (mine / "x.req").write_text(json.dumps({"op": "health"}))
+    deadline = time.monotonic() + 10
+    while not (mine / "x.resp").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert json.loads((mine / "x.resp").read_text())["spool_nonce"].startswith("unreadable:")
 
 
 def test_file_channel_times_out(tmp_path):
