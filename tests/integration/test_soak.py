@@ -24,8 +24,9 @@ cycle's numbers go to SOAK_LOG_DIR/<test>.jsonl.
 Sizing: CI's whole run must stay under ~40 min on its 2-core machine, so both doors together
 get ~5 min. Measured there (2026-12-04, shared with other runs): a CLI cycle (restore of a
 4 MiB server, ask, checkpoint) ~1.5 s; a containerd cycle (ctr run, restored, exec, remove)
-~0.5-0.8 s; set-up ~10 s and ~20 s. So CLI_CYCLES = 100 (~2.5 min) and CONTAINERD_CYCLES =
-200 (~2-3 min): a tenth is then 10 and 20 cycles, enough for a median, and the bounded
+~0.5-0.8 s; set-up ~10 s and ~20 s. The suite as a whole was near its 40 min then, so
+CLI_CYCLES = 60 (~1.5 min) and CONTAINERD_CYCLES = 150 (~1.5-2 min): a tenth is then 6 and 15
+cycles, enough for its fastest restore to be a floor (Soak.check), and the bounded
 tables (standin.shim_logs_keep and store.stream_logs_keep set small here) are full before
 the first tenth ends. THAW_SOAK_CYCLES=N raises both counts to N for a longer soak
 (docs/testing.md); it never lowers them.
@@ -33,10 +34,11 @@ the first tenth ends. THAW_SOAK_CYCLES=N raises both counts to N for a longer so
 What it found (2026-12-04): thawd's RSS grew ~100 KiB a container start (glibc's dynamic
 mmap threshold and the exit watch's reads: control/thawd/exits.py), the streams' gofer logs
 and, in the dev harness, the shim logs grew by a file each for ever (store.stream_logs_keep;
-control/dev/containerd.py). Open, recorded but not asserted: a CLI image's checkpoint.img
-(the sentry's state, `kernel_bytes`) grows ~1.7 KB a restore/checkpoint generation
-(206,660 bytes at the 5th, 263,786 at the 40th), also with 4 s of runtime a generation, so
-not TCP TIME_WAIT endpoints expiring; its cause is not found yet.
+control/dev/containerd.py). Open, not part of this soak: an image made by checkpointing a
+sandbox restored from an image made so, generation after generation, grows: its checkpoint.img
+(the sentry's state) by ~1.7 KB a generation (199,139 bytes at the 1st, 355,504 at the 100th),
+also with 4 s of runtime a generation, so not TCP TIME_WAIT endpoints expiring; cause not found
+(docs/gvisor-notes.md). Each CLI cycle here restores the seed's image instead.
 """
 from __future__ import annotations
 
@@ -61,8 +63,8 @@ from tests.conftest import BUILD, require
 from tests.integration.conftest import leftovers, settings_for, thaw, thaw_env
 from tests.integration.test_cli_lifecycle import PYTHON, SERVER, PORT, ask
 
-CLI_CYCLES = 100
-CONTAINERD_CYCLES = 200
+CLI_CYCLES = 60
+CONTAINERD_CYCLES = 150
 EVICT_EVERY = 5          # containerd door: every 5th restore comes from the store, not the cache
 SOAK_LOG_DIR = Path("/var/tmp/thaw-it/soak")
 # thawd's RSS may rise this much after the first tenth: its bounded tables are still
@@ -72,7 +74,7 @@ SOAK_LOG_DIR = Path("/var/tmp/thaw-it/soak")
 # mmap-threshold leak this soak found (control/thawd/exits.py) was ~100 KiB a cycle,
 # +16 MiB over the same span; a leak of 40 KiB a cycle still fails it.
 RSS_SLACK_BYTES = 6 << 20
-# Restore time: the last tenth's median within this factor of the first tenth's.
+# Restore time: the last tenth's fastest within this factor of the first tenth's (Soak.check).
 FLAT = 1.2
 
 
@@ -217,16 +219,21 @@ class Soak:
         end = time.monotonic() + 10
         while (grown := self.grown(self.census())) and time.monotonic() < end:
             time.sleep(0.5)
+        # Flat is judged on each tenth's fastest restore: the machine's load only ever adds
+        # time (CI's 2 cores are shared with the suite's other processes, and the medians
+        # of one run swung 1.2-1.6x between tenths with no trend), while a leak that slows
+        # restores raises the floor too. The medians are in the message and the log.
         tenth = max(1, len(self.rows) // 10)
-        first = statistics.median(r[timing] for r in self.rows[:tenth])
-        last = statistics.median(r[timing] for r in self.rows[-tenth:])
+        first = min(r[timing] for r in self.rows[:tenth])
+        last = min(r[timing] for r in self.rows[-tenth:])
         problems = [f"{k} grew: {v}" for k, v in grown.items()]
         if last > FLAT * first:
-            tenths = [round(statistics.median(r[timing] for r in self.rows[k:k + tenth]), 3)
-                      for k in range(0, len(self.rows) - tenth + 1, tenth)]
-            problems.append(f"{timing} not flat: median of the first tenth {first:.3f} s, of the last "
-                            f"{last:.3f} s (> {FLAT}x); each tenth's {tenths}; load average "
-                            f"{Path('/proc/loadavg').read_text().split()[:3]} (a trend is a leak, a jump load)")
+            each = [(round(min(r[timing] for r in self.rows[k:k + tenth]), 3),
+                     round(statistics.median(r[timing] for r in self.rows[k:k + tenth]), 3))
+                    for k in range(0, len(self.rows) - tenth + 1, tenth)]
+            problems.append(f"{timing} not flat: fastest of the first tenth {first:.3f} s, of the last "
+                            f"{last:.3f} s (> {FLAT}x); each tenth's (fastest, median) {each}; load average "
+                            f"{Path('/proc/loadavg').read_text().split()[:3]}")
         assert not problems, "\n".join(problems) + f"\n(every cycle: {self.log})"
 
 
@@ -234,16 +241,21 @@ class Soak:
 
 @pytest.mark.timeout(timeout_s(CLI_CYCLES, 1.5))
 def test_soak_cli(base, name):
-    """CYCLES x (restore, ask, checkpoint) through the `thaw` CLI."""
+    """CYCLES x (restore, ask, checkpoint) through the `thaw` CLI. Each cycle restores the
+    seed's image and checkpoints the restored sandbox into a scratch image: a chain of
+    generations (restoring the image the previous cycle made) grows the sentry's saved state
+    by ~1.7 KB a generation, cause not found (docs/gvisor-notes.md), and would measure that
+    instead of what the host keeps per cycle."""
     env = thaw_env(base)
     s = settings_for(base)
-    imgs = [base / "img-a", base / "img-b"]
+    img, out_img = base / "img-seed", base / "img-cycle"
     seed = f"{name}-s"
     p = thaw("run", "--id", seed, "--json", "--probe", f"http:{PORT}/health", "--",
              PYTHON, "-c", SERVER, seed, str(PORT), "4", env=env)
     assert p.returncode == 0, p.stderr
-    boot = ask(json.loads(p.stdout)["address"], timeout_s=60)["boot"]
-    p = thaw("checkpoint", seed, "--out", str(imgs[0]), env=env)
+    first = ask(json.loads(p.stdout)["address"], timeout_s=60)
+    boot, seed_n = first["boot"], first["n"]
+    p = thaw("checkpoint", seed, "--out", str(img), env=env)
     assert p.returncode == 0, p.stderr
     assert leftovers(s, [seed]) == {}   # a checkpoint without --leave-running ends the sandbox
 
@@ -255,19 +267,17 @@ def test_soak_cli(base, name):
 
     n = cycles(CLI_CYCLES)
     soak = Soak(name, n, census)
-    last_n = 0
     for i in range(1, n + 1):
-        sid, src, dst = f"{name}-{i}", imgs[(i - 1) % 2], imgs[i % 2]
-        shutil.rmtree(dst, ignore_errors=True)
+        sid = f"{name}-{i}"
+        shutil.rmtree(out_img, ignore_errors=True)
         t0 = time.monotonic()
-        p = thaw("restore", str(src), "--id", sid, "--json", env=env)
+        p = thaw("restore", str(img), "--id", sid, "--json", env=env)
         assert p.returncode == 0, f"cycle {i}: {p.stderr}"
         out = json.loads(p.stdout)
         got = ask(out["address"], timeout_s=30)
         t1 = time.monotonic()
-        assert out["mode"] == "restored" and got["boot"] == boot and got["n"] > last_n, (i, out, got)
-        last_n = got["n"]
-        p = thaw("checkpoint", sid, "--out", str(dst), env=env)
+        assert out["mode"] == "restored" and got["boot"] == boot and got["n"] > seed_n, (i, out, got)
+        p = thaw("checkpoint", sid, "--out", str(out_img), env=env)
         assert p.returncode == 0, f"cycle {i}: {p.stderr}"
         t2 = time.monotonic()
         assert leftovers(s, [sid]) == {}, i   # a checkpoint without --leave-running ends the sandbox
@@ -275,8 +285,8 @@ def test_soak_cli(base, name):
         # restore, network, health), not the wall time, most of which is the CLI's Python
         # start-up and swings with the machine's load; both are recorded.
         soak.record(i, restore_s=out["restore_s"], restore_wall_s=t1 - t0, checkpoint_s=t2 - t1, cycle_s=t2 - t0,
-                    image_bytes=sum(f.stat().st_size for f in dst.iterdir() if f.is_file()),
-                    kernel_bytes=(dst / "checkpoint.img").stat().st_size)
+                    image_bytes=sum(f.stat().st_size for f in out_img.iterdir() if f.is_file()),
+                    kernel_bytes=(out_img / "checkpoint.img").stat().st_size)
     soak.check("restore_s")
 
 
