@@ -229,6 +229,9 @@ KEYS: tuple[Key, ...] = (
         "How long a streamed restore's read may wait for bytes not yet arrived; then runsc kills the "
         "sandbox and the container starts cold. A stream that fails fails its waiting reads at once.",
         range=(0.1, 3600)),
+    Key("store.stream_logs_keep", INT, 100,
+        "How many streams' thaw-gofer logs (<node.log_dir>/streams/<entry>.gofer.log, one per streamed "
+        "restore) are kept; each new stream removes the oldest beyond this.", range=(1, 1_000_000)),
     Key("store.encrypt", BOOL, False,
         "Encrypt every chunk and manifest with the tenant's key (AES-256-GCM, convergent within a tenant); "
         "a tenant without a key file then neither publishes nor restores."),

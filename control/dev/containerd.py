@@ -68,8 +68,12 @@ class PrivateContainerd:
             [(k, v) for k, v in configmod.values(self.settings) if k.standin],
             header=("# The stand-in's keys, from the settings thawd runs with (control/dev/containerd.py).",)))
         binary = self.build / ("thaw-runsc" if self.use_standin else "runsc")
-        self.runsc_toml.write_text(containerd_config.runsc_toml(
-            self.settings, binary, root=self.runsc_root, log_path=f"{self.base}/shim-logs/"))
+        # The shim's logs where a provisioned node has them (<node.log_dir>/shim/, the
+        # runsc_toml default), which is where the stand-in bounds them at each delete
+        # (standin.shim_logs_keep): in a directory of their own they grew by one file per
+        # container for ever (tests/integration/test_soak.py found it).
+        (self.settings.log_dir / "shim").mkdir(parents=True, exist_ok=True)
+        self.runsc_toml.write_text(containerd_config.runsc_toml(self.settings, binary, root=self.runsc_root))
         cfg = self.base / "config.toml"
         cfg.write_text(containerd_config.private_containerd_config(
             self.base / "root", self.base / "state", self.socket,

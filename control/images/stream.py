@@ -407,9 +407,13 @@ class _Job:
         return self.stream.faults
 
     def _log_path(self, eid: str) -> Path:
-        """The gofer's log: it outlives the stream's directory (reads, waits, faults, failures)."""
+        """The gofer's log: it outlives the stream's directory (reads, waits, faults, failures).
+        Each stream's is a new file (a new entry id), so the oldest beyond
+        store.stream_logs_keep go first: unbounded, a node's cache misses grew this directory
+        by a file each for ever (tests/integration/test_soak.py found it)."""
         d = self.s.log_dir / "streams"
         d.mkdir(parents=True, exist_ok=True)
+        prune_logs(d, "*.gofer.log", self.s.store_stream_logs_keep - 1)
         return d / f"{eid}.gofer.log"
 
     def _run_gofer(self, plan: dict, names: list[str]) -> dict:
@@ -426,6 +430,25 @@ class _Job:
             self.stream.stats = msg.get("stats", {})
 
         return fetcher.run([str(self.gofer), "stream"], plan, self.store, progress=self.progress, on_message=seen)
+
+
+def prune_logs(directory: Path, pattern: str, keep: int) -> list[Path]:
+    """Remove the files matching `pattern` in `directory` but the `keep` newest (by mtime);
+    one another stream removed first is fine. What was removed."""
+    def mtime(p: Path) -> int:
+        try:
+            return p.stat().st_mtime_ns
+        except FileNotFoundError:
+            return 0
+    logs = sorted(directory.glob(pattern), key=mtime, reverse=True)
+    gone = []
+    for p in logs[keep:]:
+        try:
+            p.unlink()
+            gone.append(p)
+        except FileNotFoundError:
+            pass
+    return gone
 
 
 def build_plan(m: Manifest, partial: Path, sdir: Path, store: Store, sources: transfer.Sources,

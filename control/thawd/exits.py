@@ -38,6 +38,27 @@ REMEMBER = 8192
 RCVBUF = 8 << 20
 
 
+# glibc mallopt(3) M_MMAP_THRESHOLD (malloc.h), and the value thawd fixes it at.
+_M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD = 128 << 10
+
+
+def fix_mmap_threshold() -> bool:
+    """Fix glibc's mmap threshold at its default (128 KiB), which turns off its dynamic
+    adjustment (mallopt(3)). Why: the reader below takes every exit on the node, each
+    datagram into a fresh 256 KiB buffer (asyncio's datagram transport recvfrom(max_size),
+    shrunk to the message's size). Once one such buffer was freed the dynamic threshold
+    rose above 256 KiB, so the buffers came from a malloc arena instead of mmap, and the
+    small messages cut from them pinned its pages: thawd's RSS grew ~100 KiB per container
+    start, ~16 MiB over 200 (tests/integration/test_soak.py found it; with the threshold
+    fixed, ~2 MiB, what the bounded tables below fill to). Process-wide; False off glibc."""
+    try:
+        import ctypes
+        return bool(ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+    except (OSError, AttributeError):
+        return False
+
+
 class ExitWatch:
     """Listen for process exits; `status(pid, since_ns)` returns the wait status
     of a process `pid` that exited at or after `since_ns` (CLOCK_MONOTONIC

@@ -29,7 +29,7 @@ from control.metrics import cache_gauges
 from control.errors import ConfigError, PreconditionError, ThawError
 from control.logfields import JsonFormatter, configure as configure_logs, fields  # noqa: F401 - JsonFormatter: its old home
 from control.thawd.decisions import Decisions
-from control.thawd.exits import ExitWatch
+from control.thawd.exits import ExitWatch, fix_mmap_threshold
 from control.thawd.metrics import Metrics, serve as serve_metrics
 from control.thawd.rpc import thawd_pb2 as pb
 from control.thawd.rpc import thawd_pb2_grpc as pbg
@@ -271,6 +271,7 @@ def build(settings: Settings, images, tuple_hash: str) -> tuple[grpc.Server, Tha
     cache = getattr(images, "cache", None)
     if cache is not None:
         metrics.on_scrape(cache_gauges(cache))
+    fix_mmap_threshold()   # before the exit watch's reads begin: exits.py says why
     exits = ExitWatch().start()
     if not exits.available:
         log.warning("process exit events unavailable (%s): a stand-in killed after committing a restore "

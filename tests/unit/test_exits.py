@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 
 from control.thawd.exits import ExitWatch
-from tests.conftest import require
+from tests.conftest import REPO, require
 
 
 def _watch() -> ExitWatch:
@@ -71,3 +72,35 @@ def test_an_exec_from_another_thread_is_not_an_exit():
         assert p.returncode == 7 and w.status(p.pid, since) == 7 << 8
     finally:
         w.close()
+
+
+# A 256 KiB buffer allocated after one was freed, as the exit watch's reader does for every
+# datagram: mmapped (a new mapping: hblks + 1) with the threshold fixed; from a malloc arena
+# (hblks + 0) with glibc's dynamic threshold, which the first free raised above it.
+_MMAPPED_AFTER_FREE = r"""
+import ctypes, sys
+from control.thawd.exits import fix_mmap_threshold
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in
+                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = MallInfo2
+if sys.argv[1] == "fixed":
+    assert fix_mmap_threshold()
+b = bytearray(256 << 10)
+del b
+before = libc.mallinfo2().hblks
+b = bytearray(256 << 10)
+print(libc.mallinfo2().hblks - before)
+"""
+
+
+def test_the_fixed_mmap_threshold_keeps_large_buffers_out_of_the_arenas():
+    """thawd's RSS grew ~100 KiB a container start without it (tests/integration/test_soak.py)."""
+    def new_mappings(mode: str) -> int:
+        p = subprocess.run([sys.executable, "-c", _MMAPPED_AFTER_FREE, mode], capture_output=True, text=True,
+                           cwd=REPO, timeout=30)
+        assert p.returncode == 0, p.stderr
+        return int(p.stdout)
+
+    assert (new_mappings("dynamic"), new_mappings("fixed")) == (0, 1)
