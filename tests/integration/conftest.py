@@ -81,18 +81,22 @@ def leftovers(settings: configmod.Settings, ids: list[str]) -> dict:
     return out
 
 
-def _monitors_of(logs: Path) -> list[int]:
-    """pids of thaw-monitor processes writing into sandbox log directory `logs`."""
-    flag = f"-log={logs}/".encode()
-    out = []
+def proc_argvs():
+    """(pid, argv as bytes) of every process whose command line could be read (one that
+    exited meanwhile is left out)."""
     for p in Path("/proc").glob("[0-9]*/cmdline"):
         try:
             argv = p.read_bytes().split(b"\0")
         except OSError:
             continue
-        if argv and argv[0].endswith(b"thaw-monitor") and any(a.startswith(flag) for a in argv):
-            out.append(int(p.parent.name))
-    return out
+        yield int(p.parent.name), argv
+
+
+def _monitors_of(logs: Path) -> list[int]:
+    """pids of thaw-monitor processes writing into sandbox log directory `logs`."""
+    flag = f"-log={logs}/".encode()
+    return [pid for pid, argv in proc_argvs()
+            if argv and argv[0].endswith(b"thaw-monitor") and any(a.startswith(flag) for a in argv)]
 
 
 def purge(settings: configmod.Settings, prefix: str) -> None:

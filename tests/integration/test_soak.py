@@ -60,7 +60,7 @@ from runsc_hooks import nft
 from runsc_hooks.netns import NETNS_DIR, NETNS_PREFIX
 
 from tests.conftest import BUILD, require
-from tests.integration.conftest import leftovers, settings_for, thaw, thaw_env
+from tests.integration.conftest import leftovers, proc_argvs, settings_for, thaw, thaw_env
 from tests.integration.test_cli_lifecycle import PYTHON, SERVER, PORT, ask
 
 CLI_CYCLES = 60
@@ -134,11 +134,7 @@ def _procs(base: Path) -> list[str]:
     """Processes whose argv names `base`: 'runsc boot', 'runsc gofer', 'containerd-shim-runsc-v1', ..."""
     flag = str(base).encode()
     out = []
-    for p in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            argv = p.read_bytes().split(b"\0")
-        except OSError:
-            continue
+    for _, argv in proc_argvs():
         if any(flag in a for a in argv):
             words = [a.decode(errors="replace") for a in argv[1:] if a and not a.startswith(b"-")]
             out.append(" ".join([os.path.basename(argv[0].decode(errors="replace"))] + words[:1]))
