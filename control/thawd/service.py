@@ -29,10 +29,12 @@ from control.lifecycle import workload as workloadmod
 from control.thawd import ctrinfo
 from control.thawd.autocheckpoint import AutoCheckpointer
 from control.thawd.containers import RELEASED_UNRESTORED, Containers, Decision, RuntimeRef
+from control.thawd.events import Events
 from control.thawd.exits import ExitWatch
 from control.thawd.metrics import Metrics
 from control.thawd.parking import Parking
 from control.thawd.pods import Pods
+from control.thawd.podspecs import PodSpecs
 from control.thawd.prepare import Preparer
 from control.thawd.quarantine import Quarantine
 from control.thawd.restore import Restorer
@@ -48,14 +50,16 @@ __all__ = ["Thawd", "RuntimeRef", "Decision", "Standin"]
 
 class Thawd:
     def __init__(self, settings: Settings, images, metrics: Metrics | None = None, identify=None,
-                 identify_sandbox=None, exits: ExitWatch | None = None) -> None:
+                 identify_sandbox=None, exits: ExitWatch | None = None, kube=None) -> None:
         """`images` is the image source (control/images/source.py ImageSource).
         `identify(rt)` tells a container's tenant and image digest (ctrinfo.Identity) from
         what its runtime records; default: containerd's records (control/thawd/ctrinfo.py).
         `identify_sandbox(rt)`: the same for a CRI pod's sandbox (pause) container, which
         has a tenant but no image digest (ctrinfo.identify sandbox=True).
         `exits`: process exit statuses (control/thawd/exits.py), which tell a
-        stand-in killed after its commit; None: its marker alone decides."""
+        stand-in killed after its commit; None: its marker alone decides.
+        `kube`: the Kubernetes API client (control/thawd/kubeapi.py) for Events
+        (kubernetes.events) and pod specs (kubernetes.read_pods); None: neither."""
         self.s = settings
         self.exits = exits
         self.images = images
@@ -68,16 +72,19 @@ class Thawd:
             identify_sandbox or (lambda rt: ctrinfo.identify_container(settings, rt.runsc_root, rt.container_id,
                                                                        sandbox=True)))
         self.quarantine = Quarantine(settings)
+        from control.thawd.kubeapi import node_name
+        self.events = Events(kube if settings.kubernetes_events else None, node_name(settings), self.metrics)
+        podspecs = PodSpecs(kube if settings.kubernetes_read_pods else None, self.events, self.metrics)
         self._pool = ThreadPoolExecutor(max_workers=settings.thawd_workers, thread_name_prefix="thawd")
         self.parking = Parking(settings, self.state_dir, self.containers, images, self.metrics, self._pool)
         self.preparer = Preparer(settings, self.containers, images, self.quarantine, self.metrics, self._pool,
                                  self.parking)
         self.restorer = Restorer(settings, self.containers, self.quarantine, self.metrics, self.parking)
         self.autocheckpoint = AutoCheckpointer(settings, self.containers, images, self.quarantine, self.metrics,
-                                               self._pool, self.parking)
+                                               self._pool, self.parking, self.events)
         self.pods = Pods(settings, self.state_dir, self.containers, self.preparer, self.restorer,
                          self.autocheckpoint, self.quarantine, self.metrics, store_for=images.store_for,
-                         pool=self._pool)
+                         pool=self._pool, events=self.events, podspecs=podspecs)
 
     # -- create ------------------------------------------------------------------
 
@@ -105,7 +112,10 @@ class Thawd:
         workloadmod.check_annotation_sizes(spec)   # bounded input: refused before the identity lookup
         role = podmod.role(spec)
         if role == podmod.SANDBOX:       # a Kubernetes pod's pause container: the pod's decision
-            return self.pods.prepare_sandbox(rt, spec)
+            d = self.pods.prepare_sandbox(rt, spec)
+            if not d.restore:
+                self.events.cold(podmod.pod_ref(spec), d.reason)
+            return d
         if role == podmod.MEMBER:        # an app container: its pod's decision, checked against the image
             return self.pods.prepare_member(rt, spec)
         return self.preparer.lone(rt, spec, t0)
@@ -134,9 +144,12 @@ class Thawd:
             if not (role == podmod.MEMBER and subcontainer_restored):
                 raise UserError("subcontainer_restored is for a pod's app container, after its own runsc restore, "
                                 "and such a container's Restore must set it", field="subcontainer_restored")
-            return self.pods.restore_member(rt, spec, standin)
+            return self.pods.restore_member(rt, spec, standin)   # the pod's Event: Pods.restore_member
         if role == podmod.SANDBOX:
-            return self.pods.restore_sandbox(rt, cancelled, standin)
+            ok, detail, secs = self.pods.restore_sandbox(rt, cancelled, standin)
+            if not ok:   # the pause container starts cold, and with it the pod
+                self.events.cold(podmod.pod_ref(spec), f"the sandbox's restore failed: {detail}")
+            return ok, detail, secs
         return self.restorer.lone(rt, spec, unreadable, cancelled, standin, t0)
 
     def report_outcome(self, rt: RuntimeRef, outcome: str, reason: str, key: str | None = None) -> None:
@@ -217,6 +230,7 @@ class Thawd:
         return removed
 
     def close(self) -> None:
+        self.events.close()
         self.parking.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.containers.close()

@@ -63,7 +63,7 @@ def env(tmp_path):
     t = Thawd(s, images, identify=ids.container, identify_sandbox=ids.sandbox)
     t.fake_ids = ids
     checkpoints: list[str] = []
-    t.autocheckpoint.maybe = lambda key, job, what="": checkpoints.append(key)
+    t.autocheckpoint.maybe = lambda key, job, what="", pod=None: checkpoints.append(key)
     yield t, images, tmp_path, checkpoints
     t.close()
 

@@ -73,7 +73,7 @@ class FakeAutoCheckpointer:
     def __init__(self) -> None:
         self.asked: list[str] = []
 
-    def maybe(self, key: str, job, what: str = "") -> None:
+    def maybe(self, key: str, job, what: str = "", pod=None) -> None:
         self.asked.append(key)
 
 
