@@ -163,8 +163,8 @@ class Events:
     # -- the decisions, worded once ---------------------------------------------------
 
     def restored(self, pod: PodRef | None, key: str, seconds: float, lease=None) -> None:
-        how = ("" if lease is None else " (streamed from the store)" if lease.streamed
-               else " (from the node cache)" if lease.hit else " (pulled from the store)")
+        how = ("" if lease is None else " (streamed from the store)" if getattr(lease, "streamed", False)
+               else " (from the node cache)" if getattr(lease, "hit", False) else " (pulled from the store)")
         self.post(pod, "ThawRestored", f"restored from image {key} in {seconds:.2f}s{how}")
 
     def cold(self, pod: PodRef | None, reason: str) -> None:
