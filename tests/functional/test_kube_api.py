@@ -30,10 +30,9 @@ def api(tmp_path):
     srv.close()
 
 
-def settings(tmp_path, **env) -> "config.Settings":
+def settings(tmp_path) -> "config.Settings":
     (tmp_path / "empty.toml").write_text("")
-    return config.load(environ={f"THAW_KUBERNETES_{k.upper()}": str(v) for k, v in env.items()},
-                       config_file=tmp_path / "empty.toml")
+    return config.load(environ={}, config_file=tmp_path / "empty.toml")
 
 
 def kubeconfig(tmp_path: Path, api: ApiServer, user: dict) -> Path:
