@@ -64,6 +64,8 @@ class Pod:
     table_init: dict = field(default_factory=dict)
     bound_any: str = ""          # the container a thaw.dev/ready-alone declaration was bound to
     restored_at: float = 0.0
+    restoring_since: float = 0.0   # monotonic, at the sandbox's start: its Event's "in how long"
+    ref: "podmod.PodRef | None" = None   # the Kubernetes pod: where its Events go (control/thawd/events.py)
     timer: threading.Timer | None = None
 
     def summary(self) -> str:

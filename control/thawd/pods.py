@@ -40,6 +40,7 @@ from control.lifecycle import pod as podmod
 from control.lifecycle.engine import Engine, loads_after_return
 from control.lifecycle.workload import workload_of
 from control.thawd.containers import Containers, Decision, RuntimeRef, State
+from control.thawd.events import Events
 from control.thawd.podrecord import (COLD, FAILED, INIT_KEY_PREFIX, INIT_SATISFIED, POD_FAILED, RESTORED, RESTORING,
                                      STOPPED_WHILE_RESTORING, MemberState, Pod)
 from control.thawd.podtables import PodTables, hint_of
@@ -59,10 +60,11 @@ log = logging.getLogger("thawd")
 class Pods:
     def __init__(self, settings, state_dir: Path, containers: Containers, preparer: "Preparer",
                  restorer: "Restorer", autocheckpoint: "AutoCheckpointer", quarantine, metrics,
-                 store_for=None, pool=None) -> None:
+                 store_for=None, pool=None, events: Events | None = None, podspecs=None) -> None:
         """`store_for(lookup)`: the store as a lookup key's tenant sees it, where pod tables
         are published and found (control/thawd/podtables.py); `pool`: where they are
-        published from (None: at once, in the caller's thread)."""
+        published from (None: at once, in the caller's thread). `events`: the pod's Events;
+        `podspecs`: its readiness from its spec (control/thawd/podspecs.py; None: annotations)."""
         self.s = settings
         self._pool = pool
         self.containers = containers
@@ -71,6 +73,8 @@ class Pods:
         self.autocheckpoint = autocheckpoint
         self.quarantine = quarantine
         self.metrics = metrics
+        self.events = events or Events(None, "", metrics)
+        self.declared_of = podspecs.declared if podspecs is not None else podmod.declared
         self.tables = PodTables(state_dir / "pods", store_for)
         self._lock = threading.Lock()
         self._pods: dict[tuple[str, str], Pod] = {}        # (runsc root, sandbox id) -> pod
@@ -85,9 +89,9 @@ class Pods:
     def _new(self, rt: RuntimeRef, spec: dict, tenant: str | None) -> Pod:
         """`tenant`: the sandbox's (Containers.sandbox_tenant); None when it cannot be told,
         and the pod then has no lookup key: it starts cold and is never checkpointed."""
-        declared = podmod.declared(spec)
+        declared = self.declared_of(spec)
         p = Pod(rt, podmod.pod_uid(spec), podmod.lookup(spec, declared, tenant) if tenant is not None else "",
-                declared, hint=hint_of(spec))
+                declared, hint=hint_of(spec), ref=podmod.pod_ref(spec))
         with self._lock:
             old = self._pods.pop((str(rt.runsc_root), rt.container_id), None)
             self._pods[(str(rt.runsc_root), rt.container_id)] = p
@@ -181,6 +185,7 @@ class Pods:
         if p is None or p.state != RESTORING:
             return False, "thawd holds no restoring pod for this sandbox (thawd restarted?)", 0.0
         h = self.containers.handle(rt, specmod.Bundle(rt.bundle).load())
+        p.restoring_since = t0
         try:
             Engine(self.s).restore(h, Path(lease.path), [], opts=restore_options(self.s, lease),
                                    health_check=False, post_restore_hooks=False, await_pages=False)
@@ -372,6 +377,7 @@ class Pods:
         self.metrics.observe("thaw_restore_seconds", secs, workload=workload_of(p.key))
         self.metrics.observe("thaw_health_seconds", secs)
         self.quarantine.succeeded(p.key)
+        self.events.restored(p.ref, p.key, time.monotonic() - (p.restoring_since or t0), lease)
         if lease is not None:
             self.restorer.count_stream(lease)
         self._watch_standin(rt, standin, p)
@@ -436,7 +442,7 @@ class Pods:
         role = podmod.role(spec)
         if role == podmod.SANDBOX:
             if self._get(rt.runsc_root, rt.container_id) is None:  # thawd restarted since create
-                self._new(rt, spec).reason = "thawd restarted"
+                self._new(rt, spec, None).reason = "thawd restarted"
             return
         p = self._get(rt.runsc_root, podmod.sandbox_id(spec))
         name = podmod.container_name(spec)
@@ -495,9 +501,11 @@ class Pods:
         except ThawError as e:
             log.warning("removing the sandbox of %s: %s", p.summary(), e)
         self.metrics.inc("thaw_fallbacks_total", reason=reason.split(":")[0])
+        self.events.restore_failed(p.ref, reason)
         self.containers.drop_image(p.sandbox)
         if count and p.key and self.quarantine.failed(p.key, reason):
             self.metrics.inc("thaw_quarantined_total")
+            self.events.quarantined(p.ref, p.key, reason)
 
     # -- automatic checkpoint ----------------------------------------------------------
 
@@ -511,7 +519,7 @@ class Pods:
             return
         if not p.key or not all(m.started for m in p.members.values()):
             return
-        self.autocheckpoint.maybe(p.key, lambda: self._auto_checkpoint(p), p.summary())
+        self.autocheckpoint.maybe(p.key, lambda: self._auto_checkpoint(p), p.summary(), pod=p.ref)
 
     def _auto_checkpoint(self, p: Pod) -> dict | None:
         """Wait for every declared container's readiness, then checkpoint the sandbox

@@ -275,7 +275,7 @@ def build(settings: Settings, images, tuple_hash: str) -> tuple[grpc.Server, Tha
     if not exits.available:
         log.warning("process exit events unavailable (%s): a stand-in killed after committing a restore "
                     "is judged by its marker alone (control/thawd/exits.py)", exits.why_not)
-    thawd = Thawd(settings, images, metrics, exits=exits)
+    thawd = Thawd(settings, images, metrics, exits=exits, kube=kube_client(settings))
     if cache is not None:   # every idle cache entry re-hashed in the background (issue 30); thawd.close stops it
         from control.images import scrub
         thawd.scrub = scrub.start(cache, settings)
@@ -294,6 +294,24 @@ def build(settings: Settings, images, tuple_hash: str) -> tuple[grpc.Server, Tha
     finally:
         os.umask(old)
     return server, thawd, metrics
+
+
+def kube_client(settings: Settings):
+    """The API client Events and pod reads go through (control/thawd/kubeapi.py), when
+    either is on; None, logged, when it cannot be made: thawd serves containers without
+    the API server (no Events; readiness from annotations) rather than not at all."""
+    if not (settings.kubernetes_events or settings.kubernetes_read_pods):
+        return None
+    from control.thawd import kubeapi
+    try:
+        client = kubeapi.from_settings(settings)
+    except ThawError as e:
+        log.error("Kubernetes API off (no Events, readiness from annotations alone): %s", e,
+                  extra=fields(reason=str(e)))
+        return None
+    log.info("Kubernetes API at %s as node %s (events %s, pod specs %s)", client.server, kubeapi.node_name(settings),
+             settings.kubernetes_events, settings.kubernetes_read_pods)
+    return client
 
 
 def serve(settings: Settings, images, tuple_hash: str, ready: threading.Event | None = None,
