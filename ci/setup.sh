@@ -2,7 +2,8 @@
 # Every set-up step thaw needs on a fresh machine, idempotent and cached:
 #   1. Debian packages (only when a tool is missing)
 #   2. the Python virtualenv in .venv with thaw installed editable (+ the dev extras)
-#   3. the Go builds (ci/build-go.sh: runsc, shim, containerd, ctr, crictl, CNI plugins)
+#   3. the Go builds (ci/build-go.sh: runsc, shim, containerd, ctr, crictl, CNI plugins;
+#      ci/build-cluster.sh: the dev cluster's Kubernetes, etcd, helm, runc)
 #   4. the CUDA checkpoint helper (C, libcuda loaded at run time)
 #   5. the DaemonSet image (ci/build-image.sh: an OCI archive, no daemon)
 set -euo pipefail
@@ -41,6 +42,7 @@ bash ci/gen-proto.sh   # go/gen/thawpb must exist before the Go build
 # this every `thaw` command would compile its modules again: ~50 ms here).
 .venv/bin/python -m compileall -q control runsc_hooks nvproxy
 bash ci/build-go.sh
+bash ci/build-cluster.sh
 
 helper_src=nvproxy/cuda_checkpoint/thaw-cuda-checkpoint.c
 if [[ ! -x "$build/thaw-cuda-checkpoint" || "$helper_src" -nt "$build/thaw-cuda-checkpoint" ]]; then
