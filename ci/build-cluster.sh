@@ -116,12 +116,15 @@ runc_stamp=$(stamp_of runc "$dev/runc/go.mod" "$dev/runc/go.sum" <(echo "$contai
 runc_build() {
   local v
   v=$(cd "$dev/runc" && go list -m -f '{{.Version}}' github.com/opencontainers/runc)
-  # runc needs cgo (libcontainer/nsenter is C). Without the seccomp tag it
-  # needs no libseccomp, and refuses a container whose spec asks for a
-  # seccomp profile; the kubelet asks for none unless a pod does
-  # (seccompDefault is off, docs/cluster.md). Its Makefile's tags otherwise:
-  # libpathrs needs a Rust library, urfave_cli_no_docs drops the man page code.
-  (cd "$dev/runc" && CGO_ENABLED=1 go build -trimpath -tags urfave_cli_no_docs \
+  # runc needs cgo (libcontainer/nsenter is C) and, for seccomp, libseccomp
+  # (libseccomp-dev, ci/setup.sh): the kubelet asks RuntimeDefault for every
+  # pod sandbox, and containerd's CRI passes it on (internal/cri/server/
+  # podsandbox/sandbox_run_linux.go); a runc without the seccomp tag then
+  # refuses every pod ("config provided but seccomp not supported"). Of its
+  # Makefile's other tags, libpathrs needs a Rust library and
+  # urfave_cli_no_docs drops the man page code.
+  [[ -e /usr/include/seccomp.h ]] || { echo "build-cluster: runc needs libseccomp-dev (ci/setup.sh installs it)" >&2; exit 1; }
+  (cd "$dev/runc" && CGO_ENABLED=1 go build -trimpath -tags "seccomp urfave_cli_no_docs" \
     -ldflags "-s -w -X main.version=${v#v}" -o "$out/runc.tmp" github.com/opencontainers/runc)
   mv -f "$out/runc.tmp" "$out/runc"
   local gobin

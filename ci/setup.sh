@@ -20,6 +20,8 @@ command -v go >/dev/null || need_apt+=(golang-go)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
 command -v xz >/dev/null || need_apt+=(xz-utils)
 command -v mmdebstrap >/dev/null || need_apt+=(mmdebstrap)   # the DaemonSet image's Debian base
+# runc's seccomp (ci/build-cluster.sh): CRI gives every pod sandbox RuntimeDefault.
+[[ -e /usr/include/seccomp.h ]] && command -v pkg-config >/dev/null || need_apt+=(libseccomp-dev pkg-config)
 if ((${#need_apt[@]})); then
   echo "setup: apt-get install ${need_apt[*]}"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
