@@ -7,8 +7,8 @@ numbered file below. deploy/kubernetes/examples/ is not generated.
     python3 ci/update-manifests.py           # rewrite the files
     python3 ci/update-manifests.py --check   # exit 1 naming the stale ones
 
-It needs build/helm (or $THAW_BUILD_DIR/helm); tests/unit/test_chart.py fails when
-a file is not this rendering."""
+It needs build/k8s/helm (or $THAW_BUILD_DIR/k8s/helm, built by ci/build-cluster.sh);
+tests/unit/test_chart.py fails when a file is not this rendering."""
 from __future__ import annotations
 
 import os
@@ -39,7 +39,7 @@ HEADER = "# Generated from deploy/helm/thaw by ci/update-manifests.py: edit the 
 
 
 def helm() -> Path:
-    return Path(os.environ.get("THAW_BUILD_DIR") or REPO / "build") / "helm"
+    return Path(os.environ.get("THAW_BUILD_DIR") or REPO / "build") / "k8s" / "helm"
 
 
 def render(helm_bin: Path | None = None) -> dict[str, str]:

@@ -52,11 +52,11 @@ def _run(argv: list[str], what: str, timeout_s: float) -> str:
 def install(kubeconfig: Path, *, values: dict | None = None, values_files: Iterable[Path] = (),
             release: str = "thaw", namespace: str = "thaw-system", nodes: Iterable[str] = (),
             load_image: Callable[[Path], None] | None = None, pull_never: bool = False,
-            helm: Path = BUILD / "helm", kubectl: Path = BUILD / "kubectl", timeout_s: float = 300) -> Release:
+            helm: Path = BUILD / "k8s" / "helm", kubectl: Path = BUILD / "k8s" / "kubectl", timeout_s: float = 300) -> Release:
     """Install (or upgrade) the chart as `release` into `namespace` of the cluster
     `kubeconfig` reaches; the release, for `uninstall`."""
     if not helm.is_file():
-        raise PreconditionError(f"no helm at {helm} (helm.sh/helm/v4/cmd/helm@v4.3.2 built into build/)")
+        raise PreconditionError(f"no helm at {helm} (ci/build-cluster.sh builds helm.sh/helm/v4/cmd/helm@v4.3.2 into build/k8s)")
     if load_image is not None:
         if not IMAGE_ARCHIVE.is_file():
             raise PreconditionError(f"no DaemonSet image at {IMAGE_ARCHIVE} (make setup builds it)")

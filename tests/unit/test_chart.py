@@ -1,8 +1,8 @@
 """deploy/helm/thaw: `helm lint`, `helm template` with the default values and with
 every option changed, each rendering checked by thaw-kubecheck (strict decoding
 with k8s.io/api, cross-references) and by thaw's own rules; deploy/kubernetes is
-the chart's rendering (ci/update-manifests.py). build/helm is the pinned Helm
-(helm.sh/helm/v4 v4.3.2); without it these tests fail, never skip."""
+the chart's rendering (ci/update-manifests.py). build/k8s/helm is the pinned Helm
+(helm.sh/helm/v4 v4.3.2, ci/build-cluster.sh); without it these tests fail, never skip."""
 from __future__ import annotations
 
 import importlib.util
@@ -19,7 +19,7 @@ from control import config, version
 from tests.conftest import BUILD, REPO, require
 
 CHART = REPO / "deploy/helm/thaw"
-HELM = BUILD / "helm"
+HELM = BUILD / "k8s" / "helm"
 KUBECHECK = BUILD / "thaw-kubecheck"
 EVERYTHING = CHART / "ci/everything-values.yaml"
 # What a cluster holds before the chart is installed into it: the release's
