@@ -31,6 +31,7 @@ from control.logfields import JsonFormatter, configure as configure_logs, fields
 from control.thawd.decisions import Decisions
 from control.thawd.exits import ExitWatch
 from control.thawd.metrics import Metrics, serve as serve_metrics
+from control.thawd.podmounts import drop_stray_cgroup_mounts
 from control.thawd.rpc import thawd_pb2 as pb
 from control.thawd.rpc import thawd_pb2_grpc as pbg
 from control.thawd.service import RuntimeRef, Standin, Thawd
@@ -266,6 +267,7 @@ def prepare_socket(path: Path) -> None:
 def build(settings: Settings, images, tuple_hash: str) -> tuple[grpc.Server, Thawd, Metrics]:
     lock_node(settings)
     prepare_socket(settings.thawd_socket)
+    drop_stray_cgroup_mounts()   # in a pod: before any runsc runs (control/thawd/podmounts.py says why)
     metrics = Metrics().install()   # the image path's series (bytes fetched, retries, ...) land here too
     metrics.set("thaw_build_info", 1, version=VERSION, runsc=RUNSC_VERSION_LABEL)
     cache = getattr(images, "cache", None)
