@@ -101,6 +101,28 @@ def pod_uid(spec: dict) -> str:
     return ann.get(CRI_SANDBOX_UID) or ann.get(CRI_SANDBOX_ID, "")
 
 
+# Set by gVisor's shim on a pod's sandbox spec: the pod's cgroup, which the sandbox
+# joins (pkg/shim/v1/runsc/service.go setPodCgroup, runsc/container/container.go
+# setupCgroupForRoot). It names the pod's uid, so it differs between any two pods,
+# and runsc's restore checks compare it (runsc/specutils/restore.go
+# shouldValidateAnnotation exempts linux.cgroupsPath but not this): no pod of a
+# kubelet restored ("Annotations" does not match across checkpoint restore).
+CGROUP_PARENT = "dev.gvisor.spec.cgroup-parent"
+
+
+def fold_cgroup_parent(spec: dict) -> bool:
+    """Move a sandbox spec's CGROUP_PARENT into linux.cgroupsPath, which runsc then
+    gives the sandbox, as it gave it that annotation's path, and which its restore
+    checks let change (the pause container's own cgroup below it goes unused). True
+    when `spec` changed (write it back)."""
+    ann = spec.get("annotations") or {}
+    parent = ann.pop(CGROUP_PARENT, None)
+    if parent is None:
+        return False
+    spec.setdefault("linux", {})["cgroupsPath"] = parent
+    return True
+
+
 @dataclass(frozen=True)
 class PodRef:
     """The Kubernetes pod a CRI container belongs to, as containerd's CRI plugin wrote it

@@ -46,6 +46,7 @@ from control.thawd.podrecord import (COLD, FAILED, INIT_KEY_PREFIX, INIT_SATISFI
 from control.thawd.podtables import PodTables, hint_of
 from control.thawd.restore import restore_failure, restore_options
 from control.thawd.standin import CONFIRM_TIMEOUT_S, Standin
+from runsc_hooks import network as netmod
 from runsc_hooks import spec as specmod
 from control.logfields import fields
 
@@ -91,7 +92,8 @@ class Pods:
         and the pod then has no lookup key: it starts cold and is never checkpointed."""
         declared = self.declared_of(spec)
         p = Pod(rt, podmod.pod_uid(spec), podmod.lookup(spec, declared, tenant) if tenant is not None else "",
-                declared, hint=hint_of(spec), ref=podmod.pod_ref(spec))
+                declared, hint=hint_of(spec), ref=podmod.pod_ref(spec),
+                address=netmod.namespace_address(specmod.netns_path(spec))[0])
         with self._lock:
             old = self._pods.pop((str(rt.runsc_root), rt.container_id), None)
             self._pods[(str(rt.runsc_root), rt.container_id)] = p
@@ -123,6 +125,8 @@ class Pods:
     # -- the pause container ---------------------------------------------------
 
     def prepare_sandbox(self, rt: RuntimeRef, spec: dict) -> Decision:
+        if podmod.fold_cgroup_parent(spec):   # before runsc reads it, cold or restored (pod.py says why)
+            specmod.Bundle(rt.bundle).write(spec)
         try:
             tenant = self.containers.sandbox_tenant(rt, spec)
         except IdentityError as e:
@@ -337,7 +341,7 @@ class Pods:
         results = []
         for n in sorted(p.table):
             m = p.members[n]
-            h = self.containers.handle(m.rt, specmod.Bundle(m.rt.bundle).load())
+            h = self.containers.handle(m.rt, specmod.Bundle(m.rt.bundle).load(), address=p.address)
             r = engine.check(h, [p.declared[n].health])
             results.append(f"{n}: {r.summary()}")
             if not r.healthy:
@@ -345,7 +349,8 @@ class Pods:
                 return False, reason, time.monotonic() - t0
         first = next(iter(p.members.values()))
         try:  # the workload profile's hooks (thaw.dev/profile) run against the pod's first container
-            hooks = engine.hooks(self.containers.handle(first.rt, specmod.Bundle(first.rt.bundle).load()),
+            hooks = engine.hooks(self.containers.handle(first.rt, specmod.Bundle(first.rt.bundle).load(),
+                                                        address=p.address),
                                  specmod.Bundle(first.rt.bundle).load(), "post_restore")
         except ThawError as e:
             reason = self._restore_failed(p, f"UnhealthyRestore: post-restore hook failed: {e.message}")
@@ -530,7 +535,7 @@ class Pods:
             m = p.members.get(n)
             if m is None:
                 return None
-            h = self.containers.handle(m.rt, specmod.Bundle(m.rt.bundle).load())
+            h = self.containers.handle(m.rt, specmod.Bundle(m.rt.bundle).load(), address=p.address)
             ready = engine.check(h, [p.declared[n].ready], engine.policy(max(1.0, deadline - time.monotonic())))
             if not ready.healthy:
                 log.warning("auto-checkpoint of %s skipped: container %s never ready (%s)", p.summary(), n,
