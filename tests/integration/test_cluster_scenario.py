@@ -5,8 +5,10 @@ RuntimeClass runsc-thaw. At one replica it starts cold on node a and is
 checkpointed (thawd reads its readiness from the pod's own readinessProbe);
 scaled to six, its pods land on both nodes and restore, node b's from the store
 (streamed); all Ready as the kubelet sees them; thawd's Events on every pod; a
-deleted pod's replacement restores; `helm uninstall`. The store is SeaweedFS on
-the cluster's bridge address. Nothing is faked."""
+deleted pod's replacement restores; node a drained, its pods restore on node b;
+a rolling update to a new image starts cold and is checkpointed, the old
+replicas untouched; `helm uninstall`. The store is SeaweedFS on the cluster's
+bridge address. Nothing is faked."""
 from __future__ import annotations
 
 import json
@@ -27,6 +29,7 @@ from tests.conftest import BUILD, require
 pytestmark = pytest.mark.timeout(600)
 
 SERVER_IMAGE = "thaw.dev/scenario/server:1"
+SERVER_IMAGE_2 = "thaw.dev/scenario/server:2"   # other content: another digest, so another key
 APP = "server"
 WEIGHTS_MB = 256
 # thawd's Event reasons (control/thawd/events.py).
@@ -49,8 +52,10 @@ def env(name, request):
         files = ocibuild.busybox_files(BUILD / "busybox", {"/app/run.sh": ocibuild.File(POD_SCRIPT, 0o755),
                                                            "/bin/httpd": ocibuild.File(link="busybox"),
                                                            "/bin/mv": ocibuild.File(link="busybox")})
-        ocibuild.build(base / "server.tar", SERVER_IMAGE, files, ["/app/run.sh"])
-        c.import_image(base / "server.tar")
+        for i, ref in enumerate((SERVER_IMAGE, SERVER_IMAGE_2)):
+            ocibuild.build(base / f"server-{i}.tar", ref, {**files, "/etc/version": ocibuild.File(ref.encode())},
+                           ["/app/run.sh"])
+            c.import_image(base / f"server-{i}.tar")
         yield c, weed
     finally:
         keep_logs(c, base / "logs")
@@ -104,8 +109,9 @@ def deployment(name: str, replicas: int) -> dict:
                 "spec": {
                     "runtimeClassName": "runsc-thaw", "terminationGracePeriodSeconds": 1,
                     # Both nodes, evenly (node b is cordoned while the first pod starts).
+                    # A cordoned (drained) node is no domain of the spread (nodeTaintsPolicy).
                     "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
-                                                   "whenUnsatisfiable": "DoNotSchedule",
+                                                   "whenUnsatisfiable": "DoNotSchedule", "nodeTaintsPolicy": "Honor",
                                                    "labelSelector": {"matchLabels": labels}}],
                     "containers": [{
                         "name": APP, "image": SERVER_IMAGE, "imagePullPolicy": "Never",
@@ -204,6 +210,40 @@ def test_a_deployment_scales_out_across_two_nodes_by_restoring(env, name):
     [replacement] = new
     wait_ready(c, APP, 6, 120)
     assert "restored from image" in wait_event(c, replacement, RESTORED, 60)["message"]
+
+    # Node a drained: its pods, rescheduled onto node b, restore there (from its cache now).
+    before = pods(c, APP)
+    c.kubectl("drain", a.name, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=120s", timeout=150)
+    ps = wait_ready(c, APP, 6, 120)
+    assert {p["spec"]["nodeName"] for p in ps.values()} == {b.name}
+    moved = sorted(set(ps) - set(before))
+    assert len(moved) == 3, (moved, sorted(before))
+    for pod in moved:
+        assert "restored from image" in wait_event(c, pod, RESTORED, 60)["message"]
+    c.kubectl("uncordon", a.name)
+
+    # A rolling update to a new image: its first pod starts cold (a new digest, so a new key)
+    # and is checkpointed; the old replicas run on untouched meanwhile (minReadySeconds holds
+    # the rollout after the first new pod).
+    old = {k: p["status"]["containerStatuses"][0]["restartCount"] for k, p in ps.items()}
+    c.kubectl("patch", "deployment", APP, "--type=strategic", "-p", json.dumps({"spec": {
+        "minReadySeconds": 300, "strategy": {"rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+        "template": {"spec": {"containers": [{"name": APP, "image": SERVER_IMAGE_2}]}}}}))
+    end = time.monotonic() + 120
+    while not (new := set(pods(c, APP)) - set(ps)):
+        assert time.monotonic() < end, "no pod of the new version"
+        time.sleep(0.5)
+    [updated] = new
+    cold = wait_event(c, updated, COLD, 60)
+    # Both versions share the pod's lookup key; the new one's first pod may be handed the
+    # old version's table, fail over once and start cold (docs/containerd.md "Versions (rolling updates)").
+    assert "no-image" in cold["message"] or "container-mismatch" in cold["message"], cold["message"]
+    saved2 = wait_event(c, updated, CHECKPOINTED, 180)
+    first_key = saved["message"].split("image ")[1].split(":")[0]
+    assert first_key not in saved2["message"], (saved["message"], saved2["message"])
+    now = pods(c, APP)
+    assert {k: now[k]["status"]["containerStatuses"][0]["restartCount"] for k in old if k in now} == old
+    assert set(old) <= set(now), "the old replicas are untouched while the new one holds the rollout"
 
     c.kubectl("delete", "deployment", APP, "--wait=true", timeout=120)
     end = time.monotonic() + 120
