@@ -236,7 +236,7 @@ def test_a_deployment_scales_out_across_two_nodes_by_restoring(env, name):
     [updated] = new
     cold = wait_event(c, updated, COLD, 60)
     # Both versions share the pod's lookup key; the new one's first pod may be handed the
-    # old version's table, fail over once and start cold (docs/containerd.md "Versions (rolling updates)").
+    # old version's table, fail over once and start cold (docs/containerd.md, rolling updates).
     assert "no-image" in cold["message"] or "container-mismatch" in cold["message"], cold["message"]
     saved2 = wait_event(c, updated, CHECKPOINTED, 180)
     first_key = saved["message"].split("image ")[1].split(":")[0]
