@@ -63,9 +63,12 @@ def env(name, request):
         if weed is not None:
             weed.stop()
         assert c.leftovers() == []
-        for p in base.iterdir():   # a failure's logs stay, nothing else
-            if p.name != "logs" or request.session.testsfailed == failed:
-                shutil.rmtree(p) if p.is_dir() else p.unlink()
+        if request.session.testsfailed == failed:
+            shutil.rmtree(base)
+        else:   # a failure's logs stay, nothing else
+            for p in base.iterdir():
+                if p.name != "logs":
+                    shutil.rmtree(p) if p.is_dir() else p.unlink()
 
 
 def keep_logs(c, out: Path) -> None:
