@@ -5,7 +5,7 @@ SHELL := /bin/bash
 PY := .venv/bin/python
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: setup build demo test test-unit test-functional test-integration release carry carry-node clean
+.PHONY: setup build demo cluster cluster-down test test-unit test-functional test-integration release carry carry-node clean
 
 setup:
 	@bash ci/setup.sh
@@ -15,6 +15,14 @@ build:
 
 demo: setup
 	@.venv/bin/thaw demo
+
+# A real two-node Kubernetes cluster on this machine (control/dev/cluster.py,
+# docs/cluster.md); it prints how to reach it. `make cluster-down` removes it.
+cluster: setup
+	@$(PY) -m control.dev.cluster up
+
+cluster-down:
+	@$(PY) -m control.dev.cluster down
 
 # All tiers; integration tests need root and run against the real stack.
 test: setup

@@ -2,7 +2,8 @@
 # Every set-up step thaw needs on a fresh machine, idempotent and cached:
 #   1. Debian packages (only when a tool is missing)
 #   2. the Python virtualenv in .venv with thaw installed editable (+ the dev extras)
-#   3. the Go builds (ci/build-go.sh: runsc, shim, containerd, ctr, crictl, CNI plugins)
+#   3. the Go builds (ci/build-go.sh: runsc, shim, containerd, ctr, crictl, CNI plugins;
+#      ci/build-cluster.sh: the dev cluster's Kubernetes, etcd, helm, runc)
 #   4. the CUDA checkpoint helper (C, libcuda loaded at run time)
 #   5. the DaemonSet image (ci/build-image.sh: an OCI archive, no daemon)
 #   6. promtool (ci/build-promtool.sh), which the unit tier's rules test runs
@@ -20,6 +21,8 @@ command -v go >/dev/null || need_apt+=(golang-go)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
 command -v xz >/dev/null || need_apt+=(xz-utils)
 command -v mmdebstrap >/dev/null || need_apt+=(mmdebstrap)   # the DaemonSet image's Debian base
+# runc's seccomp (ci/build-cluster.sh): CRI gives every pod sandbox RuntimeDefault.
+[[ -e /usr/include/seccomp.h ]] && command -v pkg-config >/dev/null || need_apt+=(libseccomp-dev pkg-config)
 if ((${#need_apt[@]})); then
   echo "setup: apt-get install ${need_apt[*]}"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
@@ -42,6 +45,7 @@ bash ci/gen-proto.sh   # go/gen/thawpb must exist before the Go build
 # this every `thaw` command would compile its modules again: ~50 ms here).
 .venv/bin/python -m compileall -q control runsc_hooks nvproxy
 bash ci/build-go.sh
+bash ci/build-cluster.sh
 
 helper_src=nvproxy/cuda_checkpoint/thaw-cuda-checkpoint.c
 if [[ ! -x "$build/thaw-cuda-checkpoint" || "$helper_src" -nt "$build/thaw-cuda-checkpoint" ]]; then

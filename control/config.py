@@ -336,6 +336,21 @@ KEYS: tuple[Key, ...] = (
     Key("thawd.rpc_workers", INT, 16,
         "gRPC requests thawd serves at once; a container start holds one for up to prepare_timeout_s "
         "(create) and its Restore deadline (start).", range=(1, 1024)),
+    # [kubernetes]: what thawd asks the API server (control/thawd/kubeapi.py, docs/kubernetes.md).
+    Key("kubernetes.events", BOOL, False,
+        "Post an Event on the pod for each of thawd's decisions (restored from which image in how long, started "
+        "cold and why, checkpointed, quarantined), repeats counted as the kubelet counts them; from a bounded "
+        "queue by a worker thread: a slow or failing API server never delays a start."),
+    Key("kubernetes.read_pods", BOOL, False,
+        "Read a thaw pod's spec when its sandbox is created and use its readinessProbes as its containers' "
+        "readiness and health probes (thaw.dev/ready annotations override them); no answer within "
+        "kubernetes.timeout_s: the annotations alone."),
+    Key("kubernetes.kubeconfig", OPT_PATH, None, "A kubeconfig for thawd outside a pod; empty: its pod's account."),
+    Key("kubernetes.server", STR, "", "The API server's URL; empty: the kubeconfig's, else the pod's service's."),
+    Key("kubernetes.node_name", STR, "", "This node's name (the Events' source); empty: the host name."),
+    Key("kubernetes.timeout_s", SECONDS, 1.0,
+        "Deadline of one API request (a pod's create waits at most this for its spec; after a failure, "
+        "no spec is asked for 30 s).", range=(0.05, 60)),
     # [park]: sandboxes restored ahead of demand (control/thawd/parking.py, docs/parking.md).
     Key("park.enabled", BOOL, False,
         "Keep sandboxes restored ahead of demand (parked: every page in, GPU state checkpointed, GPU memory "
@@ -555,6 +570,13 @@ def caller_path(environ: Mapping[str, str] | None = None) -> str:
     sandbox's PATH from it (runsc_hooks/spec.py sandbox_path). Read here, as
     every other piece of the environment is."""
     return (os.environ if environ is None else environ).get("PATH", "")
+
+
+def kubernetes_service(environ: Mapping[str, str] | None = None) -> str:
+    """The API server's URL in a pod (client-go rest.InClusterConfig's variables); "" outside one."""
+    env = os.environ if environ is None else environ
+    host, port = env.get("KUBERNETES_SERVICE_HOST", ""), env.get("KUBERNETES_SERVICE_PORT", "")
+    return "" if not (host and port) else f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
 
 
 def _read_toml(path: Path) -> dict[str, Any]:

@@ -170,6 +170,18 @@ class StoreError(ThawError):
         self.object = obj
 
 
+class ApiError(ThawError):
+    """The Kubernetes API server refused a request or could not be reached
+    (control/thawd/kubeapi.py). `op` says which request, `status` its HTTP status
+    (0: none came back)."""
+
+    def __init__(self, op: str, problem: str, status: int = 0, server: str = "") -> None:
+        at = f" at {server}" if server else ""
+        super().__init__(f"kubernetes {op}{at}: {problem}", op=op, status=status, server=server)
+        self.op = op
+        self.status = status
+
+
 class IntegrityError(ThawError):
     """Bytes do not hash to what the manifest says: a corrupt chunk in the store or the cache."""
 
@@ -349,6 +361,7 @@ EXIT_CODE: list[tuple[type[ThawError], int]] = [
     (CacheFull, 4),
     (NoSpace, 4),
     (StoreError, 69),         # EX_UNAVAILABLE
+    (ApiError, 69),
     (IntegrityError, 65),     # EX_DATAERR
     (PreconditionError, 69),  # EX_UNAVAILABLE
     (NotFound, 2),
@@ -367,6 +380,7 @@ GRPC_STATUS: list[tuple[type[ThawError], str]] = [
     (CacheFull, "RESOURCE_EXHAUSTED"),
     (NoSpace, "RESOURCE_EXHAUSTED"),
     (StoreError, "UNAVAILABLE"),
+    (ApiError, "UNAVAILABLE"),
     (IntegrityError, "DATA_LOSS"),
     (NotFound, "NOT_FOUND"),
     (AlreadyExists, "ALREADY_EXISTS"),

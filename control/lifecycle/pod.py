@@ -61,7 +61,7 @@ from runsc_hooks import probe as probemod
 # runsc/specutils/cri.go reads the same names).
 CRI_CONTAINER_TYPE = "io.kubernetes.cri.container-type"
 CRI_SANDBOX_ID = "io.kubernetes.cri.sandbox-id"
-CRI_SANDBOX_NAME = "io.kubernetes.cri.sandbox-name"        # on a pod's sandbox only; `ctr run` never sets it
+CRI_SANDBOX_NAME = "io.kubernetes.cri.sandbox-name"        # the pod's name, on each of its containers; `ctr run` never sets it
 CRI_SANDBOX_NAMESPACE = "io.kubernetes.cri.sandbox-namespace"
 CRI_SANDBOX_UID = "io.kubernetes.cri.sandbox-uid"
 CRI_CONTAINER_NAME = "io.kubernetes.cri.container-name"    # runsc matches restored containers by it
@@ -99,6 +99,50 @@ def pod_uid(spec: dict) -> str:
     """The Kubernetes pod's uid: the same for every sandbox the kubelet makes for that pod."""
     ann = spec.get("annotations") or {}
     return ann.get(CRI_SANDBOX_UID) or ann.get(CRI_SANDBOX_ID, "")
+
+
+# Set by gVisor's shim on a pod's sandbox spec: the pod's cgroup, which the sandbox
+# joins (pkg/shim/v1/runsc/service.go setPodCgroup, runsc/container/container.go
+# setupCgroupForRoot). It names the pod's uid, so it differs between any two pods,
+# and runsc's restore checks compare it (runsc/specutils/restore.go
+# shouldValidateAnnotation exempts linux.cgroupsPath but not this): no pod of a
+# kubelet restored ("Annotations" does not match across checkpoint restore).
+CGROUP_PARENT = "dev.gvisor.spec.cgroup-parent"
+
+
+def fold_cgroup_parent(spec: dict) -> bool:
+    """Move a sandbox spec's CGROUP_PARENT into linux.cgroupsPath, which runsc then
+    gives the sandbox, as it gave it that annotation's path, and which its restore
+    checks let change (the pause container's own cgroup below it goes unused). True
+    when `spec` changed (write it back)."""
+    ann = spec.get("annotations") or {}
+    parent = ann.pop(CGROUP_PARENT, None)
+    if parent is None:
+        return False
+    spec.setdefault("linux", {})["cgroupsPath"] = parent
+    return True
+
+
+@dataclass(frozen=True)
+class PodRef:
+    """The Kubernetes pod a CRI container belongs to, as containerd's CRI plugin wrote it
+    into every container's spec from the kubelet's RunPodSandbox request (containerd
+    internal/cri/annotations DefaultCRIAnnotations): where thawd's Events go and whose
+    spec it reads (control/thawd/events.py, podspecs.py)."""
+    namespace: str
+    name: str
+    uid: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def pod_ref(spec: dict | None) -> PodRef | None:
+    """The pod of a CRI container (its pause container or an app container); None for
+    anything else (`ctr run`), which has no pod to post on."""
+    ann = (spec or {}).get("annotations") or {}
+    ns, name, uid = (ann.get(k, "") for k in (CRI_SANDBOX_NAMESPACE, CRI_SANDBOX_NAME, CRI_SANDBOX_UID))
+    return PodRef(ns, name, uid) if ns and name and uid else None
 
 
 @dataclass(frozen=True)

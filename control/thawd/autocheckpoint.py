@@ -32,7 +32,8 @@ log = logging.getLogger("thawd")
 
 
 class AutoCheckpointer:
-    def __init__(self, settings, containers: Containers, images, quarantine, metrics, pool, parking) -> None:
+    def __init__(self, settings, containers: Containers, images, quarantine, metrics, pool, parking,
+                 events=None) -> None:
         self.s = settings
         self.containers = containers
         self.images = images
@@ -40,6 +41,7 @@ class AutoCheckpointer:
         self.metrics = metrics
         self._pool = pool
         self.parking = parking
+        self.events = events      # control/thawd/events.py: a pod's checkpoint is an Event on it
         self._lock = threading.Lock()
         self._running: set[str] = set()     # keys a job runs for
 
@@ -57,10 +59,10 @@ class AutoCheckpointer:
         """A lone container of `key` started cold: checkpoint it once it is ready."""
         self.maybe(key, lambda: self._lone_job(rt, key), rt.container_id)
 
-    def maybe(self, key: str, job, what: str = "") -> None:
+    def maybe(self, key: str, job, what: str = "", pod=None) -> None:
         """Run `job` (it checks readiness and checkpoints) in the background, unless
         automatic checkpoints are off, `key` is quarantined, has an image already, or
-        is being checkpointed now."""
+        is being checkpointed now. `pod` (lifecycle.pod.PodRef): where its Event goes."""
         if not self.s.thawd_auto_checkpoint or not key or self.quarantine.reason(key) is not None:
             return
         try:
@@ -73,9 +75,9 @@ class AutoCheckpointer:
             if key in self._running:
                 return
             self._running.add(key)
-        self._pool.submit(self._run, key, job, what)
+        self._pool.submit(self._run, key, job, what, pod)
 
-    def _run(self, key: str, job, what: str) -> None:
+    def _run(self, key: str, job, what: str, pod=None) -> None:
         try:
             res = job()
             if res is not None:
@@ -84,10 +86,14 @@ class AutoCheckpointer:
                          extra=fields(container=what, key=key, decision="checkpointed", bytes=res["image_bytes"],
                                       duration_s=round(res["seconds"], 3)))
                 self.metrics.inc("thaw_auto_checkpoints_total", result="ok")
+                if self.events is not None:
+                    self.events.checkpointed(pod, key, res["image_bytes"], res["seconds"])
         except Exception as e:  # noqa: BLE001 - a failed auto-checkpoint must not hurt the container
             log.warning("auto-checkpoint of %s failed: %s", what, e,
                         extra=fields(container=what, key=key, decision="checkpoint-failed", reason=str(e)))
             self.metrics.inc("thaw_auto_checkpoints_total", result="error")
+            if self.events is not None:
+                self.events.checkpoint_failed(pod, f"{type(e).__name__}: {e}")
         finally:
             with self._lock:
                 self._running.discard(key)

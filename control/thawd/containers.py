@@ -432,10 +432,13 @@ class Containers:
 
     # -- the engine's view -------------------------------------------------------------
 
-    def handle(self, rt: RuntimeRef, spec: dict, timeout_s: float | None = None) -> Handle:
+    def handle(self, rt: RuntimeRef, spec: dict, timeout_s: float | None = None, address: str | None = None) -> Handle:
         """The engine's view of a container the shim runs: its runsc root and flags,
-        and, when its network namespace is one thaw plumbed, its address and gate."""
-        address, gate = netmod.namespace_address(specmod.netns_path(spec))
+        and, when its network namespace is one thaw plumbed, its address and gate.
+        `address`: the one its namespace had before runsc took it over (a pod's,
+        pods.py), when the namespace shows none now."""
+        found, gate = netmod.namespace_address(specmod.netns_path(spec))
+        address = found or address
         if not self.s.thawd_gate:  # diagnostics (config thawd.gate): what a door without the gate does
             gate = None
         return Handle(rt.container_id, rt.runsc(self.s.runsc_path, timeout_s or self.s.runsc_timeout_s),

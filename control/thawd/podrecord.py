@@ -64,6 +64,13 @@ class Pod:
     table_init: dict = field(default_factory=dict)
     bound_any: str = ""          # the container a thaw.dev/ready-alone declaration was bound to
     restored_at: float = 0.0
+    restoring_since: float = 0.0   # monotonic, at the sandbox's start: its Event's "in how long"
+    ref: "podmod.PodRef | None" = None   # the Kubernetes pod: where its Events go (control/thawd/events.py)
+    # The pod's IPv4 address, read from its network namespace at its sandbox's create,
+    # before runsc took the interface over (runsc/sandbox/network.go removes the host
+    # side's addresses): thawd's tcp and http probes reach the pod there, as the
+    # kubelet's do; None: they run inside the sandbox (runsc exec).
+    address: str | None = None
     timer: threading.Timer | None = None
 
     def summary(self) -> str:

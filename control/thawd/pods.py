@@ -40,11 +40,13 @@ from control.lifecycle import pod as podmod
 from control.lifecycle.engine import Engine, loads_after_return
 from control.lifecycle.workload import workload_of
 from control.thawd.containers import Containers, Decision, RuntimeRef, State
+from control.thawd.events import Events
 from control.thawd.podrecord import (COLD, FAILED, INIT_KEY_PREFIX, INIT_SATISFIED, POD_FAILED, RESTORED, RESTORING,
                                      STOPPED_WHILE_RESTORING, MemberState, Pod)
 from control.thawd.podtables import PodTables, hint_of
 from control.thawd.restore import restore_failure, restore_options
 from control.thawd.standin import CONFIRM_TIMEOUT_S, Standin
+from runsc_hooks import network as netmod
 from runsc_hooks import spec as specmod
 from control.logfields import fields
 
@@ -59,10 +61,11 @@ log = logging.getLogger("thawd")
 class Pods:
     def __init__(self, settings, state_dir: Path, containers: Containers, preparer: "Preparer",
                  restorer: "Restorer", autocheckpoint: "AutoCheckpointer", quarantine, metrics,
-                 store_for=None, pool=None) -> None:
+                 store_for=None, pool=None, events: Events | None = None, podspecs=None) -> None:
         """`store_for(lookup)`: the store as a lookup key's tenant sees it, where pod tables
         are published and found (control/thawd/podtables.py); `pool`: where they are
-        published from (None: at once, in the caller's thread)."""
+        published from (None: at once, in the caller's thread). `events`: the pod's Events;
+        `podspecs`: its readiness from its spec (control/thawd/podspecs.py; None: annotations)."""
         self.s = settings
         self._pool = pool
         self.containers = containers
@@ -71,6 +74,8 @@ class Pods:
         self.autocheckpoint = autocheckpoint
         self.quarantine = quarantine
         self.metrics = metrics
+        self.events = events or Events(None, "", metrics)
+        self.declared_of = podspecs.declared if podspecs is not None else podmod.declared
         self.tables = PodTables(state_dir / "pods", store_for)
         self._lock = threading.Lock()
         self._pods: dict[tuple[str, str], Pod] = {}        # (runsc root, sandbox id) -> pod
@@ -85,9 +90,10 @@ class Pods:
     def _new(self, rt: RuntimeRef, spec: dict, tenant: str | None) -> Pod:
         """`tenant`: the sandbox's (Containers.sandbox_tenant); None when it cannot be told,
         and the pod then has no lookup key: it starts cold and is never checkpointed."""
-        declared = podmod.declared(spec)
+        declared = self.declared_of(spec)
         p = Pod(rt, podmod.pod_uid(spec), podmod.lookup(spec, declared, tenant) if tenant is not None else "",
-                declared, hint=hint_of(spec))
+                declared, hint=hint_of(spec), ref=podmod.pod_ref(spec),
+                address=netmod.namespace_address(specmod.netns_path(spec))[0])
         with self._lock:
             old = self._pods.pop((str(rt.runsc_root), rt.container_id), None)
             self._pods[(str(rt.runsc_root), rt.container_id)] = p
@@ -119,6 +125,8 @@ class Pods:
     # -- the pause container ---------------------------------------------------
 
     def prepare_sandbox(self, rt: RuntimeRef, spec: dict) -> Decision:
+        if podmod.fold_cgroup_parent(spec):   # before runsc reads it, cold or restored (pod.py says why)
+            specmod.Bundle(rt.bundle).write(spec)
         try:
             tenant = self.containers.sandbox_tenant(rt, spec)
         except IdentityError as e:
@@ -181,6 +189,7 @@ class Pods:
         if p is None or p.state != RESTORING:
             return False, "thawd holds no restoring pod for this sandbox (thawd restarted?)", 0.0
         h = self.containers.handle(rt, specmod.Bundle(rt.bundle).load())
+        p.restoring_since = t0
         try:
             Engine(self.s).restore(h, Path(lease.path), [], opts=restore_options(self.s, lease),
                                    health_check=False, post_restore_hooks=False, await_pages=False)
@@ -332,7 +341,7 @@ class Pods:
         results = []
         for n in sorted(p.table):
             m = p.members[n]
-            h = self.containers.handle(m.rt, specmod.Bundle(m.rt.bundle).load())
+            h = self.containers.handle(m.rt, specmod.Bundle(m.rt.bundle).load(), address=p.address)
             r = engine.check(h, [p.declared[n].health])
             results.append(f"{n}: {r.summary()}")
             if not r.healthy:
@@ -340,7 +349,8 @@ class Pods:
                 return False, reason, time.monotonic() - t0
         first = next(iter(p.members.values()))
         try:  # the workload profile's hooks (thaw.dev/profile) run against the pod's first container
-            hooks = engine.hooks(self.containers.handle(first.rt, specmod.Bundle(first.rt.bundle).load()),
+            hooks = engine.hooks(self.containers.handle(first.rt, specmod.Bundle(first.rt.bundle).load(),
+                                                        address=p.address),
                                  specmod.Bundle(first.rt.bundle).load(), "post_restore")
         except ThawError as e:
             reason = self._restore_failed(p, f"UnhealthyRestore: post-restore hook failed: {e.message}")
@@ -372,6 +382,7 @@ class Pods:
         self.metrics.observe("thaw_restore_seconds", secs, workload=workload_of(p.key))
         self.metrics.observe("thaw_health_seconds", secs)
         self.quarantine.succeeded(p.key)
+        self.events.restored(p.ref, p.key, time.monotonic() - (p.restoring_since or t0), lease)
         if lease is not None:
             self.restorer.count_stream(lease)
         self._watch_standin(rt, standin, p)
@@ -436,7 +447,7 @@ class Pods:
         role = podmod.role(spec)
         if role == podmod.SANDBOX:
             if self._get(rt.runsc_root, rt.container_id) is None:  # thawd restarted since create
-                self._new(rt, spec).reason = "thawd restarted"
+                self._new(rt, spec, None).reason = "thawd restarted"
             return
         p = self._get(rt.runsc_root, podmod.sandbox_id(spec))
         name = podmod.container_name(spec)
@@ -495,9 +506,11 @@ class Pods:
         except ThawError as e:
             log.warning("removing the sandbox of %s: %s", p.summary(), e)
         self.metrics.inc("thaw_fallbacks_total", reason=reason.split(":")[0])
+        self.events.restore_failed(p.ref, reason)
         self.containers.drop_image(p.sandbox)
         if count and p.key and self.quarantine.failed(p.key, reason):
             self.metrics.inc("thaw_quarantined_total")
+            self.events.quarantined(p.ref, p.key, reason)
 
     # -- automatic checkpoint ----------------------------------------------------------
 
@@ -511,7 +524,7 @@ class Pods:
             return
         if not p.key or not all(m.started for m in p.members.values()):
             return
-        self.autocheckpoint.maybe(p.key, lambda: self._auto_checkpoint(p), p.summary())
+        self.autocheckpoint.maybe(p.key, lambda: self._auto_checkpoint(p), p.summary(), pod=p.ref)
 
     def _auto_checkpoint(self, p: Pod) -> dict | None:
         """Wait for every declared container's readiness, then checkpoint the sandbox
@@ -522,7 +535,7 @@ class Pods:
             m = p.members.get(n)
             if m is None:
                 return None
-            h = self.containers.handle(m.rt, specmod.Bundle(m.rt.bundle).load())
+            h = self.containers.handle(m.rt, specmod.Bundle(m.rt.bundle).load(), address=p.address)
             ready = engine.check(h, [p.declared[n].ready], engine.policy(max(1.0, deadline - time.monotonic())))
             if not ready.healthy:
                 log.warning("auto-checkpoint of %s skipped: container %s never ready (%s)", p.summary(), n,

@@ -8,7 +8,10 @@ Create's decision is logged and counted here, once for every role: its line
 carries the container, key, tenant, decision and reason as fields
 (control/logfields.py), and thaw_prepare_seconds, thaw_restore_decisions_total
 and thaw_cold_decisions_total{reason} count it. What the stand-in reports later
-(ReportOutcome) is logged and counted by the room it goes to.
+(ReportOutcome) is logged and counted by the room it goes to. A pod's cold start
+(its sandbox's create decided cold, or its sandbox's restore failed) is an Event
+on the pod too (control/thawd/events.py); its restore and checkpoint are posted
+by the rooms that do them.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ OUTCOMES = ("RESTORE_FAILED", "COLD_STARTED")
 
 
 class Roles:
-    def __init__(self, containers: Containers, preparer, restorer, autocheckpoint, pods, parking, metrics) -> None:
+    def __init__(self, containers: Containers, preparer, restorer, autocheckpoint, pods, parking, metrics,
+                 events) -> None:
         self.containers = containers
         self.preparer = preparer
         self.restorer = restorer
@@ -40,6 +44,7 @@ class Roles:
         self.pods = pods
         self.parking = parking
         self.metrics = metrics
+        self.events = events
 
     def prepare(self, rt: RuntimeRef, stdio: str = "") -> Decision:
         """create: the container's record begins (PREPARING, with what the shim gave it as
@@ -65,7 +70,10 @@ class Roles:
         workloadmod.check_annotation_sizes(spec)   # bounded input: refused before the identity lookup
         role = podmod.role(spec)
         if role == podmod.SANDBOX:       # a Kubernetes pod's pause container: the pod's decision
-            return self.pods.prepare_sandbox(rt, spec)
+            d = self.pods.prepare_sandbox(rt, spec)
+            if not d.restore:
+                self.events.cold(podmod.pod_ref(spec), d.reason)
+            return d
         if role == podmod.MEMBER:        # an app container: its pod's decision, checked against the image
             return self.pods.prepare_member(rt, spec)
         return self.preparer.lone(rt, spec, t0)
@@ -88,9 +96,12 @@ class Roles:
             if not (role == podmod.MEMBER and subcontainer_restored):
                 raise UserError("subcontainer_restored is for a pod's app container, after its own runsc restore, "
                                 "and such a container's Restore must set it", field="subcontainer_restored")
-            return self.pods.restore_member(rt, spec, standin)
+            return self.pods.restore_member(rt, spec, standin)   # the pod's Event: Pods.restore_member
         if role == podmod.SANDBOX:
-            return self.pods.restore_sandbox(rt, cancelled, standin)
+            ok, detail, secs = self.pods.restore_sandbox(rt, cancelled, standin)
+            if not ok:   # the pause container starts cold, and with it the pod
+                self.events.cold(podmod.pod_ref(spec), f"the sandbox's restore failed: {detail}")
+            return ok, detail, secs
         return self.restorer.lone(rt, spec, unreadable, cancelled, standin, t0)
 
     def report(self, rt: RuntimeRef, outcome: str, reason: str, key: str | None = None) -> None:

@@ -31,6 +31,7 @@ from control.logfields import JsonFormatter, configure as configure_logs, fields
 from control.thawd.decisions import Decisions
 from control.thawd.exits import ExitWatch, fix_mmap_threshold
 from control.thawd.metrics import Metrics, serve as serve_metrics
+from control.thawd.podmounts import drop_stray_cgroup_mounts
 from control.thawd.rpc import thawd_pb2 as pb
 from control.thawd.rpc import thawd_pb2_grpc as pbg
 from control.thawd.service import RuntimeRef, Standin, Thawd
@@ -266,6 +267,7 @@ def prepare_socket(path: Path) -> None:
 def build(settings: Settings, images, tuple_hash: str) -> tuple[grpc.Server, Thawd, Metrics]:
     lock_node(settings)
     prepare_socket(settings.thawd_socket)
+    drop_stray_cgroup_mounts()   # in a pod: before any runsc runs (control/thawd/podmounts.py says why)
     metrics = Metrics().install()   # the image path's series (bytes fetched, retries, ...) land here too
     metrics.set("thaw_build_info", 1, version=VERSION, runsc=RUNSC_VERSION_LABEL)
     cache = getattr(images, "cache", None)
@@ -276,7 +278,7 @@ def build(settings: Settings, images, tuple_hash: str) -> tuple[grpc.Server, Tha
     if not exits.available:
         log.warning("process exit events unavailable (%s): a stand-in killed after committing a restore "
                     "is judged by its marker alone (control/thawd/exits.py)", exits.why_not)
-    thawd = Thawd(settings, images, metrics, exits=exits)
+    thawd = Thawd(settings, images, metrics, exits=exits, kube=kube_client(settings))
     if cache is not None:   # every idle cache entry re-hashed in the background (issue 30); thawd.close stops it
         from control.images import scrub
         thawd.scrub = scrub.start(cache, settings)
@@ -295,6 +297,24 @@ def build(settings: Settings, images, tuple_hash: str) -> tuple[grpc.Server, Tha
     finally:
         os.umask(old)
     return server, thawd, metrics
+
+
+def kube_client(settings: Settings):
+    """The API client Events and pod reads go through (control/thawd/kubeapi.py), when
+    either is on; None, logged, when it cannot be made: thawd serves containers without
+    the API server (no Events; readiness from annotations) rather than not at all."""
+    if not (settings.kubernetes_events or settings.kubernetes_read_pods):
+        return None
+    from control.thawd import kubeapi
+    try:
+        client = kubeapi.from_settings(settings)
+    except ThawError as e:
+        log.error("Kubernetes API off (no Events, readiness from annotations alone): %s", e,
+                  extra=fields(reason=str(e)))
+        return None
+    log.info("Kubernetes API at %s as node %s (events %s, pod specs %s)", client.server, kubeapi.node_name(settings),
+             settings.kubernetes_events, settings.kubernetes_read_pods)
+    return client
 
 
 def serve(settings: Settings, images, tuple_hash: str, ready: threading.Event | None = None,

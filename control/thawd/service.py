@@ -10,6 +10,7 @@ The rooms it wires, each a verb or a noun of the containerd door:
 - restore.py: start's restore (or wake), the outcome, the undo;
 - autocheckpoint.py: a cold start checkpointed once ready;
 - pods.py: a Kubernetes pod's decision, restore and checkpoint, by its sandbox;
+- events.py, podspecs.py: Events on pods, and a pod's readiness read from its spec (kubernetes.*);
 - parking.py: sandboxes restored ahead of demand (park.enabled);
 - quarantine.py, metrics.py, standin.py, ctrinfo.py, exits.py.
 """
@@ -22,10 +23,13 @@ from control.config import Settings
 from control.thawd import ctrinfo
 from control.thawd.autocheckpoint import AutoCheckpointer
 from control.thawd.containers import RELEASED_UNRESTORED, Containers, Decision, RuntimeRef
+from control.thawd.events import Events
 from control.thawd.exits import ExitWatch
+from control.thawd.kubeapi import node_name
 from control.thawd.metrics import Metrics
 from control.thawd.parking import Parking
 from control.thawd.pods import Pods
+from control.thawd.podspecs import PodSpecs
 from control.thawd.prepare import Preparer
 from control.thawd.quarantine import Quarantine
 from control.thawd.restore import Restorer
@@ -37,14 +41,16 @@ __all__ = ["Thawd", "RuntimeRef", "Decision", "Standin"]
 
 class Thawd:
     def __init__(self, settings: Settings, images, metrics: Metrics | None = None, identify=None,
-                 identify_sandbox=None, exits: ExitWatch | None = None) -> None:
+                 identify_sandbox=None, exits: ExitWatch | None = None, kube=None) -> None:
         """`images` is the image source (control/images/source.py ImageSource).
         `identify(rt)` tells a container's tenant and image digest (ctrinfo.Identity) from
         what its runtime records; default: containerd's records (control/thawd/ctrinfo.py).
         `identify_sandbox(rt)`: the same for a CRI pod's sandbox (pause) container, which
         has a tenant but no image digest (ctrinfo.identify sandbox=True).
         `exits`: process exit statuses (control/thawd/exits.py), which tell a
-        stand-in killed after its commit; None: its marker alone decides."""
+        stand-in killed after its commit; None: its marker alone decides.
+        `kube`: the Kubernetes API client (control/thawd/kubeapi.py) for Events
+        (kubernetes.events) and pod specs (kubernetes.read_pods); None: neither."""
         self.s = settings
         self.exits = exits
         self.images = images
@@ -57,20 +63,22 @@ class Thawd:
             identify_sandbox or (lambda rt: ctrinfo.identify_container(settings, rt.runsc_root, rt.container_id,
                                                                        sandbox=True)))
         self.quarantine = Quarantine(settings)
+        self.events = Events(kube if settings.kubernetes_events else None, node_name(settings), self.metrics)
+        podspecs = PodSpecs(kube if settings.kubernetes_read_pods else None, self.events, self.metrics)
         self._pool = ThreadPoolExecutor(max_workers=settings.thawd_workers, thread_name_prefix="thawd")
         self.parking = Parking(settings, self.state_dir, self.containers, images, self.metrics, self._pool)
         self.preparer = Preparer(settings, self.containers, images, self.quarantine, self.metrics, self._pool,
                                  self.parking)
         self.restorer = Restorer(settings, self.containers, self.quarantine, self.metrics, self.parking)
         self.autocheckpoint = AutoCheckpointer(settings, self.containers, images, self.quarantine, self.metrics,
-                                               self._pool, self.parking)
+                                               self._pool, self.parking, self.events)
         self.scrub = None   # the cache scrub (control/images/scrub.py): server.build starts it, close stops it
         self.shim_logs = None   # control/thawd/shimlogs.py: the same
         self.pods = Pods(settings, self.state_dir, self.containers, self.preparer, self.restorer,
                          self.autocheckpoint, self.quarantine, self.metrics, store_for=images.store_for,
-                         pool=self._pool)
+                         pool=self._pool, events=self.events, podspecs=podspecs)
         self.roles = Roles(self.containers, self.preparer, self.restorer, self.autocheckpoint, self.pods,
-                           self.parking, self.metrics)
+                           self.parking, self.metrics, self.events)
 
     def prepare_restore(self, rt: RuntimeRef, stdio: str = "") -> Decision:
         """create (PrepareRestore). `stdio`: what the shim gave the container as stdin,
@@ -125,6 +133,7 @@ class Thawd:
         return self.quarantine.evict(key, self.images)
 
     def close(self) -> None:
+        self.events.close()
         for background in (self.scrub, self.shim_logs):
             if background is not None:
                 background.stop()

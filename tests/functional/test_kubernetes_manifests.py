@@ -35,6 +35,8 @@ def test_every_manifest_decodes_strictly(objects):
         ("Namespace", "thaw-system"), ("RuntimeClass", "runsc-thaw"), ("ServiceAccount", "thawd"),
         ("ConfigMap", "thaw-config"), ("Secret", "thaw-s3-credentials"), ("DaemonSet", "thawd"),
         ("Secret", "thaw-manifest-key"), ("Secret", "thaw-tenant-keys"),
+        ("ClusterRole", "thaw-thawd"), ("ClusterRoleBinding", "thaw-thawd"), ("Service", "thawd-metrics"),
+        ("ValidatingAdmissionPolicy", "thaw-thawd-own-node"), ("ValidatingAdmissionPolicyBinding", "thaw-thawd-own-node"),
         ("Pod", "llm-server"),
     }
 
@@ -138,6 +140,42 @@ spec:
     - name: c
       image: i
       env: [{name: X, valueFrom: {configMapKeyRef: {name: cm, key: nope}}}]
+""",
+    'roleRef: no ClusterRole "nope"': """apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: b}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: nope}
+subjects: [{kind: ServiceAccount, name: default, namespace: default}]
+""",
+    'verb "gett"': """apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: r}
+rules: [{apiGroups: [""], resources: [pods], verbs: [gett]}]
+""",
+    "picks no pod template": """apiVersion: v1
+kind: Service
+metadata: {name: s}
+spec:
+  selector: {app: nothing}
+  ports: [{name: m, port: 9464}]
+""",
+    'targetPort "metrics" is no container port': """apiVersion: v1
+kind: Pod
+metadata: {name: p, labels: {app: a}}
+spec:
+  containers: [{name: c, image: i, ports: [{name: http, containerPort: 80}]}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: s}
+spec:
+  selector: {app: a}
+  ports: [{name: m, port: 9464, targetPort: metrics}]
+""",
+    'policyName "nope"': """apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata: {name: b}
+spec: {policyName: nope, validationActions: [Deny]}
 """,
 }
 

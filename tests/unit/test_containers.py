@@ -223,3 +223,15 @@ def test_a_record_whose_state_allows_no_release_fails_loudly_at_its_delete(box):
     with pytest.raises(InvalidTransition):
         box.release(r)
     assert box.get(r) is not None
+
+
+def test_a_handle_takes_the_address_given_when_its_namespace_shows_none(tmp_path):
+    """A pod's address was read at its sandbox's create, before runsc took its network
+    namespace's interface over (control/thawd/podrecord.py Pod.address): probes reach it."""
+    (tmp_path / "empty.toml").write_text("")
+    s = config.load(environ={"THAW_NODE_STATE_DIR": str(tmp_path / "state")}, config_file=tmp_path / "empty.toml")
+    c = Containers(s, Metrics(), identify=None, identify_sandbox=None)
+    rt = RuntimeRef.validate("c1", str(tmp_path), "/run/r", [])
+    spec = {"linux": {"namespaces": [{"type": "network"}]}}
+    assert c.handle(rt, spec).address is None
+    assert c.handle(rt, spec, address="10.218.4.7").address == "10.218.4.7"

@@ -135,6 +135,8 @@ _STOP = {"--", "|", "||", ";", "&&", "&", "#", ">", "2>&1", "\\"}
 def thaw_invocations(text: str) -> list[tuple[str, list[str]]]:
     """(command, its --options) of every `thaw COMMAND ...` in a line of code."""
     tokens = [t.strip("[](){}'\",") for t in text.replace("\\|", " ").split()]
+    if tokens[:1] == ["helm"]:
+        return []   # Helm's command line: `thaw` is the release's name there, deploy/helm/thaw the chart
     out = []
     for i, t in enumerate(tokens):
         if t != "thaw" and not t.endswith("/thaw"):
@@ -178,6 +180,7 @@ def test_the_command_checker_reads_command_lines():
     assert thaw_invocations("thaw run --id x --bind /a -- python3 --version") == [("run", ["--id", "--bind"])]
     assert thaw_invocations("thaw run/checkpoint/restore") == [("run", []), ("checkpoint", []), ("restore", [])]
     assert thaw_invocations('thaw() { sudo .venv/bin/thaw "$@"; }') == []
+    assert thaw_invocations("helm install thaw deploy/helm/thaw -n thaw-system") == []
     assert thaw_invocations("thaw bench store") == [("bench", [])]   # and the test above would fail on it
 
 

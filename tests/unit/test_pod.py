@@ -136,3 +136,15 @@ def test_the_gpu_index_is_no_part_of_a_containers_identity_but_the_count_is():
         return m
     assert identity(on(0)) == identity(on(1))
     assert pod.differences(identity(on(0)), identity(on(0, 1)))[0] == "GPU count 1 (the image's) vs 2 (this container's)"
+
+
+def test_a_sandboxs_cgroup_parent_annotation_becomes_its_cgroups_path():
+    """gVisor's shim names the pod's cgroup in an annotation runsc's restore checks
+    compare, so no pod of a kubelet restored; linux.cgroupsPath may change."""
+    spec = sandbox()
+    spec["linux"] = {"cgroupsPath": "/kubepods/besteffort/pod-u1/abc"}
+    spec["annotations"][pod.CGROUP_PARENT] = "/kubepods/besteffort/pod-u1"
+    assert pod.fold_cgroup_parent(spec)
+    assert spec["linux"]["cgroupsPath"] == "/kubepods/besteffort/pod-u1"
+    assert pod.CGROUP_PARENT not in spec["annotations"]
+    assert not pod.fold_cgroup_parent(spec), "nothing left to move"

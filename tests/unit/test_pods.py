@@ -154,7 +154,7 @@ class FakeAutoCheckpointer:
         self.asked: list[str] = []
         self.checkpoints: list[dict] = []
 
-    def maybe(self, key: str, job, what: str = "") -> None:
+    def maybe(self, key: str, job, what: str = "", pod=None) -> None:
         self.asked.append(key)
 
     def checkpoint(self, rt, leave_running=True, key=None, hooks_rt=None, members=None) -> dict:

@@ -1,8 +1,8 @@
 """Which room answers a request of the containerd door (control/thawd/roles.py), with
 fakes of the rooms that record what they were asked: a pod's pause or app container
 goes to the pods, a lone container to the preparer, restorer and automatic checkpoint;
-create's decision is logged with its fields and counted once, whatever the role.
-The container records and the metrics table are real."""
+create's decision is logged with its fields and counted once, whatever the role; a
+pod's cold start is an Event on it. The container records and the metrics table are real."""
 from __future__ import annotations
 
 import json
@@ -36,6 +36,16 @@ class Recorder:
         return call
 
 
+class ColdEvents:
+    """control/thawd/events.py's Events as Roles uses it: the cold starts it posts."""
+
+    def __init__(self) -> None:
+        self.cold_starts: list = []
+
+    def cold(self, pod, reason: str) -> None:
+        self.cold_starts.append((pod, reason))
+
+
 @pytest.fixture
 def roles(tmp_path):
     (tmp_path / "empty.toml").write_text("")
@@ -49,8 +59,8 @@ def roles(tmp_path):
                "restore_member": (True, "registered", 0.1), "restore_sandbox": (True, "sandbox registered", 0.1)}
     rooms = {n: Recorder(calls, answers) for n in ("preparer", "restorer", "autocheckpoint", "pods", "parking")}
     r = Roles(containers, rooms["preparer"], rooms["restorer"], rooms["autocheckpoint"], rooms["pods"],
-              rooms["parking"], metrics)
-    r.calls, r.tmp = calls, tmp_path
+              rooms["parking"], metrics, ColdEvents())
+    r.calls, r.tmp, r.answers = calls, tmp_path, answers
     return r
 
 
@@ -97,6 +107,27 @@ def test_start_goes_to_the_room_of_the_containers_role(roles):
         roles.restore(app)
     with pytest.raises(UserError, match="subcontainer_restored"):
         roles.restore(lone, subcontainer_restored=True)
+
+
+def test_a_pods_cold_start_is_an_event_on_the_pod_whether_decided_at_create_or_after_a_failed_restore(roles):
+    from control.lifecycle.pod import PodRef
+    box = rt_of(roles.tmp, "s1", sandbox(ann={"io.kubernetes.cri.sandbox-namespace": "ns1",
+                                              "thaw.dev/workload": "web", "thaw.dev/ready": "tcp:80"}))
+    roles.answers["prepare_sandbox"] = Decision(False, "no-image: none yet", "t.web.pod")
+    roles.answers["restore_sandbox"] = (False, "runsc restore: exit status 1", 0.2)
+    assert not roles.prepare(box).restore
+    assert not roles.restore(box)[0]
+    ref = PodRef("ns1", "web-0", "uid-1")
+    assert roles.events.cold_starts == [(ref, "no-image: none yet"),
+                                        (ref, "the sandbox's restore failed: runsc restore: exit status 1")]
+    lone = rt_of(roles.tmp, "c1", specmod_lone())
+    roles.prepare(lone)
+    assert len(roles.events.cold_starts) == 2, "a lone container has no pod to post on"
+
+
+def specmod_lone() -> dict:
+    from runsc_hooks import spec as specmod
+    return specmod.command_spec(["/x"], rootfs="r", annotations=LONE)
 
 
 def test_a_start_whose_bundle_cannot_be_read_ends_its_lone_decision(roles):

@@ -32,9 +32,11 @@ import (
 	"sort"
 	"strings"
 
+	admissionv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	nodev1 "k8s.io/api/node/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apivalidation "k8s.io/apimachinery/pkg/api/validation"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	metavalidation "k8s.io/apimachinery/pkg/apis/meta/v1/validation"
@@ -57,6 +59,16 @@ var kinds = map[string]struct {
 	"v1/Pod":                      {func() any { return &corev1.Pod{} }, true},
 	"apps/v1/DaemonSet":           {func() any { return &appsv1.DaemonSet{} }, true},
 	"node.k8s.io/v1/RuntimeClass": {func() any { return &nodev1.RuntimeClass{} }, false},
+	"v1/Service":                  {func() any { return &corev1.Service{} }, true},
+	// The chart's node-scoped RBAC (deploy/helm/thaw/templates/rbac.yaml, admissionpolicy.yaml).
+	"rbac.authorization.k8s.io/v1/ClusterRole":        {func() any { return &rbacv1.ClusterRole{} }, false},
+	"rbac.authorization.k8s.io/v1/ClusterRoleBinding": {func() any { return &rbacv1.ClusterRoleBinding{} }, false},
+	"rbac.authorization.k8s.io/v1/Role":               {func() any { return &rbacv1.Role{} }, true},
+	"rbac.authorization.k8s.io/v1/RoleBinding":        {func() any { return &rbacv1.RoleBinding{} }, true},
+	"admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy": {
+		func() any { return &admissionv1.ValidatingAdmissionPolicy{} }, false},
+	"admissionregistration.k8s.io/v1/ValidatingAdmissionPolicyBinding": {
+		func() any { return &admissionv1.ValidatingAdmissionPolicyBinding{} }, false},
 }
 
 // Namespaces every cluster has.
@@ -254,6 +266,20 @@ func metaOf(typed any) *metav1.ObjectMeta {
 		return &o.ObjectMeta
 	case *nodev1.RuntimeClass:
 		return &o.ObjectMeta
+	case *corev1.Service:
+		return &o.ObjectMeta
+	case *rbacv1.ClusterRole:
+		return &o.ObjectMeta
+	case *rbacv1.ClusterRoleBinding:
+		return &o.ObjectMeta
+	case *rbacv1.Role:
+		return &o.ObjectMeta
+	case *rbacv1.RoleBinding:
+		return &o.ObjectMeta
+	case *admissionv1.ValidatingAdmissionPolicy:
+		return &o.ObjectMeta
+	case *admissionv1.ValidatingAdmissionPolicyBinding:
+		return &o.ObjectMeta
 	}
 	panic(fmt.Sprintf("no metadata for %T", typed))
 }
@@ -306,6 +332,20 @@ func (c *checker) crossCheck() {
 					c.errorf(where, "stringData key %q: %s", k, msg)
 				}
 			}
+		case *corev1.Service:
+			c.service(where, o.Namespace, t)
+		case *rbacv1.ClusterRole:
+			c.rules(where, t.Rules)
+		case *rbacv1.Role:
+			c.rules(where, t.Rules)
+		case *rbacv1.ClusterRoleBinding:
+			c.binding(where, "", t.RoleRef, t.Subjects)
+		case *rbacv1.RoleBinding:
+			c.binding(where, o.Namespace, t.RoleRef, t.Subjects)
+		case *admissionv1.ValidatingAdmissionPolicy:
+			c.policy(where, t)
+		case *admissionv1.ValidatingAdmissionPolicyBinding:
+			c.policyBinding(where, t)
 		}
 	}
 }
