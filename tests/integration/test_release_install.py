@@ -84,6 +84,9 @@ def newer_tree(work: Path, version: str) -> Path:
     v.write_text(re.sub(r'^VERSION = ".*"$', f'VERSION = "{version}"', v.read_text(), flags=re.M))
     for f in (tree / "deploy/kubernetes").rglob("*.yaml"):   # as a version bump does (tests/unit/test_version.py)
         f.write_text(f.read_text().replace(f"ghcr.io/thaw-dev/thaw:{VERSION}", f"ghcr.io/thaw-dev/thaw:{version}"))
+    chart = tree / "deploy/helm/thaw/Chart.yaml"   # its version and appVersion too (ci/release.sh checks them)
+    chart.write_text(re.sub(r'^(version|appVersion): "?' + re.escape(VERSION) + r'"?$', rf'\1: "{version}"',
+                            chart.read_text(), flags=re.M))
     return tree
 
 
