@@ -187,8 +187,9 @@ def decision(evs: list[dict]) -> dict:
 
 
 def one_round(b: Bench, name: str, mode: str, replicas: int, key: str, node_b) -> dict:
-    out: dict = {"mode": mode, "loadavg_before": open("/proc/loadavg").read().split()[:3],
-                 "node_b_cached_before": bool(cached(node_b, key))}
+    out: dict = {"mode": mode, "loadavg_before": open("/proc/loadavg").read().split()[:3]}
+    if mode == "thaw":
+        out["node_b_cached_before"] = bool(cached(node_b, key))
     w = b.watch(name)
     try:
         t0 = time.monotonic()
