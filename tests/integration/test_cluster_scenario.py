@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,7 @@ SERVER_IMAGE = "thaw.dev/scenario/server:1"
 SERVER_IMAGE_2 = "thaw.dev/scenario/server:2"   # other content: another digest, so another key
 APP = "server"
 WEIGHTS_MB = 256
+METRICS_PORT = 9464   # deploy/helm/thaw/values.yaml metrics.port
 # thawd's Event reasons (control/thawd/events.py).
 COLD, CHECKPOINTED, RESTORED = "ThawColdStart", "ThawCheckpointed", "ThawRestored"
 
@@ -126,6 +128,19 @@ def deployment(name: str, replicas: int) -> dict:
                 }}}}
 
 
+def scrape(target: str, timeout_s: float = 30) -> str:
+    """GET http://<target>/metrics (a thawd pod's address: the host routes the pod ranges)."""
+    end = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://{target}/metrics", timeout=5) as r:
+                return r.read().decode()
+        except OSError:
+            if time.monotonic() > end:
+                raise
+            time.sleep(0.5)
+
+
 def pods(c, name: str) -> dict[str, dict]:
     out = c.kubectl("get", "pods", "-n", "default", "-l", f"app={name}", "-o", "json").stdout
     return {p["metadata"]["name"]: p for p in json.loads(out)["items"] if not p["metadata"].get("deletionTimestamp")}
@@ -173,6 +188,14 @@ def test_a_deployment_scales_out_across_two_nodes_by_restoring(env, name):
     installed = time.monotonic() - t0
     thawds = json.loads(c.kubectl("get", "pods", "-n", "thaw-system", "-o", "json").stdout)["items"]
     assert sorted(p["spec"]["nodeName"] for p in thawds) == sorted(c.node_names)
+    # Metrics as a Prometheus in the cluster finds them: the headless Service's endpoints are
+    # each thawd's pod address and metrics port, and each answers /metrics there.
+    eps = json.loads(c.kubectl("get", "endpoints", "thawd-metrics", "-n", "thaw-system", "-o", "json").stdout)
+    targets = sorted(f"{a['ip']}:{pt['port']}" for sub in eps.get("subsets", [])
+                     for a in sub.get("addresses", []) for pt in sub.get("ports", []))
+    assert targets == sorted(f"{p['status']['podIP']}:{METRICS_PORT}" for p in thawds), (targets, eps)
+    for t in targets:
+        assert "thaw_cold_starts_total" in scrape(t), t
 
     # One replica, cold, on node a (b cordoned), checkpointed once its readinessProbe passes.
     c.kubectl("cordon", b.name)
