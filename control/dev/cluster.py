@@ -27,7 +27,7 @@ from pathlib import Path
 
 from control import config as configmod
 from control.dev import cgroups, ocibuild
-from control.dev.clusternode import CONTAINERD_SOCKET, OVERLAID, RUNSC_ROOT, Node, NodeNet
+from control.dev.clusternode import CONTAINERD_SOCKET, OVERLAID, RUNSC_ROOT, Node, NodeNet, ip
 from control.dev.pki import Pki, kubeconfig
 from control.dev.seaweed import free_ports
 from control.errors import PreconditionError, ThawError, Timeout, UserError
@@ -165,9 +165,9 @@ class Cluster:
     def _start(self, deadline: float) -> None:
         self._pki()
         self._images()
-        _ip("link", "add", self.bridge, "type", "bridge")
-        _ip("addr", "add", f"{self.host_address}/24", "dev", self.bridge)
-        _ip("link", "set", self.bridge, "up")
+        ip("link", "add", self.bridge, "type", "bridge")
+        ip("addr", "add", f"{self.host_address}/24", "dev", self.bridge)
+        ip("link", "set", self.bridge, "up")
         cgroups.create(self.cgroup)
         etcd_client, etcd_peer, cm_port, sched_port = free_ports(4)
         self._spawn("etcd", [
@@ -427,12 +427,6 @@ def _tail(p: Path) -> str:
         return p.read_text(errors="replace")[-1500:]
     except OSError:
         return "(no log)"
-
-
-def _ip(*args: str) -> None:
-    p = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
-    if p.returncode != 0:
-        raise ThawError(f"ip {' '.join(args)} failed: {p.stderr.strip()}", returncode=p.returncode)
 
 
 def main(argv: list[str] | None = None) -> int:

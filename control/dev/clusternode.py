@@ -220,15 +220,15 @@ class Node:
     def _network(self) -> None:
         n = self.net
         holder = self.holder_pid()
-        _ip("link", "add", n.veth, "type", "veth", "peer", "name", "eth0", "netns", f"/proc/{holder}/ns/net")
-        _ip("link", "set", n.veth, "master", n.bridge, "up")
+        ip("link", "add", n.veth, "type", "veth", "peer", "name", "eth0", "netns", f"/proc/{holder}/ns/net")
+        ip("link", "set", n.veth, "master", n.bridge, "up")
         script = [f"ip link set lo up", f"ip addr add {n.ip}/{n.prefix} dev eth0", "ip link set eth0 up",
                   f"ip route add default via {n.gateway}",
                   *(f"ip route add {cidr} via {via}" for cidr, via in n.routes),
                   # Pods' traffic crosses the node's namespace (ptp veths), as on a node.
                   "echo 1 > /proc/sys/net/ipv4/ip_forward"]
         self.run("sh", "-c", "set -e; " + "; ".join(script))
-        _ip("route", "replace", n.pod_cidr, "via", n.ip, "dev", n.bridge)
+        ip("route", "replace", n.pod_cidr, "via", n.ip, "dev", n.bridge)
 
     def _start_containerd(self, timeout_s: float) -> None:
         run = self.host_path("/run/thaw-cluster")
@@ -312,7 +312,8 @@ def _ns(pid: int, kind: str) -> str:
         return ""
 
 
-def _ip(*args: str) -> None:
+def ip(*args: str) -> None:
+    """`ip ARGS` (iproute2) on the host; ThawError with its stderr when it fails."""
     p = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
     if p.returncode != 0:
         raise ThawError(f"ip {' '.join(args)} failed: {p.stderr.strip()}", returncode=p.returncode)

@@ -42,16 +42,22 @@ MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
 CGROUP_TYPES = ("cgroup", "cgroup2")
 
 
-def stray_cgroup_mounts(mountinfo: str) -> list[str]:
-    """Mount points of cgroup file systems outside /sys/fs/cgroup and not shared
-    (proc(5) mountinfo), deepest first."""
-    out = []
+def _rows(mountinfo: str):
+    """(root, mount point, optional fields, fs type, super options) of each line of a
+    proc(5) mountinfo; lines that are not whole are left out."""
     for line in mountinfo.splitlines():
         fields = line.split()
         if " - " not in line or len(fields) < 10:
             continue
         sep = fields.index("-")
-        point, optional, fstype = fields[4], fields[6:sep], fields[sep + 1]
+        yield fields[3], fields[4], fields[6:sep], fields[sep + 1], fields[sep + 3]
+
+
+def stray_cgroup_mounts(mountinfo: str) -> list[str]:
+    """Mount points of cgroup file systems outside /sys/fs/cgroup and not shared
+    (proc(5) mountinfo), deepest first."""
+    out = []
+    for _, point, optional, fstype, _ in _rows(mountinfo):
         if fstype not in CGROUP_TYPES or point == "/sys/fs/cgroup" or point.startswith("/sys/fs/cgroup/"):
             continue
         if any(o.startswith("shared:") for o in optional):
@@ -64,12 +70,7 @@ def own_cgroup_v1_mounts(mountinfo: str) -> list[tuple[str, str]]:
     """(mount point, controllers) of the cgroup v1 hierarchies under /sys/fs/cgroup that
     are rooted below the hierarchy's root (runc's for a container)."""
     out = []
-    for line in mountinfo.splitlines():
-        fields = line.split()
-        if " - " not in line or len(fields) < 10:
-            continue
-        sep = fields.index("-")
-        root, point, fstype, opts = fields[3], fields[4], fields[sep + 1], fields[sep + 3]
+    for root, point, _, fstype, opts in _rows(mountinfo):
         if fstype == "cgroup" and root != "/" and point.startswith("/sys/fs/cgroup/"):
             ctl = ",".join(o for o in opts.split(",") if o not in ("rw", "ro"))
             out.append((point, ctl))
