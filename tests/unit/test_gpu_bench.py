@@ -135,15 +135,23 @@ def test_parse_args():
     assert o.time_left() <= 500
 
 
+def spool_server(tmp_path, spool, new_tokens: int):
+    """bench/gpu/server.py's spool loop on a thread, its fake backend over tiny fake
+    weights in tmp_path/w; the channel to it."""
+    weights.make("tiny", tmp_path / "w", fmt="fake")
+    ch = models.FileChannel(spool)
+    ch.reset()
+    srv = server.Server(server.FakeBackend(str(tmp_path / "w"), [1, 2, 3], new_tokens))
+    threading.Thread(target=server.serve_spool, args=(srv, str(spool)), daemon=True).start()
+    return ch
+
+
 def test_file_channel_against_the_server_loop(tmp_path):
     w = weights.make("tiny", tmp_path / "w", fmt="fake")
     assert w["bytes"] > 0 and (tmp_path / "w" / ".complete").is_file()
     assert weights.make("tiny", tmp_path / "w", fmt="fake")["reused"] is True
     spool = tmp_path / "spool"
-    ch = models.FileChannel(spool)
-    ch.reset()
-    srv = server.Server(server.FakeBackend(str(tmp_path / "w"), [1, 2, 3], 8))
-    threading.Thread(target=server.serve_spool, args=(srv, str(spool)), daemon=True).start()
+    ch = spool_server(tmp_path, spool, 8)
     a = ch.request("generate", 10)
     b = ch.request("generate", 10)
     assert len(a["tokens"]) == 8 and models.same_answer(a, b) and a["boot"] == server.BOOT
@@ -159,12 +167,8 @@ def test_file_channel_against_the_server_loop(tmp_path):
 def test_the_nonce_names_the_spool_the_answering_server_sees(tmp_path):
     """A server that sees another directory cannot report this spool's nonce: what
     bench/gpu/node.py's park rounds check to tell which sandbox answered."""
-    weights.make("tiny", tmp_path / "w", fmt="fake")
     mine = tmp_path / "mine"
-    ch = models.FileChannel(mine)
-    ch.reset()
-    srv = server.Server(server.FakeBackend(str(tmp_path / "w"), [1, 2, 3], 4))
-    threading.Thread(target=server.serve_spool, args=(srv, str(mine)), daemon=True).start()
+    ch = spool_server(tmp_path, mine, 4)
     a = ch.request("health", 10)
     assert a["spool_nonce"] == a["spool_nonce_sent"] and a["spool_nonce"].startswith("mine:")
     # A request written straight into a spool without a nonce file: the server says so.
@@ -591,12 +595,7 @@ def test_a_process_that_answers_differently_after_leave_running_ends_the_chain(t
 
 
 def test_server_weights_round_trip_over_the_spool(tmp_path):
-    weights.make("tiny", tmp_path / "w", fmt="fake")
-    spool = tmp_path / "spool"
-    ch = models.FileChannel(spool)
-    ch.reset()
-    srv = server.Server(server.FakeBackend(str(tmp_path / "w"), [1, 2, 3], 8))
-    threading.Thread(target=server.serve_spool, args=(srv, str(spool)), daemon=True).start()
+    ch = spool_server(tmp_path, tmp_path / "spool", 8)
     first = ch.request("generate", 10)
     for mode in ("register", "alloc", "staged", "drop"):
         assert ch.request("offload-weights", 10, mode=mode)["mode"] == mode
