@@ -13,7 +13,7 @@ out=${THAW_BUILD_DIR:-"$here/build"}
 mkdir -p "$out"
 
 pins=$(cd "$here/go" && go list -m -f '{{.Path}}@{{.Version}}' gvisor.dev/gvisor github.com/containerd/containerd/v2 sigs.k8s.io/cri-tools github.com/containernetworking/plugins)
-inputs=$( (cd "$here" && echo "$pins" && cat ci/build-go.sh ci/patch-runsc-loader.py ci/patch-runsc-populate.py go/overlay/*/*.go; go version) | sha256sum | cut -c1-16)
+inputs=$( (cd "$here" && echo "$pins" && cat ci/build-go.sh ci/patch-runsc-loader.py ci/patch-runsc-populate.py ci/patch-runsc-restoring.py go/overlay/*/*.go; go version) | sha256sum | cut -c1-16)
 
 # thaw's version, from its one source (control/version.py), stamped into the
 # Go commands (go/internal/version).
@@ -93,14 +93,17 @@ MOD
   rm -rf "$work"
 }
 
-# runsc carries two patches. Its background page loader restores with fewer,
+# runsc carries three patches. Its background page loader restores with fewer,
 # and on huge pages larger, reads than the pin's 128 of 256 KiB (upstream gVisor
 # PR #14568; ci/patch-runsc-loader.py says what and why, docs/gvisor-notes.md
 # "The pin" what was measured); the reader only: checkpoints still write with
 # the pin's. And before the CUDA restore that ends a GPU restore, the CUDA
 # processes' memory is faulted in through the sentry's mapping (the approach of
-# upstream gVisor PR #13753; ci/patch-runsc-populate.py). Same version label:
-# images restore across patched and unpatched builds alike (the format is untouched).
+# upstream gVisor PR #13753; ci/patch-runsc-populate.py). And `runsc events`
+# and `runsc ps` answer an error while a sandbox restores instead of reading the
+# bare kernel the restore swaps in, which panicked the sentry and failed a pod's
+# restore (ci/patch-runsc-restoring.py). Same version label: images restore
+# across patched and unpatched builds alike (the format is untouched).
 RESTORE_HUGE_READERS=12     # memory file on huge pages (GPU nodes: node.huge_pages)
 RESTORE_HUGE_READ_KIB=4096
 RESTORE_SMALL_READERS=8     # small pages, reads of the pin's 256 KiB
@@ -111,6 +114,7 @@ echo "build: runsc <- gvisor.dev/gvisor/runsc@$gvisor_version, patched:"
 python3 "$here/ci/patch-runsc-loader.py" "$runsc_work/copy" "$RESTORE_HUGE_READERS" "$RESTORE_HUGE_READ_KIB" \
   "$RESTORE_SMALL_READERS" || exit 1
 python3 "$here/ci/patch-runsc-populate.py" "$runsc_work/copy" || exit 1
+python3 "$here/ci/patch-runsc-restoring.py" "$runsc_work/copy" || exit 1
 build_patched runsc gvisor.dev/gvisor/runsc gvisor.dev/gvisor "$runsc_work" \
   -ldflags "-s -w -X gvisor.dev/gvisor/runsc/version.version=$label"
 # The shim is built with thaw's oom_linux.go in place of containerd's (see

@@ -9,8 +9,8 @@
 # setting these measured best (ci/build-go.sh RESTORE_READERS).
 #   bash bench/gpu/build-runsc-variant.sh 128        -> build/runsc-readers128 (the stock loader)
 #   bash bench/gpu/build-runsc-variant.sh 12 4096    -> build/runsc-readers12x4096k (upstream PR #14568's)
-#   bash bench/gpu/build-runsc-variant.sh prefault   -> build/runsc-prefault: thaw's runsc (its loader and
-#        populate patches, ci/build-go.sh's values) plus bench/gpu/patch-runsc-prefault.py
+#   bash bench/gpu/build-runsc-variant.sh prefault   -> build/runsc-prefault: thaw's runsc (its loader,
+#        populate and restoring patches, ci/build-go.sh's values) plus bench/gpu/patch-runsc-prefault.py
 #   bash bench/gpu/build-runsc-variant.sh fdtrace    -> build/runsc-fdtrace: thaw's runsc plus
 #        bench/gpu/patch-runsc-fdtrace.py (the EBADF hunt: nvproxy's host FD closes traced)
 #   bash bench/gpu/build-runsc-variant.sh prefault-all -> build/cpu/runsc-prefault-all: every process, a CPU
@@ -39,6 +39,7 @@ if [[ "$readers" == prefault* || "$readers" == fdtrace ]]; then
   done
   python3 "$here/ci/patch-runsc-loader.py" "$mod/gvisor" "${loader_args[@]}"
   python3 "$here/ci/patch-runsc-populate.py" "$mod/gvisor"
+  python3 "$here/ci/patch-runsc-restoring.py" "$mod/gvisor"
   case "$readers" in
     prefault-all) python3 "$here/bench/gpu/patch-runsc-prefault.py" "$mod/gvisor" --all ;;
     prefault) python3 "$here/bench/gpu/patch-runsc-prefault.py" "$mod/gvisor" ;;

@@ -16,6 +16,7 @@ its own workload name, so their images and pod records do not meet."""
 from __future__ import annotations
 
 import subprocess
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -238,6 +239,56 @@ def test_pod_stopped_while_restoring_goes_away(cs):
     assert cs.cri.crictl("pods", "-q", "--name", f"{w}-b").stdout.strip() == ""
     assert not [p for p in Path("/proc").glob("[0-9]*/cmdline")
                 if pod.encode() in _read(p) and _read(p).startswith(b"runsc-sandbox")], "sandbox left behind"
+
+
+def test_a_pod_restores_while_its_first_container_is_polled(cs):
+    """Issue 32: containerd's CRI polls every running container's stats once a second
+    (the shim's task Stats -> `runsc events --stats`), the kubelet too, and a task's
+    processes are listed with `runsc ps`.
+    A pod's first container is running in the shim's view while its last one
+    restores, and at the pin a poll that landed while that restore swapped the
+    sandbox's kernel panicked the sentry: the last `runsc restore` exited 128 and
+    the pod started cold (5 restores in 70 under load; 7 of 8 polled this densely).
+    thaw's runsc answers such a poll with an error instead (ci/patch-runsc-restoring.py).
+    Each round polls the first container with both commands from create of the
+    second container until its start returns: the pod restores every time, and
+    `runsc ps` says the sandbox was restoring at least once, so the polls did
+    overlap the restore (an unpatched runsc never says so)."""
+    w = "pods-polled"
+    saved = seed(cs, w)
+    runsc, root = BUILD / "runsc", cs.base / "cri" / "runsc-root" / "k8s.io"
+    for r in range(3):
+        name = f"{w}-r{r}"
+        cfg = cs.cri.pod_config(name, pod_annotations(w), uid=f"{name}-uid")
+        pod = cs.cri.runp(cfg, "runsc-thaw")
+        app = cs.cri.create(pod, cs.cri.container_config(f"{name}-0", "app", POD_IMAGE, env=POD_CONTAINERS["app"]),
+                            cfg)
+        cs.cri.start(app)
+        stop, said = threading.Event(), []
+        pollers = [threading.Thread(target=_poll, args=([str(runsc), f"--root={root}", *c, app], stop, said))
+                   for c in (["events", "--stats"], ["ps"])]
+        for t in pollers:
+            t.start()
+        try:
+            side = cs.cri.create(pod, cs.cri.container_config(f"{name}-0", "sidecar", POD_IMAGE,
+                                                              env=POD_CONTAINERS["sidecar"]), cfg)
+            cs.cri.start(side)
+        finally:
+            stop.set()
+            for t in pollers:
+                t.join()
+        ids = {"app": app, "sidecar": side}
+        assert decisions(cs, pod, *ids.values()) == {
+            i: [("create", "restore"), ("start", "restored")] for i in (pod, *ids.values())}, reason(cs, pod)
+        assert {n: cs.state(c)[0] for n, c in ids.items()} == {n: s[0] for n, s in saved.items()}
+        assert any("the sandbox is restoring" in s for s in said), f"round {r}: {len(said)} polls, {said[-3:]}"
+        cs.cri.remove_pod(pod)
+
+
+def _poll(argv: list[str], stop: threading.Event, said: list[str]) -> None:
+    """Runs argv until `stop`, keeping each run's stderr in `said`."""
+    while not stop.is_set():
+        said.append(subprocess.run(argv, capture_output=True, text=True, timeout=30).stderr)
 
 
 def _read(p: Path) -> bytes:

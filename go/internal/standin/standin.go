@@ -362,8 +362,13 @@ func (s *Standin) start() int {
 // start fails, and the kubelet re-creates the pod, which then starts cold.
 func (s *Standin) startMember(m *marker, t0 time.Time) int {
 	args := []string{"restore", "--image-path=" + m.ImagePath, "--detach", m.ID}
+	logPath := s.a.GlobalValue("log")
+	logSize := runscLogSize(logPath)
 	if err := s.runRunsc(args...); err != nil {
 		reason := "runsc restore: " + err.Error()
+		if msg := runscErrorSince(logPath, logSize); msg != "" {
+			reason += ": " + msg
+		}
 		s.report(m, pb.ReportOutcomeRequest_RESTORE_FAILED, reason)
 		s.log.Write("start", m, "restore-failed", reason, t0)
 		return s.fail(fmt.Sprintf("thaw: restoring container %s failed (%s); its pod's sandbox is removed "+
