@@ -34,11 +34,11 @@ the first tenth ends. THAW_SOAK_CYCLES=N raises both counts to N for a longer so
 What it found (2026-12-04): thawd's RSS grew ~100 KiB a container start (glibc's dynamic
 mmap threshold and the exit watch's reads: control/thawd/exits.py), the streams' gofer logs
 and, in the dev harness, the shim logs grew by a file each for ever (store.stream_logs_keep;
-control/dev/containerd.py). Open, not part of this soak: an image made by checkpointing a
-sandbox restored from an image made so, generation after generation, grows: its checkpoint.img
-(the sentry's state) by ~1.7 KB a generation (199,139 bytes at the 1st, 355,504 at the 100th),
-also with 4 s of runtime a generation, so not TCP TIME_WAIT endpoints expiring; cause not found
-(docs/gvisor-notes.md). Each CLI cycle here restores the seed's image instead.
+control/dev/containerd.py). Not part of this soak: an image made by checkpointing a sandbox
+restored from an image made so, generation after generation, grows: its checkpoint.img (the
+sentry's state) by ~1.4-1.7 KB a generation, the TCP endpoints of every earlier generation, which
+runsc's netstack keeps in a saved list it never empties after a restore (docs/gvisor-notes.md,
+"Chained checkpoints"; bench/chain_growth.py). Each CLI cycle here restores the seed's image instead.
 """
 from __future__ import annotations
 
@@ -269,8 +269,8 @@ def test_soak_cli(base, name):
     """CYCLES x (restore, ask, checkpoint) through the `thaw` CLI. Each cycle restores the
     seed's image and checkpoints the restored sandbox into a scratch image: a chain of
     generations (restoring the image the previous cycle made) grows the sentry's saved state
-    by ~1.7 KB a generation, cause not found (docs/gvisor-notes.md), and would measure that
-    instead of what the host keeps per cycle."""
+    by ~1.4-1.7 KB a generation, runsc keeping every earlier generation's TCP endpoints
+    (docs/gvisor-notes.md), and would measure that instead of what the host keeps per cycle."""
     env = thaw_env(base)
     s = settings_for(base)
     img, out_img = base / "img-seed", base / "img-cycle"
