@@ -194,3 +194,33 @@ def test_gpu_node_script_rehearsed_on_cpu(name, tmp_path):
     # Nothing of the machine's was left changed: mount points made for the run are gone again.
     assert {p: os.path.exists(p) for p in NODE_PATHS} == existed
     assert not work.exists()
+
+
+SOAK = 7   # one lap: store, cache, cache, stream, cache, park, park (bench/gpu/soak.py Soak.lap)
+
+
+@pytest.mark.timeout(240)
+def test_gpu_soak_script_rehearsed_on_cpu(name, tmp_path):
+    """Issue 32 item 3's soak, rehearsed: `bench/gpu/soak.sh --cpu` runs one lap of every
+    kind of restore; each must have restored (not cold) and answered as the cold start did."""
+    require(os.geteuid() == 0, "root")
+    require((BUILD / "runsc").is_file(), f"runsc built in {BUILD} (make setup)")
+    work, out = Path(f"/tmp/thaw-it/{name}"), tmp_path / "out"
+    _kill_leftovers(work)
+    try:
+        p = subprocess.run(["bash", "bench/gpu/soak.sh", "--cpu", "--work", str(work), "--out", str(out),
+                            "--soak", str(SOAK), "--budget-s", "200"],
+                           cwd=REPO, capture_output=True, text=True, timeout=220)
+        assert (out / "soak.json").is_file(), p.stdout[-3000:] + p.stderr[-3000:]
+        r = json.loads((out / "soak.json").read_text())
+        assert p.returncode == 0 and r["ok"], (r["errors"], [c for c in r["checks"] if not c["ok"]])
+    finally:
+        _kill_leftovers(work)
+    rows = r["restores"]
+    assert [x["kind"] for x in rows] == ["store", "cache", "cache", "stream", "cache", "park", "park"], rows
+    for x in rows:
+        assert x["ok"] and x["identical"] is True and x["t"] > 0, x
+        assert x["decisions"] == (["adopt", "restored"] if x["kind"] == "park" else ["restore", "restored"]), x
+    assert {k: v["count"] for k, v in r["soak"]["kinds"].items()} == {"store": 1, "cache": 3, "stream": 1, "park": 2}
+    assert r["soak"]["failures"] == 0
+    assert len(r["build"]["runsc_sha256"]) == 64 and r["build"]["thaw_commit"]

@@ -1,0 +1,235 @@
+#!/usr/bin/env python3
+"""A restore soak on one GPU node through containerd (issue 32 item 3): bench/gpu/node.py's
+Node, a cold start thawd checkpoints and publishes, then N consecutive restores in laps
+that mix every kind: `thaw evict` and a restore from the store, restores from the node
+cache; thawd with store.stream on, `thaw evict` and a streamed restore, a cache restore;
+thawd with park.enabled and Node.park_rounds' honest adoptions (template gone, a spool of
+each sandbox's own, a nonce). Every container binds the workload's spool and share
+directories and ends by SIGKILL of its task (Node.remove). One thawd config cannot do
+all kinds: with store.stream on a restore after eviction streams (never pulls), and with
+park.enabled every start makes thawd park a sandbox that the next start adopts instead
+of restoring from the cache; so each lap restarts thawd twice per config change.
+
+Every restore is a row in soak.json's `restores` (kind, model, t, ok, reason): ok when
+node.py's checks for it all passed (restored, not cold: the stand-in's decisions are
+restore/restored or adopt/restored; the answer identical to the cold one's; the same
+GPU). A failed restore is recorded and the soak goes on; --max-consecutive-failures
+ends it. bench/gpu/soak_summary.py merges several runs of one build.
+
+  bash bench/gpu/soak.sh [--model M] [--soak N] [--park-per-lap P] [--budget-s S]
+  bash bench/gpu/soak.sh --cpu --work DIR --out DIR --soak 12
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+for p in (str(REPO), str(HERE)):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+import node as nodemod  # noqa: E402  (bench/gpu/node.py)
+from node import Node, OutOfTime, Report  # noqa: E402
+from soak_summary import per_kind  # noqa: E402
+
+KINDS = ("store", "cache", "stream", "park")
+
+
+def build_identity(bin_dir: Path) -> dict:
+    """What makes two runs one build: the runsc binary's sha256 and thaw's commit (git
+    here; node.sh's device copy has no .git, so THAW_SOAK_COMMIT names it there)."""
+    runsc = bin_dir / "runsc"
+    sha = hashlib.sha256(runsc.read_bytes()).hexdigest() if runsc.exists() else None
+    commit = os.environ.get("THAW_SOAK_COMMIT") or None
+    if commit is None:
+        p = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True)
+        commit = p.stdout.strip() or None if p.returncode == 0 else None
+    return {"runsc_sha256": sha, "thaw_commit": commit}
+
+
+class Soak:
+    def __init__(self, o: nodemod.Options, node: Node, report: Report, n: int, park_per_lap: int,
+                 max_fail: int) -> None:
+        self.o, self.node, self.r, self.n = o, node, report, n
+        self.park_per_lap, self.max_fail = park_per_lap, max_fail
+        self.rows: list[dict] = report.data.setdefault("restores", [])
+        self.k = 1          # the next container's round number (unique names: name_of)
+        self.consecutive = 0
+
+    def done(self) -> bool:
+        return len(self.rows) >= self.n or self.consecutive >= self.max_fail
+
+    def row(self, kind: str, rec: dict | None, failed: list[str], error: str | None) -> None:
+        ok = rec is not None and not failed and error is None
+        self.consecutive = 0 if ok else self.consecutive + 1
+        self.rows.append({"i": len(self.rows) + 1, "kind": kind, "model": self.o.model,
+                          "t": (rec or {}).get("first_answer_s"), "ok": ok,
+                          "reason": None if ok else (error or "; ".join(failed))[:1000],
+                          "container": (rec or {}).get("container"),
+                          "decisions": [d.get("decision") for d in (rec or {}).get("decisions") or []],
+                          "identical": (rec or {}).get("identical"), "at": round(time.time(), 3)})
+        self.r.data["soak"] = per_kind(self.rows)
+        self.r.save()
+
+    def cleanup(self) -> None:
+        """After a failed restore: no container of it survives into the next."""
+        for cid in list(self.node.containers):
+            try:
+                self.node.remove(cid)
+            except Exception as e:  # noqa: BLE001 - recorded; the soak goes on
+                self.r.error(f"soak cleanup of {cid}: {type(e).__name__}: {e}")
+
+    def attempt(self, kind: str, fn) -> None:
+        if self.done():
+            return
+        self.o.need(f"soak restore {len(self.rows) + 1} ({kind})", self.o.step_s(kind))
+        mark = len(self.r.data["checks"])
+        rec, error = None, None
+        try:
+            rec = fn(self.k)
+        except OutOfTime:
+            raise
+        except Exception as e:  # noqa: BLE001 - a failed restore is a row, not the end
+            error = f"{type(e).__name__}: {e}"[:1000]
+            self.cleanup()
+        self.k += 1
+        self.row(kind, rec, [c["check"] for c in self.r.data["checks"][mark:] if not c["ok"]], error)
+
+    def parks(self, cold: dict, key: str) -> None:
+        """Node.park_rounds' adoptions: one row each; a check is the adoption's by its
+        label (parked#j:), the rest (template, leftovers) the last row's."""
+        want = min(self.park_per_lap, self.n - len(self.rows))
+        if want <= 0 or self.done():
+            return
+        self.o.need("soak parked rounds", self.o.step_s("thawd", "cache", "thawd") + want * self.o.step_s("park"))
+        mark = len(self.r.data["checks"])
+        recs, error = [], None
+        try:
+            recs = self.node.park_rounds(cold, want)
+        except Exception as e:  # noqa: BLE001
+            error = f"{type(e).__name__}: {e}"[:1000]
+            self.cleanup()
+        checks = self.r.data["checks"][mark:]
+        for j in range(1, max(len(recs), 1 if error else 0) + 1):
+            rec = recs[j - 1] if j <= len(recs) else None
+            mine = [c["check"] for c in checks if not c["ok"] and c["check"].startswith(f"parked#{j}:")]
+            if j >= len(recs):   # the last: also whatever no adoption names
+                mine += [c["check"] for c in checks if not c["ok"] and not c["check"].startswith("parked#")]
+            self.row("park", rec, mine, error if j >= len(recs) else None)
+        if len(recs) < want and error is None:
+            self.r.error(f"soak: park_rounds did {len(recs)} of {want} adoptions")
+
+    def evict(self, key: str, k: int) -> None:
+        """`thaw evict` before a store or streamed restore; the soak's first store restore
+        follows checkpoint_and_publish, which evicted the entry already."""
+        if any(e["key"] == key for e in self.node.stats()["entries"]):
+            self.node.evict(key, f"soak{k}")
+
+    def lap(self, cold: dict, key: str) -> None:
+        """One lap: evict + store, cache, cache; stream on: evict + stream, cache; park."""
+        node = self.node
+        self.attempt("store", lambda k: (self.evict(key, k), node.restore_from_store(cold, k))[1])
+        self.attempt("cache", lambda k: node.restore_from_cache(cold, k))
+        self.attempt("cache", lambda k: node.restore_from_cache(cold, k))
+        if not self.done():
+            node.restart_thawd(stream=True)
+            try:
+                self.attempt("stream", lambda k: (self.evict(key, k),
+                                                  node.restore_streamed(cold, key, k))[1])
+                self.attempt("cache", lambda k: node.restore_from_cache(cold, k))
+            finally:
+                node.restart_thawd(stream=False)
+        self.parks(cold, key)
+
+    def run(self) -> None:
+        cold = self.node.cold_start()
+        self.r.data["cold"] = {k: cold.get(k) for k in ("first_answer_s", "answer", "boot")}
+        key = self.node.checkpoint_and_publish(cold)["key"]   # ends with the entry evicted
+        laps = 0
+        while not self.done():
+            try:
+                self.lap(cold, key)
+            except OutOfTime as e:
+                self.r.error(f"out of time: {e}; {len(self.rows)} of {self.n} restores done")
+                break
+            laps += 1
+        self.r.data["laps"] = laps
+        if self.consecutive >= self.max_fail:
+            self.r.error(f"soak stopped: {self.consecutive} consecutive failed restores")
+
+
+def run(o: nodemod.Options, n: int, park_per_lap: int, max_fail: int) -> dict:
+    report = Report(o.out, {"benchmark": "gpu-soak", "mode": o.mode, "model": o.model,
+                            "date": time.strftime("%Y-%m-%d", time.gmtime()), "build": build_identity(o.bin),
+                            "asked": n, "options": {"park_per_lap": park_per_lap, "max_consecutive_failures":
+                                                    max_fail, "budget_s": o.budget_s}}, name="soak.json")
+    node = Node(o, report)
+    soak = Soak(o, node, report, n, park_per_lap, max_fail)
+    try:
+        node.preflight()
+        node.up()
+        node.make_weights()
+        soak.run()
+    except OutOfTime as e:
+        report.error(f"out of time: {e}")
+    except KeyboardInterrupt:
+        report.error("interrupted (SIGINT or SIGTERM): the node was torn down")
+    except Exception as e:  # noqa: BLE001 - every failure is evidence in the report
+        report.error(f"{type(e).__name__}: {e}\n{traceback.format_exc()[-3000:]}")
+    finally:
+        try:
+            node.down()
+        except Exception as e:  # noqa: BLE001
+            report.error(f"teardown: {type(e).__name__}: {e}")
+        if not o.keep:
+            import shutil
+            shutil.rmtree(o.work, ignore_errors=True)
+    s = report.data["soak"] = per_kind(soak.rows)
+    report.check("soak: every restore restored (not cold) and answered identically to the cold start",
+                 bool(soak.rows) and s["failures"] == 0, {"restores": s["restores"], "failures": s["failures"]})
+    report.check("soak: every kind ran (store, cache, stream, and park if asked)",
+                 all(s["kinds"].get(k, {}).get("count") for k in KINDS if k != "park" or park_per_lap),
+                 {k: v["count"] for k, v in s["kinds"].items()})
+    report.data["ok"] = not report.data["errors"] and all(c["ok"] for c in report.data["checks"])
+    report.save()
+    return report.data
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--soak", type=int, default=12, help="restores to run (default 12)")
+    ap.add_argument("--park-per-lap", type=int, default=2, help="parked adoptions per lap (0: none)")
+    ap.add_argument("--max-consecutive-failures", type=int, default=5, help="end the soak after this many")
+    a, rest = ap.parse_known_args(argv)
+    if a.soak < 1 or a.park_per_lap < 0 or a.max_consecutive_failures < 1:
+        ap.error("--soak and --max-consecutive-failures: at least 1; --park-per-lap: 0 or more")
+    o = nodemod.parse_args(rest + ["--repeat", "1", "--stream", "0"])
+    main_pid = os.getpid()
+
+    def on_term(signum, frame):   # node.py main's reason: pyroute2's forks must not tear down
+        if os.getpid() != main_pid:
+            os._exit(128 + signum)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    if os.geteuid() != 0:
+        print("soak.py: run as root (runsc, containerd, mounts)", file=sys.stderr)
+        return 2
+    data = run(o, a.soak, a.park_per_lap, a.max_consecutive_failures)
+    import json
+    print(json.dumps(data["soak"], indent=2))
+    print(f"soak.py: {'ok' if data['ok'] else 'FAILED'}; {o.out / 'soak.json'}", flush=True)
+    return 0 if data["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

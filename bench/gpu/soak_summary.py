@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""Merge GPU soak runs (bench/gpu/soak.py's soak.json, issue 32 item 3) into one table:
+per model and kind the count, failures and restore-time (first answer) p50/p95/p99, and
+the cumulative totals. Runs of different builds (runsc sha256, thaw commit) are refused:
+the issue's count is cumulative on one build.
+
+  python3 bench/gpu/soak_summary.py RUN.json [RUN.json ...]
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+class MergeRefused(Exception):
+    pass
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The q-th percentile, linear between the closest ranks (numpy's default)."""
+    v = sorted(values)
+    if not v:
+        return None
+    pos = (len(v) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(v) - 1)
+    return round(v[lo] + (v[hi] - v[lo]) * (pos - lo), 3)
+
+
+def per_kind(rows: list[dict]) -> dict:
+    """Count, failures and p50/p95/p99 of the ok restores' times, per kind (and per
+    model and kind when rows of several models are merged)."""
+    def table(key) -> dict:
+        groups: dict[str, list[dict]] = {}
+        for r in rows:
+            groups.setdefault(key(r), []).append(r)
+        out = {}
+        for k, rs in sorted(groups.items()):
+            t = [r["t"] for r in rs if r.get("ok") and isinstance(r.get("t"), (int, float))]
+            out[k] = {"count": len(rs), "failures": sum(1 for r in rs if not r.get("ok")),
+                      **{f"p{q}_s": percentile(t, q) for q in (50, 95, 99)}}
+        return out
+    return {"restores": len(rows), "failures": sum(1 for r in rows if not r.get("ok")),
+            "kinds": table(lambda r: r["kind"]),
+            "models": table(lambda r: f"{r.get('model')}/{r['kind']}")}
+
+
+def merge(runs: list[dict]) -> dict:
+    builds = {json.dumps(r.get("build") or {}, sort_keys=True) for r in runs}
+    if len(builds) != 1 or any(not (r.get("build") or {}).get("runsc_sha256") or
+                               not (r.get("build") or {}).get("thaw_commit") for r in runs):
+        raise MergeRefused(f"runs of different or unknown builds: {sorted(builds)}")
+    rows = [row for r in runs for row in r.get("restores", [])]
+    return {"build": runs[0]["build"], "runs": len(runs), **per_kind(rows)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    paths = [Path(p) for p in (argv if argv is not None else sys.argv[1:])]
+    if not paths:
+        print("soak_summary.py: name at least one soak.json", file=sys.stderr)
+        return 2
+    try:
+        runs = [json.loads(p.read_text()) for p in paths]
+        print(json.dumps(merge(runs), indent=2))
+    except (OSError, ValueError) as e:
+        print(f"soak_summary.py: {e}", file=sys.stderr)
+        return 2
+    except MergeRefused as e:
+        print(f"soak_summary.py: refused: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

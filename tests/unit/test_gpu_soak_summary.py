@@ -1,0 +1,63 @@
+"""bench/gpu/soak_summary.py: the soak's per-kind percentiles and the merge that refuses
+runs of different builds (issue 32 item 3: the count is cumulative on one build)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("bench_gpu_soak_summary", REPO / "bench/gpu/soak_summary.py")
+summary = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = summary
+spec.loader.exec_module(summary)
+
+BUILD = {"runsc_sha256": "a" * 64, "thaw_commit": "f0dd438"}
+
+
+def _run(model: str, kind: str, times: list[float], fail: int = 0, build: dict = BUILD) -> dict:
+    rows = [{"kind": kind, "model": model, "t": t, "ok": True, "reason": None} for t in times]
+    rows += [{"kind": kind, "model": model, "t": None, "ok": False, "reason": "cold"}] * fail
+    return {"build": dict(build), "restores": rows}
+
+
+def test_percentiles_interpolate_between_ranks():
+    v = [float(x) for x in range(1, 101)]   # 1..100
+    assert summary.percentile(v, 50) == 50.5
+    assert summary.percentile(v, 95) == 95.05
+    assert summary.percentile(v, 99) == 99.01
+    assert summary.percentile([2.2], 99) == 2.2
+    assert summary.percentile([], 50) is None
+    assert summary.percentile([3.0, 1.0, 2.0], 50) == 2.0   # unsorted input
+
+
+def test_per_kind_counts_failures_and_times_only_ok_restores():
+    s = summary.per_kind(_run("gpt2-large", "cache", [1.0, 2.0, 3.0], fail=2)["restores"])
+    assert s["restores"] == 5 and s["failures"] == 2
+    assert s["kinds"]["cache"] == {"count": 5, "failures": 2, "p50_s": 2.0, "p95_s": 2.9, "p99_s": 2.98}
+
+
+def test_merge_adds_runs_of_one_build_per_model_and_kind():
+    m = summary.merge([_run("gpt2-large", "cache", [2.2, 2.4]), _run("llama-8b", "park", [1.4]),
+                       _run("gpt2-large", "cache", [2.3])])
+    assert m["runs"] == 3 and m["restores"] == 4 and m["failures"] == 0
+    assert m["models"]["gpt2-large/cache"]["count"] == 3 and m["models"]["gpt2-large/cache"]["p50_s"] == 2.3
+    assert m["models"]["llama-8b/park"]["count"] == 1 and m["kinds"]["park"]["p99_s"] == 1.4
+
+
+@pytest.mark.parametrize("other", [{"runsc_sha256": "b" * 64, "thaw_commit": "f0dd438"},
+                                   {"runsc_sha256": "a" * 64, "thaw_commit": "0000000"},
+                                   {"runsc_sha256": "a" * 64, "thaw_commit": None}])
+def test_merge_refuses_runs_of_another_or_unknown_build(other, tmp_path, capsys):
+    runs = [_run("gpt2-large", "cache", [2.2]), _run("llama-8b", "park", [1.4], build=other)]
+    with pytest.raises(summary.MergeRefused, match="builds"):
+        summary.merge(runs)
+    paths = []
+    for i, r in enumerate(runs):
+        paths.append(tmp_path / f"run{i}.json")
+        paths[-1].write_text(json.dumps(r))
+    assert summary.main([str(p) for p in paths]) == 1
+    assert "refused" in capsys.readouterr().err
