@@ -1316,7 +1316,8 @@ class Node:
         tarball of at most ~14 MiB (a file that comes back from the device is at most 16 MiB)."""
         sources = [(self.logs, "logs"), (bind_source(self.work, "/var/log/thaw"), "var-log-thaw"),
                    (self.share / "server.log", "server.log"), (self.work / "weed" / "weed.log", "weed.log")]
-        out = self.o.out / "node-logs.tar.xz"
+        # <report>-logs.tar.xz: node.sh collects $THAW_NODE_NAME-logs.tar.xz (soak.py's is soak-).
+        out = self.o.out / (Path(self.r.name).stem + "-logs.tar.xz")
         try:
             with tarfile.open(out, "w:xz") as tar:
                 for src, arc in sources:
