@@ -32,5 +32,6 @@ ENV_NOT_KEYS: dict[str, str] = {
     "THAW_SPEED_8B_VARIANTS": "bench/gpu/run-speed.sh", "THAW_SPEED_BUDGET_S": "bench/gpu/run-speed.sh",
     "THAW_SPEED_DROP_CACHES": "bench/gpu/run-speed.sh",
     "THAW_FETCH": "bench/fetch_check_cost.py",
+    "THAW_SOAK_COMMIT": "bench/gpu/soak.py: thaw's commit on the device copy (no .git there)",
     "THAW_SOAK_CYCLES": "the CPU soak's cycles per door (tests/integration/test_soak.py, docs/testing.md)",
 }

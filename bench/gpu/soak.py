@@ -44,16 +44,33 @@ from soak_summary import per_kind  # noqa: E402
 KINDS = ("store", "cache", "stream", "park")
 
 
+PRODUCT = ("control", "runsc_hooks", "nvproxy")   # the Python that runs the node (go/ is in bin)
+
+
+def tree_sha256(root: Path, files) -> str:
+    """One digest of files' relative names and contents (order-independent of the walk)."""
+    h = hashlib.sha256()
+    for f in sorted(files):
+        h.update(str(f.relative_to(root)).encode() + b"\0" + hashlib.sha256(f.read_bytes()).digest())
+    return h.hexdigest()
+
+
 def build_identity(bin_dir: Path) -> dict:
-    """What makes two runs one build: the runsc binary's sha256 and thaw's commit (git
-    here; node.sh's device copy has no .git, so THAW_SOAK_COMMIT names it there)."""
+    """What makes two runs one build: the binaries the node runs (runsc and thaw's Go
+    binaries, carried in bin/) and thaw's Python (control/, runsc_hooks/, nvproxy/), by
+    content, so the soak's own scripts may change between sessions and a rebuild from the
+    same sources still counts as the same build. The commit is informational (git here;
+    node.sh's device copy has no .git, so THAW_SOAK_COMMIT names it there)."""
     runsc = bin_dir / "runsc"
     sha = hashlib.sha256(runsc.read_bytes()).hexdigest() if runsc.exists() else None
+    bins = [f for f in bin_dir.glob("*") if f.is_file()] if bin_dir.is_dir() else []
+    py = [f for d in PRODUCT for f in (REPO / d).rglob("*.py") if "__pycache__" not in f.parts]
     commit = os.environ.get("THAW_SOAK_COMMIT") or None
     if commit is None:
         p = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True)
-        commit = p.stdout.strip() or None if p.returncode == 0 else None
-    return {"runsc_sha256": sha, "thaw_commit": commit}
+        commit = (p.stdout.strip() or None) if p.returncode == 0 else None
+    return {"runsc_sha256": sha, "bins_sha256": tree_sha256(bin_dir, bins) if bins else None,
+            "product_sha256": tree_sha256(REPO, py) if py else None, "thaw_commit": commit}
 
 
 class Soak:

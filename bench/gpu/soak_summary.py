@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Merge GPU soak runs (bench/gpu/soak.py's soak.json, issue 32 item 3) into one table:
 per model and kind the count, failures and restore-time (first answer) p50/p95/p99, and
-the cumulative totals. Runs of different builds (runsc sha256, thaw commit) are refused:
-the issue's count is cumulative on one build.
+the cumulative totals. Runs of different builds (soak.py's build_identity: runsc, the
+carried Go binaries and thaw's Python, by content) are refused: the issue's count is
+cumulative on one build. The commit each run names is shown, not compared.
 
   python3 bench/gpu/soak_summary.py RUN.json [RUN.json ...]
 """
@@ -46,13 +47,17 @@ def per_kind(rows: list[dict]) -> dict:
             "models": table(lambda r: f"{r.get('model')}/{r['kind']}")}
 
 
+IDENTITY = ("runsc_sha256", "bins_sha256", "product_sha256")
+
+
 def merge(runs: list[dict]) -> dict:
-    builds = {json.dumps(r.get("build") or {}, sort_keys=True) for r in runs}
-    if len(builds) != 1 or any(not (r.get("build") or {}).get("runsc_sha256") or
-                               not (r.get("build") or {}).get("thaw_commit") for r in runs):
+    ids = [{k: (r.get("build") or {}).get(k) for k in IDENTITY} for r in runs]
+    builds = {json.dumps(i, sort_keys=True) for i in ids}
+    if len(builds) != 1 or any(not all(i.values()) for i in ids):
         raise MergeRefused(f"runs of different or unknown builds: {sorted(builds)}")
     rows = [row for r in runs for row in r.get("restores", [])]
-    return {"build": runs[0]["build"], "runs": len(runs), **per_kind(rows)}
+    return {"build": ids[0], "commits": sorted({str((r.get("build") or {}).get("thaw_commit")) for r in runs}),
+            "runs": len(runs), **per_kind(rows)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -223,6 +223,7 @@ def test_gpu_soak_script_rehearsed_on_cpu(name, tmp_path):
         assert x["decisions"] == (["adopt", "restored"] if x["kind"] == "park" else ["restore", "restored"]), x
     assert {k: v["count"] for k, v in r["soak"]["kinds"].items()} == {"store": 1, "cache": 3, "stream": 1, "park": 2}
     assert r["soak"]["failures"] == 0
-    assert len(r["build"]["runsc_sha256"]) == 64 and r["build"]["thaw_commit"]
+    assert all(len(r["build"][k]) == 64 for k in ("runsc_sha256", "bins_sha256", "product_sha256")), r["build"]
+    assert r["build"]["thaw_commit"]
     # node.sh collects soak-logs.tar.xz on the device: the soak's logs carry its name
     assert (out / "soak-logs.tar.xz").is_file() and not (out / "node-logs.tar.xz").exists()

@@ -15,7 +15,7 @@ summary = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = summary
 spec.loader.exec_module(summary)
 
-BUILD = {"runsc_sha256": "a" * 64, "thaw_commit": "f0dd438"}
+BUILD = {"runsc_sha256": "a" * 64, "bins_sha256": "b" * 64, "product_sha256": "c" * 64, "thaw_commit": "f0dd438"}
 
 
 def _run(model: str, kind: str, times: list[float], fail: int = 0, build: dict = BUILD) -> dict:
@@ -48,9 +48,9 @@ def test_merge_adds_runs_of_one_build_per_model_and_kind():
     assert m["models"]["llama-8b/park"]["count"] == 1 and m["kinds"]["park"]["p99_s"] == 1.4
 
 
-@pytest.mark.parametrize("other", [{"runsc_sha256": "b" * 64, "thaw_commit": "f0dd438"},
-                                   {"runsc_sha256": "a" * 64, "thaw_commit": "0000000"},
-                                   {"runsc_sha256": "a" * 64, "thaw_commit": None}])
+@pytest.mark.parametrize("other", [{**BUILD, "runsc_sha256": "d" * 64}, {**BUILD, "bins_sha256": "d" * 64},
+                                   {**BUILD, "product_sha256": "d" * 64}, {**BUILD, "product_sha256": None},
+                                   {"runsc_sha256": "a" * 64, "thaw_commit": "f0dd438"}])
 def test_merge_refuses_runs_of_another_or_unknown_build(other, tmp_path, capsys):
     runs = [_run("gpt2-large", "cache", [2.2]), _run("llama-8b", "park", [1.4], build=other)]
     with pytest.raises(summary.MergeRefused, match="builds"):
@@ -61,3 +61,10 @@ def test_merge_refuses_runs_of_another_or_unknown_build(other, tmp_path, capsys)
         paths[-1].write_text(json.dumps(r))
     assert summary.main([str(p) for p in paths]) == 1
     assert "refused" in capsys.readouterr().err
+
+
+def test_merge_counts_runs_of_one_build_under_different_commits():
+    """The soak's scripts may change between sessions: the commit is shown, not compared."""
+    m = summary.merge([_run("gpt2-large", "cache", [2.2]),
+                       _run("llama-8b", "park", [1.4], build={**BUILD, "thaw_commit": "1234567"})])
+    assert m["restores"] == 2 and m["commits"] == ["1234567", "f0dd438"] and "thaw_commit" not in m["build"]
