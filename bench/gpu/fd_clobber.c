@@ -1,0 +1,188 @@
+/*
+ * Does a CUDA checkpoint toggle take over file descriptor numbers the application
+ * reused? (docs/gvisor-notes.md, "EBADF listing a bind-mounted directory after a GPU
+ * restore": all five failures came while the CUDA helper toggled the process listing
+ * its spool, once as ENOTDIR, i.e. the directory's number then named a non-directory.)
+ *
+ *   fd_clobber DIR [SECONDS]
+ *
+ * Loads libcuda.so.1 at run time (no toolkit needed to build: gcc -O2 -pthread -o
+ * fd_clobber fd_clobber.c -ldl), makes a context and 256 MiB of device memory, prints
+ * "ready PID" and then, until SECONDS pass (default 60) or SIGTERM:
+ *   - two lister threads open DIR (O_DIRECTORY), read it with getdents64 and close it,
+ *     as fast as they can (os.listdir in bench/gpu/server.py serve_spool); before
+ *     reading and before closing they fstat the number and compare st_dev/st_ino with
+ *     what they opened. A mismatch or a failed getdents64 is a CLOBBER line (the number,
+ *     the errno, what /proc/self/fd/N names now); a clobbered number is not closed (it
+ *     may be the driver's now) but left open;
+ *   - one thread opens and closes /proc/self/status in a loop (other threads' opens
+ *     that take a freed number, as a server's do);
+ *   - one thread runs cuMemsetD8 every 10 ms (blocks while the process is locked).
+ * SIGUSR1: open DIR 32 times and keep the numbers (call it while the process is
+ * checkpointed: the lowest free numbers, those the toggle freed among them, become
+ * directories); SIGUSR2: check every kept number is still that directory (HELD lines),
+ * then close them. At the end one line: "summary passes=N clobbers=N held_bad=N".
+ * Exit 0 when nothing was clobbered, 1 when something was, 2 on a setup failure.
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef int CUresult;
+static CUresult (*cuInit)(unsigned);
+static CUresult (*cuDeviceGet)(int *, int);
+static CUresult (*cuDevicePrimaryCtxRetain)(void **, int);
+static CUresult (*cuCtxSetCurrent)(void *);
+static CUresult (*cuMemAlloc)(unsigned long long *, size_t);
+static CUresult (*cuMemsetD8)(unsigned long long, unsigned char, size_t);
+
+static const char *dir;
+static struct stat dir_st;
+static void *ctx;
+static unsigned long long dptr;
+static atomic_long passes, clobbers, held_bad;
+static atomic_int stop, want_hold, want_check;
+static int held[32];
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void what(int fd, char *out, size_t n) {
+  char p[64];
+  snprintf(p, sizeof p, "/proc/self/fd/%d", fd);
+  ssize_t k = readlink(p, out, n - 1);
+  out[k < 0 ? 0 : k] = 0;
+  if (k < 0) snprintf(out, n, "(closed: %s)", strerror(errno));
+}
+
+static int same(int fd) {
+  struct stat st;
+  return fstat(fd, &st) == 0 && st.st_dev == dir_st.st_dev && st.st_ino == dir_st.st_ino;
+}
+
+static void clobbered(const char *when, int fd, int err) {
+  char now_is[512];
+  what(fd, now_is, sizeof now_is);
+  atomic_fetch_add(&clobbers, 1);
+  printf("CLOBBER %.6f tid=%ld %s fd=%d errno=%d (%s) now=%s\n", now(), (long)syscall(SYS_gettid), when, fd,
+         err, err ? strerror(err) : "-", now_is);
+  fflush(stdout);
+}
+
+static void *lister(void *arg) {
+  (void)arg;
+  char buf[8192];
+  while (!atomic_load(&stop)) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) continue;
+    if (!same(fd)) { clobbered("after-open", fd, 0); continue; }
+    long r;
+    while ((r = syscall(SYS_getdents64, fd, buf, sizeof buf)) > 0) {}
+    if (r < 0) { clobbered("getdents64", fd, errno); continue; }
+    if (!same(fd)) { clobbered("before-close", fd, 0); continue; }
+    close(fd);
+    atomic_fetch_add(&passes, 1);
+  }
+  return NULL;
+}
+
+static void *opener(void *arg) {
+  (void)arg;
+  while (!atomic_load(&stop)) {
+    int fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) close(fd);
+  }
+  return NULL;
+}
+
+static void *cuda(void *arg) {
+  (void)arg;
+  cuCtxSetCurrent(ctx);
+  while (!atomic_load(&stop)) {
+    cuMemsetD8(dptr, 1, 1 << 20);
+    usleep(10000);
+  }
+  return NULL;
+}
+
+static void on_signal(int sig) {
+  if (sig == SIGUSR1) atomic_store(&want_hold, 1);
+  else if (sig == SIGUSR2) atomic_store(&want_check, 1);
+  else atomic_store(&stop, 1);
+}
+
+#define LOAD(h, name) if (!(*(void **)&name = dlsym(h, #name))) { fprintf(stderr, "no %s\n", #name); return 2; }
+
+int main(int argc, char **argv) {
+  if (argc < 2) { fprintf(stderr, "usage: fd_clobber DIR [SECONDS]\n"); return 2; }
+  dir = argv[1];
+  double until = now() + (argc > 2 ? atof(argv[2]) : 60);
+  if (stat(dir, &dir_st) != 0) { perror(dir); return 2; }
+  void *h = dlopen("libcuda.so.1", RTLD_NOW);
+  if (!h) { fprintf(stderr, "%s\n", dlerror()); return 2; }
+  LOAD(h, cuInit) LOAD(h, cuDeviceGet) LOAD(h, cuDevicePrimaryCtxRetain) LOAD(h, cuCtxSetCurrent)
+  *(void **)&cuMemAlloc = dlsym(h, "cuMemAlloc_v2");
+  *(void **)&cuMemsetD8 = dlsym(h, "cuMemsetD8_v2");
+  int dev;
+  if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx) ||
+      !cuMemAlloc || !cuMemsetD8 || cuMemAlloc(&dptr, 256 << 20)) {
+    fprintf(stderr, "CUDA setup failed\n");
+    return 2;
+  }
+  struct sigaction sa = {0};
+  sa.sa_handler = on_signal;
+  sigaction(SIGUSR1, &sa, NULL);
+  sigaction(SIGUSR2, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+  pthread_t t[4];
+  pthread_create(&t[0], NULL, lister, NULL);
+  pthread_create(&t[1], NULL, lister, NULL);
+  pthread_create(&t[2], NULL, opener, NULL);
+  pthread_create(&t[3], NULL, cuda, NULL);
+  printf("ready %d\n", getpid());
+  fflush(stdout);
+  int nheld = 0;
+  while (!atomic_load(&stop) && now() < until) {
+    if (atomic_exchange(&want_hold, 0)) {
+      for (nheld = 0; nheld < 32; nheld++) held[nheld] = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+      printf("HOLD %.6f fds", now());
+      for (int i = 0; i < nheld; i++) printf(" %d", held[i]);
+      printf("\n");
+      fflush(stdout);
+    }
+    if (atomic_exchange(&want_check, 0)) {
+      for (int i = 0; i < nheld; i++) {
+        if (held[i] < 0) continue;
+        if (same(held[i])) { close(held[i]); continue; }
+        char now_is[512];
+        what(held[i], now_is, sizeof now_is);
+        atomic_fetch_add(&held_bad, 1);
+        printf("HELD %.6f fd=%d is no longer the directory: now=%s\n", now(), held[i], now_is);
+      }
+      nheld = 0;
+      printf("CHECKED %.6f\n", now());
+      fflush(stdout);
+    }
+    usleep(1000);
+  }
+  atomic_store(&stop, 1);
+  for (int i = 0; i < 4; i++) pthread_join(t[i], NULL);
+  printf("summary passes=%ld clobbers=%ld held_bad=%ld\n", atomic_load(&passes), atomic_load(&clobbers),
+         atomic_load(&held_bad));
+  return atomic_load(&clobbers) || atomic_load(&held_bad) ? 1 : 0;
+}
