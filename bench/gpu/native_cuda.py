@@ -107,14 +107,16 @@ def toggle(helper: str, pid: int) -> float:
     return helper_run(helper, pid, "--toggle")["wall_s"]
 
 
-def one(model: str, helper: str, work: Path, keep_weights: bool = False, offload_mode: str = "") -> dict:
+def one(model: str, helper: str, work: Path, keep_weights: bool = False, offload_mode: str = "",
+        python: str = sys.executable, env: dict | None = None) -> dict:
+    """`python` (with torch and transformers) runs the worker, in `env` (default this process's)."""
     wdir = work / "weights" / model
     weights.make(model, wdir, device="cuda")
     ctl = work / f"ctl-{model}"
     shutil.rmtree(ctl, ignore_errors=True)
     ctl.mkdir(parents=True)
     t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-c", WORKER, str(wdir), str(ctl), str(HERE), offload_mode])
+    proc = subprocess.Popen([python, "-c", WORKER, str(wdir), str(ctl), str(HERE), offload_mode], env=env)
     try:
         ready = wait(ctl / "ready", proc, 300)
         load_s = time.monotonic() - t0

@@ -23,7 +23,10 @@ Steps, each recorded in <out>/node.json as soon as it is done:
     the model server's OCI image (an almost empty rootfs: the host's Python
     environment is bind-mounted, as bench/gpu/models.py's host layout does);
  2. cold: `ctr run --device nvidia.com/gpu=G0` with the opt-in annotations
-    (thaw.dev/workload, thaw.dev/ready=gpu:8000/gpu, thaw.dev/profile=pytorch);
+    (thaw.dev/workload, thaw.dev/ready=gpu:8000/gpu, thaw.dev/profile=pytorch, or
+    with --profile pytorch-offload the cooperative profile: thawd offloads the weights
+    before the checkpoint, gives them back to the cold container after it, and copies
+    them back at every restore and adoption, each checked in thawd's log);
     cold start to the first answer;
  3. checkpoint: thawd checkpoints it once ready (the CUDA helper mounted by
     thawd), publishes it; then `thaw evict KEY`;
@@ -65,6 +68,7 @@ and why); tests/integration/test_gpu_node_rehearsal.py runs it on CI.
 from __future__ import annotations
 
 import argparse
+import ast
 import ctypes
 import io
 import json
@@ -120,6 +124,9 @@ NEVER_READY_PORT = PORT + 1
 # these leave room for a slower run.
 STEP_S = {"weights": (60, 60), "cold": (120, 30), "checkpoint": (60, 60), "store": (120, 30),
           "cache": (90, 30), "broken": (150, 40), "stream": (90, 40), "thawd": (20, 20), "park": (60, 30)}
+# The workload profiles this driver's server serves the routes of (bench/gpu/server.py; twin:
+# control/lifecycle/profiles.py PROFILES): pytorch-offload's hooks are the cooperative restore.
+PROFILES = ("pytorch", "pytorch-offload")
 FAKE_KIND = "thaw.dev/fake-gpu"                  # the CPU rehearsal's CDI kind
 FAKE_GPUS = 2
 FAKE_DIR = "/thaw-fake-gpu"                      # where a fake GPU's files appear in the sandbox
@@ -201,6 +208,11 @@ class Options:
     repeat: int = 1               # rounds of cold / store / cache starts (the first round's cold is checkpointed)
     stream: int = 0               # streamed restores (issue 18), after the rounds
     park: int = 0                 # adoptions of parked sandboxes (docs/parking.md), after the streamed restores
+    # The workload profile the container asks for with thaw.dev/profile (control/lifecycle/profiles.py):
+    # pytorch (release cached GPU memory before the checkpoint) or pytorch-offload (the cooperative
+    # restore: the weights in page-locked host memory at the checkpoint, copied back by the
+    # post-restore hook).
+    profile: str = "pytorch"
     keep: bool = False
     clock: Callable[[], float] = time.monotonic
     started: float = field(default_factory=time.monotonic)
@@ -208,6 +220,11 @@ class Options:
     @property
     def gpu(self) -> bool:
         return self.mode == "gpu"
+
+    @property
+    def cooperative(self) -> bool:
+        """The pytorch-offload profile: every restore ends with its post-restore hook."""
+        return self.profile == "pytorch-offload"
 
     def time_left(self) -> float:
         return self.budget_s - (self.clock() - self.started)
@@ -560,7 +577,7 @@ class Node:
         self.point_spool("main")
         self.use_spool("main")
         self.annotations = {"thaw.dev/workload": WORKLOAD, "thaw.dev/ready": f"gpu:{PORT}/gpu",
-                            "thaw.dev/health": f"gpu:{PORT}/gpu", "thaw.dev/profile": "pytorch"}
+                            "thaw.dev/health": f"gpu:{PORT}/gpu", "thaw.dev/profile": self.o.profile}
         return {"ref": IMAGE, "digest": digest, "cmd": cmd, "mounts": [m["destination"] for m in self.mounts],
                 "annotations": self.annotations}
 
@@ -733,6 +750,57 @@ class Node:
     def stats(self) -> dict:
         return self.thaw("stats", timeout=60)
 
+    def hooks_of(self, who: str, phase: str, after: int = 0) -> dict | None:
+        """The profile's `phase` hooks thawd ran on sandbox `who` (a container id, or a
+        parked sandbox's), from its log line (control/lifecycle/engine.py Engine.hooks):
+        the profile and per hook what ran, its HTTP status, seconds and answer; None when
+        the log names none after line `after`."""
+        m = self.log_match(rf"(?s)^{phase} hooks of {re.escape(who)} \(([\w-]+)\): (\[.*\])$", after)
+        if not m:
+            return None
+        try:
+            hooks = ast.literal_eval(m[-1].group(2))
+        except (ValueError, SyntaxError):
+            return {"profile": m[-1].group(1), "hooks": [], "unparsed": m[-1].group(2)[:1000]}
+        return {"profile": m[-1].group(1), "hooks": hooks}
+
+    def given_back(self, cold: dict, rec: dict) -> None:
+        """pytorch-offload: the cold container thawd checkpointed with leave_running gets its
+        weights back (Engine.give_back runs the post-restore hook before its gate opens) and
+        answers as before; rec["given_back"] says so."""
+        back: dict = {"hooks": self.hooks_of("c1-cold", "post_restore")}
+        try:
+            a = self.channel.request("generate", 120 if self.o.gpu else 30)
+            back["identical"] = a.get("tokens") == cold["answer"]["tokens"] and \
+                a.get("digest") == cold["answer"]["digest"]
+            back["boot_unchanged"] = a.get("boot") == cold["boot"]
+            back["error"] = a.get("error")
+        except Exception as e:  # noqa: BLE001 - a check, not the end of the run
+            back["error"] = f"{type(e).__name__}: {e}"[:500]
+        rec["given_back"] = back
+
+    def weights_back(self, label: str, rec: dict, who: str, marks: int) -> None:
+        """pytorch-offload: the post-restore hook thawd ran on sandbox `who` (the container,
+        or the parked sandbox it adopted) before the first answer: rec["weights_back"] has
+        thawd's seconds for the hook and the server's own for the copy."""
+        if not self.o.cooperative:
+            return
+        hooks = self.hooks_of(who, "post_restore", marks)
+        answer = {}
+        for h in (hooks or {}).get("hooks") or []:
+            try:
+                answer = json.loads(h.get("output") or "{}")
+            except ValueError:
+                answer = {"unparsed": (h.get("output") or "")[:300]}
+        rec["weights_back"] = {"hooks": hooks, "hook_s": sum(h.get("seconds") or 0 for h in (hooks or {}).get(
+            "hooks") or []) if hooks else None, "copy_s": answer.get("seconds"), "restored": answer.get("restored"),
+            "bytes": answer.get("bytes"), "mode": answer.get("mode")}
+        self.r.check(f"{label}: thawd ran the pytorch-offload profile's post-restore hook on {who} "
+                     "(POST /thaw/restore-weights: the weights back on the GPU) before the first answer",
+                     hooks is not None and hooks["profile"] == "pytorch-offload"
+                     and hook_paths(hooks) == ["/thaw/restore-weights"] and answer.get("restored") is True,
+                     rec["weights_back"])
+
     # -- steps 2-7 --
 
     def cold_start(self) -> dict:
@@ -784,7 +852,7 @@ class Node:
         ck = self.log_match(r"checkpoint of c1-cold: (\d+) bytes in ([\d.]+)s")
         pub = self.log_match(r"publish (\S+): image (\d+) bytes, uploaded (\d+) bytes \((\d+) raw, (\d+) of (\d+) "
                              r"chunks, (\d+) packs\) in ([\d.]+)s \(upload ([\d.]+)s\)")
-        hooks = self.log_match(r"pre_checkpoint hooks of c1-cold \((\w+)\): (.*)")
+        hooks = self.hooks_of("c1-cold", "pre_checkpoint")
         rec = {"key": key, "seen_after_first_answer_s": round(time.monotonic() - t0, 2), "cache_entry": entry}
         if ck:
             rec["checkpoint"] = {"image_bytes": int(ck[0].group(1)), "seconds": float(ck[0].group(2))}
@@ -794,8 +862,9 @@ class Node:
                               "uploaded_raw_bytes": int(m.group(4)), "uploaded_chunks": int(m.group(5)),
                               "chunks": int(m.group(6)), "packs": int(m.group(7)), "seconds": float(m.group(8)),
                               "upload_seconds": float(m.group(9))}
-        if hooks:
-            rec["pre_checkpoint_hooks"] = hooks[0].group(2)[:1000]
+        rec["pre_checkpoint_hooks"] = hooks
+        if self.o.cooperative:
+            self.given_back(cold, rec)
         helper = any("/thaw/bin" == m.get("destination") for m in self.bundle_spec("c1-cold").get("mounts", []))
         rec["cuda_helper_mounted"] = helper
         rec["nvidia_smi"] = self.nvidia_smi("c1-cold")   # only now: no process may hold the GPU while it saves
@@ -804,6 +873,17 @@ class Node:
                      bool(ck) and bool(pub), {"checkpoint": rec.get("checkpoint"), "publish": rec.get("publish")})
         if self.o.gpu:
             self.r.check("checkpoint: thawd mounted the CUDA checkpoint helper into the GPU sandbox", helper)
+        want = ["/thaw/pre-checkpoint"] + (["/thaw/offload-weights"] if self.o.cooperative else [])
+        self.r.check(f"checkpoint: thawd ran the {self.o.profile} profile's pre-checkpoint hooks "
+                     f"({', '.join(want)}) and each answered",
+                     hooks is not None and hooks["profile"] == self.o.profile and hook_paths(hooks) == want,
+                     hooks)
+        if self.o.cooperative:
+            back = rec["given_back"]
+            self.r.check("checkpoint: the cold container serves on after its checkpoint (thawd.leave_running): "
+                         "thawd ran the post-restore hook on it and it answers identically",
+                         back.get("hooks") is not None and hook_paths(back["hooks"]) == ["/thaw/restore-weights"]
+                         and back.get("identical") is True, back)
         self.check_gpu("cold", rec["nvidia_smi"], self.gpus[0])
         self.remove("c1-cold")
         ev = self.thaw("evict", key, timeout=60)
@@ -888,6 +968,8 @@ class Node:
         rec["identical"] = rec["answer"]["tokens"] == cold["answer"]["tokens"] and \
             rec["answer"]["digest"] == cold["answer"]["digest"]
         rec["same_process"] = rec["boot"] == cold["boot"]
+        rec["profile"] = self.o.profile
+        self.weights_back(name, rec, cid, marks)
         rec["nvidia_smi"] = self.nvidia_smi(cid)
         rec["gpu_before"], rec["gpu_after"] = cold["gpu_assigned"]["index"], g.index
         rec["speedup_vs_cold"] = round(cold["first_answer_s"] / rec["first_answer_s"], 2)
@@ -1144,6 +1226,8 @@ class Node:
                 rec["decisions"] = self.decisions(cid)
                 m = self.log_match(rf"outcome {re.escape(cid)} key=\S+ adopted parked \S+: CUDA ([\d.]+)s", marks)
                 rec["wake_cuda_s"] = float(m[0].group(1)) if m else None
+                rec["profile"] = self.o.profile
+                self.weights_back(f"parked#{k}", rec, parked["id"], marks)
                 rec["identical"] = rec["answer"]["tokens"] == cold["answer"]["tokens"] and \
                     rec["answer"]["digest"] == cold["answer"]["digest"]
                 # Not which sandbox: every restore of the image has the cold process's boot id.
@@ -1333,6 +1417,12 @@ class Node:
                         tar.addfile(ti, io.BytesIO(data))
         except OSError as e:
             self.r.data.setdefault("teardown_problems", []).append(f"logs: {e}")
+
+
+def hook_paths(hooks: dict | None) -> list[str]:
+    """The HTTP paths of Node.hooks_of's hooks, each that answered below 400 ("POST :8000/x" -> "/x")."""
+    return ["/" + h["hook"].split("/", 1)[1] for h in (hooks or {}).get("hooks") or []
+            if isinstance(h, dict) and "/" in h.get("hook", "") and (h.get("status") or 0) < 400]
 
 
 def host_thp() -> dict[str, str]:
@@ -1554,6 +1644,8 @@ def parse_args(argv: list[str] | None = None) -> Options:
                     help="streamed restores after the rounds (issue 18; default 3 on a GPU, 1 on CPU; 0: none)")
     ap.add_argument("--park", type=int, default=0,
                     help="adoptions of parked sandboxes after the streamed restores (docs/parking.md; default 0)")
+    ap.add_argument("--profile", choices=PROFILES, default="pytorch",
+                    help="the workload profile (thaw.dev/profile); pytorch-offload: the cooperative restore")
     ap.add_argument("--keep", action="store_true", help="keep --work")
     a = ap.parse_args(argv)
     repeat = a.repeat if a.repeat is not None else (3 if a.mode == "gpu" else 1)
@@ -1565,6 +1657,7 @@ def parse_args(argv: list[str] | None = None) -> Options:
     return Options(mode=a.mode, bin=a.bin.resolve(), work=a.work.resolve(), out=a.out.resolve(),
                    model=a.model or ("llama-3b" if a.mode == "gpu" else "tiny"), weed=a.weed, python=a.python,
                    budget_s=a.budget_s, keep=a.keep, repeat=repeat, stream=stream, park=max(0, a.park),
+                   profile=a.profile,
                    publish_timeout_s=600.0 if a.mode == "gpu" else 120.0)
 
 

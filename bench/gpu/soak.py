@@ -10,13 +10,25 @@ all kinds: with store.stream on a restore after eviction streams (never pulls), 
 park.enabled every start makes thawd park a sandbox that the next start adopts instead
 of restoring from the cache; so each lap restarts thawd twice per config change.
 
-Every restore is a row in soak.json's `restores` (kind, model, t, ok, reason): ok when
+--profile pytorch-offload (node.py's option) runs all of it on the cooperative image: the
+container asks for the profile with the annotation a user sets (thaw.dev/profile), thawd
+checkpoints it behind the profile's pre-checkpoint hooks (the weights into page-locked host
+memory) and runs its post-restore hook (the weights back) at every restore and every
+adoption of a parked sandbox; each row says which profile and how long the hook took.
+
+On a GPU, before the cold start and while no container holds the GPU, the driver's own
+restore of the same model outside any sandbox (bench/gpu/native_cuda.py: plain, and with
+the weights offloaded and copied back as the profile does) is soak.json's `native`, and
+`parked_vs_native` sets the parked first answers beside it (issue 32 item 6: a parked
+cooperative ~8B first answer within 1.5 s, measured with the native restore of the same run).
+
+Every restore is a row in soak.json's `restores` (kind, model, profile, t, ok, reason): ok when
 node.py's checks for it all passed (restored, not cold: the stand-in's decisions are
 restore/restored or adopt/restored; the answer identical to the cold one's; the same
 GPU). A failed restore is recorded and the soak goes on; --max-consecutive-failures
 ends it. bench/gpu/soak_summary.py merges several runs of one build.
 
-  bash bench/gpu/soak.sh [--model M] [--soak N] [--park-per-lap P] [--budget-s S]
+  bash bench/gpu/soak.sh [--model M] [--profile pytorch-offload] [--soak N] [--park-per-lap P] [--budget-s S]
   bash bench/gpu/soak.sh --cpu --work DIR --out DIR --soak 12
 """
 from __future__ import annotations
@@ -42,6 +54,8 @@ from node import Node, OutOfTime, Report  # noqa: E402
 from soak_summary import per_kind  # noqa: E402
 
 KINDS = ("store", "cache", "stream", "park")
+NATIVE_S = 150          # the native restore's share of --budget-s (an ~8B model's load, two cycles)
+COOPERATIVE_TARGET_S = 1.5   # issue 32 item 6: parked cooperative ~8B, ctr run to the first answer
 
 
 PRODUCT = ("control", "runsc_hooks", "nvproxy")   # the Python that runs the node (go/ is in bin)
@@ -88,13 +102,44 @@ class Soak:
     def row(self, kind: str, rec: dict | None, failed: list[str], error: str | None) -> None:
         ok = rec is not None and not failed and error is None
         self.consecutive = 0 if ok else self.consecutive + 1
-        self.rows.append({"i": len(self.rows) + 1, "kind": kind, "model": self.o.model,
+        back = (rec or {}).get("weights_back") or {}
+        self.rows.append({"i": len(self.rows) + 1, "kind": kind, "model": self.o.model, "profile": self.o.profile,
                           "t": (rec or {}).get("first_answer_s"), "ok": ok,
+                          "wake_cuda_s": (rec or {}).get("wake_cuda_s"), "weights_back_s": back.get("hook_s"),
+                          "weights_copy_s": back.get("copy_s"),
                           "reason": None if ok else (error or "; ".join(failed))[:1000],
                           "container": (rec or {}).get("container"),
                           "decisions": [d.get("decision") for d in (rec or {}).get("decisions") or []],
                           "identical": (rec or {}).get("identical"), "at": round(time.time(), 3)})
         self.r.data["soak"] = per_kind(self.rows)
+        self.r.data["parked_vs_native"] = parked_vs_native(self.rows, self.r.data.get("native"), self.o.profile)
+        self.r.save()
+
+    def native(self) -> None:
+        """The driver's own checkpoint and restore of the same model, outside any sandbox,
+        plain and with the weights offloaded and copied back as the pytorch-offload profile
+        does (bench/gpu/native_cuda.py, mode register), in the same run as the soak: before
+        the cold start, when no container holds the GPU. The weights are node.py's (the same
+        directory, reused). A failure is recorded; the soak goes on."""
+        import native_cuda  # noqa: E402  (bench/gpu/native_cuda.py)
+        self.o.need("native driver restore", NATIVE_S)
+        t0 = time.monotonic()
+        python, _ = self.node.server_python()
+        try:
+            rec = native_cuda.one(self.o.model, str(self.o.bin / "thaw-cuda-checkpoint"), self.o.work,
+                                  keep_weights=True, offload_mode="register", python=python, env=self.node.node_env())
+        except Exception as e:  # noqa: BLE001 - evidence, not the end of the soak
+            rec = {"model": self.o.model, "error": f"{type(e).__name__}: {e}"[:1000]}
+        rec["wall_s"] = round(time.monotonic() - t0, 1)
+        self.r.data["native"] = rec
+        off = rec.get("offload") or {}
+        self.r.check("native: the driver restored the same model outside any sandbox, plain and with the weights "
+                     "offloaded and copied back, each answering identically",
+                     rec.get("identical") is True and off.get("identical") is True,
+                     {k: rec.get(k) for k in ("native_restore_s", "identical", "error")} |
+                     {"offload": {k: off.get(k) for k in ("cuda_restore_s", "restore_weights_s", "restore_s",
+                                                          "identical", "error")}})
+        self.r.data["parked_vs_native"] = parked_vs_native(self.rows, rec, self.o.profile)
         self.r.save()
 
     def cleanup(self) -> None:
@@ -184,17 +229,39 @@ class Soak:
             self.r.error(f"soak stopped: {self.consecutive} consecutive failed restores")
 
 
-def run(o: nodemod.Options, n: int, park_per_lap: int, max_fail: int) -> dict:
-    report = Report(o.out, {"benchmark": "gpu-soak", "mode": o.mode, "model": o.model,
+def parked_vs_native(rows: list[dict], native: dict | None, profile: str) -> dict:
+    """Issue 32 item 6 side by side: the parked restores' first answers (ctr run to the
+    answer; their CUDA wake and, cooperative, the weights' copy back) and the same run's
+    native driver restore of the model (plain; offloaded: CUDA restore + copy back)."""
+    park = [r for r in rows if r["kind"] == "park" and r.get("ok")]
+    off = (native or {}).get("offload") or {}
+    out = {"profile": profile, "parked_first_answer_s": nodemod.series([r.get("t") for r in park]),
+           "parked_wake_cuda_s": nodemod.series([r.get("wake_cuda_s") for r in park]),
+           "parked_weights_back_s": nodemod.series([r.get("weights_back_s") for r in park]),
+           "native_restore_s": (native or {}).get("native_restore_s"),
+           "native_offloaded": {k: off.get(k) for k in ("cuda_restore_s", "restore_weights_s", "restore_s")},
+           "native_error": (native or {}).get("error") or off.get("error")}
+    if profile == "pytorch-offload":
+        t = [r.get("t") for r in park if isinstance(r.get("t"), (int, float))]
+        out["target_s"] = COOPERATIVE_TARGET_S
+        out["every_parked_within_target"] = bool(t) and max(t) <= COOPERATIVE_TARGET_S
+    return out
+
+
+def run(o: nodemod.Options, n: int, park_per_lap: int, max_fail: int, native: bool = True) -> dict:
+    report = Report(o.out, {"benchmark": "gpu-soak", "mode": o.mode, "model": o.model, "profile": o.profile,
                             "date": time.strftime("%Y-%m-%d", time.gmtime()), "build": build_identity(o.bin),
                             "asked": n, "options": {"park_per_lap": park_per_lap, "max_consecutive_failures":
-                                                    max_fail, "budget_s": o.budget_s}}, name="soak.json")
+                                                    max_fail, "budget_s": o.budget_s, "profile": o.profile,
+                                                    "native": native and o.gpu}}, name="soak.json")
     node = Node(o, report)
     soak = Soak(o, node, report, n, park_per_lap, max_fail)
     try:
         node.preflight()
         node.up()
         node.make_weights()
+        if native and o.gpu:
+            soak.native()
         soak.run()
     except OutOfTime as e:
         report.error(f"out of time: {e}")
@@ -211,6 +278,7 @@ def run(o: nodemod.Options, n: int, park_per_lap: int, max_fail: int) -> dict:
             import shutil
             shutil.rmtree(o.work, ignore_errors=True)
     s = report.data["soak"] = per_kind(soak.rows)
+    report.data["parked_vs_native"] = parked_vs_native(soak.rows, report.data.get("native"), o.profile)
     report.check("soak: every restore restored (not cold) and answered identically to the cold start",
                  bool(soak.rows) and s["failures"] == 0, {"restores": s["restores"], "failures": s["failures"]})
     report.check("soak: every kind ran (store, cache, stream, and park if asked)",
@@ -226,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--soak", type=int, default=12, help="restores to run (default 12)")
     ap.add_argument("--park-per-lap", type=int, default=2, help="parked adoptions per lap (0: none)")
     ap.add_argument("--max-consecutive-failures", type=int, default=5, help="end the soak after this many")
+    ap.add_argument("--no-native", dest="native", action="store_false",
+                    help="skip the native driver restore of the model (GPU only; run by default)")
     a, rest = ap.parse_known_args(argv)
     if a.soak < 1 or a.park_per_lap < 0 or a.max_consecutive_failures < 1:
         ap.error("--soak and --max-consecutive-failures: at least 1; --park-per-lap: 0 or more")
@@ -241,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("soak.py: run as root (runsc, containerd, mounts)", file=sys.stderr)
         return 2
-    data = run(o, a.soak, a.park_per_lap, a.max_consecutive_failures)
+    data = run(o, a.soak, a.park_per_lap, a.max_consecutive_failures, a.native)
     import json
     print(json.dumps(data["soak"], indent=2))
     print(f"soak.py: {'ok' if data['ok'] else 'FAILED'}; {o.out / 'soak.json'}", flush=True)

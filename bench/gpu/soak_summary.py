@@ -30,8 +30,9 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 def per_kind(rows: list[dict]) -> dict:
-    """Count, failures and p50/p95/p99 of the ok restores' times, per kind (and per
-    model and kind when rows of several models are merged)."""
+    """Count, failures and p50/p95/p99 of the ok restores' times, per kind, per model and
+    kind, and per model, workload profile and kind (a parked pytorch-offload ~8B restore,
+    issue 32's parked-cooperative, is llama-8b/pytorch-offload/park)."""
     def table(key) -> dict:
         groups: dict[str, list[dict]] = {}
         for r in rows:
@@ -42,9 +43,11 @@ def per_kind(rows: list[dict]) -> dict:
             out[k] = {"count": len(rs), "failures": sum(1 for r in rs if not r.get("ok")),
                       **{f"p{q}_s": percentile(t, q) for q in (50, 95, 99)}}
         return out
+    # A row without a profile is from before soak.py's --profile, when every run was pytorch's.
     return {"restores": len(rows), "failures": sum(1 for r in rows if not r.get("ok")),
             "kinds": table(lambda r: r["kind"]),
-            "models": table(lambda r: f"{r.get('model')}/{r['kind']}")}
+            "models": table(lambda r: f"{r.get('model')}/{r['kind']}"),
+            "profiles": table(lambda r: f"{r.get('model')}/{r.get('profile') or 'pytorch'}/{r['kind']}")}
 
 
 IDENTITY = ("runsc_sha256", "bins_sha256", "product_sha256")

@@ -164,7 +164,8 @@ class Engine:
     # -- checkpoint ------------------------------------------------------------
 
     def checkpoint(self, h: Handle, out: Path, stop_after: bool = False, timeout_s: float | None = None,
-                   hooks_on: Handle | None = None, cuda_on: list[Handle] | None = None) -> Saved:
+                   hooks_on: Handle | None = None, cuda_on: list[Handle] | None = None,
+                   stays: bool | None = None) -> Saved:
         """Save sandbox `h` into the new directory `out` (created by runsc; its parent must exist).
 
         The gate is closed from before the pre-checkpoint hooks until the image is
@@ -172,6 +173,15 @@ class Engine:
         killed once the image is complete (the caller removes what is left). On any
         failure the workload is still serving (its gate open again) and
         CheckpointFailed says so; `out` is removed.
+
+        A workload that goes on serving after the save (`stays`, default: not
+        `stop_after`; the CLI, which stops the sandbox itself, says whether it will)
+        and one whose save failed get the profile's post-restore hooks before the
+        gate opens: what the pre-checkpoint hooks took for the image they give back,
+        as to a restored copy (pytorch-offload's weights are in host memory until
+        /thaw/restore-weights, vLLM sleeps until /wake_up). Without them a workload
+        thawd checkpointed with `thawd.leave_running` (the default) kept running but
+        refused every request that needs its weights.
 
         `cuda_on`: the GPU containers of a pod's sandbox (`h` is its pause container,
         which holds no GPU): runsc runs the CUDA helper inside each CUDA process's own
@@ -183,6 +193,7 @@ class Engine:
         for g in cuda_on or []:
             cuda = cudamod.helper_path(g.spec()) or cuda
         gpu_containers = [h] if cudamod.uses_gpu(spec) else list(cuda_on or [])
+        stays = not stop_after if stays is None else stays
         gated = h.gate is not None and gatemod.close(h.gate, h.mark or self.s.network_probe_mark, "checkpoint")
         t0 = time.monotonic()
         hooks: list[dict] = []
@@ -207,6 +218,8 @@ class Engine:
             st = status(h.runsc, h.id)
             resumed = [n for g in gpu_containers for n in cudamod.CudaProcesses(g.runsc, g.id, cuda)
                        .resume_after_failed_save()] if cuda and st == "running" else []
+            if st == "running" and not isinstance(e, (KeyboardInterrupt, SystemExit)):
+                self.give_back(hooks_on or h, "its checkpoint failed")
             dropped = gatemod.open(h.gate, "checkpoint failed; the workload runs on") if gated else None
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise
@@ -234,13 +247,32 @@ class Engine:
             _stop(h)
             if gated:
                 dropped = gatemod.state(h.gate).dropped_packets
-        elif gated:
-            dropped = gatemod.open(h.gate, "image written")
+        else:
+            if stays:
+                self.give_back(hooks_on or h, "it was checkpointed and serves on")
+            if gated:
+                dropped = gatemod.open(h.gate, "image written")
         log.info("checkpoint of %s: %d bytes in %.2fs%s", h.id, sum(files.values()), seconds,
                  " (GPU, CUDA helper)" if cuda else "",
                  extra=fields(container=h.id, decision="checkpointed", bytes=sum(files.values()),
                               duration_s=round(seconds, 3), gpu=cuda is not None))
         return Saved(out, seconds, files, cuda is not None, hooks, dropped)
+
+    def give_back(self, h: Handle, why: str) -> list[dict]:
+        """The profile's post-restore hooks on the workload a checkpoint left running
+        (`why` says why it runs on): what its pre-checkpoint hooks took, it gets back.
+        Only logged when it fails: the image is good either way, and the workload,
+        which may not serve without it, is the caller's to watch (its health probe)."""
+        try:
+            spec = h.spec()
+            if not profiles.for_spec(spec).hooks("post_restore"):
+                return []
+            return self.hooks(h, spec, "post_restore")
+        except (ThawError, OSError, ValueError) as e:
+            reason = e.message if isinstance(e, ThawError) else f"{type(e).__name__}: {e}"
+            log.warning("%s: %s, but its post-restore hooks failed: %s", h.id, why, reason,
+                        extra=fields(container=h.id, phase="post_restore", reason=reason))
+            return []
 
     # -- restore ---------------------------------------------------------------
 

@@ -247,7 +247,7 @@ class Sandboxes:
         partial = out.parent / f".{out.name}.partial-{uuid.uuid4().hex[:8]}"
         t0 = time.monotonic()
         try:
-            saved = Engine(self.settings).checkpoint(h, partial)
+            saved = Engine(self.settings).checkpoint(h, partial, stays=leave_running)
             # Right after the save: lines the workload printed while runsc wrote the
             # image are in it, and so may come again from the restored process.
             logsmod.keep_log(logsmod.SandboxLogs.of(self.settings, sid), partial / metamod.IMAGE_LOG,

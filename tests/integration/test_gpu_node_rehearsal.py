@@ -199,23 +199,24 @@ def test_gpu_node_script_rehearsed_on_cpu(name, tmp_path):
 SOAK = 7   # one lap: store, cache, cache, stream, cache, park, park (bench/gpu/soak.py Soak.lap)
 
 
-@pytest.mark.timeout(240)
-def test_gpu_soak_script_rehearsed_on_cpu(name, tmp_path):
-    """Issue 32 item 3's soak, rehearsed: `bench/gpu/soak.sh --cpu` runs one lap of every
-    kind of restore; each must have restored (not cold) and answered as the cold start did."""
+def _soak(name: str, tmp_path: Path, *args: str) -> dict:
+    """`bench/gpu/soak.sh --cpu` for one lap (SOAK restores); its soak.json, every check passed."""
     require(os.geteuid() == 0, "root")
     require((BUILD / "runsc").is_file(), f"runsc built in {BUILD} (make setup)")
     work, out = Path(f"/tmp/thaw-it/{name}"), tmp_path / "out"
     _kill_leftovers(work)
     try:
         p = subprocess.run(["bash", "bench/gpu/soak.sh", "--cpu", "--work", str(work), "--out", str(out),
-                            "--soak", str(SOAK), "--budget-s", "200"],
+                            "--soak", str(SOAK), "--budget-s", "200", *args],
                            cwd=REPO, capture_output=True, text=True, timeout=220)
         assert (out / "soak.json").is_file(), p.stdout[-3000:] + p.stderr[-3000:]
         r = json.loads((out / "soak.json").read_text())
         assert p.returncode == 0 and r["ok"], (r["errors"], [c for c in r["checks"] if not c["ok"]])
     finally:
         _kill_leftovers(work)
+    # node.sh collects soak-logs.tar.xz on the device: the soak's logs carry its name
+    assert (out / "soak-logs.tar.xz").is_file() and not (out / "node-logs.tar.xz").exists()
+    assert not work.exists()
     rows = r["restores"]
     assert [x["kind"] for x in rows] == ["store", "cache", "cache", "stream", "cache", "park", "park"], rows
     for x in rows:
@@ -223,7 +224,46 @@ def test_gpu_soak_script_rehearsed_on_cpu(name, tmp_path):
         assert x["decisions"] == (["adopt", "restored"] if x["kind"] == "park" else ["restore", "restored"]), x
     assert {k: v["count"] for k, v in r["soak"]["kinds"].items()} == {"store": 1, "cache": 3, "stream": 1, "park": 2}
     assert r["soak"]["failures"] == 0
+    return r
+
+
+@pytest.mark.timeout(240)
+def test_gpu_soak_script_rehearsed_on_cpu(name, tmp_path):
+    """Issue 32 item 3's soak, rehearsed: `bench/gpu/soak.sh --cpu` runs one lap of every
+    kind of restore; each must have restored (not cold) and answered as the cold start did."""
+    r = _soak(name, tmp_path)
     assert all(len(r["build"][k]) == 64 for k in ("runsc_sha256", "bins_sha256", "product_sha256")), r["build"]
     assert r["build"]["thaw_commit"]
-    # node.sh collects soak-logs.tar.xz on the device: the soak's logs carry its name
-    assert (out / "soak-logs.tar.xz").is_file() and not (out / "node-logs.tar.xz").exists()
+    assert r["profile"] == "pytorch" and {x["profile"] for x in r["restores"]} == {"pytorch"}
+    assert all(x["weights_back_s"] is None for x in r["restores"])   # the pytorch profile has no post-restore hook
+    assert "native" not in r       # the driver's own restore runs on a GPU only
+
+
+@pytest.mark.timeout(240)
+def test_gpu_soak_cooperative_rehearsed_on_cpu(name, tmp_path):
+    """Issue 32 items 3 and 6, rehearsed: `--profile pytorch-offload` runs the lap on the
+    cooperative image through containerd. thawd checkpointed it behind the profile's
+    pre-checkpoint hooks (the weights offloaded), gave the cold container its weights back
+    (it serves on: thawd.leave_running), and ran the post-restore hook at every restore and
+    every adoption of a parked sandbox before the first answer: the fake server refuses to
+    generate while its weights are offloaded, so an identical answer is one the hook made
+    possible."""
+    r = _soak(name, tmp_path, "--profile", "pytorch-offload")
+    assert r["profile"] == "pytorch-offload" and r["options"]["profile"] == "pytorch-offload"
+    checks = {c["check"]: c for c in r["checks"]}
+    pre = checks["checkpoint: thawd ran the pytorch-offload profile's pre-checkpoint hooks (/thaw/pre-checkpoint, "
+                 "/thaw/offload-weights) and each answered"]
+    assert pre["ok"] and pre["detail"]["profile"] == "pytorch-offload", pre
+    back = next(c for c in r["checks"] if c["check"].startswith("checkpoint: the cold container serves on"))
+    assert back["ok"] and back["detail"]["identical"] is True, back
+    hooked = [c for c in r["checks"] if "profile's post-restore hook on" in c["check"]]
+    # each of the 7 restores, and the park rounds' template (a cache restore)
+    assert len(hooked) == SOAK + 1 and all(c["ok"] for c in hooked), hooked
+    parked = [c["check"] for c in hooked if c["check"].startswith("parked#")]
+    assert len(parked) == 2 and all(" on thaw-parked-" in c for c in parked), parked   # woken: the parked sandbox
+    for x in r["restores"]:
+        assert x["profile"] == "pytorch-offload" and x["weights_back_s"] > 0 and x["weights_copy_s"] is not None, x
+    assert set(r["soak"]["profiles"]) == {f"tiny/pytorch-offload/{k}" for k in ("store", "cache", "stream", "park")}
+    pv = r["parked_vs_native"]
+    assert pv["parked_first_answer_s"]["n"] == 2 and pv["parked_weights_back_s"]["n"] == 2, pv
+    assert pv["target_s"] == 1.5 and pv["native_restore_s"] is None, pv   # no native restore on CPU

@@ -68,3 +68,15 @@ def test_merge_counts_runs_of_one_build_under_different_commits():
     m = summary.merge([_run("gpt2-large", "cache", [2.2]),
                        _run("llama-8b", "park", [1.4], build={**BUILD, "thaw_commit": "1234567"})])
     assert m["restores"] == 2 and m["commits"] == ["1234567", "f0dd438"] and "thaw_commit" not in m["build"]
+
+
+def test_rows_are_counted_per_profile_too_and_rows_before_the_option_were_pytorchs():
+    old = _run("llama-8b", "park", [3.5])                       # a run from before soak.py's --profile
+    coop = _run("llama-8b", "park", [1.2, 1.3])
+    for r in coop["restores"]:
+        r["profile"] = "pytorch-offload"
+    m = summary.merge([old, coop])
+    assert m["models"]["llama-8b/park"]["count"] == 3
+    assert m["profiles"]["llama-8b/pytorch/park"]["count"] == 1
+    assert m["profiles"]["llama-8b/pytorch-offload/park"] == {"count": 2, "failures": 0, "p50_s": 1.25,
+                                                               "p95_s": 1.295, "p99_s": 1.299}

@@ -1,0 +1,151 @@
+"""bench/gpu/soak.py's cooperative parts (issue 32 items 3 and 6): the native driver
+restore of the same model in the same run (bench/gpu/native_cuda.py, faked here: the
+H200 runs the real one), the parked first answers set beside it, and node.py's reading
+of thawd's hook lines. tests/integration/test_gpu_node_rehearsal.py runs the real soak
+on CPU."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import types
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "bench/gpu" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+soak = _load("soak")          # it puts bench/gpu on sys.path and imports node, soak_summary by name
+node = sys.modules["node"]
+
+NATIVE = {"model": "llama-8b", "native_restore_s": 2.602, "identical": True,
+          "offload": {"cuda_restore_s": 0.874, "restore_weights_s": 0.35, "restore_s": 1.224, "identical": True}}
+
+
+def _row(kind: str, t: float | None, ok: bool = True, **kw) -> dict:
+    return {"kind": kind, "t": t, "ok": ok, **kw}
+
+
+def test_parked_first_answers_stand_beside_the_native_restore_with_the_cooperative_target():
+    rows = [_row("cache", 3.0), _row("park", 1.2, wake_cuda_s=0.3, weights_back_s=0.5),
+            _row("park", 1.4, wake_cuda_s=0.4, weights_back_s=0.6), _row("park", None, ok=False)]
+    pv = soak.parked_vs_native(rows, NATIVE, "pytorch-offload")
+    assert pv["parked_first_answer_s"]["runs_s"] == [1.2, 1.4] and pv["parked_first_answer_s"]["n"] == 2
+    assert pv["parked_wake_cuda_s"]["median_s"] == 0.35 and pv["parked_weights_back_s"]["max_s"] == 0.6
+    assert pv["native_restore_s"] == 2.602
+    assert pv["native_offloaded"] == {"cuda_restore_s": 0.874, "restore_weights_s": 0.35, "restore_s": 1.224}
+    assert pv["target_s"] == 1.5 and pv["every_parked_within_target"] is True
+    slow = soak.parked_vs_native(rows + [_row("park", 1.51)], NATIVE, "pytorch-offload")
+    assert slow["every_parked_within_target"] is False
+    # The target is the cooperative profile's (item 6); the transparent one has none here.
+    assert "target_s" not in soak.parked_vs_native(rows, NATIVE, "pytorch")
+    assert soak.parked_vs_native([], None, "pytorch-offload")["every_parked_within_target"] is False
+
+
+class _Node:
+    def __init__(self):
+        self.env = {"PATH": "/usr/bin"}
+
+    def server_python(self):
+        return "/opt/torch/.venv/bin/python", []
+
+    def node_env(self):
+        return dict(self.env)
+
+
+def _soak(tmp_path, profile="pytorch-offload"):
+    o = node.Options(mode="gpu", bin=tmp_path / "bin", work=tmp_path / "work", out=tmp_path / "out",
+                     model="llama-8b", profile=profile)
+    report = node.Report(o.out, {"benchmark": "gpu-soak"}, name="soak.json")
+    return soak.Soak(o, _Node(), report, 10, 2, 5), report
+
+
+def test_the_native_restore_runs_the_same_model_from_the_same_weights_with_the_servers_python(tmp_path, monkeypatch):
+    calls = []
+
+    def one(model, helper, work, keep_weights=False, offload_mode="", python=sys.executable, env=None):
+        calls.append({"model": model, "helper": helper, "work": work, "keep": keep_weights, "mode": offload_mode,
+                      "python": python, "env": env})
+        return json.loads(json.dumps(NATIVE))
+
+    monkeypatch.setitem(sys.modules, "native_cuda", types.SimpleNamespace(one=one))
+    s, report = _soak(tmp_path)
+    s.native()
+    # node.py's weights directory is <work>/weights/<model>, as native_cuda's: made once, kept.
+    assert calls == [{"model": "llama-8b", "helper": str(tmp_path / "bin/thaw-cuda-checkpoint"),
+                      "work": tmp_path / "work", "keep": True, "mode": "register",
+                      "python": "/opt/torch/.venv/bin/python", "env": {"PATH": "/usr/bin"}}]
+    saved = json.loads((tmp_path / "out/soak.json").read_text())
+    assert saved["native"]["native_restore_s"] == 2.602 and saved["native"]["wall_s"] >= 0
+    assert saved["checks"][-1]["ok"] and saved["checks"][-1]["check"].startswith("native:")
+    assert saved["parked_vs_native"]["native_offloaded"]["restore_s"] == 1.224
+
+
+def test_a_native_restore_that_fails_is_a_failed_check_and_the_soak_goes_on(tmp_path, monkeypatch):
+    def one(*a, **kw):
+        raise RuntimeError("worker exited with 1")
+
+    monkeypatch.setitem(sys.modules, "native_cuda", types.SimpleNamespace(one=one))
+    s, report = _soak(tmp_path)
+    s.native()
+    assert report.data["native"]["error"] == "RuntimeError: worker exited with 1"
+    assert not report.data["checks"][-1]["ok"]
+    assert report.data["parked_vs_native"]["native_error"] == "RuntimeError: worker exited with 1"
+
+
+def test_rows_carry_the_profile_and_the_hooks_time(tmp_path):
+    s, report = _soak(tmp_path)
+    s.row("park", {"first_answer_s": 1.1, "wake_cuda_s": 0.3, "weights_back": {"hook_s": 0.5, "copy_s": 0.36},
+                   "decisions": [{"decision": "adopt"}, {"decision": "restored"}], "identical": True}, [], None)
+    r = report.data["restores"][0]
+    assert (r["profile"], r["t"], r["wake_cuda_s"], r["weights_back_s"], r["weights_copy_s"]) == \
+        ("pytorch-offload", 1.1, 0.3, 0.5, 0.36)
+    assert report.data["soak"]["profiles"] == {"llama-8b/pytorch-offload/park": {
+        "count": 1, "failures": 0, "p50_s": 1.1, "p95_s": 1.1, "p99_s": 1.1}}
+
+
+def test_the_profile_option_reaches_the_annotation_and_is_refused_when_unknown(tmp_path, capsys):
+    base = ["--mode", "cpu", "--bin", str(tmp_path), "--work", str(tmp_path / "w"), "--out", str(tmp_path / "o")]
+    assert node.parse_args(base).profile == "pytorch"
+    o = node.parse_args(base + ["--profile", "pytorch-offload"])
+    assert o.profile == "pytorch-offload" and o.cooperative
+    try:
+        node.parse_args(base + ["--profile", "vllm"])
+        raise AssertionError("vllm accepted")
+    except SystemExit as e:
+        assert e.code == 2
+    assert "invalid choice: 'vllm'" in capsys.readouterr().err
+
+
+LINE = ("post_restore hooks of thaw-parked-dac908ae-f0f42f26 (pytorch-offload): [{'hook': 'POST "
+        ":8000/thaw/restore-weights', 'status': 200, 'seconds': 0.1033, 'output': '{\"restored\": true, "
+        "\"seconds\": 0.35,\\n \"bytes\": 16}'}]")
+
+
+def test_thawds_hook_lines_are_read_back_per_sandbox_and_phase(tmp_path, monkeypatch):
+    o = node.Options(mode="cpu", bin=tmp_path, work=tmp_path / "w", out=tmp_path / "o", profile="pytorch-offload")
+    n = node.Node(o, node.Report(o.out, {}))
+    log = [{"msg": "pre_checkpoint hooks of c1-cold (pytorch-offload): [{'hook': 'POST :8000/thaw/pre-checkpoint', "
+                   "'status': 200, 'seconds': 0.1, 'output': ''}, {'hook': 'POST :8000/thaw/offload-weights', "
+                   "'status': 200, 'seconds': 0.2, 'output': ''}]"}, {"msg": LINE}]
+    monkeypatch.setattr(n, "thawd_log", lambda: log)
+    pre = n.hooks_of("c1-cold", "pre_checkpoint")
+    assert pre["profile"] == "pytorch-offload"
+    assert node.hook_paths(pre) == ["/thaw/pre-checkpoint", "/thaw/offload-weights"]
+    assert n.hooks_of("c1-cold", "post_restore") is None
+    assert n.hooks_of("thaw-parked-dac908ae-f0f42f26", "post_restore", after=2) is None   # only lines after
+    rec: dict = {}
+    n.weights_back("parked#1", rec, "thaw-parked-dac908ae-f0f42f26", 0)
+    assert rec["weights_back"]["hook_s"] == 0.1033 and rec["weights_back"]["copy_s"] == 0.35
+    assert n.r.data["checks"][-1]["ok"], n.r.data["checks"][-1]
+    # A hook that answered 500 is not one that ran: the check fails.
+    log[1] = {"msg": LINE.replace("'status': 200", "'status': 500")}
+    n.weights_back("parked#2", rec, "thaw-parked-dac908ae-f0f42f26", 0)
+    assert not n.r.data["checks"][-1]["ok"]
