@@ -336,6 +336,9 @@ class Node:
         self.weed = None
         self.gpus: list[Gpu] = []
         self.containers: list[str] = []
+        self.standin_marks: dict[str, int] = {}   # cid -> the stand-in log's length at its latest start
+        self.park_template: dict | None = None    # park_rounds' template start, once it answered
+        self.last_started: str | None = None      # the latest Node.start's container
         self.netns_names: set[str] = set()
         self.disk: dict | None = None     # the cache disk's O_DIRECT read rate, measured once a run
         self.site = os.environ.get("THAW_NODE_SITE", "")   # carried wheels (node.sh), "" on CI
@@ -667,6 +670,10 @@ class Node:
                      **(annotations or self.annotations)}.items():
             argv += ["--annotation", f"{k}={v}"]
         self.containers.append(cid)
+        # The stand-in's log is the node's whole history: a name used again (the soak's laps)
+        # must not see an earlier start's decisions (Node.decisions reads from here).
+        self.standin_marks[cid] = self.standin_lines()
+        self.last_started = cid
         t0 = time.monotonic()
         self.ctr(*argv, IMAGE, cid, timeout=timeout_s)
         t_run = time.monotonic() - t0
@@ -728,9 +735,15 @@ class Node:
                 pnetns.remove(name)
             self.netns_names.discard(name)
 
+    def standin_lines(self) -> int:
+        p = Path(STANDIN_LOG)
+        return len(p.read_text().splitlines()) if p.exists() else 0
+
     def decisions(self, cid: str) -> list[dict]:
+        """The stand-in's decisions about cid since its latest Node.start."""
         p = Path(STANDIN_LOG)
         rows = [json.loads(x) for x in p.read_text().splitlines()] if p.exists() else []
+        rows = rows[self.standin_marks.get(cid, 0):]
         return [{"decision": d.get("decision"), "reason": d.get("reason", "")} for d in rows if d.get("id") == cid]
 
     def thawd_log(self) -> list[dict]:
@@ -1167,7 +1180,7 @@ class Node:
             out[str(pid)] = {"comm": comm, "sandbox": owner}
         return out
 
-    def park_rounds(self, cold: dict, n: int) -> list[dict]:
+    def park_rounds(self, cold: dict, n: int, tag: str = "") -> list[dict]:
         """docs/parking.md on the node: thawd with park.enabled; a start restored from the
         cache is the key's template; then n times: thawd parks a sandbox of it (timed:
         park_s, and its host memory), a start on the same GPU adopts it (timed to the
@@ -1187,16 +1200,21 @@ class Node:
         sandbox 1 and is removed, its sandbox confirmed gone, before adopter 1 starts;
         every adopter is gone before the next. Each request writes a nonce into the
         adopter's spool that the server reads back (channels.FileChannel), and the host's
-        /proc shows which processes hold that directory open: only the adopted sandbox's."""
+        /proc shows which processes hold that directory open: only the adopted sandbox's.
+
+        `tag` goes into every container name (the soak's laps: a name of its own each time,
+        so runsc's per-container logs of one start are not appended to another's); the
+        template's start is self.park_template once it answered."""
         self.restart_thawd(stream=False, park=True)
         out: list[dict] = []
-        seed = "c6-park-seed"
+        seed = f"c6-park{tag}-seed"
+        self.park_template = None
         try:
             g = self.gpus[0]
             self.o.need("the parked rounds' template", self.o.step_s("cache"))
             linked = self.point_spool("park-1")
             self.use_spool("park-1")
-            tpl = self.restored("park-template", seed, g, cold)
+            tpl = self.park_template = self.restored("park-template", seed, g, cold)
             # The control for the holders check below: the template's own processes hold park-1.
             tpl["spool"]["holders"] = self.holders(self.spools / "park-1", {seed})
             self.r.step("park_template", **tpl)
@@ -1218,7 +1236,7 @@ class Node:
                 # The next park (after this start) gets a directory of its own.
                 linked_next = self.point_spool(f"park-{k + 1}")
                 self.use_spool(spool)
-                cid = f"c6-park-{k}"
+                cid = f"c6-park{tag}-{k}"
                 marks = len(self.thawd_log())
                 rec = self.start(cid, g, self.o.restore_timeout_s)
                 rec["round"], rec["parked"] = k, {f: parked.get(f) for f in (
@@ -1402,21 +1420,48 @@ class Node:
                    (self.share / "server.log", "server.log"), (self.work / "weed" / "weed.log", "weed.log")]
         # <report>-logs.tar.xz: node.sh collects $THAW_NODE_NAME-logs.tar.xz (soak.py's is soak-).
         out = self.o.out / (Path(self.r.name).stem + "-logs.tar.xz")
+        members = []
+        for src, arc in sources:
+            if src.exists():
+                members += [(f, arc if src.is_file() else f"{arc}/{f.relative_to(src)}") for f in
+                            ([src] if src.is_file() else sorted(p for p in src.rglob("*") if p.is_file()))]
         try:
-            with tarfile.open(out, "w:xz") as tar:
-                for src, arc in sources:
-                    if not src.exists():
-                        continue
-                    for f in ([src] if src.is_file() else sorted(p for p in src.rglob("*") if p.is_file())):
-                        rel = arc if src.is_file() else f"{arc}/{f.relative_to(src)}"
-                        data = f.read_bytes()
-                        if len(data) > 6 << 20:     # head and tail of a long log
-                            data = data[:1 << 20] + b"\n[... cut by node.py ...]\n" + data[-(4 << 20):]
-                        ti = tarfile.TarInfo(rel)
-                        ti.size, ti.mtime = len(data), int(f.stat().st_mtime)
-                        tar.addfile(ti, io.BytesIO(data))
+            write_tar(out, members, 6 << 20)
         except OSError as e:
             self.r.data.setdefault("teardown_problems", []).append(f"logs: {e}")
+
+    def evidence(self, cid: str, name: str) -> str | None:
+        """A failed start's logs, taken when it failed (a run cut short never reaches
+        collect_logs, and the next start's lines bury these): runsc's logs of cid, the tails of
+        thawd's, the stand-in's, containerd's and the server's, in <out>/evidence/<name>.tar.xz."""
+        runsc = Path(RUNSC_LOGS)
+        members = [(f, f"runsc/{f.name}") for f in sorted(runsc.glob(f"{cid}.*")) if f.is_file()] \
+            if runsc.is_dir() else []
+        for src, arc in ((self.logs / "thawd.log", "thawd.log"), (self.logs / "containerd.log", "containerd.log"),
+                         (Path(STANDIN_LOG), "standin.log"), (self.share / "server.log", "server.log")):
+            if src.is_file():
+                members.append((src, arc))
+        out = self.o.out / "evidence" / f"{name}.tar.xz"
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            write_tar(out, members, 3 << 20)
+        except OSError as e:
+            self.r.error(f"evidence of {cid}: {e}")
+            return None
+        return str(out.relative_to(self.o.out))
+
+
+def write_tar(out: Path, members: list[tuple[Path, str]], cap: int) -> None:
+    """members (file, name in the archive) into an xz tarball; a file over `cap` bytes keeps
+    its head (a sixth of cap) and its tail, where a failure's lines are."""
+    with tarfile.open(out, "w:xz") as tar:
+        for f, rel in members:
+            data = f.read_bytes()
+            if len(data) > cap:
+                data = data[:cap // 6] + b"\n[... cut by node.py ...]\n" + data[-(cap - cap // 6):]
+            ti = tarfile.TarInfo(rel)
+            ti.size, ti.mtime = len(data), int(f.stat().st_mtime)
+            tar.addfile(ti, io.BytesIO(data))
 
 
 def hook_paths(hooks: dict | None) -> list[str]:

@@ -55,6 +55,7 @@ from soak_summary import per_kind  # noqa: E402
 
 KINDS = ("store", "cache", "stream", "park")
 NATIVE_S = 150          # the native restore's share of --budget-s (an ~8B model's load, two cycles)
+MAX_EVIDENCE = 12       # failed restores whose logs soak.py keeps (each a few MiB at most)
 COOPERATIVE_TARGET_S = 1.5   # issue 32 item 6: parked cooperative ~8B, ctr run to the first answer
 
 
@@ -94,6 +95,8 @@ class Soak:
         self.park_per_lap, self.max_fail = park_per_lap, max_fail
         self.rows: list[dict] = report.data.setdefault("restores", [])
         self.k = 1          # the next container's round number (unique names: name_of)
+        self.laps = 0       # laps done
+        self.kept = 0       # failures whose logs were kept (Node.evidence)
         self.consecutive = 0
 
     def done(self) -> bool:
@@ -102,6 +105,11 @@ class Soak:
     def row(self, kind: str, rec: dict | None, failed: list[str], error: str | None) -> None:
         ok = rec is not None and not failed and error is None
         self.consecutive = 0 if ok else self.consecutive + 1
+        cid = (rec or {}).get("container") or self.node.last_started
+        evidence = None
+        if not ok and cid and self.kept < MAX_EVIDENCE:
+            self.kept += 1
+            evidence = self.node.evidence(cid, f"{len(self.rows) + 1:03d}-{kind}-{cid}")
         back = (rec or {}).get("weights_back") or {}
         self.rows.append({"i": len(self.rows) + 1, "kind": kind, "model": self.o.model, "profile": self.o.profile,
                           "t": (rec or {}).get("first_answer_s"), "ok": ok,
@@ -110,7 +118,8 @@ class Soak:
                           "reason": None if ok else (error or "; ".join(failed))[:1000],
                           "container": (rec or {}).get("container"),
                           "decisions": [d.get("decision") for d in (rec or {}).get("decisions") or []],
-                          "identical": (rec or {}).get("identical"), "at": round(time.time(), 3)})
+                          "identical": (rec or {}).get("identical"), "evidence": evidence,
+                          "at": round(time.time(), 3)})
         self.r.data["soak"] = per_kind(self.rows)
         self.r.data["parked_vs_native"] = parked_vs_native(self.rows, self.r.data.get("native"), self.o.profile)
         self.r.save()
@@ -167,25 +176,34 @@ class Soak:
         self.row(kind, rec, [c["check"] for c in self.r.data["checks"][mark:] if not c["ok"]], error)
 
     def parks(self, cold: dict, key: str) -> None:
-        """Node.park_rounds' adoptions: one row each; a check is the adoption's by its
-        label (parked#j:), the rest (template, leftovers) the last row's."""
-        want = min(self.park_per_lap, self.n - len(self.rows))
+        """Node.park_rounds: the template's start is a restore from the node cache (thawd
+        with park.enabled: a row of kind cache, its checks labelled park-template:), then
+        one row per adoption, a check the adoption's by its label (parked#j:), the rest
+        (leftovers) the last row's. Names carry the lap (-L<n>), one start's each."""
+        want = min(self.park_per_lap, self.n - len(self.rows) - 1)
         if want <= 0 or self.done():
             return
         self.o.need("soak parked rounds", self.o.step_s("thawd", "cache", "thawd") + want * self.o.step_s("park"))
         mark = len(self.r.data["checks"])
         recs, error = [], None
         try:
-            recs = self.node.park_rounds(cold, want)
+            recs = self.node.park_rounds(cold, want, tag=f"-L{self.laps + 1}")
         except Exception as e:  # noqa: BLE001
             error = f"{type(e).__name__}: {e}"[:1000]
             self.cleanup()
         checks = self.r.data["checks"][mark:]
+        tpl = self.node.park_template
+        if tpl is not None or error:
+            mine = [c["check"] for c in checks if not c["ok"] and c["check"].startswith("park-template:")]
+            self.row("cache", tpl, mine, error if tpl is None else None)
+        if tpl is None:
+            return
         for j in range(1, max(len(recs), 1 if error else 0) + 1):
             rec = recs[j - 1] if j <= len(recs) else None
             mine = [c["check"] for c in checks if not c["ok"] and c["check"].startswith(f"parked#{j}:")]
-            if j >= len(recs):   # the last: also whatever no adoption names
-                mine += [c["check"] for c in checks if not c["ok"] and not c["check"].startswith("parked#")]
+            if j >= len(recs):   # the last: also whatever neither the template nor an adoption names
+                mine += [c["check"] for c in checks if not c["ok"] and
+                         not c["check"].startswith(("parked#", "park-template:"))]
             self.row("park", rec, mine, error if j >= len(recs) else None)
         if len(recs) < want and error is None:
             self.r.error(f"soak: park_rounds did {len(recs)} of {want} adoptions")
@@ -216,15 +234,14 @@ class Soak:
         cold = self.node.cold_start()
         self.r.data["cold"] = {k: cold.get(k) for k in ("first_answer_s", "answer", "boot")}
         key = self.node.checkpoint_and_publish(cold)["key"]   # ends with the entry evicted
-        laps = 0
         while not self.done():
             try:
                 self.lap(cold, key)
             except OutOfTime as e:
                 self.r.error(f"out of time: {e}; {len(self.rows)} of {self.n} restores done")
                 break
-            laps += 1
-        self.r.data["laps"] = laps
+            self.laps += 1
+        self.r.data["laps"] = self.laps
         if self.consecutive >= self.max_fail:
             self.r.error(f"soak stopped: {self.consecutive} consecutive failed restores")
 

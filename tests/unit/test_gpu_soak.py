@@ -52,6 +52,14 @@ def test_parked_first_answers_stand_beside_the_native_restore_with_the_cooperati
 class _Node:
     def __init__(self):
         self.env = {"PATH": "/usr/bin"}
+        self.last_started = None
+        self.containers = []
+        self.park_template = None
+        self.kept = []
+
+    def evidence(self, cid, name):
+        self.kept.append((cid, name))
+        return f"evidence/{name}.tar.xz"
 
     def server_python(self):
         return "/opt/torch/.venv/bin/python", []
@@ -149,3 +157,95 @@ def test_thawds_hook_lines_are_read_back_per_sandbox_and_phase(tmp_path, monkeyp
     log[1] = {"msg": LINE.replace("'status': 200", "'status': 500")}
     n.weights_back("parked#2", rec, "thaw-parked-dac908ae-f0f42f26", 0)
     assert not n.r.data["checks"][-1]["ok"]
+
+
+def _check(report, name, ok):
+    report.data["checks"].append({"check": name, "ok": ok, "detail": ""})
+
+
+def test_the_park_template_is_a_cache_row_of_its_own_and_each_adoption_owns_its_checks(tmp_path):
+    s, report = _soak(tmp_path)
+    tags = []
+
+    def park_rounds(cold, n, tag=""):
+        tags.append((n, tag))
+        s.node.park_template = {"container": f"c6-park{tag}-seed", "first_answer_s": 21.4}
+        _check(report, "park-template: the stand-in restored it", False)     # it started cold
+        _check(report, "parked#1: the start adopted a parked sandbox", True)
+        _check(report, "parked#2: the start adopted a parked sandbox", False)
+        _check(report, "parked: thawd's stop removed every parked sandbox nobody adopted", True)
+        return [{"container": f"c6-park{tag}-1", "first_answer_s": 1.0},
+                {"container": f"c6-park{tag}-2", "first_answer_s": 1.1}]
+
+    s.node.park_rounds = park_rounds
+    s.o.need = lambda what, sec: None
+    s.o.step_s = lambda *a: 1.0
+    s.parks({}, "key")
+    # Two adoptions asked (--park-per-lap 2, 10 restores wanted), named after the lap.
+    assert tags == [(2, "-L1")]
+    rows = report.data["restores"]
+    assert [(r["kind"], r["container"], r["ok"]) for r in rows] == [
+        ("cache", "c6-park-L1-seed", False), ("park", "c6-park-L1-1", True), ("park", "c6-park-L1-2", False)]
+    assert rows[0]["reason"] == "park-template: the stand-in restored it" and rows[0]["t"] == 21.4
+    assert rows[2]["reason"] == "parked#2: the start adopted a parked sandbox"
+    # A failed restore's logs are kept when it fails, under a name of the row's own.
+    assert s.node.kept == [("c6-park-L1-seed", "001-cache-c6-park-L1-seed"), ("c6-park-L1-2", "003-park-c6-park-L1-2")]
+    assert rows[0]["evidence"] == "evidence/001-cache-c6-park-L1-seed.tar.xz" and rows[1]["evidence"] is None
+
+
+def test_a_template_that_never_answered_is_one_failed_row_with_the_error(tmp_path):
+    s, report = _soak(tmp_path)
+
+    def park_rounds(cold, n, tag=""):
+        s.node.park_template = None
+        s.node.last_started = f"c6-park{tag}-seed"
+        raise RuntimeError("c6-park-L1-seed: no first answer")
+
+    s.node.park_rounds = park_rounds
+    s.o.need = lambda what, sec: None
+    s.o.step_s = lambda *a: 1.0
+    s.parks({}, "key")
+    rows = report.data["restores"]
+    assert [(r["kind"], r["ok"]) for r in rows] == [("cache", False)]
+    assert rows[0]["reason"] == "RuntimeError: c6-park-L1-seed: no first answer"
+    assert s.node.kept == [("c6-park-L1-seed", "001-cache-c6-park-L1-seed")]
+
+
+def test_decisions_are_the_latest_starts_only(tmp_path, monkeypatch):
+    """A name used again (the soak's laps) must not see an earlier start's decisions
+    (the GPU soak of 2026-12-05 counted 10 good adoptions as failed this way)."""
+    log = tmp_path / "standin.log"
+    monkeypatch.setattr(node, "STANDIN_LOG", str(log))
+    n = node.Node.__new__(node.Node)
+    n.standin_marks = {}
+
+    def add(cid, decision):
+        with log.open("a") as f:
+            f.write(json.dumps({"id": cid, "decision": decision, "reason": ""}) + "\n")
+
+    add("c6-park-seed", "restore"), add("c6-park-seed", "restored"), add("c6-park-seed", "released")
+    n.standin_marks["c6-park-seed"] = n.standin_lines()
+    add("other", "restore"), add("c6-park-seed", "restore"), add("c6-park-seed", "restored")
+    assert [d["decision"] for d in n.decisions("c6-park-seed")] == ["restore", "restored"]
+    assert [d["decision"] for d in n.decisions("other")] == ["restore"]
+
+
+def test_evidence_keeps_the_failed_starts_runsc_logs_and_the_tails_of_the_rest(tmp_path, monkeypatch):
+    import tarfile
+    runsc, logs = tmp_path / "runsc", tmp_path / "logs"
+    runsc.mkdir(), logs.mkdir()
+    (runsc / "c3-cache-r7.boot.log").write_text("boot of r7\n")
+    (runsc / "c3-cache-r70.boot.log").write_text("not this one\n")
+    (logs / "thawd.log").write_bytes(b"h" * 4096 + b"the end\n")
+    monkeypatch.setattr(node, "RUNSC_LOGS", str(runsc))
+    monkeypatch.setattr(node, "STANDIN_LOG", str(tmp_path / "none.log"))
+    n = node.Node.__new__(node.Node)
+    n.o = types.SimpleNamespace(out=tmp_path / "out")
+    n.logs, n.share = logs, tmp_path / "share"
+    assert n.evidence("c3-cache-r7", "001-cache-c3-cache-r7") == "evidence/001-cache-c3-cache-r7.tar.xz"
+    with tarfile.open(tmp_path / "out/evidence/001-cache-c3-cache-r7.tar.xz") as tar:
+        assert sorted(tar.getnames()) == ["runsc/c3-cache-r7.boot.log", "thawd.log"]
+    node.write_tar(tmp_path / "small.tar.xz", [(logs / "thawd.log", "thawd.log")], 600)
+    with tarfile.open(tmp_path / "small.tar.xz") as tar:
+        data = tar.extractfile("thawd.log").read()
+    assert data.startswith(b"h" * 100) and data.endswith(b"the end\n") and b"cut by node.py" in data
