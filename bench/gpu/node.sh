@@ -57,6 +57,8 @@ export PYTHONPATH="$PWD:$bin/site" THAW_NODE_SITE="$bin/site" PYTHONUNBUFFERED=1
 pid_alive() { [[ -f "$state/driver.pid" ]] && kill -0 "$(cat "$state/driver.pid")" 2>/dev/null; }
 collect() {
   cp -f "$state/run/$name.json" "$state/run/$name-logs.tar.xz" "$out/" 2>/dev/null
+  # soak.py's failed restores' logs, kept when each failed (Node.evidence)
+  [[ -d "$state/run/evidence" ]] && cp -rf "$state/run/evidence" "$out/"
   tail -c 4000000 "$state/$name.log" > "$out/$name.log" 2>/dev/null
 }
 

@@ -30,6 +30,8 @@ def done(n):
 json.dump({"ok": None, "model": a.model, "bin_has_tool": os.path.isfile(os.path.join(a.bin, "tool-b")),
            "headline": done(1)}, open(os.path.join(a.out, "node.json"), "w"))
 time.sleep(float(os.environ.get("FAKE_SLEEP", "0")))
+os.makedirs(os.path.join(a.out, "evidence"), exist_ok=True)
+open(os.path.join(a.out, "evidence", "003-cache-c3-cache-r3.tar.xz"), "w").write("logs")
 json.dump({"ok": True, "model": a.model, "headline": done(a.repeat)}, open(os.path.join(a.out, "node.json"), "w"))
 print("driver done", flush=True)
 sys.exit(int(os.environ.get("FAKE_RC", "0")))
@@ -86,6 +88,8 @@ def test_parts_then_a_detached_run_then_collection(tmp_path):
     every = {"repeat": {"asked": 3, "done": {"cold": 3, "store": 3, "cache": 3}}}
     assert rc == 0 and "run finished, exit 0" in out and doc == {"ok": True, "model": "tiny", "headline": every}, out
     assert "driver done" in (tmp_path / "out" / "node.log").read_text()
+    # soak.py's failed restores' logs (Node.evidence) come back with the report
+    assert (tmp_path / "out/evidence/003-cache-c3-cache-r3.tar.xz").read_text() == "logs"
     rc, out, doc = _call(env2)                        # a finished run is collected, not run again
     assert rc == 0 and (tmp_path / "count").read_text() == "run\n"
     _wait_gone(env)
