@@ -80,3 +80,27 @@ def test_rows_are_counted_per_profile_too_and_rows_before_the_option_were_pytorc
     assert m["profiles"]["llama-8b/pytorch/park"]["count"] == 1
     assert m["profiles"]["llama-8b/pytorch-offload/park"] == {"count": 2, "failures": 0, "p50_s": 1.25,
                                                                "p95_s": 1.295, "p99_s": 1.299}
+
+
+def test_reread_counts_stale_decision_failures_ok_and_templates_as_cache_rows():
+    """bench/gpu/soak_reread.py on a run of the harness before 2026-12-05's fix: only a park row
+    failed by the stale-decision checks alone, with this start's adopt/restored, turns ok."""
+    spec2 = importlib.util.spec_from_file_location("bench_gpu_soak_reread", REPO / "bench/gpu/soak_reread.py")
+    reread = importlib.util.module_from_spec(spec2)
+    spec2.loader.exec_module(reread)
+    stale = "parked#1: the start adopted a parked sandbox (stand-in: adopt, restored)"
+    d = {"model": "gpt2-large", "cold": {"boot": "b0"}, "restores": [
+        {"i": 1, "kind": "park", "container": "c6-park-1", "t": 1.0, "ok": False, "reason": stale,
+         "decisions": ["adopt", "restored", "released", "adopt", "restored"]},
+        {"i": 2, "kind": "park", "container": "c6-park-2", "t": 1.1, "ok": False,
+         "reason": stale + "; parked#2: it answers identically", "decisions": ["adopt", "restored"]},
+        {"i": 3, "kind": "park", "container": "c6-park-1", "t": 0.9, "ok": False, "reason": stale,
+         "decisions": ["adopt", "restore-failed", "started-cold-after-failed-restore"]}],
+        "steps": [{"step": "park_template", "first_answer_s": 1.5, "boot": "b0", "container": "c6-park-seed",
+                   "decisions": [{"decision": "released"}, {"decision": "restore"}, {"decision": "restored"}]},
+                  {"step": "park_template", "first_answer_s": 21.4, "boot": "b1", "container": "c6-park-seed",
+                   "decisions": [{"decision": "restore-failed"}, {"decision": "started-cold-after-failed-restore"}]}]}
+    r = reread.reread(d)
+    assert r["fixed_rows"] == [1]
+    assert [(x["i"], x["kind"]) for x in r["failed"]] == [(2, "park"), (3, "park"), (None, "cache")]
+    assert r["soak"]["kinds"]["cache"]["count"] == 2 and r["soak"]["kinds"]["cache"]["failures"] == 1
