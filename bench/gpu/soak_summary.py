@@ -3,7 +3,9 @@
 per model and kind the count, failures and restore-time (first answer) p50/p95/p99, and
 the cumulative totals. Runs of different builds (soak.py's build_identity: runsc, the
 carried Go binaries and thaw's Python, by content) are refused: the issue's count is
-cumulative on one build. The commit each run names is shown, not compared.
+cumulative on one build. The commit each run names is shown, not compared. Runs on
+different GPU models (soak.json's machine.nvidia_smi: the H200 and an H100 answer at
+different speeds) are refused too: their percentiles are not one distribution.
 
   python3 bench/gpu/soak_summary.py RUN.json [RUN.json ...]
 """
@@ -53,13 +55,26 @@ def per_kind(rows: list[dict]) -> dict:
 IDENTITY = ("runsc_sha256", "bins_sha256", "product_sha256")
 
 
+def gpu_of(run: dict) -> str:
+    """The GPU model of a run: the name field of node.py's `nvidia-smi --query-gpu=index,name,...`
+    line (machine.nvidia_smi), "cpu" for a CPU rehearsal, "unknown" without it."""
+    if run.get("mode") == "cpu":
+        return "cpu"
+    smi = str((run.get("machine") or {}).get("nvidia_smi") or "")
+    parts = [x.strip() for x in smi.splitlines()[0].split(",")] if smi else []
+    return parts[1] if len(parts) > 1 else "unknown"
+
+
 def merge(runs: list[dict]) -> dict:
     ids = [{k: (r.get("build") or {}).get(k) for k in IDENTITY} for r in runs]
     builds = {json.dumps(i, sort_keys=True) for i in ids}
     if len(builds) != 1 or any(not all(i.values()) for i in ids):
         raise MergeRefused(f"runs of different or unknown builds: {sorted(builds)}")
+    gpus = sorted({gpu_of(r) for r in runs})
+    if len(gpus) != 1:
+        raise MergeRefused(f"runs on different GPU models: {gpus}")
     rows = [row for r in runs for row in r.get("restores", [])]
-    return {"build": ids[0], "commits": sorted({str((r.get("build") or {}).get("thaw_commit")) for r in runs}),
+    return {"build": ids[0], "gpu": gpus[0], "commits": sorted({str((r.get("build") or {}).get("thaw_commit")) for r in runs}),
             "runs": len(runs), **per_kind(rows)}
 
 

@@ -9,6 +9,8 @@ import importlib.util
 import json
 import sys
 import types
+
+import pytest
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -249,3 +251,22 @@ def test_evidence_keeps_the_failed_starts_runsc_logs_and_the_tails_of_the_rest(t
     with tarfile.open(tmp_path / "small.tar.xz") as tar:
         data = tar.extractfile("thawd.log").read()
     assert data.startswith(b"h" * 100) and data.endswith(b"the end\n") and b"cut by node.py" in data
+
+
+def test_the_park_rounds_shrink_to_the_budget_before_they_give_up(tmp_path):
+    s, report = _soak(tmp_path)
+    asked = []
+
+    def park_rounds(cold, n, tag=""):
+        asked.append(n)
+        s.node.park_template = {"container": "tpl", "first_answer_s": 1.5}
+        return [{"container": f"c6-park{tag}-{k}", "first_answer_s": 1.0} for k in range(1, n + 1)]
+
+    s.node.park_rounds = park_rounds
+    s.o.step_s = lambda *a: 20.0 * len(a)          # thawd+cache+thawd 60 s, each adoption 20 s
+    s.o.time_left = lambda: 85.0                   # one adoption fits, two do not
+    s.parks({}, "key")
+    assert asked == [1] and [r["kind"] for r in report.data["restores"]] == ["cache", "park"]
+    s.o.time_left = lambda: 70.0
+    with pytest.raises(node.OutOfTime):
+        s.parks({}, "key")
