@@ -47,7 +47,9 @@ toggle() {  # $1: label
     if [ $((n % 2)) = 1 ]; then kill -USR2 "$PROG"; fi
     sleep 0.3
   done
-  kill -TERM "$PROG"; wait "$PROG"; echo "program exit $?"
+  # The block runs in a pipeline's subshell, which cannot `wait` for this shell's child.
+  kill -TERM "$PROG"; for _ in $(seq 50); do kill -0 "$PROG" 2>/dev/null || break; sleep 0.1; done
+  echo "program stopped: $(kill -0 "$PROG" 2>/dev/null && echo no || echo yes)"
   echo "program output (CLOBBER/HELD lines first):"
   grep -E '^(CLOBBER|HELD)' "$W/prog.out" | head -50
   grep -vE '^(CLOBBER|HELD)' "$W/prog.out" | tail -50
