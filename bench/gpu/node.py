@@ -213,6 +213,9 @@ class Options:
     # restore: the weights in page-locked host memory at the checkpoint, copied back by the
     # post-restore hook).
     profile: str = "pytorch"
+    # More runsc flags for every sandbox, words as config's runsc.flags takes them; e.g. the EBADF
+    # hunt's `--strace --strace-syscalls=openat,close,dup2,dup3,getdents64` (docs/gvisor-notes.md).
+    runsc_flags: str = ""
     keep: bool = False
     clock: Callable[[], float] = time.monotonic
     started: float = field(default_factory=time.monotonic)
@@ -440,7 +443,7 @@ class Node:
             "THAW_STORE_STREAM": "false",
             "THAW_THAWD_METRICS_ADDR": "",
             # runsc's own log of every call (info level; debug stays off), kept for the report.
-            "THAW_RUNSC_FLAGS": f"--debug-log={RUNSC_LOGS}/%ID%.%COMMAND%.log",
+            "THAW_RUNSC_FLAGS": f"--debug-log={RUNSC_LOGS}/%ID%.%COMMAND%.log {self.o.runsc_flags}".strip(),
         }
         t1 = time.monotonic()
         p = sh(*self.thaw_argv("provision", "--from", str(self.o.bin), "--no-systemd", "--json"),
@@ -1691,6 +1694,7 @@ def parse_args(argv: list[str] | None = None) -> Options:
                     help="adoptions of parked sandboxes after the streamed restores (docs/parking.md; default 0)")
     ap.add_argument("--profile", choices=PROFILES, default="pytorch",
                     help="the workload profile (thaw.dev/profile); pytorch-offload: the cooperative restore")
+    ap.add_argument("--runsc-flags", default="", help="more runsc flags for every sandbox (words, as runsc.flags)")
     ap.add_argument("--keep", action="store_true", help="keep --work")
     a = ap.parse_args(argv)
     repeat = a.repeat if a.repeat is not None else (3 if a.mode == "gpu" else 1)
@@ -1702,7 +1706,7 @@ def parse_args(argv: list[str] | None = None) -> Options:
     return Options(mode=a.mode, bin=a.bin.resolve(), work=a.work.resolve(), out=a.out.resolve(),
                    model=a.model or ("llama-3b" if a.mode == "gpu" else "tiny"), weed=a.weed, python=a.python,
                    budget_s=a.budget_s, keep=a.keep, repeat=repeat, stream=stream, park=max(0, a.park),
-                   profile=a.profile,
+                   profile=a.profile, runsc_flags=" ".join(a.runsc_flags.split()),
                    publish_timeout_s=600.0 if a.mode == "gpu" else 120.0)
 
 

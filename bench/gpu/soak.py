@@ -273,7 +273,8 @@ def parked_vs_native(rows: list[dict], native: dict | None, profile: str) -> dic
 def run(o: nodemod.Options, n: int, park_per_lap: int, max_fail: int, native: bool = True) -> dict:
     report = Report(o.out, {"benchmark": "gpu-soak", "mode": o.mode, "model": o.model, "profile": o.profile,
                             "date": time.strftime("%Y-%m-%d", time.gmtime()), "build": build_identity(o.bin),
-                            "asked": n, "options": {"park_per_lap": park_per_lap, "max_consecutive_failures":
+                            "asked": n, "options": {"runsc_flags": o.runsc_flags,
+                                                    "park_per_lap": park_per_lap, "max_consecutive_failures":
                                                     max_fail, "budget_s": o.budget_s, "profile": o.profile,
                                                     "native": native and o.gpu}}, name="soak.json")
     node = Node(o, report)

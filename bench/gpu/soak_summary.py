@@ -74,7 +74,8 @@ def merge(runs: list[dict]) -> dict:
     if len(gpus) != 1:
         raise MergeRefused(f"runs on different GPU models: {gpus}")
     rows = [row for r in runs for row in r.get("restores", [])]
-    return {"build": ids[0], "gpu": gpus[0], "commits": sorted({str((r.get("build") or {}).get("thaw_commit")) for r in runs}),
+    return {"build": ids[0], "gpu": gpus[0],
+            "commits": sorted({str((r.get("build") or {}).get("thaw_commit")) for r in runs}),
             "runs": len(runs), **per_kind(rows)}
 
 

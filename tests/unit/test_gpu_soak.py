@@ -132,6 +132,9 @@ def test_the_profile_option_reaches_the_annotation_and_is_refused_when_unknown(t
     except SystemExit as e:
         assert e.code == 2
     assert "invalid choice: 'vllm'" in capsys.readouterr().err
+    # The EBADF hunt's flags reach every sandbox through thawd's runsc.flags (THAW_RUNSC_FLAGS).
+    o = node.parse_args(base + ["--runsc-flags", " --strace  --strace-syscalls=openat,close "])
+    assert o.runsc_flags == "--strace --strace-syscalls=openat,close"
 
 
 LINE = ("post_restore hooks of thaw-parked-dac908ae-f0f42f26 (pytorch-offload): [{'hook': 'POST "

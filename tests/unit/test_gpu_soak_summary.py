@@ -107,7 +107,8 @@ def test_reread_counts_stale_decision_failures_ok_and_templates_as_cache_rows():
 
 
 def test_merge_refuses_runs_on_different_gpu_models():
-    h200 = {**_run("gpt2-large", "cache", [1.5]), "machine": {"nvidia_smi": "0, NVIDIA H200, GPU-1, 580.159.04, 143771 MiB"}}
+    h200 = {**_run("gpt2-large", "cache", [1.5]),
+            "machine": {"nvidia_smi": "0, NVIDIA H200, GPU-1, 580.159.04, 143771 MiB"}}
     h100 = {**_run("gpt2-large", "cache", [2.1]),
             "machine": {"nvidia_smi": "0, NVIDIA H100 80GB HBM3, GPU-2, 580.159.04, 81559 MiB"}}
     assert summary.merge([h200, dict(h200)])["gpu"] == "NVIDIA H200"
