@@ -105,6 +105,8 @@ NAMESPACE = "thaw-gpu-node"
 SHIM = "/opt/thaw/bin/containerd-shim-runsc-v1"  # the drop-in's runtime_path (provision)
 RUNSC_TOML = "/etc/thaw/runsc.toml"              # the drop-in's ConfigPath (provision)
 THAWD_SOCKET = "/run/thaw/thawd.sock"            # thawd.socket default
+# A parked sandbox's bundle, <state_dir>/thawd/parked/<id> (twin: control/thawd/parked.py PARKED_DIR).
+PARKED_BUNDLE = re.compile(r"/thawd/parked/([\w.-]+)")
 STANDIN_LOG = "/var/log/thaw/standin.log"        # standin.log default
 RUNSC_LOGS = "/var/log/thaw/runsc"
 CONFIG = "/etc/thaw/config.toml"
@@ -1100,10 +1102,11 @@ class Node:
         raise StepFailed(f"no parked sandbox within {timeout_s:.0f} s: {self.parked_records()}; thawd: "
                          f"{[d.get('msg') for d in self.thawd_log() if 'park' in d.get('msg', '')][-5:]}")
 
-    def processes_naming(self, ids: set[str]) -> dict[int, str]:
+    def processes_naming(self, ids: set[str], parked: bool = False) -> dict[int, str]:
         """Processes whose command line names any of `ids` (a runsc sandbox's and gofer's
         name their container id or their bundle, which for a parked sandbox is
-        <state_dir>/thawd/parked/<id>): pid -> the first id named."""
+        <state_dir>/thawd/parked/<id>): pid -> the first id named. With `parked`, a
+        process naming none of them but a parked bundle maps to "parked:<id>"."""
         out = {}
         for d in Path("/proc").iterdir():
             if not d.name.isdigit() or int(d.name) == os.getpid():
@@ -1113,6 +1116,9 @@ class Node:
             except OSError:
                 continue
             hit = next((i for i in sorted(ids) if i in cmd), None)
+            if hit is None and parked:
+                m = PARKED_BUNDLE.search(cmd)
+                hit = f"parked:{m.group(1)}" if m else None
             if hit:
                 out[int(d.name)] = hit
         return out
@@ -1145,7 +1151,10 @@ class Node:
         park_rounds) the sandbox that only listed it did not (why is not established; the
         answer files it made may keep their parent's host fd): so this names who answered,
         not every sandbox that could see the directory (Node.gone and the link's timing
-        cover those)."""
+        cover those). A process of a sandbox thawd is parking names its parked bundle:
+        "parked:<id>" (the template shares park-1 with the sandbox its start makes thawd
+        park, which may be restoring while the template's holders are read: seen on CI,
+        2026-12-05)."""
         st = os.stat(d)
         found = []
         for p in Path("/proc").iterdir():
@@ -1163,7 +1172,7 @@ class Node:
                 if (fs.st_dev, fs.st_ino) == (st.st_dev, st.st_ino):
                     found.append(int(p.name))
                     break
-        named = self.processes_naming(ids)
+        named = self.processes_naming(ids, parked=True)
         out = {}
         for pid in found:
             try:
@@ -1180,7 +1189,15 @@ class Node:
                     q = int(Path(f"/proc/{q}/stat").read_text().rsplit(")", 1)[1].split()[1])
                 except (OSError, ValueError, IndexError):
                     break
-            out[str(pid)] = {"comm": comm, "sandbox": owner}
+            rec = {"comm": comm, "sandbox": owner}
+            if owner is None:
+                # Not named: keep what it was, so a surprise holder can be told apart.
+                try:
+                    rec["cmdline"] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(
+                        b"\0", b" ").decode(errors="replace")[:300]
+                except OSError:
+                    pass
+            out[str(pid)] = rec
         return out
 
     def park_rounds(self, cold: dict, n: int, tag: str = "") -> list[dict]:

@@ -199,3 +199,32 @@ def test_the_carried_parts_hold_every_python_dependency_the_machine_lacks():
     carried = {f[2].lower() for f in rows if len(f) == 3 and not f[0].startswith("#")}
     missing = {n for n in names - _ON_THE_MACHINE if _AS_A_BINARY.get(n, n) not in carried}
     assert missing == set()
+
+
+def test_holders_name_a_parked_sandbox_by_its_bundle_and_keep_an_unnamed_ones_cmdline(tmp_path):
+    """The template's holders control (park_rounds) may see the sandbox thawd is
+    parking from the same spool: its processes name the parked bundle, not a
+    container id, and must not read as an unknown holder."""
+    import os
+    import subprocess
+    spool = tmp_path / "park-1"
+    spool.mkdir()
+    n = node.Node.__new__(node.Node)
+    named = subprocess.Popen(["sh", "-c", "sleep 60", "/var/lib/thaw/thawd/parked/thaw-parked-t1"], cwd=spool)
+    seed = subprocess.Popen(["sh", "-c", "sleep 60", "c6-park-seed"], cwd=spool)
+    other = subprocess.Popen(["sh", "-c", "sleep 60", "unrelated"], cwd=spool)
+    try:
+        import time
+        for _ in range(50):          # until each has exec'd its sh (cwd is set before)
+            if all(Path(f"/proc/{p.pid}/cmdline").read_bytes().count(b"\0") >= 3 for p in (named, seed, other)):
+                break
+            time.sleep(0.02)
+        got = n.holders(spool, {"c6-park-seed"})
+    finally:
+        for p in (named, seed, other):
+            p.kill()
+            p.wait()
+    assert got[str(named.pid)]["sandbox"] == "parked:thaw-parked-t1"
+    assert got[str(seed.pid)]["sandbox"] == "c6-park-seed"
+    assert got[str(other.pid)]["sandbox"] is None and "unrelated" in got[str(other.pid)]["cmdline"]
+    assert os.getpid() not in {int(p) for p in got}
