@@ -25,6 +25,7 @@ ENV_NOT_KEYS: dict[str, str] = {
     "THAW_NODE_SITE": "bench/gpu/node.sh", "THAW_NODE_STATE": "bench/gpu/node.sh",
     "THAW_NODE_WAIT_S": "bench/gpu/node.sh", "THAW_NODE_NAME": "bench/gpu/node.sh (pods.sh: pods)",
     "THAW_BENCH_BUDGET_S": "bench/gpu/run-*.sh", "THAW_BENCH_WORK": "bench/gpu/run-*.sh",
+    "THAW_BENCH_UNPACK_ONLY": "bench/gpu/run-models.sh (run-fd-clobber.sh unpacks the carry)",
     "THAW_BENCH_GOFER_READERS": "bench/gpu/verified.py (experiments)",
     "THAW_BENCH_GOFER_READ_KIB": "bench/gpu/verified.py (experiments)",
     "THAW_LIFECYCLE_WORK": "bench/gpu/lifecycle.sh",

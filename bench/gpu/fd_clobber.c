@@ -21,7 +21,12 @@
  * SIGUSR1: open DIR 32 times and keep the numbers (call it while the process is
  * checkpointed: the lowest free numbers, those the toggle freed among them, become
  * directories); SIGUSR2: check every kept number is still that directory (HELD lines),
- * then close them. At the end one line: "summary passes=N clobbers=N held_bad=N".
+ * then close them. SIGWINCH, between the two: put /dev/null over the first held number
+ * (a CONTROL line; the next check must report it as HELD). Every second a "tick" line with the counts; at the end one line:
+ * "summary passes=N clobbers=N held_bad=N reidents=N" (REIDENT: the directory's inode
+ * number changed, as a gVisor restore may do; not a clobber).
+ * Built with -DFD_CLOBBER_NO_CUDA (the CPU rehearsal of bench/gpu/fd_clobber_sandbox.py)
+ * it loads no libcuda and its CUDA thread only sleeps.
  * Exit 0 when nothing was clobbered, 1 when something was, 2 on a setup failure.
  */
 #define _GNU_SOURCE
@@ -53,7 +58,7 @@ static struct stat dir_st;
 static void *ctx;
 static unsigned long long dptr;
 static atomic_long passes, clobbers, held_bad;
-static atomic_int stop, want_hold, want_check;
+static atomic_int stop, want_hold, want_check, want_control;
 static int held[32];
 
 static double now(void) {
@@ -70,9 +75,30 @@ static void what(int fd, char *out, size_t n) {
   if (k < 0) snprintf(out, n, "(closed: %s)", strerror(errno));
 }
 
+static pthread_mutex_t ident_mu = PTHREAD_MUTEX_INITIALIZER;
+static atomic_long reidents;
+
 static int same(int fd) {
   struct stat st;
-  return fstat(fd, &st) == 0 && st.st_dev == dir_st.st_dev && st.st_ino == dir_st.st_ino;
+  if (fstat(fd, &st) != 0) return 0;
+  pthread_mutex_lock(&ident_mu);
+  int ok = st.st_dev == dir_st.st_dev && st.st_ino == dir_st.st_ino;
+  if (!ok) {
+    /* A restored gVisor sandbox may number the same directory anew (its gofer inode
+     * numbers are the sentry's): the directory is still itself if the path now stats to
+     * what the number does. Then every open number of it reads that way too. */
+    struct stat now_st;
+    if (stat(dir, &now_st) == 0 && now_st.st_dev == st.st_dev && now_st.st_ino == st.st_ino) {
+      printf("REIDENT %.6f dev=%lu ino=%lu (was dev=%lu ino=%lu)\n", now(), (unsigned long)st.st_dev,
+             (unsigned long)st.st_ino, (unsigned long)dir_st.st_dev, (unsigned long)dir_st.st_ino);
+      fflush(stdout);
+      dir_st = now_st;
+      atomic_fetch_add(&reidents, 1);
+      ok = 1;
+    }
+  }
+  pthread_mutex_unlock(&ident_mu);
+  return ok;
 }
 
 static void clobbered(const char *when, int fd, int err) {
@@ -112,6 +138,10 @@ static void *opener(void *arg) {
 
 static void *cuda(void *arg) {
   (void)arg;
+#ifdef FD_CLOBBER_NO_CUDA
+  while (!atomic_load(&stop)) usleep(10000);
+  return NULL;
+#endif
   cuCtxSetCurrent(ctx);
   while (!atomic_load(&stop)) {
     cuMemsetD8(dptr, 1, 1 << 20);
@@ -123,6 +153,7 @@ static void *cuda(void *arg) {
 static void on_signal(int sig) {
   if (sig == SIGUSR1) atomic_store(&want_hold, 1);
   else if (sig == SIGUSR2) atomic_store(&want_check, 1);
+  else if (sig == SIGWINCH) atomic_store(&want_control, 1);
   else atomic_store(&stop, 1);
 }
 
@@ -133,6 +164,7 @@ int main(int argc, char **argv) {
   dir = argv[1];
   double until = now() + (argc > 2 ? atof(argv[2]) : 60);
   if (stat(dir, &dir_st) != 0) { perror(dir); return 2; }
+#ifndef FD_CLOBBER_NO_CUDA
   void *h = dlopen("libcuda.so.1", RTLD_NOW);
   if (!h) { fprintf(stderr, "%s\n", dlerror()); return 2; }
   LOAD(h, cuInit) LOAD(h, cuDeviceGet) LOAD(h, cuDevicePrimaryCtxRetain) LOAD(h, cuCtxSetCurrent)
@@ -144,11 +176,13 @@ int main(int argc, char **argv) {
     fprintf(stderr, "CUDA setup failed\n");
     return 2;
   }
+#endif
   struct sigaction sa = {0};
   sa.sa_handler = on_signal;
   sigaction(SIGUSR1, &sa, NULL);
   sigaction(SIGUSR2, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGWINCH, &sa, NULL);
   pthread_t t[4];
   pthread_create(&t[0], NULL, lister, NULL);
   pthread_create(&t[1], NULL, lister, NULL);
@@ -157,12 +191,26 @@ int main(int argc, char **argv) {
   printf("ready %d\n", getpid());
   fflush(stdout);
   int nheld = 0;
+  double tick = now() + 1;
   while (!atomic_load(&stop) && now() < until) {
+    if (now() >= tick) {    /* liveness, for a caller that cannot see the process */
+      printf("tick %.6f passes=%ld clobbers=%ld held_bad=%ld\n", now(), atomic_load(&passes),
+             atomic_load(&clobbers), atomic_load(&held_bad));
+      fflush(stdout);
+      tick = now() + 1;
+    }
     if (atomic_exchange(&want_hold, 0)) {
       for (nheld = 0; nheld < 32; nheld++) held[nheld] = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
       printf("HOLD %.6f fds", now());
       for (int i = 0; i < nheld; i++) printf(" %d", held[i]);
       printf("\n");
+      fflush(stdout);
+    }
+    if (atomic_exchange(&want_control, 0) && nheld > 0) {
+      /* The control: take over a held number as a clobber would; the check must say HELD. */
+      int nul = open("/dev/null", O_RDONLY | O_CLOEXEC);
+      if (nul >= 0 && dup3(nul, held[0], O_CLOEXEC) >= 0) printf("CONTROL %.6f fd=%d\n", now(), held[0]);
+      if (nul >= 0) close(nul);
       fflush(stdout);
     }
     if (atomic_exchange(&want_check, 0)) {
@@ -182,7 +230,7 @@ int main(int argc, char **argv) {
   }
   atomic_store(&stop, 1);
   for (int i = 0; i < 4; i++) pthread_join(t[i], NULL);
-  printf("summary passes=%ld clobbers=%ld held_bad=%ld\n", atomic_load(&passes), atomic_load(&clobbers),
-         atomic_load(&held_bad));
+  printf("summary passes=%ld clobbers=%ld held_bad=%ld reidents=%ld\n", atomic_load(&passes),
+         atomic_load(&clobbers), atomic_load(&held_bad), atomic_load(&reidents));
   return atomic_load(&clobbers) || atomic_load(&held_bad) ? 1 : 0;
 }

@@ -35,6 +35,8 @@ if compgen -G ".carry/wheels/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .carry/wheels/*.whl
 fi
 export PYTHONPATH="$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+# Another device entry that needs only the carry unpacked (bench/gpu/run-fd-clobber.sh).
+[[ -n "${THAW_BENCH_UNPACK_ONLY:-}" ]] && exit 0
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
 /tmp/thaw-bin/runsc --version | head -1
 work=${THAW_BENCH_WORK:-/var/tmp/thaw-bench}
