@@ -13,7 +13,7 @@ out=${THAW_BUILD_DIR:-"$here/build"}
 mkdir -p "$out"
 
 pins=$(cd "$here/go" && go list -m -f '{{.Path}}@{{.Version}}' gvisor.dev/gvisor github.com/containerd/containerd/v2 sigs.k8s.io/cri-tools github.com/containernetworking/plugins)
-inputs=$( (cd "$here" && echo "$pins" && cat ci/build-go.sh ci/patch-runsc-loader.py ci/patch-runsc-populate.py ci/patch-runsc-restoring.py go/overlay/*/*.go; go version) | sha256sum | cut -c1-16)
+inputs=$( (cd "$here" && echo "$pins" && cat ci/build-go.sh ci/patch-runsc-loader.py ci/patch-runsc-populate.py ci/patch-runsc-restoring.py ci/patch-runsc-uvmclose.py go/overlay/*/*.go; go version) | sha256sum | cut -c1-16)
 
 # thaw's version, from its one source (control/version.py), stamped into the
 # Go commands (go/internal/version).
@@ -93,7 +93,7 @@ MOD
   rm -rf "$work"
 }
 
-# runsc carries three patches. Its background page loader restores with fewer,
+# runsc carries four patches. Its background page loader restores with fewer,
 # and on huge pages larger, reads than the pin's 128 of 256 KiB (upstream gVisor
 # PR #14568; ci/patch-runsc-loader.py says what and why, docs/gvisor-notes.md
 # "The pin" what was measured); the reader only: checkpoints still write with
@@ -102,7 +102,10 @@ MOD
 # upstream gVisor PR #13753; ci/patch-runsc-populate.py). And `runsc events`
 # and `runsc ps` answer an error while a sandbox restores instead of reading the
 # bare kernel the restore swaps in, which panicked the sentry and failed a pod's
-# restore (ci/patch-runsc-restoring.py). Same version label: images restore
+# restore (ci/patch-runsc-restoring.py). And a restored CUDA process's second
+# close of its temporary /dev/nvidia-uvm number no longer closes another
+# thread's file (libcuda's double close, reached on gVisor's path; the GPU
+# EBADF; ci/patch-runsc-uvmclose.py). Same version label: images restore
 # across patched and unpatched builds alike (the format is untouched).
 RESTORE_HUGE_READERS=12     # memory file on huge pages (GPU nodes: node.huge_pages)
 RESTORE_HUGE_READ_KIB=4096
@@ -115,6 +118,7 @@ python3 "$here/ci/patch-runsc-loader.py" "$runsc_work/copy" "$RESTORE_HUGE_READE
   "$RESTORE_SMALL_READERS" || exit 1
 python3 "$here/ci/patch-runsc-populate.py" "$runsc_work/copy" || exit 1
 python3 "$here/ci/patch-runsc-restoring.py" "$runsc_work/copy" || exit 1
+python3 "$here/ci/patch-runsc-uvmclose.py" "$runsc_work/copy" || exit 1
 build_patched runsc gvisor.dev/gvisor/runsc gvisor.dev/gvisor "$runsc_work" \
   -ldflags "-s -w -X gvisor.dev/gvisor/runsc/version.version=$label"
 # The shim is built with thaw's oom_linux.go in place of containerd's (see

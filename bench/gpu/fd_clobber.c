@@ -4,13 +4,14 @@
  * restore": all five failures came while the CUDA helper toggled the process listing
  * its spool, once as ENOTDIR, i.e. the directory's number then named a non-directory.)
  *
- *   fd_clobber DIR [SECONDS]
+ *   fd_clobber DIR [SECONDS [PAUSE_US]]
  *
  * Loads libcuda.so.1 at run time (no toolkit needed to build: gcc -O2 -pthread -o
  * fd_clobber fd_clobber.c -ldl), makes a context and 256 MiB of device memory, prints
+ * "threads main=T lister=T lister=T opener=T cuda=T" (thread ids, for a reader of a trace),
  * "ready PID" and then, until SECONDS pass (default 60) or SIGTERM:
  *   - two lister threads open DIR (O_DIRECTORY), read it with getdents64 and close it,
- *     as fast as they can (os.listdir in bench/gpu/server.py serve_spool); before
+ *     as fast as they can, or PAUSE_US apart (a traced run; os.listdir in bench/gpu/server.py serve_spool); before
  *     reading and before closing they fstat the number and compare st_dev/st_ino with
  *     what they opened. A mismatch or a failed getdents64 is a CLOBBER line (the number,
  *     the errno, what /proc/self/fd/N names now); a clobbered number is not closed (it
@@ -110,10 +111,14 @@ static void clobbered(const char *when, int fd, int err) {
   fflush(stdout);
 }
 
+static long pause_us;          /* argv[3]: a pause between listings (a traced run's log stays readable) */
+static atomic_long tids[4];     /* each thread's id, for the "threads" line (a trace's reader drops their noise) */
+
 static void *lister(void *arg) {
-  (void)arg;
+  atomic_store(&tids[(long)arg], syscall(SYS_gettid));
   char buf[8192];
   while (!atomic_load(&stop)) {
+    if (pause_us) usleep(pause_us);
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0) continue;
     if (!same(fd)) { clobbered("after-open", fd, 0); continue; }
@@ -128,8 +133,9 @@ static void *lister(void *arg) {
 }
 
 static void *opener(void *arg) {
-  (void)arg;
+  atomic_store(&tids[(long)arg], syscall(SYS_gettid));
   while (!atomic_load(&stop)) {
+    if (pause_us) usleep(pause_us);
     int fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC);
     if (fd >= 0) close(fd);
   }
@@ -137,7 +143,7 @@ static void *opener(void *arg) {
 }
 
 static void *cuda(void *arg) {
-  (void)arg;
+  atomic_store(&tids[(long)arg], syscall(SYS_gettid));
 #ifdef FD_CLOBBER_NO_CUDA
   while (!atomic_load(&stop)) usleep(10000);
   return NULL;
@@ -163,6 +169,7 @@ int main(int argc, char **argv) {
   if (argc < 2) { fprintf(stderr, "usage: fd_clobber DIR [SECONDS]\n"); return 2; }
   dir = argv[1];
   double until = now() + (argc > 2 ? atof(argv[2]) : 60);
+  pause_us = argc > 3 ? atol(argv[3]) : 0;
   if (stat(dir, &dir_st) != 0) { perror(dir); return 2; }
 #ifndef FD_CLOBBER_NO_CUDA
   void *h = dlopen("libcuda.so.1", RTLD_NOW);
@@ -184,10 +191,14 @@ int main(int argc, char **argv) {
   sigaction(SIGTERM, &sa, NULL);
   sigaction(SIGWINCH, &sa, NULL);
   pthread_t t[4];
-  pthread_create(&t[0], NULL, lister, NULL);
-  pthread_create(&t[1], NULL, lister, NULL);
-  pthread_create(&t[2], NULL, opener, NULL);
-  pthread_create(&t[3], NULL, cuda, NULL);
+  pthread_create(&t[0], NULL, lister, (void *)0);
+  pthread_create(&t[1], NULL, lister, (void *)1);
+  pthread_create(&t[2], NULL, opener, (void *)2);
+  pthread_create(&t[3], NULL, cuda, (void *)3);
+  while (!atomic_load(&tids[0]) || !atomic_load(&tids[1]) || !atomic_load(&tids[2]) || !atomic_load(&tids[3]))
+    usleep(1000);
+  printf("threads main=%ld lister=%ld lister=%ld opener=%ld cuda=%ld\n", (long)syscall(SYS_gettid),
+         atomic_load(&tids[0]), atomic_load(&tids[1]), atomic_load(&tids[2]), atomic_load(&tids[3]));
   printf("ready %d\n", getpid());
   fflush(stdout);
   int nheld = 0;

@@ -10,6 +10,9 @@
 # checkpoint released, which the restore took. Everything goes to $OUT/fd_clobber.log.
 # Usage, from the repo root after run-models.sh's unpacking (or HELPER=path):
 #   bash bench/gpu/fd_clobber.sh [ROUNDS]
+# CLOSE_TRACE=1 preloads bench/gpu/close_trace.c into the program (its UVMDUP/UVMCLOSE
+# lines: libcuda's double close of its UVM number at restore); CLOSE_TRACE_WIDEN_US=N
+# widens the window after the first close, as the sandbox's slower ioctl does.
 # Exit 0: nothing clobbered; 1: a CLOBBER or HELD line (the number was taken over).
 set -uo pipefail
 ROUNDS=${1:-20}
@@ -21,7 +24,12 @@ rm -rf "$W"; mkdir -p "$W/spool" "$OUT"
 for i in $(seq 1 40); do echo "$i" > "$W/spool/f$i.req"; done
 gcc -O2 -Wall -pthread -o "$W/fd_clobber" bench/gpu/fd_clobber.c -ldl || exit 2
 [ -x "$HELPER" ] || { echo "no CUDA helper at $HELPER (set HELPER)"; exit 2; }
-"$W/fd_clobber" "$W/spool" 3600 > "$W/prog.out" 2>&1 &
+preload=
+if [ "${CLOSE_TRACE:-0}" = 1 ]; then
+  gcc -O2 -Wall -shared -fPIC -o "$W/close_trace.so" bench/gpu/close_trace.c -ldl || exit 2
+  preload="$W/close_trace.so"
+fi
+LD_PRELOAD=$preload "$W/fd_clobber" "$W/spool" 3600 > "$W/prog.out" 2>&1 &
 PROG=$!
 for _ in $(seq 1 300); do grep -q '^ready' "$W/prog.out" && break; sleep 0.1; done
 grep -q '^ready' "$W/prog.out" || { cat "$W/prog.out"; kill "$PROG"; exit 2; }
@@ -50,9 +58,11 @@ toggle() {  # $1: label
   # The block runs in a pipeline's subshell, which cannot `wait` for this shell's child.
   kill -TERM "$PROG"; for _ in $(seq 50); do kill -0 "$PROG" 2>/dev/null || break; sleep 0.1; done
   echo "program stopped: $(kill -0 "$PROG" 2>/dev/null && echo no || echo yes)"
-  echo "program output (CLOBBER/HELD lines first):"
+  echo "program output (CLOBBER/HELD lines first, then close_trace's):"
   grep -E '^(CLOBBER|HELD)' "$W/prog.out" | head -50
-  grep -vE '^(CLOBBER|HELD)' "$W/prog.out" | tail -50
+  grep -E '^UVM' "$W/prog.out" | head -200
+  echo "UVMCLOSE2 (a second close of the number): $(grep -c '^UVMCLOSE2' "$W/prog.out"), of them EBADF: $(grep -cE '^UVMCLOSE2 [0-9]+ [0-9]+ -1 9 ' "$W/prog.out"), closing another file: $(grep -E '^UVMCLOSE2 ' "$W/prog.out" | grep -vc 'was=(closed)')"
+  grep -vE '^(CLOBBER|HELD|UVM)' "$W/prog.out" | tail -50
 } 2>&1 | tee "$LOG"
 grep -qE '^(CLOBBER|HELD)' "$W/prog.out" && exit 1
 exit 0

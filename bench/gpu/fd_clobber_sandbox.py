@@ -49,12 +49,30 @@ sys.path[:0] = [str(REPO), str(HERE)]
 from runsc_hooks import spec as specmod  # noqa: E402
 from runsc_hooks.runsc import (CheckpointOptions, CreateOptions, GlobalOptions, RestoreOptions,  # noqa: E402
                                Runsc, remove_root)
+from control.errors import RunscError  # noqa: E402
 from nvproxy import helper  # noqa: E402
 
 HELD = 32                       # twin: fd_clobber.c held[32]
 SPOOL_FILES = 40                # as fd_clobber.sh: a listing of some length
 PROGRAM = "/fdc/fd_clobber"
 BAD = re.compile(r"^(CLOBBER|HELD) ", re.M)
+
+
+def place(line: str, steps: list[dict]) -> dict:
+    """Where a CLOBBER/HELD line fell: inside a step (a toggle, a checkpoint, a restore:
+    `during`), else after the last step that ended before it (`after`, with the gap)."""
+    t = float(line.split()[1])
+    rec: dict = {"line": line[:200], "t": t}
+    for s in steps:
+        if "t0" in s and s["t0"] <= t <= s.get("t1", s["t0"]):
+            rec["during"] = f'{s["n"]} {s["what"]}'
+            return rec
+    ended = [s for s in steps if s.get("t1", 1e18) < t]
+    if ended:
+        last = max(ended, key=lambda s: s["t1"])
+        rec["after"] = f'{last["n"]} {last["what"]}'
+        rec["gap_s"] = round(t - last["t1"], 3)
+    return rec
 
 
 def host_fds(pid: int) -> dict[int, str]:
@@ -86,6 +104,7 @@ class Sandbox:
         self.spool = self.work / "spool"
         self.outdir = self.work / "out"
         self.n = 0
+        self.res: dict = {}
         self.cid = ""
         self.log: list[dict] = []
         self.registry, self.devices = None, []
@@ -102,7 +121,7 @@ class Sandbox:
         subprocess.run(["gcc", "-O2", "-Wall", "-pthread", *flags, "-o", str(self.work / "fdc/fd_clobber"),
                         str(HERE / "fd_clobber.c"), "-ldl"], check=True)
         specmod.prepare_host_rootfs(self.work / "rootfs")
-        cmd = f"exec {PROGRAM} /spool {self.o.seconds} >> /out/prog.out 2>&1"
+        cmd = f"exec {PROGRAM} /spool {self.o.seconds} {self.o.pause_us} >> /out/prog.out 2>&1"
         spec = specmod.command_spec(["/bin/sh", "-c", cmd], env={"PATH": "/usr/bin:/bin"},
                                     rootfs=str(self.work / "rootfs"), extra_mounts=[
             *specmod.host_layout(),
@@ -185,11 +204,13 @@ class Sandbox:
         spid = self.sentry_pid()
         hb, ab = host_fds(spid), self.app_fds()
         t0 = time.monotonic()
+        rec["t0"] = round(time.time(), 6)       # epoch, as fd_clobber's lines: where each CLOBBER fell
         try:
             rec["result"] = fn()
         except Exception as e:  # noqa: BLE001 - a failed toggle is evidence, recorded
             rec["error"] = f"{type(e).__name__}: {str(e)[-400:]}"
         rec["s"] = round(time.monotonic() - t0, 3)
+        rec["t1"] = round(time.time(), 6)
         if not after:
             self.log.append(rec)
             return rec
@@ -234,14 +255,33 @@ class Sandbox:
         self.cid = self.new_id()
         self.runsc.restore(self.cid, RestoreOptions(image_path=image, create=CreateOptions(bundle=bundle.path),
                                                     detach=True))
+        if self.o.device == "cuda":
+            self.wait_cuda_running()
+
+    def wait_cuda_running(self, timeout_s: float = 120) -> None:
+        """A detached restore returns before runsc's own CUDA toggle back (post-restore
+        work, in the sentry) has run; a helper toggle then races it, the in-sentry exec
+        fails and runsc kills the sandbox (2026-12-05, both first GPU runs: "exec
+        error", signal 9). thawd never toggles a restoring sandbox; nor does this."""
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            try:
+                if "running" in self.runsc.exec(self.cid, [helper.HELPER_PATH, "--get-state", "--pid", "1"],
+                                                timeout_s=60).stdout:
+                    return
+            except RunscError:      # the toggle holds the process locked: get-state fails meanwhile
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"the restored program's CUDA state is not running after {timeout_s:.0f} s")
 
     # -- the run --
 
     def run(self) -> dict:
         ver = subprocess.run([self.o.runsc, "--version"], capture_output=True, text=True).stdout.splitlines()
-        res: dict = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "runsc": ver[0] if ver else None,
+        res = self.res = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "runsc": ver[0] if ver else None,
                      "cpus": os.cpu_count(), "device": self.o.device, "rounds": self.o.rounds, "leave": self.o.leave,
-                     "restores": self.o.restores, "runsc_flags": list(self.o.runsc_flag or ()), "steps": self.log}
+                     "restores": self.o.restores, "pause_us": self.o.pause_us,
+                             "runsc_flags": list(self.o.runsc_flag or ()), "steps": self.log}
         self.build()
         self.cid = self.new_id()
         self.runsc.create(self.cid, CreateOptions(bundle=self.bundle.path))
@@ -260,11 +300,12 @@ class Sandbox:
             self.log[-1]["alive_after"] = self.alive()
         for r in range(self.o.restores):
             self.around("checkpoint", lambda: self.checkpoint(image, False), after=False)
-            t0 = time.monotonic()
+            t0, e0 = time.monotonic(), time.time()
             mark = len(self.prog())
             self.restore(image)
-            step = {"n": len(self.log) + 1, "what": "restore", "sandbox": self.cid,
-                    "s": round(time.monotonic() - t0, 3), "fds": {"host": host_fds(self.sentry_pid())}}
+            step = {"n": len(self.log) + 1, "what": "restore", "sandbox": self.cid, "t0": round(e0, 6),
+                    "s": round(time.monotonic() - t0, 3), "t1": round(time.time(), 6),
+                    "fds": {"host": host_fds(self.sentry_pid())}}
             step["alive_after"] = self.wait_line(r"^tick ", mark, 10)
             self.log.append(step)
             for k in range(1, self.o.rounds_after_restore + 1):
@@ -273,6 +314,10 @@ class Sandbox:
         mark = len(self.prog())
         self.signal(signal.SIGTERM)
         res["summary_seen"] = self.wait_line(r"^summary ", mark, 30)
+        return self.read_out(res)
+
+    def read_out(self, res: dict) -> dict:
+        """What the program reported, each CLOBBER/HELD line placed against the steps."""
         out = self.prog()
         bad = [ln for ln in out.splitlines() if BAD.match(ln)]
         control = re.search(r"^CONTROL \S+ fd=(\d+)$", out, re.M)
@@ -289,6 +334,7 @@ class Sandbox:
         res["summary"] = m[-1] if m else None
         res["toggle_errors"] = [s for s in self.log if "error" in s]
         res["not_alive"] = [s["n"] for s in self.log if s.get("alive_after") is False]
+        res["placed"] = [place(ln, self.log) for ln in bad]
         return res
 
     def cleanup(self) -> None:
@@ -320,6 +366,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--control", action="store_true",
                     help="in the first round the program takes over one held number itself, which must be "
                          "reported (and is not counted): proves the detection end to end")
+    ap.add_argument("--pause-us", type=int, default=0,
+                    help="the listing threads pause this long between listings (a traced run: --runsc-flag=--strace)")
     ap.add_argument("--debug", action="store_true", help="runsc --debug logs into OUT/runsc-logs")
     ap.add_argument("--runsc-flag", action="append",
                     help="one more global runsc flag, e.g. --strace (repeat the option for more)")
@@ -330,14 +378,22 @@ def main(argv: list[str] | None = None) -> int:
     sb = Sandbox(o)
     try:
         res = sb.run()
+    except Exception as e:  # noqa: BLE001 - a run that broke off is evidence too (2026-12-05: the sandbox died)
+        res = sb.read_out(sb.res) if sb.res else {"steps": sb.log}
+        res["error"] = f"{type(e).__name__}: {str(e)[-600:]}"
+        res.setdefault("summary", None)
+        res.setdefault("alive_at_end", False)
+        print(res["error"], file=sys.stderr)
     finally:
         sb.cleanup()
         if (sb.outdir / "prog.out").exists():
             shutil.copy(sb.outdir / "prog.out", Path(o.out) / "prog.out")
     (Path(o.out) / "fd_clobber_sandbox.json").write_text(json.dumps(res, indent=1) + "\n")
-    print(json.dumps({k: res[k] for k in ("summary", "bad_lines", "control", "reidents", "toggle_errors",
-                                          "not_alive", "alive_at_end")}, indent=1))
-    if o.control and not res["control"]["reported"]:
+    print(json.dumps({k: res.get(k) for k in ("summary", "bad_lines", "control", "reidents", "toggle_errors",
+                                          "not_alive", "alive_at_end", "placed")}, indent=1))
+    if "error" in res and not res.get("bad_lines"):
+        return 2
+    if o.control and not res.get("control", {}).get("reported"):
         print("the control's clobber was not reported: the detection does not work", file=sys.stderr)
         return 2
     return 1 if res["bad_lines"] else 0
