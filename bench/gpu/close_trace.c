@@ -18,10 +18,13 @@
  * close is then the thread's own). CLOSE_TRACE_WIDEN_US=N sleeps N us after UVMCLOSE1
  * (in libcuda's thread), widening the window in which another thread can take the
  * number, as the sandbox's slower ioctl does (~0.1-0.3 ms there).
- * CLOSE_TRACE_FAIL_MM=1 answers UVM_MM_INITIALIZE (ioctl 75 on /dev/nvidia-uvm) with
- * NV_ERR_NOT_SUPPORTED without calling the driver, as the sandbox's is seen to fail:
- * libcuda then closes its second UVM descriptor (the "mm" one) and runs without it,
- * which is the path on which its restore closes the number twice. gcc -O2 -shared -fPIC -o close_trace.so close_trace.c -ldl
+ * CLOSE_TRACE_SHARING=1 sets UVM_INIT_FLAGS_MULTI_PROCESS_SHARING_MODE in the process's
+ * UVM_INITIALIZE, as gVisor's nvproxy does for every sandboxed process (uvm.go
+ * uvmInitialize), and hides it in the answer as nvproxy does. In that mode the driver has
+ * no va_space_mm and answers UVM_MM_INITIALIZE with NV_WARN_NOTHING_TO_DO ("the MM FD is
+ * not required and it may be released"), so libcuda runs with one UVM descriptor: the
+ * sandbox's path, natively. UVMMM lines give each UVM_MM_INITIALIZE's status.
+ * gcc -O2 -shared -fPIC -o close_trace.so close_trace.c -ldl
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -96,8 +99,9 @@ int dup2(int old, int new) {
   return rc;
 }
 
+#define UVM_INITIALIZE 0x30000001     /* twin: gVisor pkg/abi/nvgpu UVM_INITIALIZE */
 #define UVM_MM_INITIALIZE 75          /* twin: gVisor pkg/abi/nvgpu UVM_MM_INITIALIZE */
-#define NV_ERR_NOT_SUPPORTED 0x56
+#define UVM_INIT_FLAGS_MULTI_PROCESS_SHARING_MODE 0x2ULL
 
 int ioctl(int fd, unsigned long req, ...) {
   init();
@@ -105,16 +109,21 @@ int ioctl(int fd, unsigned long req, ...) {
   va_start(ap, req);
   void *arg = va_arg(ap, void *);
   va_end(ap);
-  if (req == UVM_MM_INITIALIZE && getenv("CLOSE_TRACE_FAIL_MM")) {
-    char was[256];
-    named(fd, was, sizeof was);
-    if (strstr(was, "nvidia-uvm")) {
-      ((unsigned int *)arg)[1] = NV_ERR_NOT_SUPPORTED;   /* { int uvmFd; unsigned status; } */
-      say("UVMMMFAIL %ld %d\n", (long)syscall(SYS_gettid), fd);
-      return 0;
-    }
+  if (req == UVM_INITIALIZE && getenv("CLOSE_TRACE_SHARING")) {
+    unsigned long long *flags = arg;   /* { NvU64 flags; NV_STATUS rmStatus; } */
+    unsigned long long had = *flags & UVM_INIT_FLAGS_MULTI_PROCESS_SHARING_MODE;
+    *flags |= UVM_INIT_FLAGS_MULTI_PROCESS_SHARING_MODE;
+    int rc = real_ioctl(fd, req, arg), e = errno;
+    if (!had) *flags &= ~UVM_INIT_FLAGS_MULTI_PROCESS_SHARING_MODE;
+    say("UVMSHARING %ld %d rc=%d status=0x%x\n", (long)syscall(SYS_gettid), fd, rc, ((unsigned int *)arg)[2]);
+    errno = e;
+    return rc;
   }
-  return real_ioctl(fd, req, arg);
+  int rc = real_ioctl(fd, req, arg), e = errno;
+  if (req == UVM_MM_INITIALIZE)         /* { int uvmFd; NV_STATUS rmStatus; } */
+    say("UVMMM %ld %d rc=%d status=0x%x\n", (long)syscall(SYS_gettid), fd, rc, ((unsigned int *)arg)[1]);
+  errno = e;
+  return rc;
 }
 
 static int opened(int rc) {
