@@ -108,3 +108,10 @@ def configure(verbose: int, *, json_lines: bool = False, daemon: bool = False, s
     root.setLevel(level if verbose >= 3 else max(level, logging.INFO))
     for name in OWN_LOGGERS:
         logging.getLogger(name).setLevel(level)
+    # Libraries' warnings (Python's warnings module) go through this handler too, and
+    # only with -v: they are for whoever maintains the environment, not a second line
+    # beside a command's one-line answer. Seen 2026-12-05: Debian's pyOpenSSL, which
+    # boto3's stack imports when it is on the path, warns against cryptography 51
+    # ("DSA is deprecated") at every command that touches the store.
+    logging.captureWarnings(True)
+    logging.getLogger("py.warnings").setLevel(logging.WARNING if verbose >= 1 else logging.ERROR)

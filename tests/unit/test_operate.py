@@ -24,11 +24,13 @@ from .test_gc import TimedStore
 @pytest.fixture
 def restore_logging():
     root = logging.getLogger()
-    saved = (root.handlers[:], root.level, {n: logging.getLogger(n).level for n in logfields.OWN_LOGGERS})
+    saved = (root.handlers[:], root.level,
+             {n: logging.getLogger(n).level for n in (*logfields.OWN_LOGGERS, "py.warnings")})
     yield
     root.handlers[:], root.level = saved[0], saved[1]
     for n, lv in saved[2].items():
         logging.getLogger(n).setLevel(lv)
+    logging.captureWarnings(False)
 
 
 def lines(buf: io.StringIO) -> list[dict]:
@@ -71,6 +73,19 @@ def test_verbosity(restore_logging, verbose, daemon, thaw_level, others):
     assert logging.getLogger("thawd").getEffectiveLevel() == thaw_level
     assert logging.getLogger("control.images.store").getEffectiveLevel() == thaw_level
     assert logging.getLogger("botocore").getEffectiveLevel() == others
+
+
+@pytest.mark.parametrize("verbose, shown", [(0, False), (1, True)])
+def test_a_librarys_warning_shows_only_with_v(restore_logging, verbose, shown):
+    """CI of 2026-12-05: Debian's pyOpenSSL warned against cryptography 51 on stderr,
+    a second line beside a command's one-line error."""
+    import warnings
+    buf = io.StringIO()
+    logfields.configure(verbose, stream=buf)
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.warn("DSA is deprecated", UserWarning)
+    assert ("DSA is deprecated" in buf.getvalue()) is shown
 
 
 def test_thaw_serve_passes_its_verbosity_to_the_daemon(restore_logging, monkeypatch):
