@@ -278,10 +278,11 @@ class Sandbox:
 
     def run(self) -> dict:
         ver = subprocess.run([self.o.runsc, "--version"], capture_output=True, text=True).stdout.splitlines()
-        res = self.res = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "runsc": ver[0] if ver else None,
-                     "cpus": os.cpu_count(), "device": self.o.device, "rounds": self.o.rounds, "leave": self.o.leave,
-                     "restores": self.o.restores, "pause_us": self.o.pause_us,
-                             "runsc_flags": list(self.o.runsc_flag or ()), "steps": self.log}
+        res = self.res = {
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "runsc": ver[0] if ver else None,
+            "cpus": os.cpu_count(), "device": self.o.device, "rounds": self.o.rounds, "leave": self.o.leave,
+            "restores": self.o.restores, "pause_us": self.o.pause_us,
+            "runsc_flags": list(self.o.runsc_flag or ()), "steps": self.log}
         self.build()
         self.cid = self.new_id()
         self.runsc.create(self.cid, CreateOptions(bundle=self.bundle.path))

@@ -2,22 +2,10 @@
 who closed a number) and fd_clobber_sandbox.place (where a CLOBBER line fell)."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[2]
+from .benchmods import load_bench_gpu
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"bench_gpu_{name}", REPO / "bench/gpu" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-focus = _load("fd_trace_focus")
+focus = load_bench_gpu("fd_trace_focus")
 
 PROG = """threads main=1 lister=4 lister=5 opener=6 cuda=7
 ready 1
@@ -56,7 +44,7 @@ def test_the_focus_refuses_an_output_without_its_threads_line(tmp_path, capsys):
 
 
 def test_a_clobber_is_placed_in_the_step_it_fell_in_or_after_the_last_one():
-    sandbox = _load("fd_clobber_sandbox")
+    sandbox = load_bench_gpu("fd_clobber_sandbox")
     steps = [{"n": 1, "what": "exec-toggle-to-checkpointed", "t0": 100.0, "t1": 100.5},
              {"n": 2, "what": "exec-toggle-to-running", "t0": 101.0, "t1": 101.4}]
     assert sandbox.place("CLOBBER 101.2 tid=4 getdents64 fd=10", steps)["during"] == "2 exec-toggle-to-running"

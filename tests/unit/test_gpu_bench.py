@@ -2,7 +2,6 @@
 real server loop (fake backend), and the weight maker's fake format."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 import threading
@@ -11,21 +10,15 @@ from pathlib import Path
 
 import pytest
 
+from .benchmods import load_bench_gpu
+
 REPO = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).parent / "data"
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"bench_gpu_{name}", REPO / "bench/gpu" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-models = _load("models")
-server = _load("server")
-weights = _load("weights")
+models = load_bench_gpu("models")
+server = load_bench_gpu("server")
+weights = load_bench_gpu("weights")
 
 
 @pytest.mark.parametrize("text, seconds", [("1.5s", 1.5), ("850.2ms", 0.8502), ("1m2.5s", 62.5),

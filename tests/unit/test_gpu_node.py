@@ -5,26 +5,16 @@ stands in for the stack (tests/integration/test_gpu_node_rehearsal.py runs the
 real one) and a fake clock for the budget."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from .benchmods import load_bench_gpu
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"bench_gpu_{name}", REPO / "bench/gpu" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-node = _load("node")
+node = load_bench_gpu("node")
 
 # Seconds each fake step takes (near the H200 run of 2026-11-30).
 COST = {"cold": 40.0, "checkpoint": 160.0, "evict": 5.0, "store": 20.0, "cache": 10.0, "broken": 45.0}
