@@ -13,7 +13,7 @@ out=${THAW_BUILD_DIR:-"$here/build"}
 mkdir -p "$out"
 
 pins=$(cd "$here/go" && go list -m -f '{{.Path}}@{{.Version}}' gvisor.dev/gvisor github.com/containerd/containerd/v2 sigs.k8s.io/cri-tools github.com/containernetworking/plugins)
-inputs=$( (cd "$here" && echo "$pins" && cat ci/build-go.sh ci/patch-runsc-loader.py ci/patch-runsc-populate.py ci/patch-runsc-restoring.py ci/patch-runsc-uvmclose.py go/overlay/*/*.go; go version) | sha256sum | cut -c1-16)
+inputs=$( (cd "$here" && echo "$pins" && cat ci/build-go.sh ci/patch-runsc-loader.py ci/patch-runsc-populate.py ci/patch-runsc-restoring.py ci/patch-runsc-uvmclose.py ci/runsc_patch.py go/overlay/*/*.go; go version) | sha256sum | cut -c1-16)
 
 # thaw's version, from its one source (control/version.py), stamped into the
 # Go commands (go/internal/version).

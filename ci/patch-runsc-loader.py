@@ -30,15 +30,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from runsc_patch import patch_file
+
 
 def patch(path: Path, edits: list[tuple[str, str]]) -> None:
-    text = path.read_text()
-    for old, new in edits:
-        if text.count(old) != 1:
-            sys.exit(f"patch-runsc-loader: {path} changed upstream (expected one {old.strip()[:70]!r}); "
-                     "re-check the loader patch")
-        text = text.replace(old, new)
-    path.write_text(text)
+    patch_file("patch-runsc-loader", path, edits, hint="; re-check the loader patch")
 
 
 def main() -> None:

@@ -41,12 +41,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from runsc_patch import patch_file
+
 
 def patch(path: Path, old: str, new: str) -> None:
-    text = path.read_text()
-    if text.count(old) != 1:
-        sys.exit(f"patch-runsc-populate: {path} changed upstream (expected one {old.strip()[:70]!r})")
-    path.write_text(text.replace(old, new))
+    patch_file("patch-runsc-populate", path, [(old, new)])
 
 
 SENTRY_MM_FILE = '''// Copyright 2026 thaw authors. Not upstream gVisor: ci/patch-runsc-populate.py
