@@ -37,6 +37,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "fd_name.h"
+
 static int (*real_close)(int);
 static int (*real_dup2)(int, int);
 static int (*real_dup3)(int, int, int);
@@ -54,14 +56,6 @@ static void say(const char *fmt, ...) {
   if (n > 0) (void)!write(2, b, n < (int)sizeof b ? n : (int)sizeof b - 1);
 }
 
-static void named(int fd, char *out, size_t n) {
-  char p[64];
-  snprintf(p, sizeof p, "/proc/self/fd/%d", fd);
-  ssize_t k = readlink(p, out, n - 1);
-  out[k < 0 ? 0 : k] = 0;
-  if (k < 0) snprintf(out, n, "(closed)");
-}
-
 static void init(void) {
   if (!real_close) {
     real_close = dlsym(RTLD_NEXT, "close");
@@ -75,7 +69,7 @@ static void init(void) {
 
 static void dupped(int old, int new, int rc) {
   char was[256];
-  named(old, was, sizeof was);
+  fd_name(old, was, sizeof was);
   if (rc >= 0 && strstr(was, "nvidia-uvm")) {
     armed = old;
     closed_once = 0;
@@ -155,7 +149,7 @@ int close(int fd) {
   init();
   if (fd != armed || fd < 0) return real_close(fd);
   char was[256];
-  named(fd, was, sizeof was);
+  fd_name(fd, was, sizeof was);
   int rc = real_close(fd), e = errno;
   if (!closed_once) {
     closed_once = 1;

@@ -46,6 +46,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fd_name.h"
+
 typedef int CUresult;
 static CUresult (*cuInit)(unsigned);
 static CUresult (*cuDeviceGet)(int *, int);
@@ -66,14 +68,6 @@ static double now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   return ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-static void what(int fd, char *out, size_t n) {
-  char p[64];
-  snprintf(p, sizeof p, "/proc/self/fd/%d", fd);
-  ssize_t k = readlink(p, out, n - 1);
-  out[k < 0 ? 0 : k] = 0;
-  if (k < 0) snprintf(out, n, "(closed: %s)", strerror(errno));
 }
 
 static pthread_mutex_t ident_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -104,7 +98,7 @@ static int same(int fd) {
 
 static void clobbered(const char *when, int fd, int err) {
   char now_is[512];
-  what(fd, now_is, sizeof now_is);
+  fd_name(fd, now_is, sizeof now_is);
   atomic_fetch_add(&clobbers, 1);
   printf("CLOBBER %.6f tid=%ld %s fd=%d errno=%d (%s) now=%s\n", now(), (long)syscall(SYS_gettid), when, fd,
          err, err ? strerror(err) : "-", now_is);
@@ -229,7 +223,7 @@ int main(int argc, char **argv) {
         if (held[i] < 0) continue;
         if (same(held[i])) { close(held[i]); continue; }
         char now_is[512];
-        what(held[i], now_is, sizeof now_is);
+        fd_name(held[i], now_is, sizeof now_is);
         atomic_fetch_add(&held_bad, 1);
         printf("HELD %.6f fd=%d is no longer the directory: now=%s\n", now(), held[i], now_is);
       }

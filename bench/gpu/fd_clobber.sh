@@ -61,7 +61,7 @@ toggle() {  # $1: label
   echo "program output (CLOBBER/HELD lines first, then close_trace's):"
   grep -E '^(CLOBBER|HELD)' "$W/prog.out" | head -50
   grep -E '^UVM' "$W/prog.out" | head -200
-  echo "UVMCLOSE2 (a second close of the number): $(grep -c '^UVMCLOSE2' "$W/prog.out"), of them EBADF: $(grep -cE '^UVMCLOSE2 [0-9]+ [0-9]+ -1 9 ' "$W/prog.out"), closing another file: $(grep -E '^UVMCLOSE2 ' "$W/prog.out" | grep -vc 'was=(closed)')"
+  echo "UVMCLOSE2 (a second close of the number): $(grep -c '^UVMCLOSE2' "$W/prog.out"), of them EBADF: $(grep -cE '^UVMCLOSE2 [0-9]+ [0-9]+ -1 9 ' "$W/prog.out"), closing another file: $(grep -E '^UVMCLOSE2 ' "$W/prog.out" | grep -vc 'was=(closed')"
   grep -vE '^(CLOBBER|HELD|UVM)' "$W/prog.out" | tail -50
 } 2>&1 | tee "$LOG"
 grep -qE '^(CLOBBER|HELD)' "$W/prog.out" && exit 1
