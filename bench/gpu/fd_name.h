@@ -4,8 +4,7 @@
  * "(closed: ERRNO)" when the number names nothing. Leaves errno as it found it, so a
  * wrapper of close/dup can call it between the real call and its own return.
  */
-#ifndef THAW_FD_NAME_H
-#define THAW_FD_NAME_H
+#pragma once
 
 #include <errno.h>
 #include <stdio.h>
@@ -21,5 +20,3 @@ static void fd_name(int fd, char *out, size_t n) {
   if (k < 0) snprintf(out, n, "(closed: %s)", strerror(errno));
   errno = saved;
 }
-
-#endif
