@@ -126,6 +126,9 @@ NEVER_READY_PORT = PORT + 1
 # these leave room for a slower run.
 STEP_S = {"weights": (60, 60), "cold": (120, 30), "checkpoint": (60, 60), "store": (120, 30),
           "cache": (90, 30), "broken": (150, 40), "stream": (90, 40), "thawd": (20, 20), "park": (60, 30)}
+# Options.step_s once a step has run: this times its slowest wall plus this pad.
+SEEN_MARGIN = 1.5
+SEEN_PAD_S = 5.0
 # The workload profiles this driver's server serves the routes of (bench/gpu/server.py; twin:
 # control/lifecycle/profiles.py PROFILES): pytorch-offload's hooks are the cooperative restore.
 PROFILES = ("pytorch", "pytorch-offload")
@@ -221,6 +224,11 @@ class Options:
     keep: bool = False
     clock: Callable[[], float] = time.monotonic
     started: float = field(default_factory=time.monotonic)
+    # The longest wall seen per STEP_S step in this run (observe): once a step has run,
+    # step_s asks for SEEN_MARGIN times that, never more than STEP_S. The H100 soak of
+    # 2026-12-06 stopped with 188 of 680 s unused: STEP_S asked 250 s for a park lap
+    # (thawd + cache + thawd + 2 adoptions) that took ~30 s.
+    seen: dict[str, float] = field(default_factory=dict)
 
     @property
     def gpu(self) -> bool:
@@ -235,8 +243,17 @@ class Options:
         return self.budget_s - (self.clock() - self.started)
 
     def step_s(self, *steps: str) -> float:
-        """What `steps` need together (STEP_S)."""
-        return float(sum(STEP_S[s][0 if self.gpu else 1] for s in steps))
+        """What `steps` need together: STEP_S, or less once this run has timed the step."""
+        def one(step: str) -> float:
+            ceiling = STEP_S[step][0 if self.gpu else 1]
+            if step not in self.seen:
+                return ceiling
+            return min(ceiling, SEEN_MARGIN * self.seen[step] + SEEN_PAD_S)
+        return float(sum(one(s) for s in steps))
+
+    def observe(self, step: str, seconds: float) -> None:
+        """A STEP_S step took `seconds` of wall: step_s asks for no less than its slowest."""
+        self.seen[step] = max(seconds, self.seen.get(step, 0.0))
 
     def need(self, what: str, seconds: float) -> None:
         if self.time_left() < seconds:
@@ -505,6 +522,7 @@ class Node:
         t0 = time.monotonic()
         self.stop("thawd")
         self.start_thawd(stream, park)
+        self.o.observe("thawd", time.monotonic() - t0)
         return self.r.step("thawd_restart", stream=stream, park=park, seconds=round(time.monotonic() - t0, 2))
 
     def _wait(self, ok, timeout_s: float, what: str, proc: subprocess.Popen, log: str) -> None:

@@ -165,8 +165,12 @@ class Soak:
         self.o.need(f"soak restore {len(self.rows) + 1} ({kind})", self.o.step_s(kind))
         mark = len(self.r.data["checks"])
         rec, error = None, None
+        t0 = self.o.clock()
         try:
             rec = fn(self.k)
+            # Only a restore that ran to its end times the kind: a fast failure would make
+            # the next one's estimate too small.
+            self.o.observe(kind, self.o.clock() - t0)
         except OutOfTime:
             raise
         except Exception as e:  # noqa: BLE001 - a failed restore is a row, not the end
@@ -191,8 +195,13 @@ class Soak:
         self.o.need("soak parked rounds", fixed + want * self.o.step_s("park"))
         mark = len(self.r.data["checks"])
         recs, error = [], None
+        t0 = self.o.clock()
         try:
             recs = self.node.park_rounds(cold, want, tag=f"-L{self.laps + 1}")
+            # The whole lap's wall (its thawd restarts and template too) per adoption: more
+            # than one adoption takes, so the next lap's estimate errs long.
+            if recs:
+                self.o.observe("park", (self.o.clock() - t0) / len(recs))
         except Exception as e:  # noqa: BLE001
             error = f"{type(e).__name__}: {e}"[:1000]
             self.cleanup()

@@ -218,3 +218,15 @@ def test_holders_name_a_parked_sandbox_by_its_bundle_and_keep_an_unnamed_ones_cm
     assert got[str(seed.pid)]["sandbox"] == "c6-park-seed"
     assert got[str(other.pid)]["sandbox"] is None and "unrelated" in got[str(other.pid)]["cmdline"]
     assert os.getpid() not in {int(p) for p in got}
+
+
+def test_a_step_this_run_has_timed_asks_for_its_slowest_wall_with_margin_never_more_than_step_s(tmp_path):
+    # The H100 soak of 2026-12-06 left 188 of 680 s unused: STEP_S asked 250 s for a ~30 s park lap.
+    o = _options(tmp_path, [0.0])
+    assert o.step_s("cache") == 90
+    o.observe("cache", 4.0)
+    o.observe("cache", 2.0)                        # the slowest counts
+    assert o.step_s("cache") == node.SEEN_MARGIN * 4.0 + node.SEEN_PAD_S == 11.0
+    assert o.step_s("cache", "cold") == 11.0 + 120  # an untimed step keeps STEP_S
+    o.observe("broken", 400.0)                     # slower than STEP_S: STEP_S caps it
+    assert o.step_s("broken") == 150

@@ -273,3 +273,40 @@ def test_the_park_rounds_shrink_to_the_budget_before_they_give_up(tmp_path):
     s.o.time_left = lambda: 70.0
     with pytest.raises(node.OutOfTime):
         s.parks({}, "key")
+
+
+def test_a_restore_that_ran_to_its_end_times_its_kind_and_a_failed_one_does_not(tmp_path):
+    s, report = _soak(tmp_path)
+    clock = [100.0]
+    s.o.clock = lambda: clock[0]
+    s.o.need = lambda what, sec: None
+
+    def ok(k):
+        clock[0] += 6.0
+        return {"container": f"c3-cache-r{k}", "first_answer_s": 1.4}
+
+    def broken(k):
+        clock[0] += 0.5
+        raise RuntimeError("no first answer")
+
+    s.attempt("cache", ok)
+    s.attempt("store", broken)
+    assert s.o.seen == {"cache": 6.0}
+    assert s.o.step_s("cache") == node.SEEN_MARGIN * 6.0 + node.SEEN_PAD_S
+    assert s.o.step_s("store") == node.STEP_S["store"][0]
+
+
+def test_a_park_lap_times_each_adoption_as_the_whole_laps_wall_over_its_adoptions(tmp_path):
+    s, report = _soak(tmp_path)
+    clock = [0.0]
+    s.o.clock = lambda: clock[0]
+    s.o.need = lambda what, sec: None
+
+    def park_rounds(cold, n, tag=""):
+        clock[0] += 30.0
+        s.node.park_template = {"container": f"c6-park{tag}-seed", "first_answer_s": 1.4}
+        return [{"container": f"c6-park{tag}-{k}", "first_answer_s": 0.9} for k in range(1, n + 1)]
+
+    s.node.park_rounds = park_rounds
+    s.parks({}, "key")
+    assert s.o.seen == {"park": 15.0}
