@@ -522,8 +522,9 @@ class Node:
         t0 = time.monotonic()
         self.stop("thawd")
         self.start_thawd(stream, park)
-        self.o.observe("thawd", time.monotonic() - t0)
-        return self.r.step("thawd_restart", stream=stream, park=park, seconds=round(time.monotonic() - t0, 2))
+        seconds = time.monotonic() - t0
+        self.o.observe("thawd", seconds)
+        return self.r.step("thawd_restart", stream=stream, park=park, seconds=round(seconds, 2))
 
     def _wait(self, ok, timeout_s: float, what: str, proc: subprocess.Popen, log: str) -> None:
         end = time.monotonic() + timeout_s
