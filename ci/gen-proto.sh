@@ -8,7 +8,9 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
 py=${PYTHON:-.venv/bin/python}
 out_build=${THAW_BUILD_DIR:-"$here/build"}
-stamp=$(cat proto/thaw/v1/*.proto ci/gen-proto.sh | sha256sum | cut -c1-16)
+# The generator's version is in the stamp: a different grpcio-tools writes different code.
+gt=$("$py" -c 'import importlib.metadata as m; print(m.version("grpcio-tools"))')
+stamp=$( (cat proto/thaw/v1/*.proto ci/gen-proto.sh; echo "$gt") | sha256sum | cut -c1-16)
 if [[ -f control/thawd/rpc/.stamp && "$(cat control/thawd/rpc/.stamp)" == "$stamp" && -f go/gen/thawpb/.stamp \
       && "$(cat go/gen/thawpb/.stamp)" == "$stamp" ]]; then
   exit 0
