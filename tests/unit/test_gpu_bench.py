@@ -640,3 +640,20 @@ def test_fake_helper_toggles_like_the_real_one(tmp_path):
     assert run("--toggle")[0] == 0 and run("--get-state")[1] == "running"
     assert run("--get-state")[2]["total"] == 0.0
     assert run()[0] == 2
+
+
+def test_mirror_populate_times_every_variant(tmp_path):
+    """bench/gpu/mirror_populate.py mirrors a memfd the way nvproxy's rmAllocOSDescriptor
+    does and times the fault-in; small here, it must still report all three variants and
+    write the same JSON to --out."""
+    import subprocess
+    out = tmp_path / "test_mirror_populate.json"
+    p = subprocess.run([sys.executable, str(REPO / "bench/gpu/mirror_populate.py"), "--gib", "0.125",
+                        "--repeat", "1", "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    printed, written = json.loads(p.stdout), json.loads(out.read_text())
+    assert printed == written
+    assert printed["bytes"] == 128 << 20
+    assert set(printed["variants"]) == {"aligned-one-mapping", "misaligned-4k", "aligned-64m-blocks"}
+    for v in printed["variants"].values():
+        assert v["median_s"] > 0 and len(v["runs_s"]) == 1
