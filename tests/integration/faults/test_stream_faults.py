@@ -140,9 +140,13 @@ def test_stream_rides_out_a_10s_slowdown_window(base, name, settings, published,
     meets it), is ridden out with the default policy: the sandbox restores from
     the stream, not cold, and the entry is installed whole. The reads' deadline is
     set past the window plus the longest backoff after it (60 s): what is tested
-    is the retrying, not the deadline."""
+    is the retrying, not the deadline. So is the health check's: a GET throttled by
+    the window backs off up to 20 s a try within a 30 s budget (go/internal/fetch
+    retry.go), so the workload may first answer ~30 s after the restore began, the
+    default thawd.health_timeout_s; one CI run of 2026-12-07 failed there, at 28 s."""
     b = dataclasses.replace(settings, store_endpoint=proxy.endpoint, cache_dir=scratch / "cache-b")
-    env = streamed.env_for(base, b, THAW_STORE_STREAM=1, THAW_STORE_STREAM_DEADLINE_S=60)
+    env = streamed.env_for(base, b, THAW_STORE_STREAM=1, THAW_STORE_STREAM_DEADLINE_S=60,
+                           THAW_THAWD_HEALTH_TIMEOUT_S=60)
     assert env["THAW_STORE_RETRIES"] == "3" and "THAW_STORE_RETRY_BUDGET_S" not in env   # the defaults
     proxy.add(kind="throttle", rate_bps=RATE)   # the stream lasts ~7 s: the window meets it mid-way
     p = streamed.start(env, "restore", "--from-store", f"user-root.{name}", "--id", f"{name}-r", "--json")
