@@ -15,13 +15,16 @@
 #        bench/gpu/patch-runsc-fdtrace.py (the EBADF hunt: nvproxy's host FD closes traced)
 #   bash bench/gpu/build-runsc-variant.sh nouvmhold  -> build/runsc-nouvmhold: thaw's runsc without
 #        ci/patch-runsc-uvmclose.py (the EBADF's baseline, side by side with thaw's runsc)
+#   bash bench/gpu/build-runsc-variant.sh osdescalign -> build/runsc-osdescalign: thaw's runsc plus
+#        bench/gpu/patch-runsc-osdescalign.py (nvproxy's mirror of page-locked memory placed 2 MiB-congruent:
+#        issue 32 item 6, the parked-cooperative wake)
 #   bash bench/gpu/build-runsc-variant.sh prefault-all -> build/cpu/runsc-prefault-all: every process, a CPU
 #        check only (outside build/runsc-*, so `make carry` leaves it: three builds would pass the 64 MiB cap)
 set -euo pipefail
-readers=${1:?usage: build-runsc-variant.sh READERS [READ_KIB] | prefault | prefault-all}
+readers=${1:?usage: build-runsc-variant.sh READERS [READ_KIB] | prefault | prefault-all | fdtrace | nouvmhold | osdescalign}
 read_kib=${2:-}
 name="runsc-readers$readers${read_kib:+x${read_kib}k}"
-[[ "$readers" == prefault* || "$readers" == fdtrace || "$readers" == nouvmhold ]] && name=runsc-$readers
+[[ "$readers" == prefault* || "$readers" == fdtrace || "$readers" == nouvmhold || "$readers" == osdescalign ]] && name=runsc-$readers
 here=$(cd "$(dirname "$0")/../.." && pwd)
 out="$here/build"
 [[ "$readers" == prefault-all ]] && out="$here/build/cpu"
@@ -34,7 +37,7 @@ trap 'rm -rf "$mod"' EXIT
 src=$(go mod download -json "gvisor.dev/gvisor@$gvisor_version" | sed -n 's/.*"Dir": "\(.*\)",*/\1/p')
 cp -r "$src" "$mod/gvisor" && chmod -R u+w "$mod/gvisor"
 f="$mod/gvisor/pkg/sentry/state/stateio/pagesfile.go"
-if [[ "$readers" == prefault* || "$readers" == fdtrace || "$readers" == nouvmhold ]]; then
+if [[ "$readers" == prefault* || "$readers" == fdtrace || "$readers" == nouvmhold || "$readers" == osdescalign ]]; then
   loader_args=()
   for v in RESTORE_HUGE_READERS RESTORE_HUGE_READ_KIB RESTORE_SMALL_READERS; do
     loader_args+=("$(sed -n "s/^$v=\([0-9]*\).*/\1/p" "$here/ci/build-go.sh")")
@@ -48,6 +51,7 @@ if [[ "$readers" == prefault* || "$readers" == fdtrace || "$readers" == nouvmhol
     prefault-all) python3 "$here/bench/gpu/patch-runsc-prefault.py" "$mod/gvisor" --all ;;
     prefault) python3 "$here/bench/gpu/patch-runsc-prefault.py" "$mod/gvisor" ;;
     fdtrace) python3 "$here/bench/gpu/patch-runsc-fdtrace.py" "$mod/gvisor" ;;
+    osdescalign) python3 "$here/bench/gpu/patch-runsc-osdescalign.py" "$mod/gvisor" ;;
     *) echo "unknown variant $readers" >&2; exit 2 ;;
   esac
 else
@@ -74,7 +78,7 @@ cd "$mod/m"
 go mod tidy >/dev/null 2>&1
 CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X gvisor.dev/gvisor/runsc/version.version=$label" \
   -o "$out/$name" gvisor.dev/gvisor/runsc
-if [[ "$readers" == prefault* || "$readers" == fdtrace || "$readers" == nouvmhold ]]; then
+if [[ "$readers" == prefault* || "$readers" == fdtrace || "$readers" == nouvmhold || "$readers" == osdescalign ]]; then
   echo "built $out/$name ($("$out/$name" --version | head -1), thaw's runsc + $readers)"
 else
   echo "built $out/$name ($("$out/$name" --version | head -1), $readers background readers of ${read_kib:-256} KiB)"
