@@ -24,7 +24,9 @@ set -euo pipefail
 readers=${1:?usage: build-runsc-variant.sh READERS [READ_KIB] | prefault | prefault-all | fdtrace | nouvmhold | osdescalign}
 read_kib=${2:-}
 name="runsc-readers$readers${read_kib:+x${read_kib}k}"
-[[ "$readers" == prefault* || "$readers" == fdtrace || "$readers" == nouvmhold || "$readers" == osdescalign ]] && name=runsc-$readers
+# Variants that are thaw's runsc plus (or minus) one patch, named runsc-VARIANT; the rest are loader settings.
+case "$readers" in prefault*|fdtrace|nouvmhold|osdescalign) patched=1 ;; *) patched= ;; esac
+[[ -n "$patched" ]] && name=runsc-$readers
 here=$(cd "$(dirname "$0")/../.." && pwd)
 out="$here/build"
 [[ "$readers" == prefault-all ]] && out="$here/build/cpu"
@@ -37,7 +39,7 @@ trap 'rm -rf "$mod"' EXIT
 src=$(go mod download -json "gvisor.dev/gvisor@$gvisor_version" | sed -n 's/.*"Dir": "\(.*\)",*/\1/p')
 cp -r "$src" "$mod/gvisor" && chmod -R u+w "$mod/gvisor"
 f="$mod/gvisor/pkg/sentry/state/stateio/pagesfile.go"
-if [[ "$readers" == prefault* || "$readers" == fdtrace || "$readers" == nouvmhold || "$readers" == osdescalign ]]; then
+if [[ -n "$patched" ]]; then
   loader_args=()
   for v in RESTORE_HUGE_READERS RESTORE_HUGE_READ_KIB RESTORE_SMALL_READERS; do
     loader_args+=("$(sed -n "s/^$v=\([0-9]*\).*/\1/p" "$here/ci/build-go.sh")")
@@ -78,7 +80,7 @@ cd "$mod/m"
 go mod tidy >/dev/null 2>&1
 CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X gvisor.dev/gvisor/runsc/version.version=$label" \
   -o "$out/$name" gvisor.dev/gvisor/runsc
-if [[ "$readers" == prefault* || "$readers" == fdtrace || "$readers" == nouvmhold || "$readers" == osdescalign ]]; then
+if [[ -n "$patched" ]]; then
   echo "built $out/$name ($("$out/$name" --version | head -1), thaw's runsc + $readers)"
 else
   echo "built $out/$name ($("$out/$name" --version | head -1), $readers background readers of ${read_kib:-256} KiB)"

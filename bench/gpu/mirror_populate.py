@@ -46,7 +46,7 @@ libc.mremap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctype
 libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
 
 PROT_NONE, PROT_RW = 0, 0x1 | 0x2
-MAP_SHARED, MAP_PRIVATE, MAP_ANONYMOUS = 0x01, 0x02, 0x20
+MAP_SHARED, MAP_PRIVATE, MAP_FIXED, MAP_ANONYMOUS = 0x01, 0x02, 0x10, 0x20
 MADV_HUGEPAGE, MADV_POPULATE_WRITE = 14, 23      # <asm-generic/mman-common.h>
 MREMAP_MAYMOVE, MREMAP_FIXED = 1, 2
 MAP_FAILED = ctypes.c_void_p(-1).value
@@ -114,7 +114,7 @@ def main() -> int:
     try:
         os.ftruncate(fd, length)
         base = reserve(length, 0)
-        src = check(libc.mmap(base, length, PROT_RW, MAP_SHARED | 0x10, fd, 0), "mmap memory file")  # MAP_FIXED
+        src = check(libc.mmap(base, length, PROT_RW, MAP_SHARED | MAP_FIXED, fd, 0), "mmap memory file")
         libc.madvise(src, length, MADV_HUGEPAGE)
         t = time.perf_counter()
         libc.memset(src, 0x5A, length)
@@ -131,9 +131,9 @@ def main() -> int:
                 mirror(src, length, dst, block)
                 runs.append(populate_s(dst, length))
                 libc.munmap(dst, length)
-            result["variants"][name] = {"median_s": round(statistics.median(runs), 6),
-                                        "runs_s": [round(r, 6) for r in runs],
-                                        "gb_per_s": round(length / statistics.median(runs) / 1e9, 2)}
+            median = statistics.median(runs)
+            result["variants"][name] = {"median_s": round(median, 6), "runs_s": [round(r, 6) for r in runs],
+                                        "gb_per_s": round(length / median / 1e9, 2)}
         text = json.dumps(result, indent=2)
         print(text)
         if a.out:
