@@ -2,7 +2,12 @@
 "one copy of every image" (issue 11.5), side by side in one run.
 
     sudo flock /tmp/thaw-heavy.lock .venv/bin/python bench/checkpoint_publish.py \
-        [--runs 7] [--model-mb 128] [--page-cache full|as-is] [--out bench/results/checkpoint-publish-<date>.json]
+        [--runs 7] [--model-mb 128] [--page-cache full|as-is] [--sides both|after] \
+        [--out bench/results/checkpoint-publish-<date>.json]
+
+`--sides after` runs this tree alone: where its publish's time goes, with no ratios. The
+before side no longer runs (2026-12-08): side() below builds Thawd with an `identify`
+argument from control/thawd/ctrinfo.py, which 7b16fde predates.
 
 One demo server (control/dev/workloads/demo_server.py, as `thaw demo` runs it) is
 started in a real runsc sandbox and warmed up; SeaweedFS runs on loopback. Each
@@ -301,9 +306,9 @@ def _get(r: dict, k: str) -> float:
     return r["cpu_s"]["thaw"] if k == "thaw_cpu_s" else r[k]
 
 
-def _summary(runs: list[dict]) -> dict:
+def _summary(runs: list[dict], sides: tuple[str, ...] = SIDES) -> dict:
     out: dict = {}
-    for sd in SIDES:
+    for sd in sides:
         mine = [r for r in runs if r["side"] == sd]
         out[sd] = {k: {"median": round(statistics.median(r[k] for r in mine), 3),
                        "min": round(min(r[k] for r in mine), 3), "max": round(max(r[k] for r in mine), 3)}
@@ -317,6 +322,10 @@ def _summary(runs: list[dict]) -> dict:
                             for k in mine[0]["cpu_s"]}
         out[sd]["upload_phase_span_s_median"] = {
             k: statistics.median(r["upload_phases"][k]["span_s"] for r in mine) for k in mine[0]["upload_phases"]}
+        out[sd]["upload_phase_calls_median"] = {
+            k: statistics.median(r["upload_phases"][k]["calls"] for r in mine) for k in mine[0]["upload_phases"]}
+    if tuple(sides) != SIDES:
+        return out
     rounds = sorted({r["round"] for r in runs})
     for k in (*KEYS, "thaw_cpu_s"):
         per = []
@@ -339,6 +348,8 @@ def main() -> int:
     ap.add_argument("--page-cache", choices=("full", "as-is"), default="full",
                     help="memory state before each run (module docstring)")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--sides", choices=("both", "after"), default="both",
+                    help="after: this tree alone (where its publish's time goes; no before/after ratios)")
     ap.add_argument("--side", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.side:
@@ -346,6 +357,7 @@ def main() -> int:
         return 0
     if a.runs < 3:
         ap.error("--runs must be at least 3 (medians with spread)")
+    sides = SIDES if a.sides == "both" else ("after",)
 
     sys.path.insert(0, str(REPO))
     from control import config as configmod
@@ -380,7 +392,7 @@ def main() -> int:
                     "machine": f"{platform.node()} ({platform.machine()}, {os.cpu_count()} cores, "
                                f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB)",
                     "store": "SeaweedFS `weed server -s3` on 127.0.0.1, same machine",
-                    "before": f"thaw {BEFORE_COMMIT} (git archive, imported via PYTHONPATH)",
+                    "before": f"thaw {BEFORE_COMMIT} (git archive, imported via PYTHONPATH)" if "before" in sides else None,
                     "after": f"thaw {after_commit}" + (" + uncommitted changes" if dirty else ""),
                     "disk": disk, "page_cache": a.page_cache}
     try:
@@ -399,7 +411,7 @@ def main() -> int:
         bundle.write(spec)
         flags = sb.runsc("sandbox" if rec.net else "none").options.argv()
         for n in range(a.runs):
-            order = SIDES if n % 2 == 0 else SIDES[::-1]
+            order = sides if n % 2 == 0 else sides[::-1]
             for sd in order:
                 tag = f"{sd}-{n}"
                 over = {"store.endpoint": sw.endpoint, "store.credentials_file": str(creds),
@@ -432,7 +444,7 @@ def main() -> int:
                 runs.append(r)
                 shutil.rmtree(WORK / tag, ignore_errors=True)
         result["runs"] = runs
-        result["summary"] = _summary(runs)
+        result["summary"] = _summary(runs, sides)
         result["load_average_at_end"] = os.getloadavg()
     finally:
         if sb.get(sid) is not None:
