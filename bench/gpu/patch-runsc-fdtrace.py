@@ -26,6 +26,9 @@ import re
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "ci"))
+from runsc_patch import patch_file  # noqa: E402
+
 TRACE_FILE = '''// Copyright 2026 thaw authors. Diagnostics, not upstream gVisor:
 // bench/gpu/patch-runsc-fdtrace.py writes this file into a copy of the pin.
 
@@ -98,13 +101,6 @@ VICTIM_OLD = '''	readFD := int(i.readFD.RacyLoad())
 	return fsutil.ForEachDirent(readFD, func(ino uint64, off int64, ftype uint8, name string, reclen uint16) {'''
 
 
-def sub(path: Path, old: str, new: str) -> None:
-    text = path.read_text()
-    if text.count(old) != 1:
-        sys.exit(f"patch-runsc-fdtrace: {path} changed upstream (expected one {old.strip()[:70]!r})")
-    path.write_text(text.replace(old, new))
-
-
 def main() -> None:
     root = Path(sys.argv[1])
     nv = root / "pkg/sentry/devices/nvproxy"
@@ -132,13 +128,12 @@ def main() -> None:
         if n < 1:
             sys.exit(f"patch-runsc-fdtrace: {p}: no `return int32(hostFD)` to trace")
         p.write_text(new)
-    dfs = root / "pkg/sentry/fsimpl/gofer/directfs_inode.go"
-    sub(dfs, VICTIM_OLD, VICTIM)
-    sub(dfs, '''		recordDirent(name, inoKeyFromStat(&stat), ftype)
+    patch_file("patch-runsc-fdtrace", root / "pkg/sentry/fsimpl/gofer/directfs_inode.go",
+               [(VICTIM_OLD, VICTIM), ('''		recordDirent(name, inoKeyFromStat(&stat), ftype)
 	})
 }''', '''		recordDirent(name, inoKeyFromStat(&stat), ftype)
 	}))
-}''')
+}''')])
     print(f"patch-runsc-fdtrace: {closes} nvproxy closes traced, opens logged, getdents failures reported")
 
 
