@@ -324,7 +324,7 @@ def _summary(runs: list[dict], sides: tuple[str, ...] = SIDES) -> dict:
             k: statistics.median(r["upload_phases"][k]["span_s"] for r in mine) for k in mine[0]["upload_phases"]}
         out[sd]["upload_phase_calls_median"] = {
             k: statistics.median(r["upload_phases"][k]["calls"] for r in mine) for k in mine[0]["upload_phases"]}
-    if tuple(sides) != SIDES:
+    if "before" not in sides:
         return out
     rounds = sorted({r["round"] for r in runs})
     for k in (*KEYS, "thaw_cpu_s"):
@@ -371,10 +371,11 @@ def main() -> int:
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir(parents=True)
     before_code = WORK / "before-code"
-    before_code.mkdir()
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", BEFORE_COMMIT, "control", "runsc_hooks", "nvproxy"],
-                             check=True, capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(before_code)], input=archive, check=True)
+    if "before" in sides:
+        before_code.mkdir()
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", BEFORE_COMMIT, "control", "runsc_hooks",
+                                  "nvproxy"], check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(before_code)], input=archive, check=True)
     after_commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], check=True,
                                   capture_output=True, text=True).stdout.strip()
     dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "control", "runsc_hooks"],
